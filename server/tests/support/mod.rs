@@ -1,0 +1,546 @@
+//! Test support: spawn the `ursula` binary and talk HTTP/1.1 to it.
+//!
+//! Deliberately tiny and dependency-free (std + libc): a blocking client over
+//! `std::net::TcpStream` with `Content-Length` (and chunked) response framing and
+//! optional keep-alive, plus helpers to start the server, read its
+//! `ursula listening on http://…` line, and stop it with SIGKILL or SIGTERM.
+#![allow(dead_code)]
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Path of the server binary built by cargo for this test run.
+pub const URSULA_BIN: &str = env!("CARGO_BIN_EXE_ursula");
+
+/// Prefix of the one line the server prints on stdout once it accepts connections.
+pub const LISTENING_PREFIX: &str = "ursula listening on http://";
+
+/// A running `ursula` process.
+pub struct Server {
+    pub child: Child,
+    /// `host:port` the server is bound to.
+    pub addr: String,
+    /// `http://host:port` (no trailing slash).
+    pub base_url: String,
+}
+
+impl Server {
+    /// Start `ursula` with `args` (e.g. `["server", "--listen", "127.0.0.1:0", …]`) and wait
+    /// up to `timeout` for its listening line. Stderr is appended to `stderr_log` if given,
+    /// otherwise discarded.
+    pub fn spawn(args: &[&str], stderr_log: Option<&Path>, timeout: Duration) -> Server {
+        let stderr = match stderr_log {
+            Some(p) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .unwrap_or_else(|e| panic!("open server log {}: {e}", p.display())),
+            ),
+            None => Stdio::null(),
+        };
+        let mut child = Command::new(URSULA_BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {URSULA_BIN}: {e}"));
+
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel::<String>();
+        // Read the first line, hand it over, then keep draining stdout so the server
+        // never blocks on (or dies from) a full/closed pipe.
+        thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let mut sent = false;
+            loop {
+                line.clear();
+                match reader.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        if !sent {
+                            let _ = tx.send(line.trim_end().to_string());
+                            sent = true;
+                        }
+                    }
+                }
+            }
+        });
+
+        let line = match rx.recv_timeout(timeout) {
+            Ok(l) => l,
+            Err(_) => {
+                let status = child.try_wait().ok().flatten();
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "ursula did not print its listening line within {timeout:?} (args {args:?}, exit status {status:?})"
+                );
+            }
+        };
+        let addr = match line.strip_prefix(LISTENING_PREFIX) {
+            Some(a) => a.trim_end_matches('/').to_string(),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("unexpected first stdout line from ursula: {line:?}");
+            }
+        };
+        Server {
+            child,
+            base_url: format!("http://{addr}"),
+            addr,
+        }
+    }
+
+    /// Convenience: `ursula server --listen 127.0.0.1:0 --data-dir DIR --storage disk|memory
+    /// --cores N --long-poll-timeout-ms 500` plus `extra` args.
+    pub fn spawn_standard(
+        data_dir: &Path,
+        storage: &str,
+        cores: usize,
+        extra: &[&str],
+        stderr_log: Option<&Path>,
+    ) -> Server {
+        let data_dir = data_dir.to_str().expect("utf-8 data dir").to_string();
+        let cores = cores.to_string();
+        let mut args: Vec<&str> = vec![
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data_dir,
+            "--storage",
+            storage,
+            "--cores",
+            &cores,
+            "--long-poll-timeout-ms",
+            "500",
+        ];
+        args.extend_from_slice(extra);
+        Server::spawn(&args, stderr_log, Duration::from_secs(60))
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.addr)
+    }
+
+    /// SIGKILL the process and reap it.
+    pub fn kill9(mut self) {
+        signal(self.pid(), libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM the process and wait up to `timeout` for it to exit. Returns its exit
+    /// status, or `None` if it did not exit in time (it is then SIGKILLed and reaped).
+    pub fn sigterm(mut self, timeout: Duration) -> Option<ExitStatus> {
+        signal(self.pid(), libc::SIGTERM);
+        let st = wait_timeout(&mut self.child, timeout);
+        if st.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        st
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Never leave a server behind (e.g. when a test panics).
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Send `sig` to `pid`.
+pub fn signal(pid: i32, sig: libc::c_int) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(pid, sig) };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        // ESRCH: already gone, which is fine for our purposes.
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            panic!("kill({pid}, {sig}): {err}");
+        }
+    }
+}
+
+/// Poll `child` until it exits or `timeout` passes.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One HTTP response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// First value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `Stream-Next-Offset` parsed as a byte position.
+    pub fn next_offset(&self) -> Option<u64> {
+        self.header("stream-next-offset")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    }
+
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Blocking HTTP/1.1 client with optional keep-alive on one connection.
+pub struct Client {
+    addr: String,
+    conn: Option<BufReader<TcpStream>>,
+    pub keep_alive: bool,
+    pub timeout: Duration,
+}
+
+impl Client {
+    pub fn new(addr: &str) -> Client {
+        Client {
+            addr: addr.to_string(),
+            conn: None,
+            keep_alive: true,
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Drop the current connection (the next request opens a new one).
+    pub fn disconnect(&mut self) {
+        self.conn = None;
+    }
+
+    /// Open a connection now if there is none (lets callers tell "server down" from
+    /// "request failed").
+    pub fn connect(&mut self) -> io::Result<()> {
+        if self.conn.is_none() {
+            let s = TcpStream::connect(&self.addr)?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(self.timeout))?;
+            s.set_write_timeout(Some(self.timeout))?;
+            self.conn = Some(BufReader::with_capacity(256 * 1024, s));
+        }
+        Ok(())
+    }
+
+    /// Send one request and read the whole response. On any I/O error the connection
+    /// is dropped and the error returned; the request may or may not have been processed.
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> io::Result<Response> {
+        self.connect()?;
+        let res = self.request_on_conn(method, path, headers, body);
+        match res {
+            Ok((resp, reusable)) => {
+                if !reusable || !self.keep_alive {
+                    self.conn = None;
+                }
+                Ok(resp)
+            }
+            Err(e) => {
+                self.conn = None;
+                Err(e)
+            }
+        }
+    }
+
+    fn request_on_conn(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> io::Result<(Response, bool)> {
+        let conn = self.conn.as_mut().expect("connected");
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
+        let mut has_len = false;
+        for (k, v) in headers {
+            if k.eq_ignore_ascii_case("content-length") {
+                has_len = true;
+            }
+            head.push_str(k);
+            head.push_str(": ");
+            head.push_str(v);
+            head.push_str("\r\n");
+        }
+        if !has_len && (!body.is_empty() || matches!(method, "POST" | "PUT")) {
+            head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        if !self.keep_alive {
+            head.push_str("Connection: close\r\n");
+        }
+        head.push_str("\r\n");
+        {
+            let s = conn.get_mut();
+            if body.len() <= 64 * 1024 {
+                let mut buf = head.into_bytes();
+                buf.extend_from_slice(body);
+                s.write_all(&buf)?;
+            } else {
+                s.write_all(head.as_bytes())?;
+                s.write_all(body)?;
+            }
+            s.flush()?;
+        }
+        read_response(conn, method == "HEAD")
+    }
+}
+
+/// Read one response from `r`. Returns the response and whether the connection can be
+/// reused.
+pub fn read_response<R: BufRead>(r: &mut R, head_request: bool) -> io::Result<(Response, bool)> {
+    loop {
+        let (status, headers, version_11) = read_head(r)?;
+        // Skip interim 1xx responses (e.g. 100 Continue).
+        if (100..200).contains(&status) && status != 101 {
+            continue;
+        }
+        let find = |n: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(n))
+                .map(|(_, v)| v.clone())
+        };
+        let conn_close = find("connection")
+            .map(|v| v.to_ascii_lowercase().contains("close"))
+            .unwrap_or(!version_11);
+        let chunked = find("transfer-encoding")
+            .map(|v| v.to_ascii_lowercase().contains("chunked"))
+            .unwrap_or(false);
+        let len = find("content-length")
+            .map(|v| {
+                v.trim().parse::<usize>().map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("bad content-length {v:?}"),
+                    )
+                })
+            })
+            .transpose()?;
+
+        let no_body = head_request || status == 204 || status == 304;
+        let mut body = Vec::new();
+        let mut reusable = !conn_close;
+        if no_body {
+            // nothing to read
+        } else if chunked {
+            read_chunked(r, &mut body)?;
+        } else if let Some(n) = len {
+            body.resize(n, 0);
+            r.read_exact(&mut body)?;
+        } else {
+            r.read_to_end(&mut body)?;
+            reusable = false;
+        }
+        return Ok((
+            Response {
+                status,
+                headers,
+                body,
+            },
+            reusable,
+        ));
+    }
+}
+
+fn read_line_crlf<R: BufRead>(r: &mut R) -> io::Result<String> {
+    let mut buf = Vec::new();
+    let n = r.read_until(b'\n', &mut buf)?;
+    if n == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed before a complete response",
+        ));
+    }
+    if buf.last() != Some(&b'\n') {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed mid-line",
+        ));
+    }
+    while matches!(buf.last(), Some(b'\n' | b'\r')) {
+        buf.pop();
+    }
+    String::from_utf8(buf)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "non-UTF-8 header"))
+}
+
+type Head = (u16, Vec<(String, String)>, bool);
+
+fn read_head<R: BufRead>(r: &mut R) -> io::Result<Head> {
+    let status_line = read_line_crlf(r)?;
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or("");
+    let status = parts
+        .next()
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad status line {status_line:?}"),
+            )
+        })?;
+    if !version.starts_with("HTTP/1.") {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad status line {status_line:?}"),
+        ));
+    }
+    let mut headers = Vec::new();
+    loop {
+        let line = read_line_crlf(r)?;
+        if line.is_empty() {
+            break;
+        }
+        let (k, v) = line.split_once(':').ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("bad header {line:?}"))
+        })?;
+        headers.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    Ok((status, headers, version == "HTTP/1.1"))
+}
+
+fn read_chunked<R: BufRead>(r: &mut R, body: &mut Vec<u8>) -> io::Result<()> {
+    loop {
+        let line = read_line_crlf(r)?;
+        let size_str = line.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size_str, 16).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad chunk size {line:?}"),
+            )
+        })?;
+        if size == 0 {
+            // trailers until empty line
+            loop {
+                if read_line_crlf(r)?.is_empty() {
+                    return Ok(());
+                }
+            }
+        }
+        let start = body.len();
+        body.resize(start + size, 0);
+        r.read_exact(&mut body[start..])?;
+        let end = read_line_crlf(r)?;
+        if !end.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "missing CRLF after chunk",
+            ));
+        }
+    }
+}
+
+/// One-shot request on a fresh connection (`Connection: close`).
+pub fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> io::Result<Response> {
+    let mut c = Client::new(addr);
+    c.keep_alive = false;
+    c.request(method, path, headers, body)
+}
+
+/// Format a byte position as a 20-digit offset token.
+pub fn offset_token(pos: u64) -> String {
+    format!("{pos:020}")
+}
+
+/// A fresh temporary directory (removed on drop).
+pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("create temp dir")
+}
+
+/// Small deterministic PRNG (xorshift64*), so tests need no `rand` dependency.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng((seed ^ 0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// Seed from the clock (printed by callers so failures can be replayed).
+    pub fn from_time() -> (Rng, u64) {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(42);
+        (Rng::new(seed), seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / ((1u64 << 53) as f64) < p
+    }
+
+    /// Log-uniform size in `lo..=hi` (many small, some large).
+    pub fn log_size(&mut self, lo: usize, hi: usize) -> usize {
+        let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
+        let u = (self.next_u64() >> 11) as f64 / ((1u64 << 53) as f64);
+        ((a + (b - a) * u).exp() as usize).clamp(lo, hi)
+    }
+}
