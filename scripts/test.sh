@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The whole Ursula test suite, from a fresh clone:
+#   1. cargo build --release --workspace
+#   2. cargo test --workspace --release        (unit + integration tests)
+#   3. npm ci in conformance/                   (only when needed)
+#   4. start `ursula server` (disk engine, temp data dir, port 0) and run the official
+#      Durable Streams conformance suite against it
+#   5. SIGTERM the server; it must exit 0 within 10 s
+#   6. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20)
+#
+# Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ursula-target}"
+URSULA_CRASH_CYCLES="${URSULA_CRASH_CYCLES:-20}"
+URSULA_BIN="$CARGO_TARGET_DIR/release/ursula"
+
+TMP_ROOT="$(mktemp -d "${TMPDIR:-/tmp}/ursula-test.XXXXXX")"
+SERVER_PID=""
+
+cleanup() {
+    local rc=$?
+    if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -KILL "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    rm -rf "$TMP_ROOT"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+STAGE_START=0
+banner() {
+    STAGE_START=$SECONDS
+    printf '\n==================== %s ====================\n' "$*"
+}
+stage_done() {
+    printf -- '---- ok: %s (%ds)\n' "$1" "$((SECONDS - STAGE_START))"
+}
+die() {
+    printf '\nFAILED: %s\n' "$*" >&2
+    exit 1
+}
+
+# ---------------------------------------------------------------------------
+banner "1/6 cargo build --release --workspace"
+cargo build --release --workspace
+[[ -x "$URSULA_BIN" ]] || die "server binary not found at $URSULA_BIN"
+stage_done "build"
+
+# ---------------------------------------------------------------------------
+banner "2/6 cargo test --workspace --release"
+cargo test --workspace --release
+stage_done "cargo test"
+
+# ---------------------------------------------------------------------------
+banner "3/6 conformance harness dependencies (npm ci)"
+command -v node >/dev/null 2>&1 || die "node is not installed: the conformance suite needs Node.js >= 18 and npm (e.g. apt-get install nodejs npm)"
+command -v npm >/dev/null 2>&1 || die "npm is not installed: the conformance suite needs Node.js >= 18 and npm"
+echo "node $(node --version), npm $(npm --version)"
+CONF="$ROOT/conformance"
+LOCK_HASH="$(sha256sum "$CONF/package-lock.json" | cut -d' ' -f1)"
+STAMP="$CONF/node_modules/.ursula-lock-sha256"
+if [[ -d "$CONF/node_modules" && -f "$STAMP" && "$(cat "$STAMP")" == "$LOCK_HASH" ]]; then
+    echo "node_modules up to date with package-lock.json; skipping npm ci"
+else
+    (cd "$CONF" && npm ci --no-audit --no-fund)
+    echo "$LOCK_HASH" >"$STAMP"
+fi
+stage_done "npm ci"
+
+# ---------------------------------------------------------------------------
+banner "4/6 conformance suite against ursula (disk engine)"
+DATA_DIR="$TMP_ROOT/data"
+mkdir -p "$DATA_DIR"
+SERVER_OUT="$TMP_ROOT/server.stdout"
+SERVER_ERR="$TMP_ROOT/server.stderr"
+"$URSULA_BIN" server --listen 127.0.0.1:0 --data-dir "$DATA_DIR" --storage disk \
+    --long-poll-timeout-ms 500 >"$SERVER_OUT" 2>"$SERVER_ERR" &
+SERVER_PID=$!
+
+URL=""
+for _ in $(seq 1 600); do # up to 60 s for recovery + bind
+    line="$(head -n 1 "$SERVER_OUT" 2>/dev/null || true)"
+    if [[ "$line" =~ ^ursula\ listening\ on\ (http://[^[:space:]]+)$ ]]; then
+        URL="${BASH_REMATCH[1]%/}"
+        break
+    fi
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+        echo "--- server stderr ---" >&2
+        tail -n 50 "$SERVER_ERR" >&2 || true
+        die "ursula server exited before printing its listening line"
+    fi
+    sleep 0.1
+done
+if [[ -z "$URL" ]]; then
+    tail -n 50 "$SERVER_ERR" >&2 || true
+    die "ursula server did not print 'ursula listening on http://…' within 60 s (first line: '${line:-}')"
+fi
+echo "server pid $SERVER_PID at $URL"
+
+conformance_rc=0
+# A healthy run takes about a minute; bound it so a wedged server cannot hang CI.
+(cd "$CONF" && CONFORMANCE_TEST_URL="$URL" timeout 900 npx --no-install vitest run) || conformance_rc=$?
+if [[ $conformance_rc -ne 0 ]]; then
+    echo "--- last server stderr lines ---" >&2
+    tail -n 30 "$SERVER_ERR" >&2 || true
+    die "conformance suite failed (vitest exit $conformance_rc)"
+fi
+stage_done "conformance"
+
+# ---------------------------------------------------------------------------
+banner "5/6 graceful shutdown (SIGTERM, exit 0 within 10 s)"
+kill -TERM "$SERVER_PID"
+exited=""
+for _ in $(seq 1 100); do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+        exited=1
+        break
+    fi
+    sleep 0.1
+done
+if [[ -z "$exited" ]]; then
+    die "ursula server still running 10 s after SIGTERM"
+fi
+server_rc=0
+wait "$SERVER_PID" || server_rc=$?
+SERVER_PID=""
+[[ $server_rc -eq 0 ]] || { tail -n 30 "$SERVER_ERR" >&2 || true; die "ursula server exited with status $server_rc after SIGTERM"; }
+echo "server exited 0"
+stage_done "shutdown"
+
+# ---------------------------------------------------------------------------
+banner "6/6 crash test: $URSULA_CRASH_CYCLES kill -9 / restart cycles"
+URSULA_CRASH_CYCLES="$URSULA_CRASH_CYCLES" \
+    cargo test --release -p ursula-server --test crash -- --nocapture
+stage_done "crash test"
+
+printf '\nALL STAGES PASSED\n'
