@@ -1,0 +1,211 @@
+//! 4 KiB-aligned heap buffers for `O_DIRECT` I/O, and a small per-shard pool of them.
+//!
+//! `O_DIRECT` requires the buffer address, the file offset and the length to be multiples of
+//! the device's logical block size; we use 4 KiB everywhere (the physical block size of the
+//! disks we run on). Buffers are recycled through [`BufPool`] so the append path does not
+//! allocate per request.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::cell::RefCell;
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+/// Alignment of every direct-I/O buffer, offset and length.
+pub const BLOCK: usize = 4096;
+
+/// Round `n` up to the next multiple of [`BLOCK`].
+pub const fn align_up(n: usize) -> usize {
+    (n + BLOCK - 1) & !(BLOCK - 1)
+}
+
+/// Round `n` down to a multiple of [`BLOCK`].
+pub const fn align_down(n: usize) -> usize {
+    n & !(BLOCK - 1)
+}
+
+/// A zero-initialised, [`BLOCK`]-aligned byte buffer with a fixed capacity and a length.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively (like Vec<u8>); moving it to another
+// thread moves that ownership. It has no interior mutability.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared references only allow reads of initialised memory.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A buffer able to hold at least `capacity` bytes (rounded up to whole blocks), all zero.
+    pub fn with_capacity(capacity: usize) -> AlignedBuf {
+        let cap = align_up(capacity.max(BLOCK));
+        let layout = Layout::from_size_align(cap, BLOCK).expect("aligned layout");
+        // SAFETY: layout has non-zero size (cap >= BLOCK).
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, cap, len: 0 }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Set the logical length. Bytes past the old length are whatever the buffer held, which is
+    /// always initialised memory (zeroed at allocation, or earlier content).
+    pub fn set_len(&mut self, len: usize) {
+        assert!(len <= self.cap, "set_len {len} beyond capacity {}", self.cap);
+        self.len = len;
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for cap bytes, all initialised; len <= cap.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The whole capacity, for filling.
+    pub fn as_mut_full(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid and initialised for cap bytes and uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
+    }
+
+    /// Append bytes; panics if they do not fit (callers size buffers first).
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        assert!(end <= self.cap, "append of {} overflows buffer", bytes.len());
+        let start = self.len;
+        self.as_mut_full()[start..end].copy_from_slice(bytes);
+        self.len = end;
+    }
+
+    /// Zero `[from, cap)`, so a partially reused block never carries stale bytes to disk.
+    pub fn zero_from(&mut self, from: usize) {
+        self.as_mut_full()[from..].fill(0);
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.cap, BLOCK).expect("aligned layout");
+        // SAFETY: allocated in with_capacity with exactly this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+// SAFETY: read_ptr stays valid and fixed while the buffer is owned by the runtime (the heap
+// allocation never moves); bytes_init is the initialised length.
+unsafe impl monoio::buf::IoBuf for AlignedBuf {
+    fn read_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: write_ptr is valid for bytes_total bytes; set_init only records a length <= cap.
+unsafe impl monoio::buf::IoBufMut for AlignedBuf {
+    fn write_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn bytes_total(&mut self) -> usize {
+        self.cap
+    }
+    unsafe fn set_init(&mut self, pos: usize) {
+        self.len = pos.min(self.cap);
+    }
+}
+
+/// Recycles write buffers of the standard size; larger one-off buffers are freed on return.
+#[derive(Clone)]
+pub struct BufPool {
+    inner: Rc<RefCell<PoolInner>>,
+}
+
+struct PoolInner {
+    standard: usize,
+    free: Vec<AlignedBuf>,
+    max_free: usize,
+}
+
+impl BufPool {
+    pub fn new(standard_size: usize, max_free: usize) -> BufPool {
+        BufPool {
+            inner: Rc::new(RefCell::new(PoolInner {
+                standard: align_up(standard_size),
+                free: Vec::new(),
+                max_free,
+            })),
+        }
+    }
+
+    /// A cleared buffer of at least `min_capacity` bytes.
+    pub fn take(&self, min_capacity: usize) -> AlignedBuf {
+        let mut inner = self.inner.borrow_mut();
+        if min_capacity <= inner.standard {
+            if let Some(mut buf) = inner.free.pop() {
+                buf.set_len(0);
+                return buf;
+            }
+            return AlignedBuf::with_capacity(inner.standard);
+        }
+        AlignedBuf::with_capacity(min_capacity)
+    }
+
+    pub fn give(&self, mut buf: AlignedBuf) {
+        let mut inner = self.inner.borrow_mut();
+        if buf.capacity() == inner.standard && inner.free.len() < inner.max_free {
+            // Zero now so the next user can rely on padding bytes being zero.
+            buf.set_len(0);
+            buf.zero_from(0);
+            inner.free.push(buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_and_rounding() {
+        let b = AlignedBuf::with_capacity(10);
+        assert_eq!(b.capacity(), BLOCK);
+        assert_eq!(b.as_slice().as_ptr() as usize % BLOCK, 0);
+        assert_eq!(align_up(0), 0);
+        assert_eq!(align_up(1), BLOCK);
+        assert_eq!(align_up(BLOCK), BLOCK);
+        assert_eq!(align_down(BLOCK + 5), BLOCK);
+    }
+
+    #[test]
+    fn pool_reuses_standard_buffers_zeroed() {
+        let pool = BufPool::new(8192, 2);
+        let mut a = pool.take(100);
+        a.extend_from_slice(b"hello");
+        let ptr = a.as_slice().as_ptr();
+        pool.give(a);
+        let b = pool.take(10);
+        assert_eq!(b.as_slice().as_ptr(), ptr);
+        assert!(b.is_empty());
+        let mut b = b;
+        b.set_len(5);
+        assert_eq!(b.as_slice(), &[0; 5]);
+        let big = pool.take(1 << 20);
+        assert!(big.capacity() >= 1 << 20);
+    }
+}

@@ -1,0 +1,25 @@
+//! Ursula's storage engine.
+//!
+//! One [`Shard`] per core owns a disjoint set of streams and one append-only log of
+//! preallocated, direct-I/O segment files. Appends from many streams share each fdatasync
+//! (group commit); an append is acknowledged only once durable. On start the log is replayed,
+//! CRC-checked, and a torn or corrupt tail is cut off. See `docs/architecture.md`.
+
+pub mod aligned;
+pub mod record;
+pub mod segment;
+pub mod shard;
+pub mod stream;
+
+pub use record::{AppendRec, Lifetime, ProducerStamp};
+pub use shard::{
+    Commit, Durability, NewStream, RecoveryReport, Shard, ShardConfig, ShardStats, StorageError,
+};
+pub use stream::{Chunk, Producer, Receipt, Stream, StreamId};
+
+/// Wall-clock Unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -1,0 +1,375 @@
+//! One stream's state as the owning shard keeps it in memory.
+//!
+//! Two watermarks matter: the *head* (`tail`, `closed`) includes appends that are queued for
+//! the next group commit, and is what write-path checks (producers, `Stream-Seq`, closure)
+//! judge against so that appends on one core are totally ordered; the *visible* watermark
+//! (`visible_tail`, `visible_closed`) only moves once the log is durable, and is the only
+//! thing readers ever see.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::task::Waker;
+
+use bytes::Bytes;
+
+use crate::record::{AppendRec, CreateRec, Lifetime};
+
+/// Shard-local stream identifier; never reused while the process runs.
+pub type StreamId = u64;
+
+/// One write operation's bytes (a PUT body, a POST body, a batch frame).
+#[derive(Clone, Debug)]
+pub struct Chunk {
+    /// Stream offset of the first byte.
+    pub start: u64,
+    pub data: Bytes,
+    /// Ordinal (index into the message index) of the first message in this chunk.
+    pub first_msg: u64,
+}
+
+impl Chunk {
+    pub fn end(&self) -> u64 {
+        self.start + self.data.len() as u64
+    }
+}
+
+/// What an accepted producer append returned, kept so retries get the same answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    pub seq: u64,
+    pub start: u64,
+    pub next: u64,
+    pub record_start: u64,
+    pub record_next: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Producer {
+    pub epoch: u64,
+    pub last_seq: u64,
+    pub last_used_ms: i64,
+    /// Most recent receipts of the current epoch, oldest first, bounded by the window size.
+    pub receipts: VecDeque<Receipt>,
+}
+
+impl Producer {
+    pub fn receipt(&self, seq: u64) -> Option<&Receipt> {
+        self.receipts.iter().rev().find(|r| r.seq == seq)
+    }
+}
+
+pub struct Stream {
+    pub id: StreamId,
+    pub key: Box<str>,
+    pub incarnation: u64,
+    pub created_ms: i64,
+    pub content_type: Box<str>,
+    pub lifetime: Lifetime,
+    /// Server-owned configuration and state (attributes, fork linkage), durable.
+    pub ext: Bytes,
+    /// Head: offset after the last accepted (possibly not yet durable) append.
+    pub tail: u64,
+    pub closed: bool,
+    /// Durable and readable.
+    pub visible_tail: u64,
+    pub visible_closed: bool,
+    pub last_stream_seq: Option<Bytes>,
+    pub producers: HashMap<Box<str>, Producer>,
+    chunks: Vec<Chunk>,
+    /// Start offset of every message; message ordinal `i` starts at `msg_starts[i]`.
+    msg_starts: Vec<u64>,
+    /// Last access for sliding TTLs (not durable: a restart counts as an access).
+    pub last_access_ms: Cell<i64>,
+    /// Bumped whenever readers could observe something new (data, closure, deletion).
+    version: Cell<u64>,
+    waiters: RefCell<Vec<Waker>>,
+}
+
+impl Stream {
+    pub(crate) fn from_create(c: &CreateRec, now_ms: i64) -> Stream {
+        Stream {
+            id: c.id,
+            key: c.key.clone(),
+            incarnation: c.incarnation,
+            created_ms: c.created_ms,
+            content_type: c.content_type.clone(),
+            lifetime: c.lifetime,
+            ext: c.ext.clone(),
+            tail: 0,
+            closed: false,
+            visible_tail: 0,
+            visible_closed: false,
+            last_stream_seq: None,
+            producers: HashMap::new(),
+            chunks: Vec::new(),
+            msg_starts: Vec::new(),
+            last_access_ms: Cell::new(now_ms),
+            version: Cell::new(0),
+            waiters: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Apply an append to the head state. Returns the receipt it produced, if any.
+    pub(crate) fn apply_append(
+        &mut self,
+        a: &AppendRec,
+        receipt_window: usize,
+        now_ms: i64,
+    ) -> Receipt {
+        debug_assert_eq!(a.start, self.tail, "appends must be contiguous");
+        let record_start = self.msg_starts.len() as u64;
+        let mut pos = 0usize;
+        for &len in &a.append_lens {
+            let len = len as usize;
+            if len == 0 {
+                continue;
+            }
+            self.chunks.push(Chunk {
+                start: a.start + pos as u64,
+                data: a.data.slice(pos..pos + len),
+                first_msg: 0, // fixed below once messages are indexed
+            });
+            pos += len;
+        }
+        let first_new_chunk = self.chunks.len() - a.append_lens.iter().filter(|&&l| l > 0).count();
+        let mut off = a.start;
+        for &len in &a.msg_lens {
+            self.msg_starts.push(off);
+            off += len as u64;
+        }
+        for chunk in &mut self.chunks[first_new_chunk..] {
+            chunk.first_msg = self.msg_starts.partition_point(|&s| s < chunk.start) as u64;
+        }
+        self.tail = a.start + a.data.len() as u64;
+        if a.close {
+            self.closed = true;
+        }
+        if let Some(seq) = &a.stream_seq {
+            self.last_stream_seq = Some(seq.clone());
+        }
+        let receipt = Receipt {
+            seq: a.producer.as_ref().map_or(0, |p| p.seq),
+            start: a.start,
+            next: self.tail,
+            record_start,
+            record_next: self.msg_starts.len() as u64,
+        };
+        if let Some(p) = &a.producer {
+            let entry = self
+                .producers
+                .entry(p.id.clone())
+                .or_insert_with(|| Producer {
+                    epoch: p.epoch,
+                    last_seq: p.seq,
+                    last_used_ms: now_ms,
+                    receipts: VecDeque::new(),
+                });
+            if entry.epoch != p.epoch {
+                entry.receipts.clear();
+            }
+            entry.epoch = p.epoch;
+            entry.last_seq = p.seq;
+            entry.last_used_ms = now_ms;
+            entry.receipts.push_back(receipt);
+            while entry.receipts.len() > receipt_window.max(1) {
+                entry.receipts.pop_front();
+            }
+        }
+        receipt
+    }
+
+    /// Make everything up to `tail` (and the closure, if set) readable and wake readers.
+    pub(crate) fn make_visible(&mut self, tail: u64, closed: bool) {
+        if tail > self.visible_tail || (closed && !self.visible_closed) {
+            self.visible_tail = self.visible_tail.max(tail);
+            self.visible_closed |= closed;
+            self.notify();
+        }
+    }
+
+    pub(crate) fn notify(&self) {
+        self.version.set(self.version.get() + 1);
+        for w in self.waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.get()
+    }
+
+    pub(crate) fn register_waiter(&self, waker: &Waker) {
+        let mut w = self.waiters.borrow_mut();
+        if !w.iter().any(|x| x.will_wake(waker)) {
+            w.push(waker.clone());
+        }
+    }
+
+    /// Number of messages (records) ever appended; the message index is `0..message_count`.
+    pub fn message_count(&self) -> u64 {
+        self.msg_starts.len() as u64
+    }
+
+    /// Messages that are durable and readable.
+    pub fn visible_message_count(&self) -> u64 {
+        self.msg_starts.partition_point(|&s| s < self.visible_tail) as u64
+    }
+
+    /// Start offset of message `ordinal`, or the visible tail for `ordinal == count`.
+    pub fn message_start(&self, ordinal: u64) -> Option<u64> {
+        match self.msg_starts.get(ordinal as usize) {
+            Some(&s) => Some(s),
+            None if ordinal == self.msg_starts.len() as u64 => Some(self.tail),
+            None => None,
+        }
+    }
+
+    /// Ordinal of the first message starting at or after `offset`.
+    pub fn message_at_or_after(&self, offset: u64) -> u64 {
+        self.msg_starts.partition_point(|&s| s < offset) as u64
+    }
+
+    /// Whether `offset` is a message boundary (a message start or the tail).
+    pub fn is_message_boundary(&self, offset: u64) -> bool {
+        offset == self.tail || self.msg_starts.binary_search(&offset).is_ok()
+    }
+
+    /// The write operation that starts at or contains `offset` (None at or past the tail).
+    pub fn chunk_at(&self, offset: u64) -> Option<&Chunk> {
+        let i = self.chunks.partition_point(|c| c.end() <= offset);
+        self.chunks.get(i).filter(|c| c.start <= offset)
+    }
+
+    /// Readable bytes in `[from, min(visible_tail, from + max))` as zero-copy slices.
+    pub fn read(&self, from: u64, max: usize) -> Vec<Bytes> {
+        let end = self.visible_tail.min(from.saturating_add(max as u64));
+        self.read_range(from, end)
+    }
+
+    /// Bytes in `[from, to)` (clamped to the visible tail) as zero-copy slices.
+    pub fn read_range(&self, from: u64, to: u64) -> Vec<Bytes> {
+        let to = to.min(self.visible_tail);
+        let mut out = Vec::new();
+        if from >= to {
+            return out;
+        }
+        let mut i = self.chunks.partition_point(|c| c.end() <= from);
+        while let Some(c) = self.chunks.get(i) {
+            if c.start >= to {
+                break;
+            }
+            let a = (from.max(c.start) - c.start) as usize;
+            let b = (to.min(c.end()) - c.start) as usize;
+            out.push(c.data.slice(a..b));
+            i += 1;
+        }
+        out
+    }
+
+    /// All write operations (for copying history into a fork).
+    pub fn chunks(&self) -> &[Chunk] {
+        &self.chunks
+    }
+
+    /// Message lengths of the messages in `[from_msg, to_msg)`.
+    pub fn message_lens(&self, from_msg: u64, to_msg: u64) -> Vec<u32> {
+        (from_msg..to_msg)
+            .map(|i| {
+                let s = self.msg_starts[i as usize];
+                let e = self.message_start(i + 1).unwrap_or(self.tail);
+                (e - s) as u32
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::ProducerStamp;
+
+    fn stream() -> Stream {
+        Stream::from_create(
+            &CreateRec {
+                id: 1,
+                key: "k".into(),
+                incarnation: 1,
+                created_ms: 0,
+                content_type: "application/json".into(),
+                lifetime: Lifetime::Forever,
+                ext: Bytes::new(),
+                initial: AppendRec::default(),
+            },
+            0,
+        )
+    }
+
+    fn append(s: &mut Stream, msgs: &[&str], producer: Option<(u64, u64)>) -> Receipt {
+        let data: Vec<u8> = msgs.concat().into_bytes();
+        let a = AppendRec {
+            id: 1,
+            start: s.tail,
+            append_lens: vec![data.len() as u32],
+            msg_lens: msgs.iter().map(|m| m.len() as u32).collect(),
+            data: Bytes::from(data),
+            producer: producer.map(|(epoch, seq)| ProducerStamp {
+                id: "p".into(),
+                epoch,
+                seq,
+            }),
+            ..Default::default()
+        };
+        s.apply_append(&a, 2, 0)
+    }
+
+    #[test]
+    fn message_index_answers_ordinals_and_boundaries() {
+        let mut s = stream();
+        append(&mut s, &["{\"a\":1}\n", "2\n"], None);
+        append(&mut s, &["3\n"], None);
+        assert_eq!(s.message_count(), 3);
+        assert_eq!(s.message_start(0), Some(0));
+        assert_eq!(s.message_start(1), Some(8));
+        assert_eq!(s.message_start(2), Some(10));
+        assert_eq!(s.message_start(3), Some(12));
+        assert_eq!(s.message_start(4), None);
+        assert!(s.is_message_boundary(8));
+        assert!(!s.is_message_boundary(9));
+        assert_eq!(s.message_at_or_after(9), 2);
+        assert_eq!(s.chunk_at(9).map(|c| c.start), Some(0));
+        assert_eq!(s.chunk_at(10).map(|c| c.first_msg), Some(2));
+        assert!(s.chunk_at(12).is_none());
+        assert_eq!(s.message_lens(0, 3), vec![8, 2, 2]);
+    }
+
+    #[test]
+    fn reads_stop_at_the_visible_tail() {
+        let mut s = stream();
+        append(&mut s, &["ab\n"], None);
+        append(&mut s, &["cd\n"], None);
+        assert!(s.read(0, 100).is_empty(), "nothing durable yet");
+        s.make_visible(3, false);
+        assert_eq!(s.read(0, 100), vec![Bytes::from_static(b"ab\n")]);
+        s.make_visible(6, false);
+        let parts = s.read(1, 4);
+        assert_eq!(parts.concat(), b"b\ncd".to_vec());
+        assert_eq!(s.visible_message_count(), 2);
+    }
+
+    #[test]
+    fn receipts_are_bounded_and_reset_by_new_epoch() {
+        let mut s = stream();
+        for seq in 0..4 {
+            append(&mut s, &["x\n"], Some((0, seq)));
+        }
+        let p = &s.producers["p"];
+        assert_eq!(p.last_seq, 3);
+        assert_eq!(p.receipts.len(), 2);
+        assert!(p.receipt(1).is_none());
+        assert_eq!(p.receipt(3).map(|r| (r.start, r.next)), Some((6, 8)));
+        assert_eq!(p.receipt(3).map(|r| (r.record_start, r.record_next)), Some((3, 4)));
+        append(&mut s, &["y\n"], Some((1, 0)));
+        let p = &s.producers["p"];
+        assert_eq!((p.epoch, p.receipts.len()), (1, 1));
+    }
+}
