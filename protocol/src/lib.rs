@@ -1,0 +1,12 @@
+//! Pure wire rules of the Durable Streams protocol as served by Ursula.
+//!
+//! Everything here is synchronous and allocation-conscious; nothing performs I/O
+//! (apart from reading the wall clock in [`time`]). Section references (`P§n`) point
+//! at `protocol.md`.
+
+#![forbid(unsafe_code)]
+
+pub mod cursor;
+pub mod headers;
+pub mod offset;
+pub mod time;
