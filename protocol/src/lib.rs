@@ -6,7 +6,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod content_type;
 pub mod cursor;
+pub mod etag;
 pub mod headers;
 pub mod offset;
+pub mod query;
 pub mod time;

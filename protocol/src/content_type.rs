@@ -1,0 +1,230 @@
+//! Content types (P§4.5): normalisation for storage/echo and media-type matching.
+
+/// RFC 9110 `tchar`.
+fn is_tchar(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+}
+
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(is_tchar)
+}
+
+/// Normalises a `Content-Type` value: trimmed, lower-cased, `type/subtype` and every
+/// parameter validated, empty parameters (`;;`, trailing `;`) dropped, parameters
+/// joined with `"; "`. The result is what the server stores and echoes verbatim.
+#[allow(clippy::result_unit_err)]
+pub fn normalize(v: &str) -> Result<String, ()> {
+    let lower = v.trim().to_ascii_lowercase();
+    let b = lower.as_bytes();
+    let semi = b.iter().position(|&c| c == b';').unwrap_or(b.len());
+    let mt = lower[..semi].trim();
+    let (ty, sub) = mt.split_once('/').ok_or(())?;
+    if !is_token(ty) || !is_token(sub) {
+        return Err(());
+    }
+    let mut out = String::with_capacity(lower.len());
+    out.push_str(ty);
+    out.push('/');
+    out.push_str(sub);
+
+    // Parameters are scanned by hand because quoted-string values may contain ';'.
+    let mut i = semi;
+    while i < b.len() {
+        // b[i] == b';'
+        i += 1;
+        while i < b.len() && matches!(b[i], b' ' | b'\t') {
+            i += 1;
+        }
+        if i >= b.len() || b[i] == b';' {
+            continue; // empty parameter
+        }
+        let name_start = i;
+        while i < b.len() && is_tchar(b[i]) {
+            i += 1;
+        }
+        let name = &lower[name_start..i];
+        if name.is_empty() || i >= b.len() || b[i] != b'=' {
+            return Err(());
+        }
+        i += 1;
+        let value_start = i;
+        if i < b.len() && b[i] == b'"' {
+            i += 1;
+            loop {
+                match b.get(i) {
+                    None => return Err(()),
+                    Some(b'"') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(b'\\') => {
+                        match b.get(i + 1) {
+                            Some(&c) if c == b'\t' || c >= 0x20 && c != 0x7f => {}
+                            _ => return Err(()),
+                        }
+                        i += 2;
+                    }
+                    Some(&c) if c == b'\t' || (c >= 0x20 && c != 0x7f) => i += 1,
+                    Some(_) => return Err(()),
+                }
+            }
+        } else {
+            while i < b.len() && is_tchar(b[i]) {
+                i += 1;
+            }
+            if i == value_start {
+                return Err(());
+            }
+        }
+        let value = &lower[value_start..i];
+        while i < b.len() && matches!(b[i], b' ' | b'\t') {
+            i += 1;
+        }
+        if i < b.len() && b[i] != b';' {
+            return Err(());
+        }
+        out.push_str("; ");
+        out.push_str(name);
+        out.push('=');
+        out.push_str(value);
+    }
+    Ok(out)
+}
+
+/// The `type/subtype` part of a content type (before any `;`), trimmed, original case.
+pub fn media_type(v: &str) -> &str {
+    v.split(';').next().unwrap_or("").trim()
+}
+
+/// Media-type equality used for append/create/fork matching: parameters ignored,
+/// ASCII case-insensitive.
+pub fn same_media_type(a: &str, b: &str) -> bool {
+    media_type(a).eq_ignore_ascii_case(media_type(b))
+}
+
+/// JSON mode applies only to `application/json` itself, not `+json` or NDJSON.
+pub fn is_json(v: &str) -> bool {
+    media_type(v).eq_ignore_ascii_case("application/json")
+}
+
+/// Whether SSE carries the payload as UTF-8 text (else base64).
+pub fn sse_is_text(v: &str) -> bool {
+    let mt = media_type(v).as_bytes();
+    (mt.len() > 5 && mt[..5].eq_ignore_ascii_case(b"text/")) || is_json(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_examples() {
+        assert_eq!(
+            normalize("application/json").as_deref(),
+            Ok("application/json")
+        );
+        assert_eq!(
+            normalize("Text/Plain;Charset=UTF-8").as_deref(),
+            Ok("text/plain; charset=utf-8")
+        );
+        assert_eq!(
+            normalize("  APPLICATION/JSON  ").as_deref(),
+            Ok("application/json")
+        );
+        assert_eq!(
+            normalize("text/plain;;  ;charset=utf-8;").as_deref(),
+            Ok("text/plain; charset=utf-8")
+        );
+        assert_eq!(
+            normalize("text/plain ; a=1 ;b=2").as_deref(),
+            Ok("text/plain; a=1; b=2")
+        );
+        assert_eq!(
+            normalize("multipart/mixed; boundary=\"a;b c\"").as_deref(),
+            Ok("multipart/mixed; boundary=\"a;b c\"")
+        );
+        assert_eq!(
+            normalize("application/vnd.api+json").as_deref(),
+            Ok("application/vnd.api+json")
+        );
+        assert_eq!(normalize("text/plain;").as_deref(), Ok("text/plain"));
+    }
+
+    #[test]
+    fn normalize_rejects() {
+        for bad in [
+            "",
+            "   ",
+            "text",
+            "text/",
+            "/plain",
+            "text/plain/x",
+            "te xt/plain",
+            "text/pl ain",
+            "text/plain; charset",
+            "text/plain; charset=",
+            "text/plain; =utf-8",
+            "text/plain; charset = utf-8",
+            "text/plain; charset=\"unterminated",
+            "text/plain; a=b c",
+            "text/plain; a=\"x\"y",
+            "text/plain, text/html",
+            "tëxt/plain",
+            "text/plain; a=\u{1}",
+        ] {
+            assert_eq!(normalize(bad), Err(()), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn normalize_is_idempotent() {
+        for v in [
+            "Text/Plain;Charset=UTF-8",
+            "application/json",
+            "a/b; x=\"q;r\"; y=z",
+        ] {
+            let once = normalize(v).unwrap_or_default();
+            assert_eq!(normalize(&once).as_deref(), Ok(once.as_str()));
+        }
+    }
+
+    #[test]
+    fn media_type_matching() {
+        assert_eq!(media_type(" text/plain ; charset=utf-8"), "text/plain");
+        assert_eq!(media_type("application/json"), "application/json");
+        assert!(same_media_type(
+            "application/json; charset=utf-8",
+            "APPLICATION/JSON"
+        ));
+        assert!(!same_media_type("application/json", "application/x-ndjson"));
+        assert!(!same_media_type("text/plain", "text/html"));
+    }
+
+    #[test]
+    fn json_detection() {
+        assert!(is_json("application/json"));
+        assert!(is_json("Application/JSON; charset=utf-8"));
+        assert!(!is_json("application/x-ndjson"));
+        assert!(!is_json("application/vnd.api+json"));
+        assert!(!is_json("text/json"));
+        assert!(!is_json(""));
+    }
+
+    #[test]
+    fn sse_text_or_base64() {
+        assert!(sse_is_text("text/plain"));
+        assert!(sse_is_text("TEXT/CSV; charset=utf-8"));
+        assert!(sse_is_text("application/json"));
+        for b in [
+            "application/octet-stream",
+            "application/x-protobuf",
+            "image/png",
+            "application/x-ndjson",
+            "text",
+            "text/",
+            "",
+        ] {
+            assert!(!sse_is_text(b), "{b:?}");
+        }
+    }
+}
