@@ -1,0 +1,685 @@
+//! JSON mode (P§6.2, §11.4): validation, one-level flattening and canonical NDJSON.
+//!
+//! Canonical form is the input text minus insignificant whitespace, plus LF per
+//! message. Nothing is re-serialised, so number lexemes, escapes and string contents
+//! survive byte-for-byte.
+
+use memchr::memchr_iter;
+
+/// Nesting bound (serde_json's default too); deeper input is `Invalid`.
+pub const MAX_DEPTH: usize = 128;
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Canonical {
+    /// Concatenated canonical messages, each minified JSON followed by `b'\n'`.
+    pub bytes: Vec<u8>,
+    /// Length of every message in `bytes`, including its trailing LF.
+    pub message_lens: Vec<u32>,
+}
+
+impl Canonical {
+    pub fn message_count(&self) -> usize {
+        self.message_lens.len()
+    }
+
+    /// Iterates the messages (each including its trailing LF).
+    pub fn messages(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let mut at = 0usize;
+        self.message_lens.iter().map(move |&len| {
+            let start = at;
+            at += len as usize;
+            &self.bytes[start..at]
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonError {
+    /// Not exactly one valid JSON text (or nested deeper than [`MAX_DEPTH`], or a
+    /// single message of 4 GiB or more).
+    Invalid,
+    /// The body was `[]` where that is not allowed (POST).
+    EmptyArray,
+}
+
+/// Validates `body` (RFC 8259, UTF-8, no BOM) and splits it into canonical messages.
+///
+/// A top-level array is flattened exactly one level; `[]` yields
+/// [`JsonError::EmptyArray`] unless `allow_empty_array` (PUT), in which case it yields
+/// zero messages.
+///
+/// Validation is a hand-written iterative grammar check fused with minification, so
+/// the body is scanned once. sonic-rs (the obvious validator) skips values
+/// recursively with ~50 KiB frames in debug builds and overflowed a 2 MiB stack at
+/// fewer than 40 nesting levels; the tests use it as a differential oracle instead.
+pub fn canonicalize(body: &[u8], allow_empty_array: bool) -> Result<Canonical, JsonError> {
+    // Non-ASCII bytes are only legal inside strings, so one whole-body check covers
+    // string contents; std's validator has an ASCII fast path.
+    if std::str::from_utf8(body).is_err() {
+        return Err(JsonError::Invalid);
+    }
+    let out = Scanner::new(body).run()?;
+    if out.message_lens.is_empty() && !allow_empty_array {
+        return Err(JsonError::EmptyArray);
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// A value is required (after `:`, after `,` in an array, at the top).
+    Value,
+    /// Just after `[`: a value or `]`.
+    ValueOrEnd,
+    /// Just after `{`: a key or `}`.
+    KeyOrEnd,
+    /// After `,` in an object.
+    Key,
+    Colon,
+    CommaOrEnd,
+    /// The top-level value is complete; only whitespace may follow.
+    Done,
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+    out: Vec<u8>,
+    lens: Vec<u32>,
+    msg_start: usize,
+    /// Open containers, `b'['` or `b'{'`, outermost first.
+    stack: Vec<u8>,
+    /// Top-level value is an array whose elements become the messages.
+    flatten: bool,
+}
+
+fn is_ws(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+impl<'a> Scanner<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Scanner {
+            b,
+            i: 0,
+            out: Vec::with_capacity(b.len() + 1),
+            lens: Vec::new(),
+            msg_start: 0,
+            stack: Vec::new(),
+            flatten: false,
+        }
+    }
+
+    fn run(mut self) -> Result<Canonical, JsonError> {
+        const BAD: Result<Canonical, JsonError> = Err(JsonError::Invalid);
+        let mut expect = Expect::Value;
+        let n = self.b.len();
+        while self.i < n {
+            let c = self.b[self.i];
+            if is_ws(c) {
+                self.i += 1;
+                continue;
+            }
+            expect = match (expect, c) {
+                (Expect::Done, _) => return BAD,
+                (Expect::Value | Expect::ValueOrEnd, b'[' | b'{') => {
+                    if self.stack.is_empty() && c == b'[' {
+                        // The outer array's brackets belong to no message.
+                        self.flatten = true;
+                    } else {
+                        self.out.push(c);
+                    }
+                    self.stack.push(c);
+                    if self.stack.len() > MAX_DEPTH {
+                        return BAD;
+                    }
+                    self.i += 1;
+                    if c == b'[' {
+                        Expect::ValueOrEnd
+                    } else {
+                        Expect::KeyOrEnd
+                    }
+                }
+                (Expect::ValueOrEnd | Expect::CommaOrEnd, b']')
+                | (Expect::KeyOrEnd | Expect::CommaOrEnd, b'}') => {
+                    let open = if c == b']' { b'[' } else { b'{' };
+                    if self.stack.pop() != Some(open) {
+                        return BAD;
+                    }
+                    if !(self.flatten && self.stack.is_empty()) {
+                        self.out.push(c);
+                    }
+                    self.i += 1;
+                    self.value_done()?
+                }
+                (Expect::CommaOrEnd, b',') => {
+                    // Depth-1 commas of the outer array separate messages.
+                    if !(self.flatten && self.stack.len() == 1) {
+                        self.out.push(b',');
+                    }
+                    self.i += 1;
+                    if self.stack.last() == Some(&b'{') {
+                        Expect::Key
+                    } else {
+                        Expect::Value
+                    }
+                }
+                (Expect::Colon, b':') => {
+                    self.out.push(b':');
+                    self.i += 1;
+                    Expect::Value
+                }
+                (Expect::Key | Expect::KeyOrEnd, b'"') => {
+                    self.string()?;
+                    Expect::Colon
+                }
+                (Expect::Value | Expect::ValueOrEnd, _) => {
+                    match c {
+                        b'"' => self.string()?,
+                        b'-' | b'0'..=b'9' => self.number()?,
+                        b't' => self.literal(b"true")?,
+                        b'f' => self.literal(b"false")?,
+                        b'n' => self.literal(b"null")?,
+                        _ => return BAD,
+                    }
+                    self.value_done()?
+                }
+                _ => return BAD,
+            };
+        }
+        if expect != Expect::Done {
+            return BAD;
+        }
+        Ok(Canonical {
+            bytes: self.out,
+            message_lens: self.lens,
+        })
+    }
+
+    /// A value just ended: cut a message if it was a message-level value.
+    fn value_done(&mut self) -> Result<Expect, JsonError> {
+        let depth = self.stack.len();
+        if (self.flatten && depth == 1) || (!self.flatten && depth == 0) {
+            self.out.push(b'\n');
+            let len =
+                u32::try_from(self.out.len() - self.msg_start).map_err(|_| JsonError::Invalid)?;
+            self.lens.push(len);
+            self.msg_start = self.out.len();
+        }
+        Ok(if depth == 0 {
+            Expect::Done
+        } else {
+            Expect::CommaOrEnd
+        })
+    }
+
+    /// Copies a string token verbatim after checking escapes and control characters.
+    fn string(&mut self) -> Result<(), JsonError> {
+        let b = self.b;
+        let start = self.i;
+        let mut i = self.i + 1;
+        loop {
+            // Plain run: everything but quote, backslash and control characters.
+            while i < b.len() && b[i] != b'"' && b[i] != b'\\' && b[i] >= 0x20 {
+                i += 1;
+            }
+            match b.get(i) {
+                Some(b'"') => {
+                    i += 1;
+                    break;
+                }
+                Some(b'\\') => match b.get(i + 1) {
+                    Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+                    Some(b'u') => {
+                        let hex = b.get(i + 2..i + 6).ok_or(JsonError::Invalid)?;
+                        if !hex.iter().all(u8::is_ascii_hexdigit) {
+                            return Err(JsonError::Invalid);
+                        }
+                        i += 6;
+                    }
+                    _ => return Err(JsonError::Invalid),
+                },
+                // Raw control character or unterminated string.
+                _ => return Err(JsonError::Invalid),
+            }
+        }
+        self.out.extend_from_slice(&b[start..i]);
+        self.i = i;
+        Ok(())
+    }
+
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`, copied as the exact lexeme.
+    fn number(&mut self) -> Result<(), JsonError> {
+        let b = self.b;
+        let start = self.i;
+        let mut i = self.i;
+        let digits = |i: &mut usize| -> usize {
+            let s = *i;
+            while *i < b.len() && b[*i].is_ascii_digit() {
+                *i += 1;
+            }
+            *i - s
+        };
+        if b[i] == b'-' {
+            i += 1;
+        }
+        match b.get(i) {
+            Some(b'0') => i += 1,
+            Some(b'1'..=b'9') => {
+                digits(&mut i);
+            }
+            _ => return Err(JsonError::Invalid),
+        }
+        if b.get(i) == Some(&b'.') {
+            i += 1;
+            if digits(&mut i) == 0 {
+                return Err(JsonError::Invalid);
+            }
+        }
+        if matches!(b.get(i), Some(b'e' | b'E')) {
+            i += 1;
+            if matches!(b.get(i), Some(b'+' | b'-')) {
+                i += 1;
+            }
+            if digits(&mut i) == 0 {
+                return Err(JsonError::Invalid);
+            }
+        }
+        self.out.extend_from_slice(&b[start..i]);
+        self.i = i;
+        Ok(())
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Result<(), JsonError> {
+        if !self.b[self.i..].starts_with(word) {
+            return Err(JsonError::Invalid);
+        }
+        self.out.extend_from_slice(word);
+        self.i += word.len();
+        Ok(())
+    }
+}
+
+/// Renders canonical NDJSON as a JSON array (`[m1,m2]`, `[]` when empty).
+///
+/// The slices together must hold whole lines, but a line may span slices (storage
+/// hands out whatever segments it has).
+pub fn render_array(ndjson: &[&[u8]]) -> Vec<u8> {
+    let total: usize = ndjson.iter().map(|s| s.len()).sum();
+    let mut out = Vec::with_capacity(total + 2);
+    out.push(b'[');
+    for part in ndjson {
+        let mut last = 0;
+        for lf in memchr_iter(b'\n', part) {
+            out.extend_from_slice(&part[last..lf]);
+            out.push(b',');
+            last = lf + 1;
+        }
+        out.extend_from_slice(&part[last..]);
+    }
+    if out.last() == Some(&b',') {
+        out.pop();
+    }
+    out.push(b']');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msgs(body: &str) -> Vec<String> {
+        let c = canonicalize(body.as_bytes(), true).expect("valid");
+        assert_eq!(
+            c.message_lens.iter().map(|&l| l as usize).sum::<usize>(),
+            c.bytes.len()
+        );
+        c.messages()
+            .map(|m| {
+                assert_eq!(m.last(), Some(&b'\n'));
+                assert!(!m[..m.len() - 1].contains(&b'\n'));
+                String::from_utf8(m.to_vec()).expect("utf8")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn single_values() {
+        assert_eq!(msgs(r#"{"e":1}"#), ["{\"e\":1}\n"]);
+        assert_eq!(msgs(r#""s""#), ["\"s\"\n"]);
+        assert_eq!(msgs("42"), ["42\n"]);
+        assert_eq!(msgs("true"), ["true\n"]);
+        assert_eq!(msgs("null"), ["null\n"]);
+        assert_eq!(
+            msgs("  \n\t{ \"a\" : [ 1 , 2 ] }\r\n "),
+            ["{\"a\":[1,2]}\n"]
+        );
+    }
+
+    #[test]
+    fn flattening_one_level() {
+        assert_eq!(msgs(r#"[{"a":1},{"b":2}]"#), ["{\"a\":1}\n", "{\"b\":2}\n"]);
+        assert_eq!(msgs("[[1,2],[3,4]]"), ["[1,2]\n", "[3,4]\n"]);
+        assert_eq!(msgs("[[[1,2,3]]]"), ["[[1,2,3]]\n"]);
+        assert_eq!(msgs("[ 1 , \"x\" , null ]"), ["1\n", "\"x\"\n", "null\n"]);
+        assert_eq!(msgs("[{}]"), ["{}\n"]);
+        assert_eq!(msgs("[[]]"), ["[]\n"]);
+        assert_eq!(msgs("[\"a,b\",\"]\"]"), ["\"a,b\"\n", "\"]\"\n"]);
+    }
+
+    #[test]
+    fn spec_byte_count() {
+        let c = canonicalize(br#"[{"id":0},{"id":1},{"id":2}]"#, false).expect("valid");
+        assert_eq!(c.bytes.len(), 27);
+        assert_eq!(c.message_lens, [9, 9, 9]);
+        assert_eq!(c.bytes, b"{\"id\":0}\n{\"id\":1}\n{\"id\":2}\n");
+    }
+
+    #[test]
+    fn whitespace_and_escapes_in_strings_kept() {
+        assert_eq!(
+            msgs(r#"{ "k y" : "  a  b\t" }"#),
+            ["{\"k y\":\"  a  b\\t\"}\n"]
+        );
+        assert_eq!(
+            msgs(r#"["line\nbreak", "q\"uote", "back\\slash\\", "\u00e9\ud83d\ude00"]"#),
+            [
+                "\"line\\nbreak\"\n",
+                "\"q\\\"uote\"\n",
+                "\"back\\\\slash\\\\\"\n",
+                "\"\\u00e9\\ud83d\\ude00\"\n"
+            ]
+        );
+        assert_eq!(msgs("\"héllo 😀\""), ["\"héllo 😀\"\n"]);
+    }
+
+    #[test]
+    fn number_lexemes_kept() {
+        assert_eq!(
+            msgs("[12345678901234567890123, 1.50, -0.0, 1E+10, 2e-3]"),
+            [
+                "12345678901234567890123\n",
+                "1.50\n",
+                "-0.0\n",
+                "1E+10\n",
+                "2e-3\n"
+            ]
+        );
+        assert_eq!(
+            msgs("{\"n\": 1.000000000000000000001}"),
+            ["{\"n\":1.000000000000000000001}\n"]
+        );
+    }
+
+    #[test]
+    fn grammatical_but_unrepresentable_values_kept() {
+        // JSON.parse accepts these; canonical storage is lexical, so nothing is lost.
+        assert_eq!(msgs("[38E869, \"\\ud800\"]"), ["38E869\n", "\"\\ud800\"\n"]);
+    }
+
+    #[test]
+    fn empty_array() {
+        assert_eq!(canonicalize(b"[]", false), Err(JsonError::EmptyArray));
+        assert_eq!(canonicalize(b" [ \n ] ", false), Err(JsonError::EmptyArray));
+        let c = canonicalize(b"[]", true).expect("allowed on PUT");
+        assert!(c.bytes.is_empty());
+        assert_eq!(c.message_count(), 0);
+        // A nested empty array is an ordinary message.
+        assert_eq!(msgs("[[]]").len(), 1);
+    }
+
+    #[test]
+    fn invalid_inputs() {
+        for bad in [
+            "",
+            "   ",
+            "{",
+            "}",
+            "[",
+            "]",
+            "[1,]",
+            "[,1]",
+            "[1,,2]",
+            "[1 2]",
+            "{\"a\":1,}",
+            "{\"a\" 1}",
+            "{\"a\":}",
+            "{1:2}",
+            "[1]]",
+            "[1]x",
+            "{} {}",
+            "1 2",
+            "\"a\" \"b\"",
+            "[}",
+            "{]",
+            "\"unterminated",
+            "\"bad \\x escape\"",
+            "\"raw\nnewline\"",
+            "\"raw\ttab\"",
+            "tru",
+            "True",
+            "nul",
+            "NaN",
+            "Infinity",
+            "01",
+            "1.",
+            ".5",
+            "+1",
+            "-",
+            "1e",
+            "0x10",
+            "'single'",
+            "{\"a\":1}\u{0}",
+            "\u{feff}{}",
+            "[1]\n[2]",
+            "// comment\n1",
+        ] {
+            assert_eq!(
+                canonicalize(bad.as_bytes(), true),
+                Err(JsonError::Invalid),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_rejected() {
+        assert_eq!(canonicalize(b"\"\xff\"", true), Err(JsonError::Invalid));
+        assert_eq!(
+            canonicalize(b"[\"ok\", \"\xc3\"]", true),
+            Err(JsonError::Invalid)
+        );
+        assert_eq!(
+            canonicalize(b"\xef\xbb\xbf{}", true),
+            Err(JsonError::Invalid)
+        );
+    }
+
+    #[test]
+    fn deep_nesting_is_bounded() {
+        let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(canonicalize(ok.as_bytes(), true).is_ok());
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert_eq!(canonicalize(deep.as_bytes(), true), Err(JsonError::Invalid));
+        // Unbalanced and absurdly deep: must fail fast without exhausting the stack.
+        let huge = "[".repeat(1_000_000);
+        assert_eq!(canonicalize(huge.as_bytes(), true), Err(JsonError::Invalid));
+        let objs = "{\"a\":".repeat(100_000);
+        assert_eq!(canonicalize(objs.as_bytes(), true), Err(JsonError::Invalid));
+    }
+
+    #[test]
+    fn max_depth_needs_no_stack() {
+        // The scanner is iterative: the worst accepted nesting runs on a tiny stack.
+        let h = std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(|| {
+                let mut s = String::new();
+                for _ in 0..MAX_DEPTH / 2 {
+                    s.push_str("{\"k\":[");
+                }
+                s.push('1');
+                for _ in 0..MAX_DEPTH / 2 {
+                    s.push_str("]}");
+                }
+                canonicalize(s.as_bytes(), false).map(|c| c.message_count())
+            })
+            .expect("spawn");
+        assert_eq!(h.join().ok(), Some(Ok(1)));
+    }
+
+    /// Grammar-level oracle. sonic-rs's skip path does not check the hex digits of
+    /// `\\u` escapes, where we are stricter (RFC 8259 requires four hex digits); its
+    /// DOM path is no better oracle since it also rejects grammatical lone surrogates
+    /// and out-of-range numbers, which we keep byte-for-byte like `JSON.parse` does.
+    fn sonic_accepts(b: &[u8]) -> bool {
+        sonic_rs::from_slice::<serde::de::IgnoredAny>(b).is_ok() && !has_bad_u_escape(b)
+    }
+
+    fn has_bad_u_escape(b: &[u8]) -> bool {
+        let mut i = 0;
+        while i + 1 < b.len() {
+            if b[i] == b'\\' {
+                if b[i + 1] == b'u'
+                    && !b
+                        .get(i + 2..i + 6)
+                        .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+                {
+                    return true;
+                }
+                i += 2;
+            } else {
+                i += 1;
+            }
+        }
+        false
+    }
+
+    #[test]
+    fn agrees_with_sonic_on_corpus() {
+        for case in [
+            "0",
+            "-0",
+            "1.5e-3",
+            "[1,2]",
+            "{\"a\":{\"b\":[null,true,false]}}",
+            "\"\\u00ZZ\"",
+            "\"\\ud800\"",
+            "\"\\/\"",
+            "[1,]",
+            "{\"a\"}",
+            "01",
+            "-01",
+            "1e+",
+            "[\"\\\"]",
+            "  [ ]  ",
+            "{} ",
+            "\"\u{7f}\"",
+            "[-]",
+            "[0.]",
+            "[.0]",
+            "[1e5]",
+            "[1E-0]",
+            "nulll",
+            "[true false]",
+            "{\"a\":1 \"b\":2}",
+            "{,}",
+            "[,]",
+            ":",
+            "\"a\":1",
+        ] {
+            assert_eq!(
+                canonicalize(case.as_bytes(), true).is_ok(),
+                sonic_accepts(case.as_bytes()),
+                "{case:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn agrees_with_sonic_on_random_inputs() {
+        const ALPHABET: &[u8] = b"[]{}\",:0123456789-+.eE tfrualsn\\/u\n\tAx";
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut buf = Vec::new();
+        let mut valid = 0;
+        for _ in 0..300_000 {
+            buf.clear();
+            let len = 1 + (next() % 14) as usize;
+            for _ in 0..len {
+                buf.push(ALPHABET[(next() % ALPHABET.len() as u64) as usize]);
+            }
+            let ours = canonicalize(&buf, true).is_ok();
+            assert_eq!(
+                ours,
+                sonic_accepts(&buf),
+                "{:?}",
+                String::from_utf8_lossy(&buf)
+            );
+            valid += usize::from(ours);
+        }
+        assert!(
+            valid > 100,
+            "the generator should hit valid JSON sometimes ({valid})"
+        );
+    }
+
+    #[test]
+    fn minified_equals_input_without_whitespace_on_random_valid() {
+        // For valid non-array texts without strings, canonical = input minus ws.
+        for case in ["{ \"a\" : [ 1 , 2.50 , { } ] , \"b\" : null }", " -1.0E+2 "] {
+            let c = canonicalize(case.as_bytes(), false).expect("valid");
+            let mut want: Vec<u8> = case.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+            want.push(b'\n');
+            // Keys contain no whitespace here, so the filter is exact.
+            assert_eq!(c.bytes, want);
+        }
+    }
+
+    #[test]
+    fn canonical_output_is_itself_canonical() {
+        for body in [
+            r#"[{"a": [1, 2, {"b": "c d"}]}, 3, "x"]"#,
+            r#"{"nested": [[1], [2]], "s": "\"]\\"}"#,
+        ] {
+            let c = canonicalize(body.as_bytes(), true).expect("valid");
+            for m in c.messages() {
+                let again = canonicalize(m, true).expect("message re-validates");
+                if m.first() == Some(&b'[') {
+                    continue; // would flatten again
+                }
+                assert_eq!(again.bytes, m);
+            }
+        }
+    }
+
+    #[test]
+    fn render_array_joins_lines() {
+        assert_eq!(render_array(&[]), b"[]");
+        assert_eq!(render_array(&[b""]), b"[]");
+        assert_eq!(render_array(&[b"1\n"]), b"[1]");
+        assert_eq!(
+            render_array(&[
+                b"{\"event\":\"first\"}\n{\"event\":\"second\"}\n",
+                b"{\"event\":\"third\"}\n"
+            ]),
+            br#"[{"event":"first"},{"event":"second"},{"event":"third"}]"#.to_vec()
+        );
+        // A line spanning two slices.
+        assert_eq!(render_array(&[b"{\"a\":", b"1}\n2\n"]), b"[{\"a\":1},2]");
+    }
+
+    #[test]
+    fn render_round_trips_canonical() {
+        let c = canonicalize(br#"[{"id":0},{"id":1},{"id":2}]"#, false).expect("valid");
+        let arr = render_array(&[&c.bytes]);
+        assert_eq!(arr, br#"[{"id":0},{"id":1},{"id":2}]"#.to_vec());
+        let again = canonicalize(&arr, false).expect("valid");
+        assert_eq!(again, c);
+    }
+}
