@@ -13,4 +13,5 @@ pub mod headers;
 pub mod json;
 pub mod offset;
 pub mod query;
+pub mod sse;
 pub mod time;
