@@ -10,6 +10,7 @@ pub mod content_type;
 pub mod cursor;
 pub mod etag;
 pub mod headers;
+pub mod http1;
 pub mod json;
 pub mod offset;
 pub mod query;

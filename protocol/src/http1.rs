@@ -1,0 +1,889 @@
+//! HTTP/1.1 request framing on byte buffers (P§4.1). The connection loop owns the
+//! socket; these functions only decide what the bytes mean.
+
+/// Request head limit; larger heads are answered `431` (P§4.7).
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Headers per request; more is treated like an oversized head (`431`).
+pub const MAX_HEADERS: usize = 128;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Put,
+    Post,
+    Delete,
+    Options,
+    Other(String),
+}
+
+impl Method {
+    fn from_token(m: &str) -> Method {
+        // Methods are case-sensitive (RFC 9110 §9.1).
+        match m {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "PUT" => Method::Put,
+            "POST" => Method::Post,
+            "DELETE" => Method::Delete,
+            "OPTIONS" => Method::Options,
+            other => Method::Other(other.to_owned()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Method::Get => "GET",
+            Method::Head => "HEAD",
+            Method::Put => "PUT",
+            Method::Post => "POST",
+            Method::Delete => "DELETE",
+            Method::Options => "OPTIONS",
+            Method::Other(s) => s,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadError {
+    /// No complete head yet; read more.
+    Incomplete,
+    /// Head over [`MAX_HEAD_BYTES`] or too many headers: `431`, then close.
+    TooLarge,
+    /// Malformed or ambiguous framing: `400`, then close.
+    Bad(&'static str),
+    /// Framing we do not implement (e.g. `Transfer-Encoding: gzip`): `501`, then close.
+    NotImplemented,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: Method,
+    /// Raw request path before `?` (still percent-encoded).
+    pub path: String,
+    /// Raw query after `?` (without it; empty if none).
+    pub query: String,
+    /// Header names lower-cased, values trimmed, in arrival order.
+    pub headers: Vec<(String, String)>,
+    pub version_minor: u8,
+    pub body: BodyKind,
+    pub expect_continue: bool,
+    pub keep_alive: bool,
+    /// Bytes of `buf` taken by the head; the body (or next request) starts here.
+    pub head_len: usize,
+}
+
+impl RequestHead {
+    /// First value of a header; `name_lowercase` must already be lower case.
+    pub fn header(&self, name_lowercase: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name_lowercase)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// How many times a header occurs (case-insensitive name).
+    pub fn header_count(&self, name: &str) -> usize {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .count()
+    }
+}
+
+/// Parses one request head from the start of `buf`.
+///
+/// Framing is strict on purpose: anything two HTTP parsers could read differently
+/// (two `Content-Length`s, `Content-Length` with `Transfer-Encoding`, codings other
+/// than plain `chunked`) is refused, since a proxy in front of us might frame it the
+/// other way (request smuggling).
+pub fn parse_request_head(buf: &[u8]) -> Result<RequestHead, HeadError> {
+    let mut raw_headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut raw_headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            return Err(if buf.len() > MAX_HEAD_BYTES {
+                HeadError::TooLarge
+            } else {
+                HeadError::Incomplete
+            });
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(httparse::Error::Version) => return Err(HeadError::Bad("unsupported HTTP version")),
+        Err(_) => {
+            // A head that is merely cut short can still look malformed to httparse
+            // only if it is also over the limit; report the size first.
+            if buf.len() > MAX_HEAD_BYTES {
+                return Err(HeadError::TooLarge);
+            }
+            return Err(HeadError::Bad("malformed request head"));
+        }
+    };
+    if head_len > MAX_HEAD_BYTES {
+        return Err(HeadError::TooLarge);
+    }
+    let method = Method::from_token(req.method.ok_or(HeadError::Bad("missing method"))?);
+    let target = req.path.ok_or(HeadError::Bad("missing request target"))?;
+    let version_minor = req.version.ok_or(HeadError::Bad("missing version"))?;
+
+    let (path, query) = split_target(target, &method)?;
+
+    let mut headers = Vec::with_capacity(req.headers.len());
+    for h in req.headers.iter() {
+        let value = std::str::from_utf8(h.value)
+            .map_err(|_| HeadError::Bad("header value is not valid UTF-8"))?;
+        headers.push((h.name.to_ascii_lowercase(), value.trim().to_owned()));
+    }
+
+    let mut content_length: Option<u64> = None;
+    let mut te_values: Vec<&str> = Vec::new();
+    let mut keep_alive = version_minor >= 1;
+    let mut expect_continue = false;
+    let mut host_count = 0usize;
+    for (name, value) in &headers {
+        match name.as_str() {
+            "content-length" => {
+                if content_length.is_some() {
+                    return Err(HeadError::Bad("duplicate Content-Length"));
+                }
+                content_length = Some(parse_content_length(value)?);
+            }
+            "transfer-encoding" => te_values.push(value),
+            "connection" => {
+                for token in value.split(',').map(str::trim) {
+                    if token.eq_ignore_ascii_case("close") {
+                        keep_alive = false;
+                    } else if token.eq_ignore_ascii_case("keep-alive") && version_minor == 0 {
+                        keep_alive = true;
+                    }
+                }
+            }
+            // Only 100-continue is in use; RFC 9110 allows ignoring other
+            // expectations instead of answering 417.
+            "expect" if value.eq_ignore_ascii_case("100-continue") => {
+                expect_continue = version_minor >= 1;
+            }
+            "host" => host_count += 1,
+            _ => {}
+        }
+    }
+    // "close" wins over "keep-alive" whatever their order.
+    if headers.iter().any(|(n, v)| {
+        n == "connection" && v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))
+    }) {
+        keep_alive = false;
+    }
+    if version_minor >= 1 && host_count != 1 {
+        return Err(HeadError::Bad("HTTP/1.1 requires exactly one Host header"));
+    }
+
+    let body = if te_values.is_empty() {
+        match content_length {
+            None | Some(0) => BodyKind::None,
+            Some(n) => BodyKind::Length(n),
+        }
+    } else {
+        if content_length.is_some() {
+            return Err(HeadError::Bad(
+                "Content-Length and Transfer-Encoding together",
+            ));
+        }
+        if version_minor == 0 {
+            return Err(HeadError::Bad("Transfer-Encoding in an HTTP/1.0 request"));
+        }
+        let codings: Vec<&str> = te_values
+            .iter()
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        match codings.last() {
+            Some(last) if last.eq_ignore_ascii_case("chunked") => {}
+            // Without chunked last the body length is unknowable (RFC 9112 §6.3).
+            _ => return Err(HeadError::Bad("chunked must be the final transfer coding")),
+        }
+        if codings.len() != 1 {
+            return Err(HeadError::NotImplemented);
+        }
+        BodyKind::Chunked
+    };
+
+    Ok(RequestHead {
+        method,
+        path,
+        query,
+        headers,
+        version_minor,
+        body,
+        expect_continue: expect_continue && body != BodyKind::None,
+        keep_alive,
+        head_len,
+    })
+}
+
+fn parse_content_length(v: &str) -> Result<u64, HeadError> {
+    const BAD: HeadError = HeadError::Bad("invalid Content-Length");
+    if v.is_empty() || v.len() > 19 || !v.bytes().all(|c| c.is_ascii_digit()) {
+        return Err(BAD);
+    }
+    v.parse().map_err(|_| BAD)
+}
+
+/// Splits the request target into raw path and query. Origin-form is the norm;
+/// absolute-form is accepted (RFC 9112 §3.2.2 says servers MUST) by dropping the
+/// authority; `*` only for OPTIONS.
+fn split_target(target: &str, method: &Method) -> Result<(String, String), HeadError> {
+    let rest = if target.starts_with('/') {
+        target
+    } else if target == "*" && *method == Method::Options {
+        return Ok(("*".to_owned(), String::new()));
+    } else if let Some(after_scheme) = target
+        .strip_prefix("http://")
+        .or_else(|| target.strip_prefix("https://"))
+    {
+        match after_scheme.find(['/', '?']) {
+            Some(i) if after_scheme.as_bytes()[i] == b'/' => &after_scheme[i..],
+            Some(i) => return Ok(("/".to_owned(), after_scheme[i + 1..].to_owned())),
+            None => "/",
+        }
+    } else {
+        return Err(HeadError::Bad("invalid request target"));
+    };
+    // Fragments are never sent by clients; if present they are not part of the query.
+    let rest = rest.split('#').next().unwrap_or(rest);
+    Ok(match rest.split_once('?') {
+        Some((p, q)) => (p.to_owned(), q.to_owned()),
+        None => (rest.to_owned(), String::new()),
+    })
+}
+
+/// Longest chunk-size line we accept (size + extensions), and total trailer bytes.
+const MAX_CHUNK_LINE: usize = 4096;
+const MAX_TRAILERS: usize = MAX_HEAD_BYTES;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    /// Reading hex digits of the chunk size.
+    Size {
+        digits: u8,
+    },
+    /// After the size: optional whitespace and `;ext`, until CR.
+    Ext,
+    /// Expecting LF after the chunk-size line's CR.
+    SizeLf,
+    /// Inside chunk data.
+    Data,
+    /// Expecting CR then LF after chunk data.
+    DataCr,
+    DataLf,
+    /// At the start of a trailer line (or the final empty line).
+    TrailerStart,
+    /// Inside a non-empty trailer line, until CR.
+    TrailerLine,
+    TrailerLf {
+        last: bool,
+    },
+    Done,
+}
+
+/// Incremental decoder for `Transfer-Encoding: chunked` request bodies. Feed it any
+/// slicing of the input; it consumes exactly the body (trailers included, ignored) and
+/// leaves pipelined bytes after it untouched. The caller enforces the body-size limit
+/// on `out.len()` between feeds.
+#[derive(Debug, Clone)]
+pub struct ChunkedDecoder {
+    state: ChunkState,
+    remaining: u64,
+    line_len: usize,
+    trailer_len: usize,
+}
+
+impl Default for ChunkedDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChunkedDecoder {
+    pub fn new() -> Self {
+        ChunkedDecoder {
+            state: ChunkState::Size { digits: 0 },
+            remaining: 0,
+            line_len: 0,
+            trailer_len: 0,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.state == ChunkState::Done
+    }
+
+    /// Decodes from `input`, appending body bytes to `out`. Returns bytes consumed and
+    /// whether the terminating chunk and trailers have been fully read.
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(usize, bool), &'static str> {
+        let mut i = 0;
+        while i < input.len() {
+            let c = input[i];
+            match self.state {
+                ChunkState::Done => break,
+                ChunkState::Size { digits } => {
+                    if let Some(v) = hex_digit(c) {
+                        if digits >= 16 {
+                            return Err("chunk size too large");
+                        }
+                        // 16 hex digits fit u64 exactly; checked anyway for clarity.
+                        self.remaining = self
+                            .remaining
+                            .checked_mul(16)
+                            .and_then(|r| r.checked_add(u64::from(v)))
+                            .ok_or("chunk size too large")?;
+                        self.state = ChunkState::Size { digits: digits + 1 };
+                        self.line_len += 1;
+                        i += 1;
+                    } else if digits == 0 {
+                        return Err("invalid chunk size");
+                    } else {
+                        self.state = ChunkState::Ext;
+                    }
+                }
+                ChunkState::Ext => {
+                    i += 1;
+                    self.line_len += 1;
+                    if self.line_len > MAX_CHUNK_LINE {
+                        return Err("chunk extension too long");
+                    }
+                    match c {
+                        b'\r' => self.state = ChunkState::SizeLf,
+                        b'\n' => return Err("bare LF in chunked body"),
+                        0..=8 | 0x0a..=0x1f | 0x7f => return Err("invalid chunk extension"),
+                        _ => {}
+                    }
+                }
+                ChunkState::SizeLf => {
+                    if c != b'\n' {
+                        return Err("expected LF after chunk size");
+                    }
+                    i += 1;
+                    self.line_len = 0;
+                    self.state = if self.remaining == 0 {
+                        ChunkState::TrailerStart
+                    } else {
+                        ChunkState::Data
+                    };
+                }
+                ChunkState::Data => {
+                    let avail = input.len() - i;
+                    let take = usize::try_from(self.remaining).map_or(avail, |r| r.min(avail));
+                    out.extend_from_slice(&input[i..i + take]);
+                    i += take;
+                    self.remaining -= take as u64;
+                    if self.remaining == 0 {
+                        self.state = ChunkState::DataCr;
+                    }
+                }
+                ChunkState::DataCr => {
+                    if c != b'\r' {
+                        return Err("chunk data longer than its size");
+                    }
+                    i += 1;
+                    self.state = ChunkState::DataLf;
+                }
+                ChunkState::DataLf => {
+                    if c != b'\n' {
+                        return Err("expected LF after chunk data");
+                    }
+                    i += 1;
+                    self.state = ChunkState::Size { digits: 0 };
+                }
+                ChunkState::TrailerStart => {
+                    i += 1;
+                    self.count_trailer()?;
+                    self.state = match c {
+                        b'\r' => ChunkState::TrailerLf { last: true },
+                        b'\n' => return Err("bare LF in chunked body"),
+                        _ => ChunkState::TrailerLine,
+                    };
+                }
+                ChunkState::TrailerLine => {
+                    i += 1;
+                    self.count_trailer()?;
+                    match c {
+                        b'\r' => self.state = ChunkState::TrailerLf { last: false },
+                        b'\n' => return Err("bare LF in chunked body"),
+                        _ => {}
+                    }
+                }
+                ChunkState::TrailerLf { last } => {
+                    if c != b'\n' {
+                        return Err("expected LF in trailer section");
+                    }
+                    i += 1;
+                    self.state = if last {
+                        ChunkState::Done
+                    } else {
+                        ChunkState::TrailerStart
+                    };
+                }
+            }
+        }
+        Ok((i, self.state == ChunkState::Done))
+    }
+
+    fn count_trailer(&mut self) -> Result<(), &'static str> {
+        self.trailer_len += 1;
+        if self.trailer_len > MAX_TRAILERS {
+            return Err("trailer section too large");
+        }
+        Ok(())
+    }
+}
+
+fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Standard reason phrase (RFC 9110); unknown codes get a generic class phrase.
+pub fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        206 => "Partial Content",
+        301 => "Moved Permanently",
+        302 => "Found",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        412 => "Precondition Failed",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        415 => "Unsupported Media Type",
+        416 => "Range Not Satisfiable",
+        417 => "Expectation Failed",
+        422 => "Unprocessable Content",
+        428 => "Precondition Required",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        507 => "Insufficient Storage",
+        _ => match status / 100 {
+            1 => "Informational",
+            2 => "Success",
+            3 => "Redirection",
+            4 => "Client Error",
+            _ => "Server Error",
+        },
+    }
+}
+
+/// Appends `HTTP/1.1 <status> <reason>\r\n`.
+pub fn write_status_line(out: &mut Vec<u8>, status: u16) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    // Three digits for every real status; clamp so the line stays well-formed.
+    let s = status.clamp(100, 999);
+    out.push(b'0' + (s / 100) as u8);
+    out.push(b'0' + (s / 10 % 10) as u8);
+    out.push(b'0' + (s % 10) as u8);
+    out.push(b' ');
+    out.extend_from_slice(reason_phrase(s).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `name: value\r\n`. CR, LF and NUL in either part are replaced by spaces so
+/// that a value echoed from client input can never inject headers or split responses.
+pub fn write_header(out: &mut Vec<u8>, name: &str, value: &str) {
+    push_field(out, name.as_bytes());
+    out.extend_from_slice(b": ");
+    push_field(out, value.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_field(out: &mut Vec<u8>, b: &[u8]) {
+    if b.iter().any(|&c| matches!(c, b'\r' | b'\n' | 0)) {
+        out.extend(b.iter().map(|&c| {
+            if matches!(c, b'\r' | b'\n' | 0) {
+                b' '
+            } else {
+                c
+            }
+        }));
+    } else {
+        out.extend_from_slice(b);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<RequestHead, HeadError> {
+        parse_request_head(s.as_bytes())
+    }
+
+    #[test]
+    fn simple_get() {
+        let raw =
+            "GET /v1/stream/a?offset=-1&live=sse HTTP/1.1\r\nHost: x\r\nX-Thing:  v  \r\n\r\nrest";
+        let h = parse(raw).expect("ok");
+        assert_eq!(h.method, Method::Get);
+        assert_eq!(h.path, "/v1/stream/a");
+        assert_eq!(h.query, "offset=-1&live=sse");
+        assert_eq!(h.version_minor, 1);
+        assert_eq!(h.body, BodyKind::None);
+        assert!(h.keep_alive);
+        assert!(!h.expect_continue);
+        assert_eq!(h.header("x-thing"), Some("v"));
+        assert_eq!(h.header("host"), Some("x"));
+        assert_eq!(h.header_count("HOST"), 1);
+        assert_eq!(&raw.as_bytes()[h.head_len..], b"rest");
+    }
+
+    #[test]
+    fn methods() {
+        for (m, want) in [
+            ("GET", Method::Get),
+            ("HEAD", Method::Head),
+            ("PUT", Method::Put),
+            ("POST", Method::Post),
+            ("DELETE", Method::Delete),
+            ("OPTIONS", Method::Options),
+            ("PATCH", Method::Other("PATCH".into())),
+            ("get", Method::Other("get".into())),
+        ] {
+            let h = parse(&format!("{m} / HTTP/1.1\r\nHost: x\r\n\r\n")).expect("ok");
+            assert_eq!(h.method, want);
+            assert_eq!(h.method.as_str(), m);
+        }
+    }
+
+    #[test]
+    fn incomplete_and_too_large() {
+        assert_eq!(
+            parse("GET / HTTP/1.1\r\nHost: x\r\n"),
+            Err(HeadError::Incomplete)
+        );
+        assert_eq!(parse(""), Err(HeadError::Incomplete));
+        let mut big = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+        big.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES));
+        assert_eq!(parse_request_head(&big), Err(HeadError::TooLarge));
+        big.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(parse_request_head(&big), Err(HeadError::TooLarge));
+        let mut many = String::from("GET / HTTP/1.1\r\nHost: x\r\n");
+        for i in 0..MAX_HEADERS + 1 {
+            many.push_str(&format!("X-{i}: y\r\n"));
+        }
+        many.push_str("\r\n");
+        assert_eq!(parse(&many), Err(HeadError::TooLarge));
+    }
+
+    #[test]
+    fn malformed() {
+        assert!(matches!(parse("GARBAGE\r\n\r\n"), Err(HeadError::Bad(_))));
+        assert!(matches!(
+            parse("GET / HTTP/2.0\r\nHost: x\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(matches!(
+            parse("GET foo HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(matches!(
+            parse_request_head(b"GET / HTTP/1.1\r\nHost: x\r\nX: \xff\xfe\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        // HTTP/1.1 without Host, or with two.
+        assert!(matches!(
+            parse("GET / HTTP/1.1\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(matches!(
+            parse("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+    }
+
+    #[test]
+    fn content_length_rules() {
+        let h = parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello").expect("ok");
+        assert_eq!(h.body, BodyKind::Length(5));
+        let h = parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").expect("ok");
+        assert_eq!(h.body, BodyKind::None);
+        for bad in [
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0x5\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: \r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        ] {
+            assert!(matches!(parse(bad), Err(HeadError::Bad(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn transfer_encoding_rules() {
+        let h =
+            parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n").expect("ok");
+        assert_eq!(h.body, BodyKind::Chunked);
+        let h =
+            parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked \r\n\r\n").expect("ok");
+        assert_eq!(h.body, BodyKind::Chunked);
+        // Smuggling vectors.
+        assert!(matches!(
+            parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(matches!(
+            parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(matches!(
+            parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert!(matches!(
+            parse("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        assert_eq!(
+            parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            Err(HeadError::NotImplemented)
+        );
+        assert_eq!(
+            parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Err(HeadError::NotImplemented)
+        );
+    }
+
+    #[test]
+    fn keep_alive_and_expect() {
+        assert!(
+            !parse("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .expect("ok")
+                .keep_alive
+        );
+        assert!(
+            !parse("GET / HTTP/1.1\r\nHost: x\r\nConnection: Keep-Alive, Close\r\n\r\n")
+                .expect("ok")
+                .keep_alive
+        );
+        assert!(!parse("GET / HTTP/1.0\r\n\r\n").expect("ok").keep_alive);
+        assert!(
+            parse("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                .expect("ok")
+                .keep_alive
+        );
+        assert!(
+            parse("GET / HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n")
+                .expect("ok")
+                .keep_alive
+        );
+        let h = parse(
+            "PUT / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nExpect: 100-Continue\r\n\r\n",
+        )
+        .expect("ok");
+        assert!(h.expect_continue);
+        // Nothing to continue to without a body.
+        let h = parse("PUT / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n").expect("ok");
+        assert!(!h.expect_continue);
+        let h = parse("PUT / HTTP/1.0\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\n")
+            .expect("ok");
+        assert!(!h.expect_continue);
+    }
+
+    #[test]
+    fn request_targets() {
+        let h = parse("GET http://host:80/a/b?x=1 HTTP/1.1\r\nHost: host\r\n\r\n").expect("ok");
+        assert_eq!((h.path.as_str(), h.query.as_str()), ("/a/b", "x=1"));
+        let h = parse("GET http://host HTTP/1.1\r\nHost: host\r\n\r\n").expect("ok");
+        assert_eq!(h.path, "/");
+        let h = parse("OPTIONS * HTTP/1.1\r\nHost: host\r\n\r\n").expect("ok");
+        assert_eq!(h.path, "*");
+        assert!(matches!(
+            parse("GET * HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+        let h = parse("GET /a%2Fb?q=%20 HTTP/1.1\r\nHost: x\r\n\r\n").expect("ok");
+        assert_eq!((h.path.as_str(), h.query.as_str()), ("/a%2Fb", "q=%20"));
+        let h = parse("GET /p? HTTP/1.1\r\nHost: x\r\n\r\n").expect("ok");
+        assert_eq!((h.path.as_str(), h.query.as_str()), ("/p", ""));
+    }
+
+    #[test]
+    fn pipelined_requests() {
+        let raw = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n";
+        let a = parse_request_head(raw).expect("ok");
+        assert_eq!(a.path, "/a");
+        let b = parse_request_head(&raw[a.head_len..]).expect("ok");
+        assert_eq!(b.path, "/b");
+    }
+
+    fn decode_all(input: &[u8]) -> Result<(Vec<u8>, usize), &'static str> {
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        let (n, done) = d.feed(input, &mut out)?;
+        assert!(done, "not done");
+        Ok((out, n))
+    }
+
+    #[test]
+    fn chunked_basic() {
+        let (out, n) = decode_all(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\nNEXT").expect("ok");
+        assert_eq!(out, b"hello world");
+        assert_eq!(n, b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".len());
+        let (out, _) = decode_all(b"0\r\n\r\n").expect("ok");
+        assert!(out.is_empty());
+        let (out, _) = decode_all(b"A\r\n0123456789\r\n0\r\n\r\n").expect("ok");
+        assert_eq!(out, b"0123456789");
+        let (out, _) = decode_all(b"00000a\r\n0123456789\r\n0000\r\n\r\n").expect("ok");
+        assert_eq!(out.len(), 10);
+    }
+
+    #[test]
+    fn chunked_extensions_and_trailers() {
+        let (out, _) = decode_all(
+            b"3;name=value\r\nabc\r\n3 ; x\r\ndef\r\n0;end\r\nX-Trailer: 1\r\nY: 2\r\n\r\n",
+        )
+        .expect("ok");
+        assert_eq!(out, b"abcdef");
+    }
+
+    #[test]
+    fn chunked_byte_by_byte() {
+        let input = b"4\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nT: v\r\n\r\n";
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        let mut done = false;
+        for (k, b) in input.iter().enumerate() {
+            let (n, dn) = d.feed(std::slice::from_ref(b), &mut out).expect("ok");
+            assert_eq!(n, 1, "byte {k}");
+            done = dn;
+        }
+        assert!(done && d.is_done());
+        assert_eq!(out, b"Wikipedia in\r\n\r\nchunks.");
+        // Once done, further input is not consumed.
+        assert_eq!(d.feed(b"GET", &mut out), Ok((0, true)));
+    }
+
+    #[test]
+    fn chunked_partial_returns_not_done() {
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        assert_eq!(d.feed(b"5\r\nhel", &mut out), Ok((6, false)));
+        assert_eq!(d.feed(b"lo\r\n0\r\n", &mut out), Ok((7, false)));
+        assert_eq!(d.feed(b"\r\n", &mut out), Ok((2, true)));
+        assert_eq!(out, b"hello");
+    }
+
+    #[test]
+    fn chunked_errors() {
+        for bad in [
+            &b"x\r\n"[..],
+            b"\r\n",
+            b";ext\r\n",
+            b"5\nhello\r\n0\r\n\r\n",
+            b"5\r\nhelloX\r\n",
+            b"5\r\nhello\n0\r\n\r\n",
+            b"5\r\nhello\r\n0\r\n\n",
+            b"5\r\nhello\r\n0\r\nT: v\n\r\n",
+            b"5\rX",
+            b"11111111111111111\r\n",
+            b"-1\r\n",
+            b"+1\r\n",
+            b"1\0\r\n",
+        ] {
+            let mut d = ChunkedDecoder::new();
+            let mut out = Vec::new();
+            assert!(d.feed(bad, &mut out).is_err(), "{bad:?}");
+        }
+        let mut long_ext = b"1;".to_vec();
+        long_ext.extend(std::iter::repeat_n(b'a', MAX_CHUNK_LINE + 1));
+        assert!(ChunkedDecoder::new()
+            .feed(&long_ext, &mut Vec::new())
+            .is_err());
+    }
+
+    #[test]
+    fn chunked_max_size_ok() {
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        // 16 hex digits is the largest accepted size; the data simply never arrives.
+        assert_eq!(d.feed(b"ffffffffffffffff\r\nab", &mut out), Ok((20, false)));
+        assert_eq!(out, b"ab");
+    }
+
+    #[test]
+    fn status_lines() {
+        for (code, line) in [
+            (100, "HTTP/1.1 100 Continue\r\n"),
+            (200, "HTTP/1.1 200 OK\r\n"),
+            (201, "HTTP/1.1 201 Created\r\n"),
+            (204, "HTTP/1.1 204 No Content\r\n"),
+            (206, "HTTP/1.1 206 Partial Content\r\n"),
+            (304, "HTTP/1.1 304 Not Modified\r\n"),
+            (400, "HTTP/1.1 400 Bad Request\r\n"),
+            (403, "HTTP/1.1 403 Forbidden\r\n"),
+            (404, "HTTP/1.1 404 Not Found\r\n"),
+            (405, "HTTP/1.1 405 Method Not Allowed\r\n"),
+            (409, "HTTP/1.1 409 Conflict\r\n"),
+            (410, "HTTP/1.1 410 Gone\r\n"),
+            (412, "HTTP/1.1 412 Precondition Failed\r\n"),
+            (413, "HTTP/1.1 413 Content Too Large\r\n"),
+            (415, "HTTP/1.1 415 Unsupported Media Type\r\n"),
+            (416, "HTTP/1.1 416 Range Not Satisfiable\r\n"),
+            (431, "HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+            (500, "HTTP/1.1 500 Internal Server Error\r\n"),
+            (501, "HTTP/1.1 501 Not Implemented\r\n"),
+            (503, "HTTP/1.1 503 Service Unavailable\r\n"),
+            (507, "HTTP/1.1 507 Insufficient Storage\r\n"),
+            (499, "HTTP/1.1 499 Client Error\r\n"),
+        ] {
+            let mut out = Vec::new();
+            write_status_line(&mut out, code);
+            assert_eq!(String::from_utf8(out).expect("ascii"), line);
+        }
+    }
+
+    #[test]
+    fn headers_written_safely() {
+        let mut out = Vec::new();
+        write_header(&mut out, "Stream-Next-Offset", "00000000000000000042");
+        assert_eq!(out, b"Stream-Next-Offset: 00000000000000000042\r\n");
+        let mut out = Vec::new();
+        write_header(&mut out, "Location", "http://h/a\r\nSet-Cookie: x");
+        assert_eq!(out, b"Location: http://h/a  Set-Cookie: x\r\n");
+    }
+}
