@@ -1,0 +1,269 @@
+//! Buckets (extensions §1): the namespace of the bucketed surface.
+//!
+//! A bucket is recorded in every shard (key `k/{bucket}`), so checking that a stream's
+//! bucket exists is a local lookup on the stream's owner core. The bucket's own owner core
+//! holds the authoritative record: it is written first on create and removed last on delete,
+//! and a core missing its copy asks the owner and repairs it.
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+use ursula_protocol::http1::Method;
+use ursula_protocol::offset::format_offset;
+use ursula_protocol::query::parse_query;
+use ursula_storage::{AppendRec, Lifetime, NewStream};
+
+use crate::cores::Core;
+use crate::http::{Request, Response};
+use crate::routes::bucket_key;
+
+const BUCKET_TYPE: &str = "application/x-ursula-bucket";
+
+pub async fn handle(core: &Rc<Core>, bucket: String, req: Request) -> Response {
+    let listing = req.path.trim_end_matches('/').ends_with("/streams");
+    match (&req.method, listing) {
+        (Method::Get, true) => list(core, &bucket, &req).await,
+        (_, true) => Response::error(405, "method_not_allowed", "only GET lists streams")
+            .header("allow", "GET"),
+        (Method::Put, false) => create(core, &bucket, &req).await,
+        (Method::Get, false) => metadata(core, &bucket).await,
+        (Method::Delete, false) => delete(core, &bucket).await,
+        _ => Response::error(405, "method_not_allowed", "method not allowed")
+            .header("allow", "PUT, GET, DELETE"),
+    }
+}
+
+/// `None` when the bucket of stream `key` (`b/{bucket}/{stream}`) exists, else a 404.
+pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Option<Response> {
+    let bucket = key.strip_prefix("b/")?.split('/').next()?.to_string();
+    if exists_locally(core, &bucket) {
+        return None;
+    }
+    let owner = core.owner_of(&bucket_key(&bucket));
+    if owner != core.index {
+        let b = bucket.clone();
+        let there = core
+            .on(owner, move |c| async move { exists_locally(&c, &b) })
+            .await
+            .unwrap_or(false);
+        if there && replicate(core, &bucket).await {
+            return None;
+        }
+    }
+    Some(Response::error(404, "bucket_not_found", "bucket not found"))
+}
+
+fn exists_locally(core: &Core, bucket: &str) -> bool {
+    core.shard.lookup(&bucket_key(bucket)).is_some()
+}
+
+/// Record the bucket in this core's shard (idempotent). True when it is durable.
+async fn replicate(core: &Rc<Core>, bucket: &str) -> bool {
+    if exists_locally(core, bucket) {
+        return true;
+    }
+    let now = ursula_storage::now_ms();
+    let spec = NewStream {
+        key: bucket_key(bucket).into(),
+        incarnation: core.shard.next_incarnation(now),
+        created_ms: now,
+        content_type: BUCKET_TYPE.into(),
+        lifetime: Lifetime::Forever,
+        ext: Bytes::new(),
+        initial: AppendRec::default(),
+    };
+    match core.shard.create(spec) {
+        Ok((_, commit)) => commit.durable().await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+async fn create(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
+    let owner = core.owner_of(&bucket_key(bucket));
+    let b = bucket.to_string();
+    let created = core
+        .on(owner, move |c| async move {
+            if exists_locally(&c, &b) {
+                return Some(false);
+            }
+            replicate(&c, &b).await.then_some(true)
+        })
+        .await;
+    match created {
+        Ok(Some(true)) => {}
+        Ok(Some(false)) => return Response::error(409, "bucket_exists", "bucket already exists"),
+        _ => return crate::handlers::unavailable(),
+    }
+    for i in (0..core.cores()).filter(|&i| i != owner) {
+        let b = bucket.to_string();
+        // A core that misses this is repaired on first use (require_bucket).
+        let _ = core
+            .on(i, move |c| async move { replicate(&c, &b).await })
+            .await;
+    }
+    let mut resp = Response::new(201).header("cache-control", "no-store");
+    if let Some(h) = req.header("host") {
+        resp.push("location", format!("http://{h}/{bucket}"));
+    }
+    resp
+}
+
+/// One stream of a listing, gathered from its owner core.
+struct Entry {
+    name: String,
+    closed: bool,
+    content_type: String,
+    tail: u64,
+    created_ms: i64,
+    last_write_ms: i64,
+}
+
+/// Every live stream of `bucket` across all cores, sorted by name.
+async fn entries(core: &Rc<Core>, bucket: &str) -> Vec<Entry> {
+    let prefix = format!("b/{bucket}/");
+    let mut all = Vec::new();
+    for i in 0..core.cores() {
+        let prefix = prefix.clone();
+        let part = core
+            .on(i, move |c| async move {
+                let mut out = Vec::new();
+                for key in c.shard.keys() {
+                    let Some(name) = key.strip_prefix(prefix.as_str()) else {
+                        continue;
+                    };
+                    let crate::handlers::Found::Live(id) = crate::handlers::find(&c, &key) else {
+                        continue;
+                    };
+                    if let Some(s) = c.shard.stream(id) {
+                        out.push(Entry {
+                            name: name.to_string(),
+                            closed: s.visible_closed,
+                            content_type: s.content_type.to_string(),
+                            tail: s.visible_tail,
+                            created_ms: s.created_ms,
+                            last_write_ms: s.last_access_ms.get(),
+                        });
+                    }
+                }
+                out
+            })
+            .await
+            .unwrap_or_default();
+        all.extend(part);
+    }
+    all.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+    all
+}
+
+async fn metadata(core: &Rc<Core>, bucket: &str) -> Response {
+    if require_bucket(core, &format!("b/{bucket}/x"))
+        .await
+        .is_some()
+    {
+        return Response::error(404, "bucket_not_found", "bucket not found");
+    }
+    let count = entries(core, bucket).await.len();
+    let body = sonic_rs::json!({"bucket_id": bucket, "streams": count}).to_string();
+    Response::new(200)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-store")
+        .with_body(vec![Bytes::from(body)])
+}
+
+async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
+    let bad = |why: &str| Response::error(400, "invalid_request", why);
+    let Ok(query) = parse_query(&req.query) else {
+        return bad("invalid query");
+    };
+    let (Ok(prefix), Ok(after), Ok(limit)) = (
+        query.get_unique("prefix"),
+        query.get_unique("after"),
+        query.get_unique("limit"),
+    ) else {
+        return bad("parameter given more than once");
+    };
+    let limit = match limit {
+        None => 1000,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) && !v.starts_with('+') => n,
+            _ => return bad("limit must be an integer from 1 to 1000"),
+        },
+    };
+    if require_bucket(core, &format!("b/{bucket}/x"))
+        .await
+        .is_some()
+    {
+        return Response::error(404, "bucket_not_found", "bucket not found");
+    }
+    let matching: Vec<Entry> = entries(core, bucket)
+        .await
+        .into_iter()
+        .filter(|e| prefix.is_none_or(|p| e.name.as_bytes().starts_with(p.as_bytes())))
+        .filter(|e| after.is_none_or(|a| e.name.as_bytes() > a.as_bytes()))
+        .collect();
+    let has_more = matching.len() > limit;
+    let page = &matching[..matching.len().min(limit)];
+    let streams: Vec<sonic_rs::Value> = page
+        .iter()
+        .map(|e| {
+            sonic_rs::json!({
+                "stream_id": e.name,
+                "status": if e.closed { "Closed" } else { "Open" },
+                "content_type": e.content_type,
+                "tail_offset": format_offset(e.tail),
+                "created_at_ms": e.created_ms,
+                "last_write_at_ms": e.last_write_ms,
+            })
+        })
+        .collect();
+    let next_cursor = if has_more {
+        page.last().map(|e| e.name.clone())
+    } else {
+        None
+    };
+    let body = sonic_rs::json!({
+        "bucket_id": bucket,
+        "prefix": prefix,
+        "stream_count": page.len(),
+        "streams": streams,
+        "next_cursor": next_cursor,
+        "has_more": has_more,
+    })
+    .to_string();
+    Response::new(200)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-store")
+        .with_body(vec![Bytes::from(body)])
+}
+
+async fn delete(core: &Rc<Core>, bucket: &str) -> Response {
+    if require_bucket(core, &format!("b/{bucket}/x"))
+        .await
+        .is_some()
+    {
+        return Response::error(404, "bucket_not_found", "bucket not found");
+    }
+    if !entries(core, bucket).await.is_empty() {
+        return Response::error(409, "bucket_not_empty", "bucket still has streams");
+    }
+    let owner = core.owner_of(&bucket_key(bucket));
+    // Replicas first, the authoritative record last (see the module comment).
+    for i in (0..core.cores()).filter(|&i| i != owner).chain([owner]) {
+        let key = bucket_key(bucket);
+        let ok = core
+            .on(i, move |c| async move {
+                match c.shard.lookup(&key) {
+                    Some(id) => match c.shard.delete(id) {
+                        Ok(commit) => commit.durable().await.is_ok(),
+                        Err(_) => false,
+                    },
+                    None => true,
+                }
+            })
+            .await;
+        if !matches!(ok, Ok(true)) {
+            return crate::handlers::unavailable();
+        }
+    }
+    Response::new(204).header("cache-control", "no-store")
+}

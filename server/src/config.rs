@@ -1,0 +1,170 @@
+//! Server configuration: command-line flags over an optional TOML file over defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+#[derive(Parser, Debug)]
+#[command(name = "ursula", version, about = "Durable Streams server")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the stream server.
+    Server(ServerArgs),
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageMode {
+    /// Segment files in --data-dir; appends acknowledged after fdatasync.
+    Disk,
+    /// Process memory only; everything is lost on exit.
+    Memory,
+}
+
+#[derive(Args, Debug, Default)]
+pub struct ServerArgs {
+    /// Address to listen on; port 0 picks a free port (printed at start).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Directory for segment files (disk storage).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Number of cores (event loops and shards); default: all available.
+    #[arg(long)]
+    pub cores: Option<usize>,
+    #[arg(long, value_enum)]
+    pub storage: Option<StorageMode>,
+    /// How long a long-poll read waits for data before answering 204.
+    #[arg(long)]
+    pub long_poll_timeout_ms: Option<u64>,
+    /// TOML file with any of the settings above (flags win).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The settings file; every key is optional.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub cores: Option<usize>,
+    pub storage: Option<StorageMode>,
+    pub long_poll_timeout_ms: Option<u64>,
+    pub sse_keepalive_ms: Option<u64>,
+    pub sse_max_connection_ms: Option<u64>,
+    pub header_timeout_ms: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
+    pub producer_receipt_window: Option<usize>,
+    pub segment_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub cores: usize,
+    pub storage: StorageMode,
+    pub long_poll_timeout: Duration,
+    pub sse_keepalive: Duration,
+    pub sse_max_connection: Duration,
+    /// Time allowed to send a complete request head (and each body read).
+    pub header_timeout: Duration,
+    /// How long an idle keep-alive connection is kept open.
+    pub idle_timeout: Duration,
+    pub receipt_window: usize,
+    pub segment_bytes: u64,
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
+/// Largest request body (PUT/POST).
+pub const MAX_BODY_BYTES: u64 = 32 << 20;
+/// Largest amount of stream data in one response or SSE batch.
+pub const MAX_READ_BYTES: usize = 8 << 20;
+
+impl Config {
+    pub fn resolve(args: ServerArgs) -> Result<Config, String> {
+        let file = match &args.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig::default(),
+        };
+        let default_cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = args.cores.or(file.cores).unwrap_or(default_cores);
+        if cores == 0 || cores > 1024 {
+            return Err(format!("cores must be between 1 and 1024, got {cores}"));
+        }
+        let ms = Duration::from_millis;
+        Ok(Config {
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./data")),
+            cores,
+            storage: args.storage.or(file.storage).unwrap_or(StorageMode::Disk),
+            long_poll_timeout: ms(args
+                .long_poll_timeout_ms
+                .or(file.long_poll_timeout_ms)
+                .unwrap_or(1000)
+                .clamp(1, 60_000)),
+            sse_keepalive: ms(file.sse_keepalive_ms.unwrap_or(15_000).max(10)),
+            sse_max_connection: ms(file.sse_max_connection_ms.unwrap_or(60_000).max(100)),
+            header_timeout: ms(file.header_timeout_ms.unwrap_or(10_000).max(10)),
+            idle_timeout: ms(file.idle_timeout_ms.unwrap_or(60_000).max(10)),
+            receipt_window: file.producer_receipt_window.unwrap_or(256).max(1),
+            segment_bytes: file
+                .segment_bytes
+                .unwrap_or(ursula_storage::shard::DEFAULT_SEGMENT_BYTES),
+        })
+    }
+}
+
+fn load_file(path: &Path) -> Result<FileConfig, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("invalid config {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_override_defaults() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ursula.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:9000\"\ncores = 3\nstorage = \"memory\"\nlong_poll_timeout_ms = 500\n",
+        )
+        .expect("write");
+        let cfg = Config::resolve(ServerArgs {
+            cores: Some(2),
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .expect("resolve");
+        assert_eq!(cfg.listen.port(), 9000);
+        assert_eq!(cfg.cores, 2);
+        assert_eq!(cfg.storage, StorageMode::Memory);
+        assert_eq!(cfg.long_poll_timeout, Duration::from_millis(500));
+        assert_eq!(cfg.data_dir, PathBuf::from("./data"));
+        std::fs::write(&path, "bogus = 1\n").expect("write");
+        let err = Config::resolve(ServerArgs {
+            config: Some(path),
+            ..Default::default()
+        });
+        assert!(err.is_err());
+    }
+}

@@ -1,0 +1,350 @@
+//! One HTTP/1.1 connection: read a request, hand it to the owning core, write the answer,
+//! repeat (keep-alive and pipelining). Limits are enforced before bodies are read.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+use ursula_protocol::http1::{parse_request_head, BodyKind, ChunkedDecoder, HeadError, Method};
+
+use crate::config::MAX_BODY_BYTES;
+use crate::cores::Core;
+use crate::http::{write_head, Body, Request, Response};
+
+const READ_CHUNK: usize = 16 * 1024;
+
+pub async fn serve_connection(core: Rc<Core>, mut stream: TcpStream, _peer: SocketAddr) {
+    let mut rbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut wbuf: Vec<u8> = Vec::with_capacity(1024);
+    loop {
+        let head = match read_head(&core, &mut stream, &mut rbuf).await {
+            HeadOutcome::Head(h) => h,
+            HeadOutcome::Closed => return,
+            HeadOutcome::Reject(resp) => {
+                let _ = write_response(&mut stream, &mut wbuf, resp, false, false).await;
+                return;
+            }
+        };
+        rbuf.drain(..head.head_len);
+        let keep_alive = head.keep_alive && !core.shutting_down();
+        let body = match read_body(&core, &mut stream, &mut rbuf, &head).await {
+            Ok(b) => b,
+            Err(BodyError::Reject(resp)) => {
+                let _ = write_response(&mut stream, &mut wbuf, resp, false, false).await;
+                return;
+            }
+            Err(BodyError::Closed) => return,
+        };
+        let is_head = head.method == Method::Head;
+        let request = Request {
+            method: head.method,
+            path: head.path,
+            query: head.query,
+            headers: head.headers,
+            body,
+        };
+        core.inflight.set(core.inflight.get() + 1);
+        let resp = crate::handlers::dispatch(&core, request).await;
+        let result = match resp.body {
+            Body::Sse(_) => crate::sse::run(&core, &mut stream, &mut wbuf, resp).await,
+            _ => write_response(&mut stream, &mut wbuf, resp, keep_alive, is_head).await,
+        };
+        core.inflight.set(core.inflight.get() - 1);
+        match result {
+            Ok(true) if keep_alive => {}
+            _ => return,
+        }
+    }
+}
+
+enum HeadOutcome {
+    Head(ursula_protocol::http1::RequestHead),
+    Closed,
+    Reject(Response),
+}
+
+async fn read_head(core: &Core, stream: &mut TcpStream, rbuf: &mut Vec<u8>) -> HeadOutcome {
+    loop {
+        if !rbuf.is_empty() {
+            match parse_request_head(rbuf) {
+                Ok(h) => return HeadOutcome::Head(h),
+                Err(HeadError::Incomplete) => {}
+                Err(HeadError::TooLarge) => {
+                    return HeadOutcome::Reject(close(Response::error(
+                        431,
+                        "header_too_large",
+                        "request headers exceed 64 KiB",
+                    )))
+                }
+                Err(HeadError::Bad(why)) => {
+                    return HeadOutcome::Reject(close(Response::error(400, "invalid_request", why)))
+                }
+                Err(HeadError::NotImplemented) => {
+                    return HeadOutcome::Reject(close(Response::error(
+                        501,
+                        "not_implemented",
+                        "unsupported transfer-encoding",
+                    )))
+                }
+            }
+        }
+        // Idle connections may wait long; a started request head must arrive promptly.
+        let timeout = if rbuf.is_empty() {
+            core.config.idle_timeout
+        } else {
+            core.config.header_timeout
+        };
+        match read_more(stream, rbuf, timeout).await {
+            ReadOutcome::Data => {}
+            ReadOutcome::Eof | ReadOutcome::Error => return HeadOutcome::Closed,
+            ReadOutcome::Timeout if rbuf.is_empty() => return HeadOutcome::Closed,
+            ReadOutcome::Timeout => {
+                return HeadOutcome::Reject(close(Response::error(
+                    408,
+                    "request_timeout",
+                    "request head not received in time",
+                )))
+            }
+        }
+    }
+}
+
+enum BodyError {
+    Reject(Response),
+    Closed,
+}
+
+fn close(mut r: Response) -> Response {
+    r.close = true;
+    r
+}
+
+fn too_large() -> BodyError {
+    BodyError::Reject(close(Response::error(
+        413,
+        "payload_too_large",
+        "request body exceeds 32 MiB",
+    )))
+}
+
+async fn read_body(
+    core: &Core,
+    stream: &mut TcpStream,
+    rbuf: &mut Vec<u8>,
+    head: &ursula_protocol::http1::RequestHead,
+) -> Result<Bytes, BodyError> {
+    let timeout = core.config.header_timeout;
+    match head.body {
+        BodyKind::None => Ok(Bytes::new()),
+        BodyKind::Length(n) if n > MAX_BODY_BYTES => Err(too_large()),
+        BodyKind::Length(0) => Ok(Bytes::new()),
+        BodyKind::Length(n) => {
+            let n = n as usize;
+            if head.expect_continue && rbuf.is_empty() {
+                send_continue(stream).await?;
+            }
+            if rbuf.len() >= n {
+                let rest = rbuf.split_off(n);
+                let body = std::mem::replace(rbuf, rest);
+                return Ok(Bytes::from(body));
+            }
+            let mut body = Vec::with_capacity(n);
+            body.extend_from_slice(rbuf);
+            rbuf.clear();
+            while body.len() < n {
+                let want = n - body.len();
+                let len = body.len();
+                let slice = body.slice_mut(len..len + want);
+                let read = monoio::time::timeout(timeout, stream.read(slice)).await;
+                let (res, slice) = match read {
+                    Ok(r) => r,
+                    Err(_) => return Err(BodyError::Closed),
+                };
+                body = slice.into_inner();
+                match res {
+                    Ok(0) | Err(_) => return Err(BodyError::Closed),
+                    Ok(_) => {}
+                }
+            }
+            Ok(Bytes::from(body))
+        }
+        BodyKind::Chunked => {
+            if head.expect_continue && rbuf.is_empty() {
+                send_continue(stream).await?;
+            }
+            let mut decoder = ChunkedDecoder::new();
+            let mut body = Vec::new();
+            loop {
+                let (used, done) = decoder.feed(rbuf, &mut body).map_err(|why| {
+                    BodyError::Reject(close(Response::error(400, "invalid_request", why)))
+                })?;
+                rbuf.drain(..used);
+                if body.len() as u64 > MAX_BODY_BYTES {
+                    return Err(too_large());
+                }
+                if done {
+                    return Ok(Bytes::from(body));
+                }
+                match read_more(stream, rbuf, timeout).await {
+                    ReadOutcome::Data => {}
+                    _ => return Err(BodyError::Closed),
+                }
+            }
+        }
+    }
+}
+
+async fn send_continue(stream: &mut TcpStream) -> Result<(), BodyError> {
+    let (res, _) = stream
+        .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
+        .await;
+    res.map(|_| ()).map_err(|_| BodyError::Closed)
+}
+
+enum ReadOutcome {
+    Data,
+    Eof,
+    Timeout,
+    Error,
+}
+
+async fn read_more(stream: &mut TcpStream, rbuf: &mut Vec<u8>, timeout: Duration) -> ReadOutcome {
+    if rbuf.capacity() - rbuf.len() < READ_CHUNK / 2 {
+        rbuf.reserve(READ_CHUNK);
+    }
+    let buf = std::mem::take(rbuf);
+    let len = buf.len();
+    let cap = buf.capacity();
+    let read = monoio::time::timeout(timeout, stream.read(buf.slice_mut(len..cap))).await;
+    match read {
+        Ok((res, slice)) => {
+            *rbuf = slice.into_inner();
+            match res {
+                Ok(0) => ReadOutcome::Eof,
+                Ok(_) => ReadOutcome::Data,
+                Err(_) => ReadOutcome::Error,
+            }
+        }
+        Err(_) => ReadOutcome::Timeout,
+    }
+}
+
+/// Write a complete (non-SSE) response. Returns whether the connection may be reused.
+pub async fn write_response(
+    stream: &mut TcpStream,
+    wbuf: &mut Vec<u8>,
+    resp: Response,
+    keep_alive: bool,
+    head_request: bool,
+) -> std::io::Result<bool> {
+    wbuf.clear();
+    write_head(wbuf, &resp, keep_alive, head_request);
+    let reuse = keep_alive && !resp.close;
+    let parts = match resp.body {
+        Body::Parts(parts) if !head_request && resp.status != 204 && resp.status != 304 => parts,
+        _ => Vec::new(),
+    };
+    write_parts(stream, wbuf, parts).await?;
+    Ok(reuse)
+}
+
+/// Write `head` followed by `parts` with vectored writes; stream data is never copied.
+pub async fn write_parts(
+    stream: &mut TcpStream,
+    head: &mut Vec<u8>,
+    parts: Vec<Bytes>,
+) -> std::io::Result<()> {
+    let small: usize = parts.iter().map(|p| p.len()).sum();
+    if small <= 512 {
+        // Tiny bodies (error text, JSON brackets): one contiguous write is cheaper.
+        for p in &parts {
+            head.extend_from_slice(p);
+        }
+        let buf = std::mem::take(head);
+        let (res, buf) = stream.write_all(buf).await;
+        *head = buf;
+        return res.map(|_| ());
+    }
+    let mut vecs = IoVecs::new(Bytes::from(std::mem::take(head)), parts);
+    loop {
+        let (res, v) = stream.writev(vecs).await;
+        vecs = v;
+        let n = res?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        if vecs.advance(n) {
+            return Ok(());
+        }
+    }
+}
+
+/// Owned buffers plus the iovec array pointing into them, for `writev`.
+struct IoVecs {
+    parts: Vec<Bytes>,
+    iov: Vec<libc::iovec>,
+}
+
+impl IoVecs {
+    fn new(head: Bytes, body: Vec<Bytes>) -> IoVecs {
+        let mut parts = Vec::with_capacity(body.len() + 1);
+        parts.push(head);
+        parts.extend(body.into_iter().filter(|b| !b.is_empty()));
+        let mut v = IoVecs {
+            parts,
+            iov: Vec::new(),
+        };
+        v.rebuild();
+        v
+    }
+
+    fn rebuild(&mut self) {
+        // Linux caps one writev at IOV_MAX (1024) entries; the loop writes the rest later.
+        self.iov = self
+            .parts
+            .iter()
+            .take(1024)
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+    }
+
+    /// Consume `n` written bytes; true when everything has been written.
+    fn advance(&mut self, mut n: usize) -> bool {
+        while n > 0 {
+            let first = &mut self.parts[0];
+            if n >= first.len() {
+                n -= first.len();
+                self.parts.remove(0);
+            } else {
+                let rest = first.slice(n..);
+                *first = rest;
+                n = 0;
+            }
+        }
+        self.parts.retain(|p| !p.is_empty());
+        if self.parts.is_empty() {
+            return true;
+        }
+        self.rebuild();
+        false
+    }
+}
+
+// SAFETY: the iovecs point into `parts`, whose Bytes are heap buffers that do not move while
+// this value is owned by the runtime for the duration of the writev; `iov` is rebuilt
+// whenever `parts` changes.
+unsafe impl monoio::buf::IoVecBuf for IoVecs {
+    fn read_iovec_ptr(&self) -> *const libc::iovec {
+        self.iov.as_ptr()
+    }
+    fn read_iovec_len(&self) -> usize {
+        self.iov.len()
+    }
+}

@@ -1,0 +1,344 @@
+//! Thread-per-core runtime: one pinned monoio event loop per core, each with its own
+//! `SO_REUSEPORT` listener and its own storage shard.
+//!
+//! A stream key hashes to exactly one owner core. A request that arrives on another core is
+//! handed to the owner as a boxed closure over an unbounded channel, runs there against the
+//! owner's shard, and its response travels back on a oneshot channel. Nothing on the request
+//! path is shared between cores, so nothing is locked.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use ursula_storage::{Durability, Shard, ShardConfig};
+
+use crate::config::{Config, StorageMode};
+
+/// Work sent to another core: runs there with that core's context.
+pub type Job = Box<dyn FnOnce(Rc<Core>) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+
+/// One core's context. Lives on (and never leaves) its thread.
+pub struct Core {
+    pub index: usize,
+    pub shard: Shard,
+    pub config: Arc<Config>,
+    peers: Arc<Vec<async_channel::Sender<Job>>>,
+    pub shutdown: Arc<AtomicBool>,
+    /// Requests being processed on this core (for graceful shutdown).
+    pub inflight: Cell<usize>,
+    rng: Cell<u64>,
+}
+
+/// Why a cross-core call did not complete.
+#[derive(Debug)]
+pub struct Unavailable;
+
+impl Core {
+    pub fn cores(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The core owning `key`. Stable for a given core count (FNV-1a).
+    pub fn owner_of(&self, key: &str) -> usize {
+        owner_of(key, self.peers.len())
+    }
+
+    /// Run `f` on core `core` and return its result here.
+    pub async fn on<R, F, Fut>(self: &Rc<Self>, core: usize, f: F) -> Result<R, Unavailable>
+    where
+        F: FnOnce(Rc<Core>) -> Fut + Send + 'static,
+        Fut: Future<Output = R> + 'static,
+        R: Send + 'static,
+    {
+        if core == self.index {
+            return Ok(f(self.clone()).await);
+        }
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let job: Job = Box::new(move |owner| {
+            Box::pin(async move {
+                let _ = tx.send(f(owner).await);
+            })
+        });
+        self.peers[core].try_send(job).map_err(|_| Unavailable)?;
+        rx.await.map_err(|_| Unavailable)
+    }
+
+    /// A cheap per-core pseudo-random number (cursor jitter); not for secrets.
+    pub fn random(&self) -> u64 {
+        let mut x = self.rng.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.set(x);
+        x
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+}
+
+pub fn owner_of(key: &str, cores: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.as_bytes() {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % cores as u64) as usize
+}
+
+/// Start every core, print the listening line once all have recovered and are accepting,
+/// and return when a shutdown signal has been handled.
+pub fn run(config: Config) -> Result<(), String> {
+    let config = Arc::new(config);
+    if config.storage == StorageMode::Disk {
+        check_layout(&config)?;
+    }
+    let listeners = bind_listeners(config.listen, config.cores)?;
+    let addr = listeners[0]
+        .local_addr()
+        .map_err(|e| format!("listener address: {e}"))?;
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..config.cores)
+        .map(|_| async_channel::unbounded::<Job>())
+        .unzip();
+    let peers = Arc::new(senders);
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+    let mut threads = Vec::new();
+    for (index, (listener, inbox)) in listeners.into_iter().zip(receivers).enumerate() {
+        let config = config.clone();
+        let peers = peers.clone();
+        let shutdown = shutdown.clone();
+        let ready = ready_tx.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("ursula-core-{index}"))
+            .spawn(move || {
+                core_thread(index, config, listener, inbox, peers, shutdown, ready);
+            })
+            .map_err(|e| format!("spawn core thread: {e}"))?;
+        threads.push(thread);
+    }
+    drop(ready_tx);
+    for _ in 0..config.cores {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err("a core exited during start-up".into()),
+        }
+    }
+    println!("ursula listening on http://{addr}");
+    tracing::info!(%addr, cores = config.cores, storage = ?config.storage, "ready");
+    wait_for_signal()?;
+    tracing::info!("shutting down: no new connections, finishing requests");
+    shutdown.store(true, Ordering::SeqCst);
+    for p in peers.iter() {
+        // Wake every core so it notices the flag even when idle.
+        let _ = p.try_send(Box::new(|_core| Box::pin(async {})));
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn wait_for_signal() -> Result<(), String> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| format!("signal handler: {e}"))?;
+    let _ = signals.forever().next();
+    Ok(())
+}
+
+/// The data directory remembers how many shards it was created with; streams are placed by
+/// hashing over that count, so starting with a different one would hide data.
+fn check_layout(config: &Config) -> Result<(), String> {
+    let dir = &config.data_dir;
+    std::fs::create_dir_all(dir).map_err(|e| format!("data dir {}: {e}", dir.display()))?;
+    let meta = dir.join("ursula.layout");
+    match std::fs::read_to_string(&meta) {
+        Ok(text) => {
+            let shards: usize = text
+                .trim()
+                .strip_prefix("shards=")
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{} is malformed", meta.display()))?;
+            if shards != config.cores {
+                return Err(format!(
+                    "data dir {} was created with {shards} cores; start with --cores {shards}",
+                    dir.display()
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let tmp = dir.join("ursula.layout.tmp");
+            std::fs::write(&tmp, format!("shards={}\n", config.cores))
+                .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+                .and_then(|()| std::fs::rename(&tmp, &meta))
+                .and_then(|()| std::fs::File::open(dir)?.sync_all())
+                .map_err(|e| format!("write {}: {e}", meta.display()))
+        }
+        Err(e) => Err(format!("read {}: {e}", meta.display())),
+    }
+}
+
+fn bind_listeners(addr: SocketAddr, cores: usize) -> Result<Vec<std::net::TcpListener>, String> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut out = Vec::with_capacity(cores);
+    let mut addr = addr;
+    for _ in 0..cores {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+            .map_err(|e| format!("socket: {e}"))?;
+        socket
+            .set_reuse_address(true)
+            .and_then(|()| socket.set_reuse_port(true))
+            .and_then(|()| socket.set_nodelay(true))
+            .map_err(|e| format!("socket options: {e}"))?;
+        socket
+            .bind(&addr.into())
+            .map_err(|e| format!("bind {addr}: {e}"))?;
+        socket.listen(1024).map_err(|e| format!("listen: {e}"))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(|e| format!("nonblocking: {e}"))?;
+        let listener: std::net::TcpListener = socket.into();
+        // Every further core binds the port the first one got (matters for port 0).
+        addr = listener
+            .local_addr()
+            .map_err(|e| format!("local addr: {e}"))?;
+        out.push(listener);
+    }
+    Ok(out)
+}
+
+fn core_thread(
+    index: usize,
+    config: Arc<Config>,
+    listener: std::net::TcpListener,
+    inbox: async_channel::Receiver<Job>,
+    peers: Arc<Vec<async_channel::Sender<Job>>>,
+    shutdown: Arc<AtomicBool>,
+    ready: mpsc::Sender<Result<(), String>>,
+) {
+    if let Err(e) = monoio::utils::bind_to_cpu_set([index % num_cpus()]) {
+        tracing::warn!(core = index, "could not pin thread: {e:?}");
+    }
+    let runtime = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .with_entries(1024)
+        .enable_timer()
+        .build();
+    let mut runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = ready.send(Err(format!("core {index}: runtime: {e}")));
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let durability = match config.storage {
+            StorageMode::Disk => Durability::Disk(config.data_dir.clone()),
+            StorageMode::Memory => Durability::Memory,
+        };
+        let mut shard_cfg = ShardConfig::new(index as u32, durability);
+        shard_cfg.receipt_window = config.receipt_window;
+        shard_cfg.segment_bytes = config.segment_bytes;
+        let shard = match ursula_storage::Shard::open(shard_cfg).await {
+            Ok((shard, report)) => {
+                tracing::info!(
+                    core = index,
+                    streams = report.streams,
+                    records = report.records,
+                    log_bytes = report.log_bytes,
+                    dropped_bytes = report.dropped_bytes,
+                    ms = report.elapsed.as_millis() as u64,
+                    "recovered"
+                );
+                shard
+            }
+            Err(e) => {
+                let _ = ready.send(Err(format!("core {index}: open storage: {e}")));
+                return;
+            }
+        };
+        let listener = match monoio::net::TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready.send(Err(format!("core {index}: listener: {e}")));
+                return;
+            }
+        };
+        let core = Rc::new(Core {
+            index,
+            shard,
+            config,
+            peers,
+            shutdown,
+            inflight: Cell::new(0),
+            rng: Cell::new(
+                0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1) ^ ursula_storage::now_ms() as u64,
+            ),
+        });
+        let _ = ready.send(Ok(()));
+        serve(core, listener, inbox).await;
+    });
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+async fn serve(
+    core: Rc<Core>,
+    listener: monoio::net::TcpListener,
+    inbox: async_channel::Receiver<Job>,
+) {
+    let jobs = {
+        let core = core.clone();
+        monoio::spawn(async move {
+            while let Ok(job) = inbox.recv().await {
+                if core.shutting_down() && core.inflight.get() == 0 {
+                    // Still run it: it may be a peer's request that must be answered.
+                }
+                monoio::spawn(job(core.clone()));
+            }
+        })
+    };
+    loop {
+        if core.shutting_down() {
+            break;
+        }
+        let accepted = monoio::select! {
+            r = listener.accept() => Some(r),
+            _ = monoio::time::sleep(Duration::from_millis(200)) => None,
+        };
+        match accepted {
+            Some(Ok((stream, peer))) => {
+                let core = core.clone();
+                monoio::spawn(
+                    async move { crate::conn::serve_connection(core, stream, peer).await },
+                );
+            }
+            Some(Err(e)) => {
+                tracing::warn!(core = core.index, "accept failed: {e}");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+            None => {}
+        }
+    }
+    drop(listener);
+    // Finish what is in flight (long-polls end within their timeout, SSE at the next event).
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while core.inflight.get() > 0 && std::time::Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if let Err(e) = core.shard.shutdown().await {
+        tracing::error!(core = core.index, "final flush failed: {e}");
+    }
+    drop(jobs);
+}

@@ -1,0 +1,68 @@
+//! Server-owned per-stream state stored durably next to the stream by the engine: fork
+//! linkage and the reference count that keeps a deleted fork source soft-deleted.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Default, Clone, Debug, PartialEq, Eq)]
+pub struct Ext {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkLink>,
+    /// Live forks created from this stream.
+    #[serde(default)]
+    pub refs: u32,
+    /// Deleted by a client but kept because forks still reference it.
+    #[serde(default)]
+    pub soft_deleted: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ForkLink {
+    /// Storage key of the source stream.
+    pub source: String,
+    pub source_incarnation: u64,
+    /// `Stream-Fork-Offset` as requested (None: the source tail at creation).
+    pub offset: Option<u64>,
+    pub sub_offset: u64,
+}
+
+impl Ext {
+    pub fn decode(raw: &Bytes) -> Ext {
+        if raw.is_empty() {
+            return Ext::default();
+        }
+        sonic_rs::from_slice(raw).unwrap_or_else(|e| {
+            tracing::error!("unreadable stream ext state ({e}); treating as empty");
+            Ext::default()
+        })
+    }
+
+    pub fn encode(&self) -> Bytes {
+        if *self == Ext::default() {
+            return Bytes::new();
+        }
+        Bytes::from(sonic_rs::to_vec(self).unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_empty_default() {
+        assert_eq!(Ext::decode(&Bytes::new()), Ext::default());
+        assert!(Ext::default().encode().is_empty());
+        let e = Ext {
+            fork: Some(ForkLink {
+                source: "c/src".into(),
+                source_incarnation: 9,
+                offset: Some(3),
+                sub_offset: 1,
+            }),
+            refs: 2,
+            soft_deleted: true,
+        };
+        assert_eq!(Ext::decode(&e.encode()), e);
+    }
+}

@@ -1,0 +1,411 @@
+//! Forks on the compat surface (P§17).
+//!
+//! A fork copies its source's history up to the fork point into its own log at creation, so
+//! it shares the source's offsets without sharing storage across cores. The source keeps a
+//! durable reference count only so that deleting it while forks live makes it soft-deleted
+//! (`410`/`409`) until the last fork goes, as the protocol requires.
+
+use std::rc::Rc;
+
+use bytes::{Bytes, BytesMut};
+use ursula_protocol::content_type::{is_json, same_media_type};
+use ursula_protocol::headers::parse_fork_sub_offset;
+use ursula_protocol::offset::parse_fork_offset;
+use ursula_storage::{AppendRec, Lifetime, NewStream, StorageError, StreamId};
+
+use crate::cores::Core;
+use crate::ext::{Ext, ForkLink};
+use crate::handlers::{find, payload, Found};
+use crate::http::{Request, Response};
+use crate::routes::{route, Route, Surface};
+
+pub struct ForkRequest {
+    pub source: String,
+    pub offset: Option<u64>,
+    pub sub_offset: u64,
+}
+
+/// The fork headers of a PUT, if any (P§4.4, §17.3).
+pub fn parse_request(req: &Request) -> Result<Option<ForkRequest>, Response> {
+    let from = req.header("stream-forked-from");
+    let offset = req.header("stream-fork-offset");
+    let sub = req.header("stream-fork-sub-offset");
+    let Some(from) = from else {
+        if offset.is_some() || sub.is_some() {
+            return Err(Response::error(
+                400,
+                "invalid_header",
+                "fork offsets need Stream-Forked-From",
+            ));
+        }
+        return Ok(None);
+    };
+    let offset =
+        match offset {
+            Some(v) => Some(parse_fork_offset(v).map_err(|()| {
+                Response::error(400, "invalid_offset", "invalid Stream-Fork-Offset")
+            })?),
+            None => None,
+        };
+    let sub_offset = match sub {
+        Some(v) => parse_fork_sub_offset(v).map_err(|()| {
+            Response::error(400, "invalid_offset", "invalid Stream-Fork-Sub-Offset")
+        })?,
+        None => 0,
+    };
+    // Accept a path or a same-origin absolute URL.
+    let path = match from.find("://") {
+        Some(i) => from[i + 3..].find('/').map_or("/", |j| &from[i + 3 + j..]),
+        None => from,
+    };
+    let path = path.split('?').next().unwrap_or(path);
+    let source = match route(path) {
+        Route::Stream {
+            surface: Surface::Compat,
+            key,
+        } => key,
+        _ => String::new(),
+    };
+    Ok(Some(ForkRequest {
+        source,
+        offset,
+        sub_offset,
+    }))
+}
+
+/// Idempotent-create comparison of fork fields (P§17.5).
+pub fn same_link(req: Option<&ForkRequest>, existing: Option<&ForkLink>) -> bool {
+    match (req, existing) {
+        (None, None) => true,
+        (Some(r), Some(e)) => {
+            r.source == e.source
+                && r.sub_offset == e.sub_offset
+                && (r.offset.is_none() || r.offset == e.offset)
+        }
+        _ => false,
+    }
+}
+
+/// What a fork inherits, taken (with a reference) on the source's core.
+struct Inherited {
+    content_type: String,
+    lifetime: Lifetime,
+    incarnation: u64,
+    data: Vec<Bytes>,
+    append_lens: Vec<u32>,
+    msg_lens: Vec<u32>,
+}
+
+pub async fn create(
+    core: &Rc<Core>,
+    key: &str,
+    req: &Request,
+    fork: ForkRequest,
+    content_type: Option<String>,
+    lifetime: Option<Lifetime>,
+    closed: bool,
+) -> Response {
+    if fork.source.is_empty() {
+        return Response::error(404, "stream_not_found", "fork source not found");
+    }
+    let source = fork.source.clone();
+    let owner = core.owner_of(&source);
+    let wanted_type = content_type.clone();
+    let (offset, sub) = (fork.offset, fork.sub_offset);
+    let taken = core
+        .on(owner, move |c| async move {
+            take_source(&c, &source, wanted_type, offset, sub).await
+        })
+        .await;
+    let inherited = match taken {
+        Ok(Ok(i)) => i,
+        Ok(Err(resp)) => return resp,
+        Err(_) => return crate::handlers::unavailable(),
+    };
+    let link = ForkLink {
+        source: fork.source.clone(),
+        source_incarnation: inherited.incarnation,
+        offset: fork.offset,
+        sub_offset: fork.sub_offset,
+    };
+    let result = build(core, key, req, &inherited, link.clone(), lifetime, closed).await;
+    if result.status >= 300 {
+        release(core, link).await;
+    }
+    result
+}
+
+async fn build(
+    core: &Rc<Core>,
+    key: &str,
+    req: &Request,
+    inherited: &Inherited,
+    link: ForkLink,
+    lifetime: Option<Lifetime>,
+    closed: bool,
+) -> Response {
+    if !matches!(find(core, key), Found::Absent) {
+        return Response::error(409, "stream_exists", "stream was created concurrently");
+    }
+    let json = is_json(&inherited.content_type);
+    let own = match payload(json, &req.body, true) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let total: usize = inherited.data.iter().map(|b| b.len()).sum::<usize>() + own.data.len();
+    let mut data = BytesMut::with_capacity(total);
+    for part in &inherited.data {
+        data.extend_from_slice(part);
+    }
+    data.extend_from_slice(&own.data);
+    let mut append_lens = inherited.append_lens.clone();
+    let mut msg_lens = inherited.msg_lens.clone();
+    if !own.data.is_empty() {
+        append_lens.push(own.data.len() as u32);
+        msg_lens.extend_from_slice(&own.msg_lens);
+    }
+    let now = ursula_storage::now_ms();
+    let ext = Ext {
+        fork: Some(link),
+        ..Default::default()
+    };
+    let spec = NewStream {
+        key: key.into(),
+        incarnation: core.shard.next_incarnation(now),
+        created_ms: now,
+        content_type: inherited.content_type.clone().into(),
+        lifetime: lifetime.unwrap_or(inherited.lifetime),
+        ext: ext.encode(),
+        initial: AppendRec {
+            append_lens,
+            msg_lens,
+            data: data.freeze(),
+            close: closed,
+            ..Default::default()
+        },
+    };
+    let (id, commit) = match core.shard.create(spec) {
+        Ok(x) => x,
+        Err(e) => return Response::error(503, "unavailable", &e.to_string()),
+    };
+    if let Err(e) = commit.durable().await {
+        return Response::error(503, "unavailable", &e.to_string());
+    }
+    let Some(s) = core.shard.stream(id) else {
+        return crate::handlers::unavailable();
+    };
+    let mut resp = Response::new(201)
+        .header("content-type", s.content_type.to_string())
+        .header(
+            "stream-next-offset",
+            ursula_protocol::offset::format_offset(s.visible_tail),
+        )
+        .header("stream-incarnation", s.incarnation.to_string())
+        .header("cache-control", "no-store");
+    if s.visible_closed {
+        resp.push("stream-closed", "true");
+    }
+    match s.lifetime {
+        Lifetime::Forever => {}
+        Lifetime::TtlSeconds(t) => resp.push("stream-ttl", t.to_string()),
+        Lifetime::ExpiresAtMs(ms) => resp.push(
+            "stream-expires-at",
+            ursula_protocol::headers::format_rfc3339_millis(ms),
+        ),
+    }
+    if let Some(h) = req.header("host") {
+        resp.push("location", format!("http://{h}{}", req.path));
+    }
+    resp
+}
+
+/// On the source's core: validate the fork point, copy the inherited history and take a
+/// reference, all without an await in between.
+async fn take_source(
+    core: &Rc<Core>,
+    key: &str,
+    wanted_type: Option<String>,
+    offset: Option<u64>,
+    sub: u64,
+) -> Result<Inherited, Response> {
+    let id = match find(core, key) {
+        Found::Absent => {
+            return Err(Response::error(
+                404,
+                "stream_not_found",
+                "fork source not found",
+            ))
+        }
+        Found::SoftDeleted => {
+            return Err(Response::error(
+                409,
+                "stream_gone",
+                "fork source was deleted",
+            ))
+        }
+        Found::Live(id) => id,
+    };
+    let inherited = {
+        let s = core
+            .shard
+            .stream(id)
+            .ok_or_else(crate::handlers::unavailable)?;
+        if let Some(t) = &wanted_type {
+            if !same_media_type(t, &s.content_type) {
+                return Err(Response::error(
+                    409,
+                    "content_type_mismatch",
+                    "fork content type differs from the source's",
+                ));
+            }
+        }
+        let tail = s.visible_tail;
+        let anchor = offset.unwrap_or(tail);
+        let beyond = || Response::error(400, "invalid_offset", "fork point is beyond the source");
+        if anchor > tail {
+            return Err(beyond());
+        }
+        let json = is_json(&s.content_type);
+        if json && !s.is_message_boundary(anchor) {
+            return Err(Response::error(
+                400,
+                "offset_not_aligned",
+                "fork offset inside a message",
+            ));
+        }
+        let end = if sub == 0 {
+            anchor
+        } else {
+            let chunk = s
+                .chunk_at(anchor)
+                .filter(|_| anchor < tail)
+                .ok_or_else(beyond)?;
+            if json {
+                let first = s.message_at_or_after(anchor);
+                let chunk_end_msg = s.message_at_or_after(chunk.end());
+                if first + sub > chunk_end_msg {
+                    return Err(beyond());
+                }
+                s.message_start(first + sub).ok_or_else(beyond)?
+            } else {
+                if sub > chunk.end() - anchor {
+                    return Err(beyond());
+                }
+                anchor + sub
+            }
+        };
+        let mut data = Vec::new();
+        let mut append_lens = Vec::new();
+        for c in s.chunks() {
+            if c.start >= end {
+                break;
+            }
+            let upto = (end.min(c.end()) - c.start) as usize;
+            data.push(c.data.slice(..upto));
+            append_lens.push(upto as u32);
+        }
+        let msg_lens = if json {
+            s.message_lens(0, s.message_at_or_after(end))
+        } else {
+            append_lens.clone()
+        };
+        Inherited {
+            content_type: s.content_type.to_string(),
+            lifetime: s.lifetime,
+            incarnation: s.incarnation,
+            data,
+            append_lens,
+            msg_lens,
+        }
+    };
+    let ext = {
+        let s = core
+            .shard
+            .stream(id)
+            .ok_or_else(crate::handlers::unavailable)?;
+        let mut ext = Ext::decode(&s.ext);
+        ext.refs += 1;
+        ext.encode()
+    };
+    let commit = core
+        .shard
+        .set_ext(id, ext)
+        .map_err(|e| Response::error(503, "unavailable", &e.to_string()))?;
+    commit
+        .durable()
+        .await
+        .map_err(|e| Response::error(503, "unavailable", &e.to_string()))?;
+    Ok(inherited)
+}
+
+/// DELETE: soft-delete while forks reference the stream, otherwise remove it.
+pub async fn delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
+    let mut ext = match core.shard.stream(id) {
+        Some(s) => Ext::decode(&s.ext),
+        None => return Ok(()),
+    };
+    if ext.refs > 0 {
+        ext.soft_deleted = true;
+        return core.shard.set_ext(id, ext.encode())?.durable().await;
+    }
+    hard_delete(core, id).await
+}
+
+async fn hard_delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
+    let link = core.shard.stream(id).and_then(|s| Ext::decode(&s.ext).fork);
+    core.shard.delete(id)?.durable().await?;
+    if let Some(link) = link {
+        release(core, link).await;
+    }
+    Ok(())
+}
+
+/// Remove a stream now (expiry) and release its source reference in the background.
+pub fn remove_stream(core: &Rc<Core>, id: StreamId) {
+    let core = core.clone();
+    let link = core.shard.stream(id).and_then(|s| Ext::decode(&s.ext).fork);
+    match core.shard.delete(id) {
+        Ok(commit) => {
+            monoio::spawn(async move {
+                if commit.durable().await.is_ok() {
+                    if let Some(link) = link {
+                        release(&core, link).await;
+                    }
+                }
+            });
+        }
+        Err(e) => tracing::warn!("could not remove expired stream: {e}"),
+    }
+}
+
+/// Drop one reference on a fork's source; a soft-deleted source with no references left
+/// is removed, which may cascade up a chain of forks.
+pub async fn release(core: &Rc<Core>, link: ForkLink) {
+    let owner = core.owner_of(&link.source);
+    let _ = core
+        .on(owner, move |c| async move {
+            let Some(id) = c.shard.lookup(&link.source) else {
+                return;
+            };
+            let (mut ext, incarnation) = match c.shard.stream(id) {
+                Some(s) => (Ext::decode(&s.ext), s.incarnation),
+                None => return,
+            };
+            if incarnation != link.source_incarnation {
+                return;
+            }
+            ext.refs = ext.refs.saturating_sub(1);
+            let result = if ext.refs == 0 && ext.soft_deleted {
+                Box::pin(hard_delete(&c, id)).await
+            } else {
+                match c.shard.set_ext(id, ext.encode()) {
+                    Ok(commit) => commit.durable().await,
+                    Err(e) => Err(e),
+                }
+            };
+            if let Err(e) = result {
+                tracing::warn!("releasing a fork reference failed: {e}");
+            }
+        })
+        .await;
+}

@@ -1,0 +1,898 @@
+//! The base protocol on the core that owns the stream (protocol.md §5–§12, §15–§18).
+//!
+//! Every function here runs on the owner core, so a check followed by a shard mutation with
+//! no `.await` in between is atomic with respect to every other request for the stream.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ursula_protocol::content_type::{is_json, normalize, same_media_type};
+use ursula_protocol::headers::{
+    format_rfc3339_millis, is_closed_true, parse_expires_at, parse_producer, parse_stream_seq,
+    parse_ttl, ProducerHeaders,
+};
+use ursula_protocol::http1::Method;
+use ursula_protocol::offset::{format_offset, parse_offset, OffsetParam};
+use ursula_protocol::query::{
+    parse_live, parse_max_bytes, parse_query, parse_timeout_ms, Live, Query,
+};
+use ursula_storage::{
+    AppendRec, Lifetime, NewStream, ProducerStamp, Receipt, StorageError, StreamId,
+};
+
+use crate::config::MAX_READ_BYTES;
+use crate::cores::Core;
+use crate::ext::Ext;
+use crate::http::{Request, Response};
+use crate::routes::{route, Route, Surface};
+
+const JSON: &str = "application/json";
+
+/// Entry point for every request, on the core that accepted the connection.
+pub async fn dispatch(core: &Rc<Core>, req: Request) -> Response {
+    if req.method == Method::Options {
+        return preflight();
+    }
+    if req
+        .header("content-encoding")
+        .is_some_and(|v| !v.eq_ignore_ascii_case("identity"))
+    {
+        return Response::error(
+            415,
+            "unsupported_encoding",
+            "request bodies must not be compressed",
+        );
+    }
+    match route(&req.path) {
+        Route::Stream { surface, key } => {
+            let owner = core.owner_of(&key);
+            match core
+                .on(owner, move |c| async move {
+                    stream_request(&c, surface, key, req).await
+                })
+                .await
+            {
+                Ok(resp) => resp,
+                Err(_) => unavailable(),
+            }
+        }
+        Route::Bucket(b) | Route::BucketStreams(b) => crate::buckets::handle(core, b, req).await,
+        Route::StreamResource => Response::error(404, "not_found", "no such resource"),
+        Route::NotFound => Response::error(404, "not_found", "no such resource"),
+        Route::Invalid(why) => Response::error(400, "invalid_stream_id", why),
+    }
+}
+
+fn preflight() -> Response {
+    Response::new(204)
+        .header("access-control-allow-methods", "GET, HEAD, POST, PUT, DELETE, OPTIONS")
+        .header("access-control-allow-headers", "*, if-none-match, content-type, authorization, stream-seq, stream-ttl, stream-expires-at, stream-closed, stream-attrs, stream-record-match, stream-snapshot-match, stream-forked-from, stream-fork-offset, stream-fork-sub-offset, producer-id, producer-epoch, producer-seq, prefer")
+        .header("access-control-max-age", "86400")
+        .header("cache-control", "no-store")
+}
+
+pub fn unavailable() -> Response {
+    Response::error(503, "unavailable", "owner core unavailable").header("retry-after", "1")
+}
+
+async fn stream_request(core: &Rc<Core>, surface: Surface, key: String, req: Request) -> Response {
+    if surface == Surface::Bucketed {
+        if let Some(resp) = crate::buckets::require_bucket(core, &key).await {
+            return resp;
+        }
+    }
+    match req.method {
+        Method::Put => create(core, surface, &key, &req).await,
+        Method::Post => append(core, surface, &key, &req).await,
+        Method::Get => read(core, surface, &key, &req).await,
+        Method::Head => head(core, &key),
+        Method::Delete => delete(core, &key).await,
+        _ => Response::error(405, "method_not_allowed", "method not allowed")
+            .header("allow", "GET, HEAD, POST, PUT, DELETE, OPTIONS"),
+    }
+}
+
+/// What a key currently refers to, after applying expiry.
+pub enum Found {
+    Absent,
+    SoftDeleted,
+    Live(StreamId),
+}
+
+pub fn find(core: &Rc<Core>, key: &str) -> Found {
+    let now = ursula_storage::now_ms();
+    let Some(id) = core.shard.lookup(key) else {
+        return Found::Absent;
+    };
+    let (expired, soft_deleted) = {
+        let Some(s) = core.shard.stream(id) else {
+            return Found::Absent;
+        };
+        let expired = match s.lifetime {
+            Lifetime::Forever => false,
+            Lifetime::TtlSeconds(t) => {
+                now >= s
+                    .last_access_ms
+                    .get()
+                    .saturating_add((t as i64).saturating_mul(1000))
+            }
+            Lifetime::ExpiresAtMs(at) => now >= at,
+        };
+        (expired, Ext::decode(&s.ext).soft_deleted)
+    };
+    if expired {
+        // Expired streams are gone (P§15); forks hold their own copy of inherited data.
+        crate::fork::remove_stream(core, id);
+        return Found::Absent;
+    }
+    if soft_deleted {
+        return Found::SoftDeleted;
+    }
+    Found::Live(id)
+}
+
+fn bad(why: &str) -> Response {
+    Response::error(400, "invalid_request", why)
+}
+
+fn storage_error(e: StorageError) -> Response {
+    match e {
+        StorageError::NoSpace => Response::error(507, "insufficient_storage", "disk full"),
+        StorageError::TooLarge => Response::error(413, "payload_too_large", "too large"),
+        other => Response::error(503, "unavailable", &other.to_string()).header("retry-after", "1"),
+    }
+}
+
+/// The lifetime headers of a create request.
+fn parse_lifetime(req: &Request) -> Result<Option<Lifetime>, Response> {
+    let ttl = req.header("stream-ttl");
+    let expires = req.header("stream-expires-at");
+    match (ttl, expires) {
+        (Some(_), Some(_)) => Err(bad("Stream-TTL and Stream-Expires-At are exclusive")),
+        (Some(t), None) => parse_ttl(t)
+            .map(|t| Some(Lifetime::TtlSeconds(t)))
+            .map_err(|()| bad("invalid Stream-TTL")),
+        (None, Some(e)) => parse_expires_at(e)
+            .map(|e| Some(Lifetime::ExpiresAtMs(e)))
+            .map_err(|()| bad("invalid Stream-Expires-At")),
+        (None, None) => Ok(None),
+    }
+}
+
+fn push_lifetime(resp: &mut Response, lifetime: Lifetime) {
+    match lifetime {
+        Lifetime::Forever => {}
+        Lifetime::TtlSeconds(t) => resp.push("stream-ttl", t.to_string()),
+        Lifetime::ExpiresAtMs(ms) => resp.push("stream-expires-at", format_rfc3339_millis(ms)),
+    }
+}
+
+/// Headers describing a stream after create (P§5.3).
+fn created_headers(
+    core: &Rc<Core>,
+    id: StreamId,
+    status: u16,
+    location: Option<String>,
+) -> Response {
+    let Some(s) = core.shard.stream(id) else {
+        return Response::error(404, "stream_not_found", "stream not found");
+    };
+    let mut resp = Response::new(status)
+        .header("content-type", s.content_type.to_string())
+        .header("stream-next-offset", format_offset(s.visible_tail))
+        .header("stream-incarnation", s.incarnation.to_string())
+        .header("cache-control", "no-store");
+    if s.visible_closed {
+        resp.push("stream-closed", "true");
+    }
+    push_lifetime(&mut resp, s.lifetime);
+    if let Some(loc) = location {
+        resp.push("location", loc);
+    }
+    resp
+}
+
+/// Body of a write as stored: canonical NDJSON for JSON streams, raw bytes otherwise.
+pub struct Payload {
+    pub data: Bytes,
+    pub msg_lens: Vec<u32>,
+}
+
+pub fn payload(json: bool, body: &Bytes, allow_empty_array: bool) -> Result<Payload, Response> {
+    if body.is_empty() {
+        return Ok(Payload {
+            data: Bytes::new(),
+            msg_lens: Vec::new(),
+        });
+    }
+    if !json {
+        return Ok(Payload {
+            data: body.clone(),
+            msg_lens: vec![body.len() as u32],
+        });
+    }
+    match ursula_protocol::json::canonicalize(body, allow_empty_array) {
+        Ok(c) => Ok(Payload {
+            data: Bytes::from(c.bytes),
+            msg_lens: c.message_lens,
+        }),
+        Err(ursula_protocol::json::JsonError::EmptyArray) => Err(Response::error(
+            400,
+            "empty_json_array",
+            "an append of [] adds nothing",
+        )),
+        Err(_) => Err(Response::error(
+            400,
+            "invalid_json",
+            "body is not a single JSON text",
+        )),
+    }
+}
+
+fn location(req: &Request) -> Option<String> {
+    req.header("host")
+        .map(|h| format!("http://{h}{}", req.path))
+}
+
+async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Response {
+    let content_type = match req.header("content-type") {
+        Some(v) => match normalize(v) {
+            Ok(ct) => Some(ct),
+            Err(()) => return bad("invalid Content-Type"),
+        },
+        None => None,
+    };
+    let lifetime = match parse_lifetime(req) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let closed = is_closed_true(req.header("stream-closed"));
+    let fork = match crate::fork::parse_request(req) {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    if fork.is_some() && surface == Surface::Bucketed {
+        return Response::error(
+            501,
+            "not_implemented",
+            "forks are served on /v1/stream only",
+        );
+    }
+    match find(core, key) {
+        Found::SoftDeleted => {
+            return Response::error(409, "stream_exists", "stream is deleted but still forked")
+        }
+        Found::Live(id) => {
+            let matches = {
+                let Some(s) = core.shard.stream(id) else {
+                    return unavailable();
+                };
+                let ext = Ext::decode(&s.ext);
+                let type_ok = match (&content_type, &fork) {
+                    (Some(ct), _) => same_media_type(ct, &s.content_type),
+                    (None, Some(_)) => true,
+                    (None, None) => same_media_type("application/octet-stream", &s.content_type),
+                };
+                let lifetime_ok = match (lifetime, &fork) {
+                    (None, Some(_)) => true,
+                    (l, _) => l.unwrap_or_default() == s.lifetime,
+                };
+                type_ok
+                    && lifetime_ok
+                    && closed == s.closed
+                    && crate::fork::same_link(fork.as_ref(), ext.fork.as_ref())
+            };
+            if !matches {
+                return Response::error(
+                    409,
+                    "stream_exists",
+                    "stream exists with a different configuration",
+                );
+            }
+            core.shard.touch(id, ursula_storage::now_ms());
+            return created_headers(core, id, 200, None);
+        }
+        Found::Absent => {}
+    }
+    if let Some(fork) = fork {
+        return crate::fork::create(core, key, req, fork, content_type, lifetime, closed).await;
+    }
+    let content_type = content_type.unwrap_or_else(|| "application/octet-stream".into());
+    let body = match payload(is_json(&content_type), &req.body, true) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let now = ursula_storage::now_ms();
+    let spec = NewStream {
+        key: key.into(),
+        incarnation: core.shard.next_incarnation(now),
+        created_ms: now,
+        content_type: content_type.into(),
+        lifetime: lifetime.unwrap_or_default(),
+        ext: Bytes::new(),
+        initial: AppendRec {
+            append_lens: if body.data.is_empty() {
+                vec![]
+            } else {
+                vec![body.data.len() as u32]
+            },
+            msg_lens: body.msg_lens,
+            data: body.data,
+            close: closed,
+            ..Default::default()
+        },
+    };
+    let (id, commit) = match core.shard.create(spec) {
+        Ok(x) => x,
+        Err(e) => return storage_error(e),
+    };
+    if let Err(e) = commit.durable().await {
+        return storage_error(e);
+    }
+    created_headers(core, id, 201, location(req))
+}
+
+/// Outcome of the producer check (P§7.2).
+enum ProducerVerdict {
+    Accept,
+    Duplicate {
+        epoch: u64,
+        highest: u64,
+        receipt: Option<Receipt>,
+    },
+    Stale {
+        current: u64,
+    },
+    NewEpochNonZero,
+    Gap {
+        expected: u64,
+        received: u64,
+    },
+}
+
+fn check_producer(core: &Rc<Core>, id: StreamId, p: &ProducerHeaders) -> ProducerVerdict {
+    let Some(s) = core.shard.stream(id) else {
+        return ProducerVerdict::Accept;
+    };
+    let Some(state) = s.producers.get(p.id.as_str()) else {
+        return if p.seq == 0 {
+            ProducerVerdict::Accept
+        } else {
+            ProducerVerdict::Gap {
+                expected: 0,
+                received: p.seq,
+            }
+        };
+    };
+    if p.epoch < state.epoch {
+        return ProducerVerdict::Stale {
+            current: state.epoch,
+        };
+    }
+    if p.epoch > state.epoch {
+        return if p.seq == 0 {
+            ProducerVerdict::Accept
+        } else {
+            ProducerVerdict::NewEpochNonZero
+        };
+    }
+    if p.seq <= state.last_seq {
+        return ProducerVerdict::Duplicate {
+            epoch: state.epoch,
+            highest: state.last_seq,
+            receipt: state.receipt(p.seq).copied(),
+        };
+    }
+    if p.seq == state.last_seq + 1 {
+        ProducerVerdict::Accept
+    } else {
+        ProducerVerdict::Gap {
+            expected: state.last_seq + 1,
+            received: p.seq,
+        }
+    }
+}
+
+async fn append(core: &Rc<Core>, _surface: Surface, key: &str, req: &Request) -> Response {
+    // 2. header syntax
+    let producer = match parse_producer(
+        req.header("producer-id"),
+        req.header("producer-epoch"),
+        req.header("producer-seq"),
+    ) {
+        Ok(p) => p,
+        Err(why) => return bad(why),
+    };
+    let stream_seq = match parse_stream_seq(req.header("stream-seq")) {
+        Ok(s) => s.map(|s| Bytes::copy_from_slice(s.as_bytes())),
+        Err(()) => return bad("Stream-Seq longer than 1024 bytes"),
+    };
+    let close = is_closed_true(req.header("stream-closed"));
+    // 3. existence
+    let id = match find(core, key) {
+        Found::Absent => return Response::error(404, "stream_not_found", "stream not found"),
+        Found::SoftDeleted => return Response::error(410, "stream_gone", "stream was deleted"),
+        Found::Live(id) => id,
+    };
+    // 4. body
+    let close_only = req.body.is_empty();
+    if close_only && !close {
+        return Response::error(
+            400,
+            "empty_body",
+            "an append needs a body (or Stream-Closed: true)",
+        );
+    }
+    let mut body = Payload {
+        data: Bytes::new(),
+        msg_lens: Vec::new(),
+    };
+    let mut request_type = None;
+    if !close_only {
+        let Some(ct) = req.header("content-type") else {
+            return Response::error(400, "missing_content_type", "Content-Type is required");
+        };
+        let Ok(ct) = normalize(ct) else {
+            return bad("invalid Content-Type");
+        };
+        body = match payload(is_json(&ct), &req.body, false) {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+        request_type = Some(ct);
+    }
+    // 5. producer
+    if let Some(p) = &producer {
+        match check_producer(core, id, p) {
+            ProducerVerdict::Accept => {}
+            ProducerVerdict::Duplicate {
+                epoch,
+                highest,
+                receipt,
+            } => {
+                return duplicate(core, id, epoch, highest, receipt).await;
+            }
+            ProducerVerdict::Stale { current } => {
+                return Response::error(403, "producer_epoch_stale", "stale producer epoch")
+                    .header("producer-epoch", current.to_string())
+            }
+            ProducerVerdict::NewEpochNonZero => {
+                return Response::error(
+                    400,
+                    "producer_epoch_seq",
+                    "a new epoch must start at seq 0",
+                )
+            }
+            ProducerVerdict::Gap { expected, received } => {
+                return Response::error(409, "producer_seq_gap", "producer sequence gap")
+                    .header("producer-expected-seq", expected.to_string())
+                    .header("producer-received-seq", received.to_string())
+            }
+        }
+    }
+    let (tail, closed, stored_type, last_seq) = {
+        let Some(s) = core.shard.stream(id) else {
+            return unavailable();
+        };
+        (
+            s.tail,
+            s.closed,
+            s.content_type.clone(),
+            s.last_stream_seq.clone(),
+        )
+    };
+    // 6. closed
+    if closed {
+        if close_only && producer.is_none() {
+            return closed_response(core, id, 204);
+        }
+        return Response::error(409, "stream_closed", "stream is closed")
+            .header("stream-closed", "true")
+            .header("stream-next-offset", format_offset(tail));
+    }
+    // 7. content type
+    if let Some(ct) = &request_type {
+        if !same_media_type(ct, &stored_type) {
+            return Response::error(
+                409,
+                "content_type_mismatch",
+                "Content-Type differs from the stream's",
+            )
+            .header("stream-next-offset", format_offset(tail));
+        }
+    }
+    // 9. Stream-Seq
+    if let (Some(seq), Some(last)) = (&stream_seq, &last_seq) {
+        if seq[..] <= last[..] {
+            return Response::error(409, "stream_seq_conflict", "Stream-Seq must increase")
+                .header("stream-next-offset", format_offset(tail));
+        }
+    }
+    // 10. commit
+    let len = body.data.len() as u32;
+    let rec = AppendRec {
+        close,
+        stream_seq,
+        producer: producer.as_ref().map(|p| ProducerStamp {
+            id: p.id.as_str().into(),
+            epoch: p.epoch,
+            seq: p.seq,
+        }),
+        append_lens: if len > 0 { vec![len] } else { vec![] },
+        msg_lens: body.msg_lens,
+        data: body.data,
+        ..Default::default()
+    };
+    let (receipt, commit) = match core.shard.append(id, rec) {
+        Ok(x) => x,
+        Err(e) => return storage_error(e),
+    };
+    if let Err(e) = commit.durable().await {
+        return storage_error(e);
+    }
+    let status = if producer.is_some() && !close_only {
+        200
+    } else {
+        204
+    };
+    let mut resp = Response::new(status)
+        .header("stream-next-offset", format_offset(receipt.next))
+        .header("cache-control", "no-store");
+    if close {
+        resp.push("stream-closed", "true");
+    }
+    if let Some(p) = &producer {
+        resp.push("producer-epoch", p.epoch.to_string());
+        resp.push("producer-seq", p.seq.to_string());
+    }
+    resp
+}
+
+fn closed_response(core: &Rc<Core>, id: StreamId, status: u16) -> Response {
+    let tail = core.shard.stream(id).map_or(0, |s| s.visible_tail);
+    Response::new(status)
+        .header("stream-closed", "true")
+        .header("stream-next-offset", format_offset(tail))
+        .header("cache-control", "no-store")
+}
+
+/// A retried producer append (P§7.3): the original outcome, once it is durable.
+async fn duplicate(
+    core: &Rc<Core>,
+    id: StreamId,
+    epoch: u64,
+    highest: u64,
+    receipt: Option<Receipt>,
+) -> Response {
+    if let Some(r) = &receipt {
+        // The original may still be in the group commit; never acknowledge before it is.
+        loop {
+            let (visible, version) = match core.shard.stream(id) {
+                Some(s) => (s.visible_tail >= r.next, s.version()),
+                None => return Response::error(404, "stream_not_found", "stream not found"),
+            };
+            if visible {
+                break;
+            }
+            core.shard.changed(id, version).await;
+        }
+    }
+    let closed = core.shard.stream(id).is_some_and(|s| s.closed);
+    let mut resp = Response::new(204)
+        .header("producer-epoch", epoch.to_string())
+        .header("producer-seq", highest.to_string())
+        .header("cache-control", "no-store");
+    if let Some(r) = receipt {
+        resp.push("stream-next-offset", format_offset(r.next));
+    }
+    if closed {
+        resp.push("stream-closed", "true");
+    }
+    resp
+}
+
+fn head(core: &Rc<Core>, key: &str) -> Response {
+    let id = match find(core, key) {
+        Found::Absent => return Response::error(404, "stream_not_found", "stream not found"),
+        Found::SoftDeleted => return Response::error(410, "stream_gone", "stream was deleted"),
+        Found::Live(id) => id,
+    };
+    let Some(s) = core.shard.stream(id) else {
+        return unavailable();
+    };
+    let mut resp = Response::new(200)
+        .header("content-type", s.content_type.to_string())
+        .header("stream-next-offset", format_offset(s.visible_tail))
+        .header("stream-retained-offset", format_offset(0))
+        .header("stream-incarnation", s.incarnation.to_string())
+        .header("cache-control", "no-store");
+    if s.visible_closed {
+        resp.push("stream-closed", "true");
+    }
+    push_lifetime(&mut resp, s.lifetime);
+    resp
+}
+
+async fn delete(core: &Rc<Core>, key: &str) -> Response {
+    let id = match find(core, key) {
+        Found::Absent => return Response::error(404, "stream_not_found", "stream not found"),
+        Found::SoftDeleted => return Response::error(410, "stream_gone", "stream was deleted"),
+        Found::Live(id) => id,
+    };
+    match crate::fork::delete(core, id).await {
+        Ok(()) => Response::new(204).header("cache-control", "no-store"),
+        Err(e) => storage_error(e),
+    }
+}
+
+/// Parsed read parameters (P§4.6).
+struct ReadParams {
+    offset: Option<OffsetParam>,
+    live: Option<Live>,
+    cursor: Option<String>,
+    max_bytes: usize,
+    timeout: Option<Duration>,
+}
+
+fn read_params(query: &Query, default_timeout: Duration) -> Result<ReadParams, Response> {
+    let one = |k: &str| query.get_unique(k).map_err(bad);
+    let offset = match one("offset")? {
+        Some(v) => Some(parse_offset(v).map_err(|()| {
+            Response::error(
+                400,
+                "invalid_offset",
+                "offset must be -1, now or 1-20 digits",
+            )
+        })?),
+        None => None,
+    };
+    let live = match one("live")? {
+        Some(v) => Some(parse_live(v).map_err(bad)?),
+        None => None,
+    };
+    let cursor = one("cursor")?.map(str::to_string);
+    let max_bytes = match one("max_bytes")? {
+        Some(v) => parse_max_bytes(v).map_err(bad)? as usize,
+        None => MAX_READ_BYTES,
+    };
+    let timeout = one("timeout_ms")?
+        .and_then(parse_timeout_ms)
+        .map(Duration::from_millis)
+        .or(Some(default_timeout));
+    if live.is_some() && offset.is_none() {
+        return Err(Response::error(
+            400,
+            "invalid_offset",
+            "live reads need an offset",
+        ));
+    }
+    Ok(ReadParams {
+        offset,
+        live,
+        cursor,
+        max_bytes,
+        timeout,
+    })
+}
+
+/// A resolved start position, or the error response for it (P§3.3).
+fn resolve_start(
+    core: &Rc<Core>,
+    id: StreamId,
+    surface: Surface,
+    offset: OffsetParam,
+) -> Result<u64, Response> {
+    let Some(s) = core.shard.stream(id) else {
+        return Err(Response::error(404, "stream_not_found", "stream not found"));
+    };
+    let start = match offset {
+        OffsetParam::Start => 0,
+        OffsetParam::Now => s.visible_tail,
+        OffsetParam::At(p) => p,
+    };
+    if start > s.visible_tail {
+        return Err(
+            Response::error(400, "offset_beyond_tail", "offset is beyond the tail")
+                .header("stream-next-offset", format_offset(s.visible_tail)),
+        );
+    }
+    if surface == Surface::Compat && is_json(&s.content_type) && !s.is_message_boundary(start) {
+        return Err(Response::error(
+            400,
+            "offset_not_aligned",
+            "offset is inside a JSON message",
+        ));
+    }
+    Ok(start)
+}
+
+pub fn cursor(core: &Core, client: Option<&str>) -> String {
+    let r = 1 + core.random() % 3600;
+    ursula_protocol::cursor::next_cursor(ursula_storage::now_ms(), client, r).to_string()
+}
+
+async fn read(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Response {
+    let query = match parse_query(&req.query) {
+        Ok(q) => q,
+        Err(why) => return bad(why),
+    };
+    let params = match read_params(&query, core.config.long_poll_timeout) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let id = match find(core, key) {
+        Found::Absent => return Response::error(404, "stream_not_found", "stream not found"),
+        Found::SoftDeleted => return Response::error(410, "stream_gone", "stream was deleted"),
+        Found::Live(id) => id,
+    };
+    let offset = params.offset.unwrap_or(OffsetParam::Start);
+    let start = match resolve_start(core, id, surface, offset) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    core.shard.touch(id, ursula_storage::now_ms());
+    match params.live {
+        Some(Live::Sse) => {
+            crate::sse::start(core, surface, id, start, params.cursor, params.max_bytes)
+        }
+        Some(Live::LongPoll) => long_poll(core, surface, id, start, offset, &params, req).await,
+        None if offset == OffsetParam::Now => now_response(core, surface, id),
+        None => catch_up(core, surface, id, start, params.max_bytes, req, None),
+    }
+}
+
+/// `offset=now` catch-up (P§11.5).
+fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Response {
+    let Some(s) = core.shard.stream(id) else {
+        return Response::error(404, "stream_not_found", "stream not found");
+    };
+    let json = is_json(&s.content_type);
+    let mut resp = Response::new(200)
+        .header("content-type", read_content_type(surface, &s.content_type))
+        .header("stream-next-offset", format_offset(s.visible_tail))
+        .header("stream-up-to-date", "true")
+        .header("cache-control", "no-store");
+    if s.visible_closed {
+        resp.push("stream-closed", "true");
+    }
+    if json && surface == Surface::Compat {
+        resp = resp.with_body(vec![Bytes::from_static(b"[]")]);
+    }
+    resp
+}
+
+pub fn read_content_type(surface: Surface, stored: &str) -> String {
+    if surface == Surface::Bucketed && is_json(stored) {
+        "application/x-ndjson".into()
+    } else if is_json(stored) {
+        JSON.into()
+    } else {
+        stored.to_string()
+    }
+}
+
+/// The data of a read starting at `start`: (body parts, next offset).
+pub fn collect(
+    core: &Rc<Core>,
+    surface: Surface,
+    id: StreamId,
+    start: u64,
+    max: usize,
+) -> (Vec<Bytes>, u64) {
+    let Some(s) = core.shard.stream(id) else {
+        return (Vec::new(), start);
+    };
+    if surface == Surface::Compat && is_json(&s.content_type) {
+        // Whole messages only; at least one even if it alone exceeds the limit.
+        let first = s.message_at_or_after(start);
+        let visible = s.visible_message_count();
+        let mut end_msg = first;
+        while end_msg < visible {
+            let next_end = s.message_start(end_msg + 1).unwrap_or(s.visible_tail);
+            if end_msg > first && (next_end - start) as usize > max {
+                break;
+            }
+            end_msg += 1;
+            if (next_end - start) as usize >= max {
+                break;
+            }
+        }
+        let end = s
+            .message_start(end_msg)
+            .unwrap_or(s.visible_tail)
+            .min(s.visible_tail);
+        let parts = s.read_range(start, end);
+        let slices: Vec<&[u8]> = parts.iter().map(|b| &b[..]).collect();
+        let body = ursula_protocol::json::render_array(&slices);
+        return (vec![Bytes::from(body)], end);
+    }
+    let parts = s.read(start, max);
+    let end = start + parts.iter().map(|b| b.len() as u64).sum::<u64>();
+    (parts, end)
+}
+
+fn catch_up(
+    core: &Rc<Core>,
+    surface: Surface,
+    id: StreamId,
+    start: u64,
+    max: usize,
+    req: &Request,
+    cursor: Option<String>,
+) -> Response {
+    let (parts, end) = collect(core, surface, id, start, max);
+    let Some(s) = core.shard.stream(id) else {
+        return Response::error(404, "stream_not_found", "stream not found");
+    };
+    let up_to_date = end == s.visible_tail;
+    let closed = up_to_date && s.visible_closed;
+    let etag = format!(
+        "\"{}:{}:{}{}\"",
+        s.incarnation,
+        start,
+        end,
+        if closed { ":c" } else { "" }
+    );
+    let mut resp = Response::new(200)
+        .header("content-type", read_content_type(surface, &s.content_type))
+        .header("stream-next-offset", format_offset(end))
+        .header("cache-control", "no-store");
+    if up_to_date {
+        resp.push("stream-up-to-date", "true");
+    }
+    if closed {
+        resp.push("stream-closed", "true");
+    }
+    if let Some(c) = cursor {
+        resp.push("stream-cursor", c);
+    }
+    let not_modified = req
+        .header("if-none-match")
+        .is_some_and(|inm| ursula_protocol::etag::if_none_match_matches(inm, &etag));
+    resp.push("etag", etag);
+    if not_modified {
+        resp.status = 304;
+        return resp;
+    }
+    resp.with_body(parts)
+}
+
+async fn long_poll(
+    core: &Rc<Core>,
+    surface: Surface,
+    id: StreamId,
+    start: u64,
+    offset: OffsetParam,
+    params: &ReadParams,
+    req: &Request,
+) -> Response {
+    let deadline =
+        std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
+    let _ = offset;
+    loop {
+        let (has_data, closed, version) = match core.shard.stream(id) {
+            Some(s) => (s.visible_tail > start, s.visible_closed, s.version()),
+            None => return Response::error(404, "stream_not_found", "stream not found"),
+        };
+        if has_data {
+            let c = cursor(core, params.cursor.as_deref());
+            return catch_up(core, surface, id, start, params.max_bytes, req, Some(c));
+        }
+        if closed {
+            return closed_response(core, id, 204).header("stream-up-to-date", "true");
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline || core.shutting_down() {
+            let tail = core.shard.stream(id).map_or(start, |s| s.visible_tail);
+            return Response::new(204)
+                .header("stream-next-offset", format_offset(tail))
+                .header("stream-up-to-date", "true")
+                .header("stream-cursor", cursor(core, params.cursor.as_deref()))
+                .header("cache-control", "no-store");
+        }
+        let wait = (deadline - now).min(Duration::from_millis(500));
+        let _ = monoio::time::timeout(wait, core.shard.changed(id, version)).await;
+        core.shard.touch(id, ursula_storage::now_ms());
+    }
+}

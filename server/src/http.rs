@@ -1,0 +1,126 @@
+//! Request and response values that travel between cores, and their serialisation.
+
+use bytes::Bytes;
+use ursula_protocol::http1::{write_header, write_status_line, Method};
+
+/// A fully received request, ready to be handed to the core that owns its stream.
+pub struct Request {
+    pub method: Method,
+    /// Raw path (still percent-encoded), without the query.
+    pub path: String,
+    pub query: String,
+    /// Lower-cased names.
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.trim())
+    }
+
+    pub fn header_count(&self, name: &str) -> usize {
+        self.headers.iter().filter(|(n, _)| n == name).count()
+    }
+}
+
+pub enum Body {
+    Empty,
+    /// Stream data and framing, written with one vectored write.
+    Parts(Vec<Bytes>),
+    /// A server-sent event stream, continued by the connection after the head.
+    Sse(Box<crate::sse::SseSession>),
+}
+
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Body,
+    /// Close the connection after this response.
+    pub close: bool,
+}
+
+impl Response {
+    pub fn new(status: u16) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: Body::Empty,
+            close: false,
+        }
+    }
+
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Response {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    pub fn push(&mut self, name: &'static str, value: impl Into<String>) {
+        self.headers.push((name, value.into()));
+    }
+
+    pub fn with_body(mut self, parts: Vec<Bytes>) -> Response {
+        self.body = Body::Parts(parts);
+        self
+    }
+
+    /// A plain-text error: `<code>: <message>`.
+    pub fn error(status: u16, code: &str, message: &str) -> Response {
+        let text = format!("{code}: {message}\n");
+        Response::new(status)
+            .header("content-type", "text/plain; charset=utf-8")
+            .header("cache-control", "no-store")
+            .with_body(vec![Bytes::from(text)])
+    }
+
+    pub fn body_len(&self) -> usize {
+        match &self.body {
+            Body::Parts(p) => p.iter().map(|b| b.len()).sum(),
+            _ => 0,
+        }
+    }
+}
+
+/// Headers every response carries (P§4.2).
+const COMMON: &[(&str, &str)] = &[
+    ("x-content-type-options", "nosniff"),
+    ("cross-origin-resource-policy", "cross-origin"),
+    ("access-control-allow-origin", "*"),
+    ("access-control-expose-headers", "*"),
+];
+
+/// Serialise the status line and headers. `head_request` suppresses the body but keeps the
+/// length the body would have had only when a handler set it explicitly.
+pub fn write_head(out: &mut Vec<u8>, resp: &Response, keep_alive: bool, head_request: bool) {
+    write_status_line(out, resp.status);
+    for (n, v) in COMMON {
+        write_header(out, n, v);
+    }
+    for (n, v) in &resp.headers {
+        write_header(out, n, v);
+    }
+    match &resp.body {
+        Body::Sse(_) => write_header(out, "transfer-encoding", "chunked"),
+        _ if resp.status == 204 || resp.status == 304 || resp.status < 200 => {}
+        _ if head_request => {}
+        _ => {
+            let mut buf = itoa_buf(resp.body_len());
+            write_header(
+                out,
+                "content-length",
+                std::str::from_utf8(&mut buf).unwrap_or("0"),
+            );
+        }
+    }
+    if !keep_alive || resp.close {
+        write_header(out, "connection", "close");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn itoa_buf(n: usize) -> Vec<u8> {
+    n.to_string().into_bytes()
+}

@@ -1,0 +1,155 @@
+//! URL shapes (P§1.1) and the storage key of each stream.
+
+use ursula_protocol::query::percent_decode;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// `/v1/stream/{id}`: upstream Durable Streams profile (JSON rendered as arrays, forks).
+    Compat,
+    /// `/{bucket}/{stream}`: Ursula profile (NDJSON reads, extensions).
+    Bucketed,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Route {
+    Stream {
+        surface: Surface,
+        key: String,
+    },
+    Bucket(String),
+    BucketStreams(String),
+    /// A bucketed stream sub-resource (snapshot, retention, ...), not served yet.
+    StreamResource,
+    NotFound,
+    Invalid(&'static str),
+}
+
+/// Storage key of a compat-surface stream.
+pub fn compat_key(id: &str) -> String {
+    format!("c/{id}")
+}
+
+/// Storage key of a bucketed stream.
+pub fn bucketed_key(bucket: &str, stream: &str) -> String {
+    format!("b/{bucket}/{stream}")
+}
+
+/// Storage key of a bucket's own record (kept in every shard).
+pub fn bucket_key(bucket: &str) -> String {
+    format!("k/{bucket}")
+}
+
+pub fn route(raw_path: &str) -> Route {
+    if let Some(rest) = raw_path.strip_prefix("/v1/stream/") {
+        return match compat_id(rest) {
+            Ok(id) if id == "__ds" || id.starts_with("__ds/") => Route::NotFound,
+            Ok(id) => Route::Stream {
+                surface: Surface::Compat,
+                key: compat_key(&id),
+            },
+            Err(why) => Route::Invalid(why),
+        };
+    }
+    let segments: Vec<&str> = raw_path
+        .strip_prefix('/')
+        .unwrap_or(raw_path)
+        .split('/')
+        .collect();
+    let decoded: Result<Vec<String>, ()> = segments.iter().map(|s| percent_decode(s)).collect();
+    let Ok(decoded) = decoded else {
+        return Route::Invalid("invalid percent-encoding in path");
+    };
+    let bucket = decoded.first().map(String::as_str).unwrap_or("");
+    if bucket.starts_with("__") || !valid_bucket_id(bucket) {
+        return Route::NotFound;
+    }
+    match decoded.len() {
+        1 => Route::Bucket(bucket.to_string()),
+        2 if decoded[1] == "streams" => Route::BucketStreams(bucket.to_string()),
+        2 if valid_stream_name(&decoded[1]) => Route::Stream {
+            surface: Surface::Bucketed,
+            key: bucketed_key(bucket, &decoded[1]),
+        },
+        2 => Route::Invalid("invalid stream id"),
+        _ => Route::StreamResource,
+    }
+}
+
+/// P§1.2: 1–1024 bytes of UTF-8, no NUL, no empty, `.` or `..` segment.
+fn compat_id(raw: &str) -> Result<String, &'static str> {
+    let mut out = String::with_capacity(raw.len());
+    for (i, seg) in raw.split('/').enumerate() {
+        let seg = percent_decode(seg).map_err(|()| "invalid_stream_id: bad percent-encoding")?;
+        if seg.is_empty() || seg == "." || seg == ".." || seg.contains('\0') {
+            return Err("invalid_stream_id: empty, dot or NUL segment");
+        }
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(&seg);
+    }
+    if out.len() > 1024 {
+        return Err("invalid_stream_id: longer than 1024 bytes");
+    }
+    Ok(out)
+}
+
+/// Bucket identifiers: `^[a-z0-9_-]{4,64}$` (extensions §1.1).
+pub fn valid_bucket_id(id: &str) -> bool {
+    (4..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+fn valid_stream_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 1024
+        && name != "."
+        && name != ".."
+        && !name.contains('\0')
+        && !name.starts_with("__")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compat_paths() {
+        assert_eq!(
+            route("/v1/stream/abc"),
+            Route::Stream {
+                surface: Surface::Compat,
+                key: "c/abc".into()
+            }
+        );
+        assert_eq!(
+            route("/v1/stream/a/b%20c"),
+            Route::Stream {
+                surface: Surface::Compat,
+                key: "c/a/b c".into()
+            }
+        );
+        assert_eq!(route("/v1/stream/__ds/jwks.json"), Route::NotFound);
+        assert!(matches!(route("/v1/stream/a/../b"), Route::Invalid(_)));
+        assert!(matches!(route("/v1/stream/a//b"), Route::Invalid(_)));
+        assert!(matches!(route("/v1/stream/%00"), Route::Invalid(_)));
+    }
+
+    #[test]
+    fn bucketed_paths() {
+        assert_eq!(route("/logs/streams"), Route::BucketStreams("logs".into()));
+        assert_eq!(route("/logs-1"), Route::Bucket("logs-1".into()));
+        assert_eq!(
+            route("/logs/app"),
+            Route::Stream {
+                surface: Surface::Bucketed,
+                key: "b/logs/app".into()
+            }
+        );
+        assert_eq!(route("/v1"), Route::NotFound);
+        assert_eq!(route("/__metrics"), Route::NotFound);
+        assert_eq!(route("/logs/app/snapshot"), Route::StreamResource);
+    }
+}

@@ -1,0 +1,269 @@
+//! Server-sent events (P§13).
+//!
+//! The connection's core writes the event stream; each step that needs the stream's data
+//! runs on the owner core and returns the bytes of the next events, so socket and stream
+//! each stay on their own core.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
+use ursula_protocol::content_type::{is_json, sse_is_text};
+use ursula_protocol::sse::{
+    push_base64_data_event, push_control_event, push_json_array_data_event, push_keepalive,
+    push_text_data_event, utf8_safe_cut, Control,
+};
+use ursula_storage::StreamId;
+
+use crate::cores::Core;
+use crate::handlers::{collect, cursor};
+use crate::http::{write_head, Body, Response};
+use crate::routes::Surface;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// `text/*`: UTF-8 text split into `data:` lines.
+    Text,
+    /// JSON on the compat surface: one JSON array per event.
+    JsonArray,
+    /// JSON on the bucketed surface: canonical NDJSON text.
+    Ndjson,
+    Base64,
+}
+
+pub struct SseSession {
+    owner: usize,
+    surface: Surface,
+    id: StreamId,
+    incarnation: u64,
+    offset: u64,
+    cursor: Option<String>,
+    max_bytes: usize,
+    mode: Mode,
+    started: Instant,
+    first: bool,
+}
+
+/// Build the SSE response on the owner core (parameters and start already validated).
+pub fn start(
+    core: &Rc<Core>,
+    surface: Surface,
+    id: StreamId,
+    start: u64,
+    client_cursor: Option<String>,
+    max_bytes: usize,
+) -> Response {
+    let Some(s) = core.shard.stream(id) else {
+        return Response::error(404, "stream_not_found", "stream not found");
+    };
+    let ct = s.content_type.to_string();
+    let mode = if is_json(&ct) {
+        if surface == Surface::Compat {
+            Mode::JsonArray
+        } else {
+            Mode::Ndjson
+        }
+    } else if sse_is_text(&ct) {
+        Mode::Text
+    } else {
+        Mode::Base64
+    };
+    let data_type = match mode {
+        Mode::JsonArray => "application/json".to_string(),
+        Mode::Ndjson => "application/x-ndjson".to_string(),
+        _ => ct,
+    };
+    let mut resp = Response::new(200)
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .header("stream-data-content-type", data_type);
+    if mode == Mode::Base64 {
+        resp.push("stream-sse-data-encoding", "base64");
+    }
+    resp.body = Body::Sse(Box::new(SseSession {
+        owner: core.index,
+        surface,
+        id,
+        incarnation: s.incarnation,
+        offset: start,
+        cursor: client_cursor,
+        max_bytes,
+        mode,
+        started: Instant::now(),
+        first: true,
+    }));
+    resp
+}
+
+/// Drive an SSE response on the connection's core until it ends. Never reuses the
+/// connection afterwards.
+pub async fn run(
+    core: &Rc<Core>,
+    stream: &mut TcpStream,
+    wbuf: &mut Vec<u8>,
+    mut resp: Response,
+) -> std::io::Result<bool> {
+    let Body::Sse(session) = std::mem::replace(&mut resp.body, Body::Empty) else {
+        return Ok(false);
+    };
+    resp.body = Body::Sse(Box::new(placeholder()));
+    wbuf.clear();
+    write_head(wbuf, &resp, false, false);
+    let head = std::mem::take(wbuf);
+    let (res, head) = stream.write_all(head).await;
+    *wbuf = head;
+    res?;
+    let mut session = *session;
+    loop {
+        let owner = session.owner;
+        let stepped = core
+            .on(owner, move |c| async move {
+                let mut s = session;
+                let (bytes, done) = step(&c, &mut s).await;
+                (s, bytes, done)
+            })
+            .await;
+        let Ok((next, bytes, done)) = stepped else {
+            break;
+        };
+        session = next;
+        if !bytes.is_empty() {
+            write_chunk(stream, wbuf, Bytes::from(bytes)).await?;
+        }
+        if done {
+            break;
+        }
+    }
+    let (res, _) = stream.write_all(b"0\r\n\r\n".to_vec()).await;
+    res?;
+    Ok(false)
+}
+
+fn placeholder() -> SseSession {
+    SseSession {
+        owner: 0,
+        surface: Surface::Compat,
+        id: 0,
+        incarnation: 0,
+        offset: 0,
+        cursor: None,
+        max_bytes: 0,
+        mode: Mode::Text,
+        started: Instant::now(),
+        first: false,
+    }
+}
+
+/// One chunk of the chunked response: size line, the events, CRLF; one write.
+async fn write_chunk(
+    stream: &mut TcpStream,
+    wbuf: &mut Vec<u8>,
+    events: Bytes,
+) -> std::io::Result<()> {
+    wbuf.clear();
+    wbuf.extend_from_slice(format!("{:x}\r\n", events.len()).as_bytes());
+    crate::conn::write_parts(stream, wbuf, vec![events, Bytes::from_static(b"\r\n")]).await
+}
+
+/// Produce the next events: data + control if data is available, otherwise wait for a commit
+/// (keep-alive comment on idle). Returns the bytes and whether the response ends.
+async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
+    let keepalive = core.config.sse_keepalive;
+    let max_age = core.config.sse_max_connection;
+    loop {
+        let (tail, closed, version) = match core.shard.stream(sess.id) {
+            Some(s) if s.incarnation == sess.incarnation => {
+                (s.visible_tail, s.visible_closed, s.version())
+            }
+            _ => return (Vec::new(), true),
+        };
+        let mut out = Vec::new();
+        if tail > sess.offset {
+            sess.first = false;
+            let closed_now = emit_data(core, sess, &mut out);
+            return (out, closed_now);
+        }
+        if sess.first || closed {
+            sess.first = false;
+            let c = cursor(core, sess.cursor.as_deref());
+            push_control_event(
+                &mut out,
+                &Control {
+                    next_offset: sess.offset,
+                    cursor: (!closed).then_some(c.as_str()),
+                    up_to_date: true,
+                    closed,
+                    ..Default::default()
+                },
+            );
+            sess.cursor = Some(c);
+            return (out, closed);
+        }
+        if core.shutting_down() || sess.started.elapsed() >= max_age {
+            return (Vec::new(), true);
+        }
+        let wait = keepalive.min(max_age.saturating_sub(sess.started.elapsed()));
+        let woke = monoio::time::timeout(
+            wait.max(Duration::from_millis(1)),
+            core.shard.changed(sess.id, version),
+        )
+        .await;
+        if woke.is_err() {
+            core.shard.touch(sess.id, ursula_storage::now_ms());
+            push_keepalive(&mut out);
+            return (out, false);
+        }
+    }
+}
+
+/// Append one data event and its control event for the next batch after `sess.offset`.
+/// Returns true when that control closed the stream (the response then ends).
+fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) -> bool {
+    let (parts, mut end) = collect(core, sess.surface, sess.id, sess.offset, sess.max_bytes);
+    match sess.mode {
+        Mode::JsonArray => {
+            for p in &parts {
+                push_json_array_data_event(out, p);
+            }
+        }
+        Mode::Text => {
+            let bytes = parts.concat();
+            let cut = utf8_safe_cut(&bytes, bytes.len());
+            end = sess.offset + cut as u64;
+            push_text_data_event(out, &bytes[..cut]);
+        }
+        Mode::Ndjson => {
+            let bytes = parts.concat();
+            // Prefer whole records: stop after the last LF when the batch has one.
+            let cut = memchr::memrchr(b'\n', &bytes).map_or(bytes.len(), |i| i + 1);
+            end = sess.offset + cut as u64;
+            push_text_data_event(out, &bytes[..cut]);
+        }
+        Mode::Base64 => {
+            let bytes = parts.concat();
+            push_base64_data_event(out, &bytes);
+        }
+    }
+    sess.offset = end;
+    let (tail, closed) = core
+        .shard
+        .stream(sess.id)
+        .map_or((end, false), |s| (s.visible_tail, s.visible_closed));
+    let at_tail = end >= tail;
+    let closed_now = at_tail && closed;
+    let c = cursor(core, sess.cursor.as_deref());
+    push_control_event(
+        out,
+        &Control {
+            next_offset: end,
+            cursor: (!closed_now).then_some(c.as_str()),
+            up_to_date: at_tail,
+            closed: closed_now,
+            ..Default::default()
+        },
+    );
+    sess.cursor = Some(c);
+    closed_now
+}
