@@ -21,10 +21,6 @@ impl Request {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.trim())
     }
-
-    pub fn header_count(&self, name: &str) -> usize {
-        self.headers.iter().filter(|(n, _)| n == name).count()
-    }
 }
 
 pub enum Body {
@@ -107,20 +103,11 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, keep_alive: bool, head_req
         _ if resp.status == 204 || resp.status == 304 || resp.status < 200 => {}
         _ if head_request => {}
         _ => {
-            let mut buf = itoa_buf(resp.body_len());
-            write_header(
-                out,
-                "content-length",
-                std::str::from_utf8(&mut buf).unwrap_or("0"),
-            );
+            write_header(out, "content-length", &resp.body_len().to_string());
         }
     }
     if !keep_alive || resp.close {
         write_header(out, "connection", "close");
     }
     out.extend_from_slice(b"\r\n");
-}
-
-fn itoa_buf(n: usize) -> Vec<u8> {
-    n.to_string().into_bytes()
 }

@@ -62,7 +62,11 @@ impl AlignedBuf {
     /// Set the logical length. Bytes past the old length are whatever the buffer held, which is
     /// always initialised memory (zeroed at allocation, or earlier content).
     pub fn set_len(&mut self, len: usize) {
-        assert!(len <= self.cap, "set_len {len} beyond capacity {}", self.cap);
+        assert!(
+            len <= self.cap,
+            "set_len {len} beyond capacity {}",
+            self.cap
+        );
         self.len = len;
     }
 
@@ -80,7 +84,11 @@ impl AlignedBuf {
     /// Append bytes; panics if they do not fit (callers size buffers first).
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
         let end = self.len + bytes.len();
-        assert!(end <= self.cap, "append of {} overflows buffer", bytes.len());
+        assert!(
+            end <= self.cap,
+            "append of {} overflows buffer",
+            bytes.len()
+        );
         let start = self.len;
         self.as_mut_full()[start..end].copy_from_slice(bytes);
         self.len = end;

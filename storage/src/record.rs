@@ -512,6 +512,10 @@ mod tests {
         let base = buf.as_ptr() as usize;
         let p = a.data.as_ptr() as usize;
         assert!(p >= base && p < base + buf.len());
-        assert_eq!(p + a.data.len(), base + buf.len(), "data is the payload's tail");
+        assert_eq!(
+            p + a.data.len(),
+            base + buf.len(),
+            "data is the payload's tail"
+        );
     }
 }

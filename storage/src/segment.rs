@@ -167,7 +167,10 @@ mod tests {
             first_lsn: 1,
         };
         create_segment(dir.path(), h, 1 << 20).expect("create");
-        assert!(create_segment(dir.path(), h, 1 << 20).is_err(), "never overwrite");
+        assert!(
+            create_segment(dir.path(), h, 1 << 20).is_err(),
+            "never overwrite"
+        );
         assert_eq!(list_segments(dir.path()).expect("list"), vec![2]);
         let buf = read_whole(&segment_path(dir.path(), 2)).expect("read");
         assert_eq!(buf.len(), 1 << 20);

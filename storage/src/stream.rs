@@ -367,7 +367,10 @@ mod tests {
         assert_eq!(p.receipts.len(), 2);
         assert!(p.receipt(1).is_none());
         assert_eq!(p.receipt(3).map(|r| (r.start, r.next)), Some((6, 8)));
-        assert_eq!(p.receipt(3).map(|r| (r.record_start, r.record_next)), Some((3, 4)));
+        assert_eq!(
+            p.receipt(3).map(|r| (r.record_start, r.record_next)),
+            Some((3, 4))
+        );
         append(&mut s, &["y\n"], Some((1, 0)));
         let p = &s.producers["p"];
         assert_eq!((p.epoch, p.receipts.len()), (1, 1));
