@@ -6,7 +6,7 @@
 //! `ursula listening on http://…` line, and stop it with SIGKILL or SIGTERM.
 #![allow(dead_code)]
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -542,5 +542,86 @@ impl Rng {
         let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
         let u = (self.next_u64() >> 11) as f64 / ((1u64 << 53) as f64);
         ((a + (b - a) * u).exp() as usize).clamp(lo, hi)
+    }
+}
+
+/// Write `toml` to `dir/ursula.toml` and return its path as a `String` (for `--config`).
+pub fn write_config(dir: &Path, toml: &str) -> String {
+    let p = dir.join("ursula.toml");
+    std::fs::write(&p, toml).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    p.to_str().expect("utf-8 path").to_string()
+}
+
+/// A raw TCP connection for tests that must control the exact bytes on the wire
+/// (pipelining, chunked framing, `Expect: 100-continue`, slow clients, limits).
+pub struct Raw {
+    pub r: BufReader<TcpStream>,
+}
+
+impl Raw {
+    pub fn connect(addr: &str) -> Raw {
+        let s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        s.set_nodelay(true).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+        Raw {
+            r: BufReader::with_capacity(256 * 1024, s),
+        }
+    }
+
+    pub fn set_read_timeout(&self, d: Duration) {
+        self.r.get_ref().set_read_timeout(Some(d)).unwrap();
+    }
+
+    /// Write all of `bytes` in one `write_all`.
+    pub fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let s = self.r.get_mut();
+        s.write_all(bytes)?;
+        s.flush()
+    }
+
+    /// Read one (final, non-1xx) response.
+    pub fn response(&mut self) -> io::Result<Response> {
+        self.response_for(false)
+    }
+
+    pub fn response_for(&mut self, head_request: bool) -> io::Result<Response> {
+        read_response(&mut self.r, head_request).map(|(r, _)| r)
+    }
+
+    /// Read exactly one response head, including interim 1xx ones (returns status and
+    /// headers; reads no body).
+    pub fn head_only(&mut self) -> io::Result<(u16, Vec<(String, String)>)> {
+        read_head(&mut self.r).map(|(s, h, _)| (s, h))
+    }
+
+    /// Whether the server has closed the connection: `Ok(true)` on EOF or reset, `Ok(false)`
+    /// if bytes arrived instead (they are consumed), `Err` on timeout.
+    pub fn wait_closed(&mut self) -> io::Result<bool> {
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.r.read(&mut buf) {
+                Ok(0) => return Ok(true),
+                Ok(_) => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Read everything until EOF/reset (or timeout), returning what arrived.
+    pub fn read_until_close(&mut self) -> (Vec<u8>, bool) {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match self.r.read(&mut buf) {
+                Ok(0) => return (out, true),
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return (out, true),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return (out, false),
+            }
+        }
     }
 }
