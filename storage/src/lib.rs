@@ -15,7 +15,7 @@ pub use record::{AppendRec, Lifetime, ProducerStamp};
 pub use shard::{
     Commit, Durability, NewStream, RecoveryReport, Shard, ShardConfig, ShardStats, StorageError,
 };
-pub use stream::{Chunk, Producer, Receipt, Stream, StreamId};
+pub use stream::{Chunk, DiskLoc, Piece, Producer, Receipt, Stream, StreamId};
 
 /// Wall-clock Unix milliseconds.
 pub fn now_ms() -> i64 {

@@ -22,15 +22,65 @@ pub type StreamId = u64;
 pub struct Chunk {
     /// Stream offset of the first byte.
     pub start: u64,
-    pub data: Bytes,
+    pub len: u32,
     /// Ordinal (index into the message index) of the first message in this chunk.
     pub first_msg: u64,
+    /// The bytes, while cached in memory.
+    data: Option<Bytes>,
+    /// Where the bytes are in the log (none in memory mode).
+    loc: Option<DiskLoc>,
+}
+
+/// Position of a chunk's bytes inside a log record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiskLoc {
+    pub segment: u64,
+    /// Segment position of the record's frame header.
+    pub record_pos: u64,
+    /// Framed length of the record.
+    pub record_len: u32,
+    /// Offset of the chunk's first byte from the record start.
+    pub data_off: u32,
+}
+
+impl DiskLoc {
+    /// The location of a record whose last `data_len` bytes are stream data.
+    pub(crate) fn with_data(self, data_len: usize) -> DiskLoc {
+        DiskLoc {
+            data_off: self.record_len - data_len as u32,
+            ..self
+        }
+    }
 }
 
 impl Chunk {
     pub fn end(&self) -> u64 {
-        self.start + self.data.len() as u64
+        self.start + self.len as u64
     }
+
+    pub fn is_resident(&self) -> bool {
+        self.data.is_some()
+    }
+
+    #[cfg(test)]
+    fn loc_for_test(&self) -> Option<DiskLoc> {
+        self.loc
+    }
+}
+
+/// How to produce one piece of a read: from memory, or from a log record on disk.
+#[derive(Clone, Debug)]
+pub enum Piece {
+    Memory(Bytes),
+    Disk {
+        loc: DiskLoc,
+        /// Stream offset of the chunk (identifies it for re-caching).
+        chunk_start: u64,
+        chunk_len: u32,
+        /// Byte range wanted within the chunk.
+        from: usize,
+        to: usize,
+    },
 }
 
 /// What an accepted producer append returned, kept so retries get the same answer.
@@ -110,11 +160,15 @@ impl Stream {
     }
 
     /// Apply an append to the head state. Returns the receipt it produced, if any.
+    /// `loc` locates the record (segment, position, framed length, data offset) when it is
+    /// in the log; `keep_data` caches the bytes in memory.
     pub(crate) fn apply_append(
         &mut self,
         a: &AppendRec,
         receipt_window: usize,
         now_ms: i64,
+        loc: Option<DiskLoc>,
+        keep_data: bool,
     ) -> Receipt {
         debug_assert_eq!(a.start, self.tail, "appends must be contiguous");
         let record_start = self.msg_starts.len() as u64;
@@ -126,8 +180,13 @@ impl Stream {
             }
             self.chunks.push(Chunk {
                 start: a.start + pos as u64,
-                data: a.data.slice(pos..pos + len),
+                len: len as u32,
                 first_msg: 0, // fixed below once messages are indexed
+                data: keep_data.then(|| a.data.slice(pos..pos + len)),
+                loc: loc.map(|l| DiskLoc {
+                    data_off: l.data_off + pos as u32,
+                    ..l
+                }),
             });
             pos += len;
         }
@@ -240,14 +299,9 @@ impl Stream {
         self.chunks.get(i).filter(|c| c.start <= offset)
     }
 
-    /// Readable bytes in `[from, min(visible_tail, from + max))` as zero-copy slices.
-    pub fn read(&self, from: u64, max: usize) -> Vec<Bytes> {
-        let end = self.visible_tail.min(from.saturating_add(max as u64));
-        self.read_range(from, end)
-    }
-
-    /// Bytes in `[from, to)` (clamped to the visible tail) as zero-copy slices.
-    pub fn read_range(&self, from: u64, to: u64) -> Vec<Bytes> {
+    /// How to read `[from, to)` (clamped to the visible tail): memory slices for cached
+    /// chunks, disk locations for the rest. Use [`crate::Shard::read`] to execute it.
+    pub fn read_plan(&self, from: u64, to: u64) -> Vec<Piece> {
         let to = to.min(self.visible_tail);
         let mut out = Vec::new();
         if from >= to {
@@ -260,10 +314,66 @@ impl Stream {
             }
             let a = (from.max(c.start) - c.start) as usize;
             let b = (to.min(c.end()) - c.start) as usize;
-            out.push(c.data.slice(a..b));
+            match (&c.data, c.loc) {
+                (Some(d), _) => out.push(Piece::Memory(d.slice(a..b))),
+                (None, Some(loc)) => out.push(Piece::Disk {
+                    loc,
+                    chunk_start: c.start,
+                    chunk_len: c.len,
+                    from: a,
+                    to: b,
+                }),
+                (None, None) => unreachable!("a chunk is either cached or on disk"),
+            }
             i += 1;
         }
         out
+    }
+
+    /// Cache a chunk's bytes again after a disk read. Returns the bytes newly cached.
+    pub(crate) fn recache(&mut self, chunk_start: u64, data: &Bytes) -> usize {
+        let i = self.chunks.partition_point(|c| c.start < chunk_start);
+        match self.chunks.get_mut(i) {
+            Some(c)
+                if c.start == chunk_start && c.data.is_none() && c.len as usize == data.len() =>
+            {
+                c.data = Some(data.clone());
+                data.len()
+            }
+            _ => 0,
+        }
+    }
+
+    /// Drop a durable chunk's cached bytes (they stay readable from disk). Returns the bytes
+    /// freed.
+    pub(crate) fn evict(&mut self, chunk_start: u64) -> usize {
+        let i = self.chunks.partition_point(|c| c.start < chunk_start);
+        match self.chunks.get_mut(i) {
+            Some(c)
+                if c.start == chunk_start
+                    && c.loc.is_some()
+                    && c.end() <= self.visible_tail
+                    && c.data.is_some() =>
+            {
+                c.data = None;
+                c.len as usize
+            }
+            _ => 0,
+        }
+    }
+
+    /// Whether the chunk starting at `chunk_start` is still waiting for its flush.
+    pub(crate) fn chunk_pending(&self, chunk_start: u64) -> bool {
+        chunk_start >= self.visible_tail
+    }
+
+    /// Bytes of this stream currently cached in memory.
+    pub fn resident_bytes(&self) -> usize {
+        self.chunks
+            .iter()
+            .filter(|c| c.is_resident())
+            .map(|c| c.len as usize)
+            .sum()
     }
 
     /// All write operations (for copying history into a fork).
@@ -319,7 +429,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        s.apply_append(&a, 2, 0)
+        s.apply_append(&a, 2, 0, None, true)
     }
 
     #[test]
@@ -347,13 +457,63 @@ mod tests {
         let mut s = stream();
         append(&mut s, &["ab\n"], None);
         append(&mut s, &["cd\n"], None);
-        assert!(s.read(0, 100).is_empty(), "nothing durable yet");
+        assert!(s.read_plan(0, 100).is_empty(), "nothing durable yet");
         s.make_visible(3, false);
-        assert_eq!(s.read(0, 100), vec![Bytes::from_static(b"ab\n")]);
+        assert_eq!(memory(&s.read_plan(0, 100)), b"ab\n");
         s.make_visible(6, false);
-        let parts = s.read(1, 4);
-        assert_eq!(parts.concat(), b"b\ncd".to_vec());
+        assert_eq!(memory(&s.read_plan(1, 5)), b"b\ncd");
         assert_eq!(s.visible_message_count(), 2);
+    }
+
+    fn memory(plan: &[Piece]) -> Vec<u8> {
+        plan.iter()
+            .flat_map(|p| match p {
+                Piece::Memory(b) => b.to_vec(),
+                Piece::Disk { .. } => panic!("expected cached data"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn evicted_chunks_are_planned_as_disk_reads() {
+        let mut s = stream();
+        let a = AppendRec {
+            id: 1,
+            start: 0,
+            append_lens: vec![3, 3],
+            msg_lens: vec![3, 3],
+            data: Bytes::from_static(b"ab\ncd\n"),
+            ..Default::default()
+        };
+        let loc = DiskLoc {
+            segment: 4,
+            record_pos: 4096,
+            record_len: 100,
+            data_off: 94,
+        };
+        s.apply_append(&a, 1, 0, Some(loc), true);
+        assert_eq!(s.evict(0), 0, "not durable yet");
+        s.make_visible(6, false);
+        assert_eq!(s.evict(0), 3);
+        assert_eq!(s.evict(0), 0, "already evicted");
+        let plan = s.read_plan(1, 6);
+        assert!(matches!(
+            plan[0],
+            Piece::Disk {
+                loc: DiskLoc { data_off: 94, .. },
+                chunk_start: 0,
+                from: 1,
+                to: 3,
+                ..
+            }
+        ));
+        assert!(matches!(&plan[1], Piece::Memory(b) if &b[..] == b"cd\n"));
+        let Piece::Disk { .. } = plan[0] else {
+            unreachable!()
+        };
+        assert_eq!(s.chunks()[1].loc_for_test().map(|l| l.data_off), Some(97));
+        assert_eq!(s.recache(0, &Bytes::from_static(b"ab\n")), 3);
+        assert_eq!(memory(&s.read_plan(0, 6)), b"ab\ncd\n");
     }
 
     #[test]
