@@ -65,6 +65,8 @@ pub struct FileConfig {
     pub idle_timeout_ms: Option<u64>,
     pub producer_receipt_window: Option<usize>,
     pub segment_bytes: Option<u64>,
+    /// Stream bytes each core keeps cached in memory (disk storage).
+    pub cache_bytes: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -82,6 +84,7 @@ pub struct Config {
     pub idle_timeout: Duration,
     pub receipt_window: usize,
     pub segment_bytes: u64,
+    pub cache_bytes: usize,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
@@ -126,6 +129,9 @@ impl Config {
             segment_bytes: file
                 .segment_bytes
                 .unwrap_or(ursula_storage::shard::DEFAULT_SEGMENT_BYTES),
+            cache_bytes: file
+                .cache_bytes
+                .unwrap_or(ursula_storage::shard::DEFAULT_CACHE_BYTES),
         })
     }
 }

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use monoio::buf::IoBufMut;
@@ -68,6 +68,9 @@ enum HeadOutcome {
 }
 
 async fn read_head(core: &Core, stream: &mut TcpStream, rbuf: &mut Vec<u8>) -> HeadOutcome {
+    // The whole head must arrive within header_timeout of its first byte, so a client that
+    // trickles header bytes cannot hold the connection.
+    let mut deadline = (!rbuf.is_empty()).then(|| Instant::now() + core.config.header_timeout);
     loop {
         if !rbuf.is_empty() {
             match parse_request_head(rbuf) {
@@ -93,13 +96,14 @@ async fn read_head(core: &Core, stream: &mut TcpStream, rbuf: &mut Vec<u8>) -> H
             }
         }
         // Idle connections may wait long; a started request head must arrive promptly.
-        let timeout = if rbuf.is_empty() {
-            core.config.idle_timeout
-        } else {
-            core.config.header_timeout
+        let timeout = match deadline {
+            None => core.config.idle_timeout,
+            Some(d) => d.saturating_duration_since(Instant::now()),
         };
         match read_more(stream, rbuf, timeout).await {
-            ReadOutcome::Data => {}
+            ReadOutcome::Data => {
+                deadline.get_or_insert_with(|| Instant::now() + core.config.header_timeout);
+            }
             ReadOutcome::Eof | ReadOutcome::Error => return HeadOutcome::Closed,
             ReadOutcome::Timeout if rbuf.is_empty() => return HeadOutcome::Closed,
             ReadOutcome::Timeout => {

@@ -31,6 +31,8 @@ pub struct Core {
     pub shutdown: Arc<AtomicBool>,
     /// Requests being processed on this core (for graceful shutdown).
     pub inflight: Cell<usize>,
+    /// The listening socket, shut down to end the accept loop.
+    listener_fd: Cell<Option<std::os::unix::io::RawFd>>,
     rng: Cell<u64>,
 }
 
@@ -80,6 +82,17 @@ impl Core {
 
     pub fn shutting_down(&self) -> bool {
         self.shutdown.load(Ordering::Relaxed)
+    }
+
+    /// Make the pending `accept` fail so the accept loop ends; no connection is lost.
+    fn stop_accepting(&self) {
+        if let Some(fd) = self.listener_fd.take() {
+            // SAFETY: fd is this core's listening socket, still open (the listener is owned by
+            // the accept loop, which only closes it after it has observed this shutdown).
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
     }
 }
 
@@ -137,8 +150,9 @@ pub fn run(config: Config) -> Result<(), String> {
     tracing::info!("shutting down: no new connections, finishing requests");
     shutdown.store(true, Ordering::SeqCst);
     for p in peers.iter() {
-        // Wake every core so it notices the flag even when idle.
-        let _ = p.try_send(Box::new(|_core| Box::pin(async {})));
+        let _ = p.try_send(Box::new(|core| {
+            Box::pin(async move { core.stop_accepting() })
+        }));
     }
     for t in threads {
         let _ = t.join();
@@ -248,6 +262,7 @@ fn core_thread(
         let mut shard_cfg = ShardConfig::new(index as u32, durability);
         shard_cfg.receipt_window = config.receipt_window;
         shard_cfg.segment_bytes = config.segment_bytes;
+        shard_cfg.cache_bytes = config.cache_bytes;
         let shard = match ursula_storage::Shard::open(shard_cfg).await {
             Ok((shard, report)) => {
                 tracing::info!(
@@ -273,6 +288,7 @@ fn core_thread(
                 return;
             }
         };
+        let listener_fd = std::os::unix::io::AsRawFd::as_raw_fd(&listener);
         let core = Rc::new(Core {
             index,
             shard,
@@ -280,10 +296,12 @@ fn core_thread(
             peers,
             shutdown,
             inflight: Cell::new(0),
+            listener_fd: Cell::new(None),
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1) ^ ursula_storage::now_ms() as u64,
             ),
         });
+        core.listener_fd.set(Some(listener_fd));
         let _ = ready.send(Ok(()));
         serve(core, listener, inbox).await;
     });
@@ -302,33 +320,25 @@ async fn serve(
         let core = core.clone();
         monoio::spawn(async move {
             while let Ok(job) = inbox.recv().await {
-                if core.shutting_down() && core.inflight.get() == 0 {
-                    // Still run it: it may be a peer's request that must be answered.
-                }
                 monoio::spawn(job(core.clone()));
             }
         })
     };
+    // One accept is always pending and never cancelled: dropping an io_uring accept that
+    // already completed would lose that connection. Shutdown ends it via stop_accepting().
     loop {
-        if core.shutting_down() {
-            break;
-        }
-        let accepted = monoio::select! {
-            r = listener.accept() => Some(r),
-            _ = monoio::time::sleep(Duration::from_millis(200)) => None,
-        };
-        match accepted {
-            Some(Ok((stream, peer))) => {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
                 let core = core.clone();
                 monoio::spawn(
                     async move { crate::conn::serve_connection(core, stream, peer).await },
                 );
             }
-            Some(Err(e)) => {
+            Err(_) if core.shutting_down() => break,
+            Err(e) => {
                 tracing::warn!(core = core.index, "accept failed: {e}");
                 monoio::time::sleep(Duration::from_millis(10)).await;
             }
-            None => {}
         }
     }
     drop(listener);

@@ -294,15 +294,12 @@ async fn take_source(
                 anchor + sub
             }
         };
-        let mut data = Vec::new();
         let mut append_lens = Vec::new();
         for c in s.chunks() {
             if c.start >= end {
                 break;
             }
-            let upto = (end.min(c.end()) - c.start) as usize;
-            data.push(c.data.slice(..upto));
-            append_lens.push(upto as u32);
+            append_lens.push((end.min(c.end()) - c.start) as u32);
         }
         let msg_lens = if json {
             s.message_lens(0, s.message_at_or_after(end))
@@ -313,11 +310,32 @@ async fn take_source(
             content_type: s.content_type.to_string(),
             lifetime: s.lifetime,
             incarnation: s.incarnation,
-            data,
+            data: Vec::new(),
             append_lens,
             msg_lens,
         }
     };
+    let end: u64 = inherited.append_lens.iter().map(|&l| l as u64).sum();
+    let data = core
+        .shard
+        .read(id, 0, end)
+        .await
+        .map_err(crate::handlers::storage_error)?;
+    // The read awaited: make sure the source is still the stream we validated.
+    match (
+        find(core, key),
+        core.shard.stream(id).map(|s| s.incarnation),
+    ) {
+        (Found::Live(now), Some(inc)) if now == id && inc == inherited.incarnation => {}
+        _ => {
+            return Err(Response::error(
+                404,
+                "stream_not_found",
+                "fork source not found",
+            ))
+        }
+    }
+    let inherited = Inherited { data, ..inherited };
     let ext = {
         let s = core
             .shard

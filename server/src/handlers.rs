@@ -61,6 +61,11 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> Response {
         Route::StreamResource => Response::error(404, "not_found", "no such resource"),
         Route::NotFound => Response::error(404, "not_found", "no such resource"),
         Route::Invalid(why) => Response::error(400, "invalid_stream_id", why),
+        Route::InvalidBucket => Response::error(
+            400,
+            "invalid_bucket_id",
+            "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
+        ),
     }
 }
 
@@ -136,7 +141,7 @@ fn bad(why: &str) -> Response {
     Response::error(400, "invalid_request", why)
 }
 
-fn storage_error(e: StorageError) -> Response {
+pub fn storage_error(e: StorageError) -> Response {
     match e {
         StorageError::NoSpace => Response::error(507, "insufficient_storage", "disk full"),
         StorageError::TooLarge => Response::error(413, "payload_too_large", "too large"),
@@ -738,7 +743,7 @@ async fn read(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Re
         }
         Some(Live::LongPoll) => long_poll(core, surface, id, start, offset, &params, req).await,
         None if offset == OffsetParam::Now => now_response(core, surface, id),
-        None => catch_up(core, surface, id, start, params.max_bytes, req, None),
+        None => catch_up(core, surface, id, start, params.max_bytes, req, None).await,
     }
 }
 
@@ -773,46 +778,53 @@ pub fn read_content_type(surface: Surface, stored: &str) -> String {
 }
 
 /// The data of a read starting at `start`: (body parts, next offset).
-pub fn collect(
+pub async fn collect(
     core: &Rc<Core>,
     surface: Surface,
     id: StreamId,
     start: u64,
     max: usize,
-) -> (Vec<Bytes>, u64) {
-    let Some(s) = core.shard.stream(id) else {
-        return (Vec::new(), start);
-    };
-    if surface == Surface::Compat && is_json(&s.content_type) {
-        // Whole messages only; at least one even if it alone exceeds the limit.
-        let first = s.message_at_or_after(start);
-        let visible = s.visible_message_count();
-        let mut end_msg = first;
-        while end_msg < visible {
-            let next_end = s.message_start(end_msg + 1).unwrap_or(s.visible_tail);
-            if end_msg > first && (next_end - start) as usize > max {
-                break;
+) -> Result<(Vec<Bytes>, u64), Response> {
+    let (end, json_array) = {
+        let Some(s) = core.shard.stream(id) else {
+            return Ok((Vec::new(), start));
+        };
+        if surface == Surface::Compat && is_json(&s.content_type) {
+            // Whole messages only; at least one even if it alone exceeds the limit.
+            let first = s.message_at_or_after(start);
+            let visible = s.visible_message_count();
+            let mut end_msg = first;
+            while end_msg < visible {
+                let next_end = s.message_start(end_msg + 1).unwrap_or(s.visible_tail);
+                if end_msg > first && (next_end - start) as usize > max {
+                    break;
+                }
+                end_msg += 1;
+                if (next_end - start) as usize >= max {
+                    break;
+                }
             }
-            end_msg += 1;
-            if (next_end - start) as usize >= max {
-                break;
-            }
+            let end = s.message_start(end_msg).unwrap_or(s.visible_tail);
+            (end.min(s.visible_tail), true)
+        } else {
+            (s.visible_tail.min(start.saturating_add(max as u64)), false)
         }
-        let end = s
-            .message_start(end_msg)
-            .unwrap_or(s.visible_tail)
-            .min(s.visible_tail);
-        let parts = s.read_range(start, end);
+    };
+    let parts = core
+        .shard
+        .read(id, start, end)
+        .await
+        .map_err(storage_error)?;
+    if json_array {
         let slices: Vec<&[u8]> = parts.iter().map(|b| &b[..]).collect();
         let body = ursula_protocol::json::render_array(&slices);
-        return (vec![Bytes::from(body)], end);
+        return Ok((vec![Bytes::from(body)], end));
     }
-    let parts = s.read(start, max);
     let end = start + parts.iter().map(|b| b.len() as u64).sum::<u64>();
-    (parts, end)
+    Ok((parts, end))
 }
 
-fn catch_up(
+async fn catch_up(
     core: &Rc<Core>,
     surface: Surface,
     id: StreamId,
@@ -821,7 +833,10 @@ fn catch_up(
     req: &Request,
     cursor: Option<String>,
 ) -> Response {
-    let (parts, end) = collect(core, surface, id, start, max);
+    let (parts, end) = match collect(core, surface, id, start, max).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let Some(s) = core.shard.stream(id) else {
         return Response::error(404, "stream_not_found", "stream not found");
     };
@@ -877,7 +892,7 @@ async fn long_poll(
         };
         if has_data {
             let c = cursor(core, params.cursor.as_deref());
-            return catch_up(core, surface, id, start, params.max_bytes, req, Some(c));
+            return catch_up(core, surface, id, start, params.max_bytes, req, Some(c)).await;
         }
         if closed {
             return closed_response(core, id, 204).header("stream-up-to-date", "true");

@@ -22,6 +22,7 @@ pub enum Route {
     StreamResource,
     NotFound,
     Invalid(&'static str),
+    InvalidBucket,
 }
 
 /// Storage key of a compat-surface stream.
@@ -60,13 +61,17 @@ pub fn route(raw_path: &str) -> Route {
         return Route::Invalid("invalid percent-encoding in path");
     };
     let bucket = decoded.first().map(String::as_str).unwrap_or("");
-    if bucket.starts_with("__") || !valid_bucket_id(bucket) {
+    if bucket.starts_with("__") || bucket.is_empty() {
         return Route::NotFound;
     }
-    match decoded.len() {
+    if !valid_bucket_id(bucket) {
+        return Route::InvalidBucket;
+    }
+    // A stream ID may not contain '/', even percent-encoded: check the raw segments.
+    match segments.len() {
         1 => Route::Bucket(bucket.to_string()),
         2 if decoded[1] == "streams" => Route::BucketStreams(bucket.to_string()),
-        2 if valid_stream_name(&decoded[1]) => Route::Stream {
+        2 if valid_stream_name(bucket, &decoded[1]) => Route::Stream {
             surface: Surface::Bucketed,
             key: bucketed_key(bucket, &decoded[1]),
         },
@@ -102,13 +107,15 @@ pub fn valid_bucket_id(id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
-fn valid_stream_name(name: &str) -> bool {
+/// Bucketed stream IDs (extensions §1.1): 1–122 bytes, no `/` (encoded or not), no NUL,
+/// no `..`, and `{bucket}/{stream}` at most 122 bytes.
+fn valid_stream_name(bucket: &str, name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= 1024
-        && name != "."
-        && name != ".."
+        && bucket.len() + 1 + name.len() <= 122
+        && !name.contains('/')
         && !name.contains('\0')
-        && !name.starts_with("__")
+        && !name.contains("..")
+        && name != "."
 }
 
 #[cfg(test)]
@@ -148,7 +155,9 @@ mod tests {
                 key: "b/logs/app".into()
             }
         );
-        assert_eq!(route("/v1"), Route::NotFound);
+        assert_eq!(route("/v1"), Route::InvalidBucket);
+        assert_eq!(route("/logs/a..b"), Route::Invalid("invalid stream id"));
+        assert_eq!(route("/logs/a%2Fb"), Route::Invalid("invalid stream id"));
         assert_eq!(route("/__metrics"), Route::NotFound);
         assert_eq!(route("/logs/app/snapshot"), Route::StreamResource);
     }

@@ -182,7 +182,7 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
         let mut out = Vec::new();
         if tail > sess.offset {
             sess.first = false;
-            let closed_now = emit_data(core, sess, &mut out);
+            let closed_now = emit_data(core, sess, &mut out).await;
             return (out, closed_now);
         }
         if sess.first || closed {
@@ -220,8 +220,13 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
 
 /// Append one data event and its control event for the next batch after `sess.offset`.
 /// Returns true when that control closed the stream (the response then ends).
-fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) -> bool {
-    let (parts, mut end) = collect(core, sess.surface, sess.id, sess.offset, sess.max_bytes);
+async fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) -> bool {
+    let Ok((parts, mut end)) =
+        collect(core, sess.surface, sess.id, sess.offset, sess.max_bytes).await
+    else {
+        // Unreadable data: end the response; the client reconnects from its last offset.
+        return true;
+    };
     match sess.mode {
         Mode::JsonArray => {
             for p in &parts {
