@@ -304,6 +304,8 @@ pub struct ChunkedDecoder {
     remaining: u64,
     line_len: usize,
     trailer_len: usize,
+    /// Whether the current trailer line has had its `:` separator yet.
+    trailer_colon: bool,
 }
 
 impl Default for ChunkedDecoder {
@@ -319,6 +321,7 @@ impl ChunkedDecoder {
             remaining: 0,
             line_len: 0,
             trailer_len: 0,
+            trailer_colon: false,
         }
     }
 
@@ -409,15 +412,23 @@ impl ChunkedDecoder {
                     self.state = match c {
                         b'\r' => ChunkState::TrailerLf { last: true },
                         b'\n' => return Err("bare LF in chunked body"),
-                        _ => ChunkState::TrailerLine,
+                        b':' => return Err("trailer field without a name"),
+                        _ => {
+                            self.trailer_colon = false;
+                            ChunkState::TrailerLine
+                        }
                     };
                 }
                 ChunkState::TrailerLine => {
                     i += 1;
                     self.count_trailer()?;
                     match c {
+                        b'\r' if !self.trailer_colon => {
+                            return Err("malformed trailer field (no ':')")
+                        }
                         b'\r' => self.state = ChunkState::TrailerLf { last: false },
                         b'\n' => return Err("bare LF in chunked body"),
+                        b':' => self.trailer_colon = true,
                         _ => {}
                     }
                 }
@@ -770,6 +781,20 @@ mod tests {
         assert_eq!(out, b"0123456789");
         let (out, _) = decode_all(b"00000a\r\n0123456789\r\n0000\r\n\r\n").expect("ok");
         assert_eq!(out.len(), 10);
+    }
+
+    #[test]
+    fn malformed_trailer_lines_are_rejected() {
+        for body in [
+            &b"3\r\nabc\r\n0\r\nnot a field line\r\n\r\n"[..],
+            b"3\r\nabc\r\n0\r\n: no name\r\n\r\n",
+        ] {
+            let mut out = Vec::new();
+            assert!(
+                ChunkedDecoder::new().feed(body, &mut out).is_err(),
+                "{body:?}"
+            );
+        }
     }
 
     #[test]
