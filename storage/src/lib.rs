@@ -13,7 +13,8 @@ pub mod stream;
 
 pub use record::{AppendRec, Lifetime, ProducerStamp};
 pub use shard::{
-    Commit, Durability, NewStream, RecoveryReport, Shard, ShardConfig, ShardStats, StorageError,
+    Commit, DiskUsage, Durability, NewStream, RecoveryReport, Shard, ShardConfig, ShardStats,
+    StorageError,
 };
 pub use stream::{Chunk, DiskLoc, Piece, Producer, Receipt, Stream, StreamId};
 

@@ -7,7 +7,7 @@
 //! 0..4    payload length (u32 LE)
 //! 4..8    CRC32C of bytes 8..20+len (lsn, kind, reserved, payload)
 //! 8..16   LSN (u64 LE): 1, 2, 3, ... with no gaps within a run of adjacent segments
-//! 16      kind (1 create, 2 append, 3 delete, 4 set-ext)
+//! 16      kind (1 create, 2 append, 3 delete, 4 set-ext, 5 image, 6 relocate)
 //! 17..20  reserved, zero
 //! 20..    payload (little-endian fields; stream data last, so it is one contiguous slice)
 //! ```
@@ -27,6 +27,8 @@ const KIND_CREATE: u8 = 1;
 const KIND_APPEND: u8 = 2;
 const KIND_DELETE: u8 = 3;
 const KIND_SET_EXT: u8 = 4;
+const KIND_IMAGE: u8 = 5;
+const KIND_RELOCATE: u8 = 6;
 
 /// How long a stream lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -79,12 +81,50 @@ pub struct CreateRec {
     pub initial: AppendRec,
 }
 
+/// A producer's state as carried by an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerImage {
+    pub id: Box<str>,
+    pub epoch: u64,
+    pub last_seq: u64,
+    pub last_used_ms: i64,
+    /// (seq, start, next, record_start, record_next), oldest first.
+    pub receipts: Vec<[u64; 5]>,
+}
+
+/// A stream's complete metadata (everything but its data), written when the log cleaner
+/// removes the segment that held its earlier records. Replay takes the image as the state
+/// at its LSN and applies later records on top.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageRec {
+    pub id: u64,
+    pub key: Box<str>,
+    pub incarnation: u64,
+    pub created_ms: i64,
+    pub content_type: Box<str>,
+    pub lifetime: Lifetime,
+    pub ext: Bytes,
+    pub tail: u64,
+    pub closed: bool,
+    pub stream_seq: Option<Bytes>,
+    pub producers: Vec<ProducerImage>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     Create(CreateRec),
     Append(AppendRec),
-    Delete { id: u64 },
-    SetExt { id: u64, ext: Bytes },
+    Delete {
+        id: u64,
+    },
+    SetExt {
+        id: u64,
+        ext: Bytes,
+    },
+    Image(ImageRec),
+    /// Stream data moved out of a segment being cleaned: the chunk and message boundaries
+    /// of an earlier append, without its state changes (those live on in the image).
+    Relocate(AppendRec),
 }
 
 /// Why bytes at a log position are not a valid record.
@@ -100,6 +140,16 @@ pub enum FrameError {
 }
 
 impl Record {
+    /// The stream this record belongs to.
+    pub fn stream_id(&self) -> u64 {
+        match self {
+            Record::Create(c) => c.id,
+            Record::Append(a) | Record::Relocate(a) => a.id,
+            Record::Delete { id } | Record::SetExt { id, .. } => *id,
+            Record::Image(i) => i.id,
+        }
+    }
+
     /// Total framed size of this record.
     pub fn framed_len(&self) -> usize {
         FRAME_HEADER + self.payload_len()
@@ -117,9 +167,14 @@ impl Record {
                     + c.ext.len()
                     + append_len(&c.initial)
             }
-            Record::Append(a) => append_len(a),
+            Record::Append(a) | Record::Relocate(a) => append_len(a),
             Record::Delete { .. } => 8,
             Record::SetExt { ext, .. } => 8 + 4 + ext.len(),
+            Record::Image(i) => {
+                let mut scratch = Vec::new();
+                put_image(&mut scratch, i);
+                scratch.len()
+            }
         }
     }
 
@@ -153,9 +208,13 @@ impl Record {
                 put_append_meta(out, &c.initial);
                 &c.initial.data
             }
-            Record::Append(a) => {
+            Record::Append(a) | Record::Relocate(a) => {
                 put_append_meta(out, a);
                 &a.data
+            }
+            Record::Image(i) => {
+                put_image(out, i);
+                &[]
             }
             Record::Delete { id } => {
                 put_u64(out, *id);
@@ -172,6 +231,8 @@ impl Record {
             Record::Append(_) => KIND_APPEND,
             Record::Delete { .. } => KIND_DELETE,
             Record::SetExt { .. } => KIND_SET_EXT,
+            Record::Image(_) => KIND_IMAGE,
+            Record::Relocate(_) => KIND_RELOCATE,
         };
         let payload_len = scratch.len() - FRAME_HEADER + tail.len();
         debug_assert_eq!(payload_len, self.payload_len());
@@ -269,7 +330,110 @@ fn decode_payload(kind: u8, r: &mut Reader) -> Option<Record> {
             id: r.u64()?,
             ext: r.bytes()?,
         },
+        KIND_IMAGE => Record::Image(get_image(r)?),
+        KIND_RELOCATE => Record::Relocate(get_append(r)?),
         _ => return None,
+    })
+}
+
+fn put_lifetime(out: &mut Vec<u8>, l: Lifetime) {
+    let (tag, v) = match l {
+        Lifetime::Forever => (0u8, 0u64),
+        Lifetime::TtlSeconds(s) => (1, s),
+        Lifetime::ExpiresAtMs(ms) => (2, ms as u64),
+    };
+    out.push(tag);
+    put_u64(out, v);
+}
+
+fn get_lifetime(r: &mut Reader) -> Option<Lifetime> {
+    let tag = r.u8()?;
+    let v = r.u64()?;
+    Some(match tag {
+        0 => Lifetime::Forever,
+        1 => Lifetime::TtlSeconds(v),
+        2 => Lifetime::ExpiresAtMs(v as i64),
+        _ => return None,
+    })
+}
+
+fn put_image(out: &mut Vec<u8>, i: &ImageRec) {
+    put_u64(out, i.id);
+    put_str(out, &i.key);
+    put_u64(out, i.incarnation);
+    put_u64(out, i.created_ms as u64);
+    put_str(out, &i.content_type);
+    put_lifetime(out, i.lifetime);
+    put_bytes(out, &i.ext);
+    put_u64(out, i.tail);
+    out.push(i.closed as u8);
+    match &i.stream_seq {
+        Some(s) => put_bytes(out, s),
+        None => out.extend_from_slice(&u32::MAX.to_le_bytes()),
+    }
+    out.extend_from_slice(&(i.producers.len() as u32).to_le_bytes());
+    for p in &i.producers {
+        put_str(out, &p.id);
+        put_u64(out, p.epoch);
+        put_u64(out, p.last_seq);
+        put_u64(out, p.last_used_ms as u64);
+        out.extend_from_slice(&(p.receipts.len() as u32).to_le_bytes());
+        for r in &p.receipts {
+            for v in r {
+                put_u64(out, *v);
+            }
+        }
+    }
+}
+
+fn get_image(r: &mut Reader) -> Option<ImageRec> {
+    let id = r.u64()?;
+    let key = r.str()?;
+    let incarnation = r.u64()?;
+    let created_ms = r.u64()? as i64;
+    let content_type = r.str()?;
+    let lifetime = get_lifetime(r)?;
+    let ext = r.bytes()?;
+    let tail = r.u64()?;
+    let closed = r.u8()? != 0;
+    let seq_len = r.u32()?;
+    let stream_seq = if seq_len == u32::MAX {
+        None
+    } else {
+        Some(r.take(seq_len as usize)?)
+    };
+    let n = r.u32()? as usize;
+    let mut producers = Vec::with_capacity(n.min(1024));
+    for _ in 0..n {
+        let id = r.str()?;
+        let epoch = r.u64()?;
+        let last_seq = r.u64()?;
+        let last_used_ms = r.u64()? as i64;
+        let m = r.u32()? as usize;
+        let mut receipts = Vec::with_capacity(m.min(1024));
+        for _ in 0..m {
+            receipts.push([r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?]);
+        }
+        producers.push(ProducerImage {
+            id,
+            epoch,
+            last_seq,
+            last_used_ms,
+            receipts,
+        });
+    }
+    Some(ImageRec {
+        id,
+        key,
+        incarnation,
+        created_ms,
+        content_type,
+        lifetime,
+        ext,
+        tail,
+        closed,
+        stream_seq,
+        producers,
     })
 }
 
@@ -462,6 +626,26 @@ mod tests {
         roundtrip(Record::Append(sample_append()));
         roundtrip(Record::Append(AppendRec::default()));
         roundtrip(Record::Delete { id: 5 });
+        roundtrip(Record::Relocate(sample_append()));
+        roundtrip(Record::Image(ImageRec {
+            id: 3,
+            key: "b/x/y".into(),
+            incarnation: 9,
+            created_ms: 8,
+            content_type: "text/plain".into(),
+            lifetime: Lifetime::TtlSeconds(5),
+            ext: Bytes::from_static(b"{}"),
+            tail: 77,
+            closed: true,
+            stream_seq: None,
+            producers: vec![ProducerImage {
+                id: "p".into(),
+                epoch: 1,
+                last_seq: 4,
+                last_used_ms: 3,
+                receipts: vec![[4, 10, 20, 1, 2]],
+            }],
+        }));
         roundtrip(Record::SetExt {
             id: 5,
             ext: Bytes::from_static(b"xyz"),

@@ -12,7 +12,7 @@ use std::task::Waker;
 
 use bytes::Bytes;
 
-use crate::record::{AppendRec, CreateRec, Lifetime};
+use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage};
 
 /// Shard-local stream identifier; never reused while the process runs.
 pub type StreamId = u64;
@@ -159,6 +159,185 @@ impl Stream {
         }
     }
 
+    /// A stream rebuilt from an image; its chunks arrive separately.
+    pub(crate) fn from_image(i: &ImageRec, now_ms: i64) -> Stream {
+        let mut s = Stream::from_create(
+            &CreateRec {
+                id: i.id,
+                key: i.key.clone(),
+                incarnation: i.incarnation,
+                created_ms: i.created_ms,
+                content_type: i.content_type.clone(),
+                lifetime: i.lifetime,
+                ext: i.ext.clone(),
+                initial: AppendRec::default(),
+            },
+            now_ms,
+        );
+        s.apply_image(i);
+        s
+    }
+
+    /// Take the metadata of an image (replay: it is the state as of the image's LSN).
+    pub(crate) fn apply_image(&mut self, i: &ImageRec) {
+        self.ext = i.ext.clone();
+        self.tail = i.tail;
+        self.closed = i.closed;
+        self.last_stream_seq = i.stream_seq.clone();
+        self.producers = i
+            .producers
+            .iter()
+            .map(|p| {
+                let receipts = p
+                    .receipts
+                    .iter()
+                    .map(|r| Receipt {
+                        seq: r[0],
+                        start: r[1],
+                        next: r[2],
+                        record_start: r[3],
+                        record_next: r[4],
+                    })
+                    .collect();
+                (
+                    p.id.clone(),
+                    Producer {
+                        epoch: p.epoch,
+                        last_seq: p.last_seq,
+                        last_used_ms: p.last_used_ms,
+                        receipts,
+                    },
+                )
+            })
+            .collect();
+    }
+
+    /// Everything but the data, for the log cleaner.
+    pub(crate) fn image(&self) -> ImageRec {
+        ImageRec {
+            id: self.id,
+            key: self.key.clone(),
+            incarnation: self.incarnation,
+            created_ms: self.created_ms,
+            content_type: self.content_type.clone(),
+            lifetime: self.lifetime,
+            ext: self.ext.clone(),
+            tail: self.tail,
+            closed: self.closed,
+            stream_seq: self.last_stream_seq.clone(),
+            producers: self
+                .producers
+                .iter()
+                .map(|(id, p)| ProducerImage {
+                    id: id.clone(),
+                    epoch: p.epoch,
+                    last_seq: p.last_seq,
+                    last_used_ms: p.last_used_ms,
+                    receipts: p
+                        .receipts
+                        .iter()
+                        .map(|r| [r.seq, r.start, r.next, r.record_start, r.record_next])
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Add a chunk found during recovery that may precede chunks already known (relocated or
+    /// stashed data). Keeps chunks and message starts sorted; a chunk seen twice keeps the
+    /// later (newer) location.
+    pub(crate) fn add_recovered_chunk(
+        &mut self,
+        start: u64,
+        len: u32,
+        msg_lens: &[u32],
+        loc: DiskLoc,
+    ) {
+        let i = self.chunks.partition_point(|c| c.start < start);
+        if let Some(c) = self.chunks.get_mut(i) {
+            if c.start == start {
+                c.loc = Some(loc);
+                return;
+            }
+        }
+        self.chunks.insert(
+            i,
+            Chunk {
+                start,
+                len,
+                first_msg: 0,
+                data: None,
+                loc: Some(loc),
+            },
+        );
+        let mut off = start;
+        for &l in msg_lens {
+            let j = self.msg_starts.partition_point(|&m| m < off);
+            if self.msg_starts.get(j) != Some(&off) {
+                self.msg_starts.insert(j, off);
+            }
+            off += l as u64;
+        }
+    }
+
+    /// After recovery: recompute each chunk's first message and check the chunks tile
+    /// `[0, tail)`. Returns false (and logs) if they do not.
+    pub(crate) fn finish_recovery(&mut self) -> bool {
+        let mut expected = 0;
+        let mut ok = true;
+        for c in &mut self.chunks {
+            if c.start != expected {
+                ok = false;
+            }
+            expected = c.end();
+            c.first_msg = self.msg_starts.partition_point(|&m| m < c.start) as u64;
+        }
+        if expected != self.tail {
+            ok = false;
+        }
+        if !ok {
+            tracing::error!(
+                stream = %self.key,
+                tail = self.tail,
+                chunks_end = expected,
+                "recovered chunks do not cover the stream"
+            );
+        }
+        ok
+    }
+
+    /// Chunks whose bytes live in `segment`, with their message lengths, for relocation.
+    pub(crate) fn chunks_in_segment(&self, segment: u64) -> Vec<(u64, u32, DiskLoc, Vec<u32>)> {
+        self.chunks
+            .iter()
+            .filter_map(|c| {
+                let loc = c.loc.filter(|l| l.segment == segment)?;
+                let first = c.first_msg;
+                let next = self.msg_starts.partition_point(|&m| m < c.end()) as u64;
+                Some((c.start, c.len, loc, self.message_lens(first, next)))
+            })
+            .collect()
+    }
+
+    /// Point a chunk at its relocated copy.
+    pub(crate) fn relocate(&mut self, chunk_start: u64, loc: DiskLoc) {
+        let i = self.chunks.partition_point(|c| c.start < chunk_start);
+        if let Some(c) = self.chunks.get_mut(i) {
+            if c.start == chunk_start {
+                c.loc = Some(loc);
+            }
+        }
+    }
+
+    /// Cached bytes of a chunk, if any.
+    pub(crate) fn cached_chunk(&self, chunk_start: u64) -> Option<Bytes> {
+        let i = self.chunks.partition_point(|c| c.start < chunk_start);
+        self.chunks
+            .get(i)
+            .filter(|c| c.start == chunk_start)
+            .and_then(|c| c.data.clone())
+    }
+
     /// Apply an append to the head state. Returns the receipt it produced, if any.
     /// `loc` locates the record (segment, position, framed length, data offset) when it is
     /// in the log; `keep_data` caches the bytes in memory.
@@ -274,13 +453,18 @@ impl Stream {
         self.msg_starts.partition_point(|&s| s < self.visible_tail) as u64
     }
 
-    /// Start offset of message `ordinal`, or the visible tail for `ordinal == count`.
+    /// Start offset of message `ordinal`, or the tail for `ordinal == count`.
     pub fn message_start(&self, ordinal: u64) -> Option<u64> {
         match self.msg_starts.get(ordinal as usize) {
             Some(&s) => Some(s),
             None if ordinal == self.msg_starts.len() as u64 => Some(self.tail),
             None => None,
         }
+    }
+
+    /// Bytes of data the stream holds (live data, for space accounting).
+    pub fn data_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len as u64).sum()
     }
 
     /// Ordinal of the first message starting at or after `offset`.
