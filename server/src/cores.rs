@@ -33,6 +33,8 @@ pub struct Core {
     pub inflight: Cell<usize>,
     /// The listening socket, shut down to end the accept loop.
     listener_fd: Cell<Option<std::os::unix::io::RawFd>>,
+    /// Live readers (long-poll, SSE) to wake when shutdown starts.
+    shutdown_waiters: std::cell::RefCell<Vec<std::task::Waker>>,
     rng: Cell<u64>,
 }
 
@@ -84,8 +86,29 @@ impl Core {
         self.shutdown.load(Ordering::Relaxed)
     }
 
+    /// Wait for `changed` to resolve, `wait` to pass, or shutdown to start, whichever is
+    /// first. Live readers use this so shutdown never waits for their timeouts.
+    pub async fn wait_or_shutdown<F: std::future::Future>(&self, changed: F, wait: Duration) {
+        let mut changed = std::pin::pin!(changed);
+        let either = std::future::poll_fn(|cx| {
+            if self.shutting_down() {
+                return std::task::Poll::Ready(());
+            }
+            let mut waiters = self.shutdown_waiters.borrow_mut();
+            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                waiters.push(cx.waker().clone());
+            }
+            drop(waiters);
+            changed.as_mut().poll(cx).map(|_| ())
+        });
+        let _ = monoio::time::timeout(wait, either).await;
+    }
+
     /// Make the pending `accept` fail so the accept loop ends; no connection is lost.
     fn stop_accepting(&self) {
+        for w in self.shutdown_waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
         if let Some(fd) = self.listener_fd.take() {
             // SAFETY: fd is this core's listening socket, still open (the listener is owned by
             // the accept loop, which only closes it after it has observed this shutdown).
@@ -297,6 +320,7 @@ fn core_thread(
             shutdown,
             inflight: Cell::new(0),
             listener_fd: Cell::new(None),
+            shutdown_waiters: std::cell::RefCell::new(Vec::new()),
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1) ^ ursula_storage::now_ms() as u64,
             ),
@@ -323,6 +347,10 @@ async fn serve(
                 monoio::spawn(job(core.clone()));
             }
         })
+    };
+    let sweeper = {
+        let core = core.clone();
+        monoio::spawn(async move { sweep_expired(core).await })
     };
     // One accept is always pending and never cancelled: dropping an io_uring accept that
     // already completed would lose that connection. Shutdown ends it via stop_accepting().
@@ -351,4 +379,18 @@ async fn serve(
         tracing::error!(core = core.index, "final flush failed: {e}");
     }
     drop(jobs);
+    drop(sweeper);
+}
+
+/// Expiry is decided at request time (P§15); this pass also deletes expired streams nobody
+/// asks for, so their log space is reclaimed.
+async fn sweep_expired(core: Rc<Core>) {
+    while !core.shutting_down() {
+        core.wait_or_shutdown(std::future::pending::<()>(), Duration::from_secs(1))
+            .await;
+        for key in core.shard.keys() {
+            // find() deletes the stream if it has expired.
+            let _ = crate::handlers::find(&core, &key);
+        }
+    }
 }

@@ -907,7 +907,8 @@ async fn long_poll(
                 .header("cache-control", "no-store");
         }
         let wait = (deadline - now).min(Duration::from_millis(500));
-        let _ = monoio::time::timeout(wait, core.shard.changed(id, version)).await;
+        core.wait_or_shutdown(core.shard.changed(id, version), wait)
+            .await;
         core.shard.touch(id, ursula_storage::now_ms());
     }
 }

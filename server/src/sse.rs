@@ -204,13 +204,17 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
         if core.shutting_down() || sess.started.elapsed() >= max_age {
             return (Vec::new(), true);
         }
-        let wait = keepalive.min(max_age.saturating_sub(sess.started.elapsed()));
-        let woke = monoio::time::timeout(
-            wait.max(Duration::from_millis(1)),
-            core.shard.changed(sess.id, version),
-        )
-        .await;
-        if woke.is_err() {
+        let wait = keepalive
+            .min(max_age.saturating_sub(sess.started.elapsed()))
+            .max(Duration::from_millis(1));
+        let waited = Instant::now();
+        core.wait_or_shutdown(core.shard.changed(sess.id, version), wait)
+            .await;
+        let changed = core
+            .shard
+            .stream(sess.id)
+            .is_none_or(|s| s.version() != version);
+        if !changed && !core.shutting_down() && waited.elapsed() >= wait {
             core.shard.touch(sess.id, ursula_storage::now_ms());
             push_keepalive(&mut out);
             return (out, false);
