@@ -631,7 +631,7 @@ impl Shard {
             let file = {
                 let mut log = self.inner.log.borrow_mut();
                 let log = log.as_mut().ok_or_else(missing)?;
-                log.file_for(batch.seg, batch.first_lsn)?
+                log.file_for(batch.seg)?
             };
             let mut buf = batch.buf.take().ok_or_else(missing)?;
             let len = buf.len();
@@ -785,7 +785,6 @@ impl Shard {
             batches: VecDeque::new(),
             pool,
             scratch: Vec::new(),
-            pending_create: None,
         };
         match tail {
             Some((index, end, contents)) => {
@@ -799,9 +798,9 @@ impl Shard {
                 log.start_batch(index, base as u64, &contents[base..end as usize]);
             }
             None => {
+                log.create(1, next_lsn)?;
                 log.write_seg = 1;
                 log.write_end = DATA_START;
-                log.pending_create = Some(1);
                 log.start_batch(1, DATA_START, &[]);
             }
         }
@@ -1147,8 +1146,6 @@ struct Log {
     batches: VecDeque<Batch>,
     pool: BufPool,
     scratch: Vec<u8>,
-    /// A segment that records were assigned to but whose file does not exist yet.
-    pending_create: Option<u64>,
 }
 
 /// Records bound for one contiguous, block-aligned range of one segment.
@@ -1198,7 +1195,7 @@ impl Log {
             return Err(StorageError::TooLarge);
         }
         if self.write_end + len as u64 > self.segment_bytes {
-            self.roll()?;
+            self.roll(lsn)?;
         }
         let batch = self
             .batches
@@ -1237,13 +1234,31 @@ impl Log {
         }
     }
 
-    /// Continue in a fresh segment; the current one is sealed once its last batch is durable.
-    fn roll(&mut self) -> Result<(), StorageError> {
+    /// Continue in a fresh segment whose first record will be `first_lsn`; the current one
+    /// is sealed once its last batch is durable. The file is created (and its space
+    /// reserved) here, before the caller changes any state, so a full disk is reported as
+    /// `NoSpace` with nothing changed. This blocks the core for one fallocate and two
+    /// fsyncs, once per segment.
+    fn roll(&mut self, first_lsn: u64) -> Result<(), StorageError> {
         let next = self.write_seg + 1;
+        self.create(next, first_lsn)?;
         self.write_seg = next;
         self.write_end = DATA_START;
-        self.pending_create = Some(next);
         self.start_batch(next, DATA_START, &[]);
+        Ok(())
+    }
+
+    fn create(&mut self, seg: u64, first_lsn: u64) -> Result<(), StorageError> {
+        let header = SegmentHeader {
+            shard: self.shard,
+            index: seg,
+            first_lsn,
+        };
+        let file = segment::create_segment(&self.dir, header, self.segment_bytes)?;
+        let file = Rc::new(monoio::fs::File::from_std(file)?);
+        // Only the segment being written needs a write handle; older ones are sealed.
+        self.files.retain(|&k, _| k + 1 >= seg);
+        self.files.insert(seg, file);
         Ok(())
     }
 
@@ -1267,25 +1282,12 @@ impl Log {
             .collect()
     }
 
-    /// The file of segment `seg`, creating it if this is the first write into it.
-    fn file_for(&mut self, seg: u64, first_lsn: u64) -> Result<Rc<monoio::fs::File>, StorageError> {
-        if let Some(f) = self.files.get(&seg) {
-            return Ok(f.clone());
-        }
-        debug_assert_eq!(self.pending_create, Some(seg));
-        let header = SegmentHeader {
-            shard: self.shard,
-            index: seg,
-            first_lsn,
-        };
-        let file = segment::create_segment(&self.dir, header, self.segment_bytes)?;
-        // (The shard's segment map gained this index when the first record was queued.)
-        let file = Rc::new(monoio::fs::File::from_std(file)?);
-        self.pending_create = None;
-        // Only the segment being written needs an open handle; older ones are sealed.
-        self.files.retain(|&k, _| k + 1 >= seg);
-        self.files.insert(seg, file.clone());
-        Ok(file)
+    /// The write handle of segment `seg` (created when the log rolled into it).
+    fn file_for(&self, seg: u64) -> Result<Rc<monoio::fs::File>, StorageError> {
+        self.files
+            .get(&seg)
+            .cloned()
+            .ok_or_else(|| StorageError::Failed(format!("segment {seg} has no write handle")))
     }
 }
 
