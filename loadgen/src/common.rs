@@ -1,0 +1,440 @@
+//! Flags shared by every scenario, the target's URL surfaces, the thread-per-core runner
+//! and the measured window.
+
+use std::future::Future;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use crate::http::{Body, Conn, ReqError, Response};
+use crate::stats::Stats;
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Surface {
+    /// `/v1/stream/{name}`: served by every Durable Streams server.
+    Compat,
+    /// `/{bucket}/{stream}`: Ursula's bucketed surface (the bucket is created first).
+    Bucketed,
+}
+
+#[derive(Args, Debug, Clone, Serialize)]
+pub struct Common {
+    /// Server base URL (plain HTTP), e.g. http://127.0.0.1:4437
+    #[arg(long, default_value = "http://127.0.0.1:4437")]
+    pub target: String,
+    /// URL surface to use.
+    #[arg(long, value_enum, default_value_t = Surface::Compat)]
+    pub surface: Surface,
+    /// Bucket for --surface bucketed (created with PUT /{bucket}; 409 = exists is fine).
+    #[arg(long, default_value = "loadgen")]
+    pub bucket: String,
+    /// Client threads, one pinned monoio loop per core (default: all cores).
+    #[arg(long)]
+    pub cores: Option<usize>,
+    /// Measured window (e.g. 10s, 500ms, 1m; a bare number is seconds).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[serde(serialize_with = "ser_secs")]
+    pub duration: Duration,
+    /// Warm-up before the measured window (results are discarded).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[serde(serialize_with = "ser_secs")]
+    pub warmup: Duration,
+    /// Per-request timeout; a request that takes longer counts as a "timeout" error.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[serde(serialize_with = "ser_secs")]
+    pub timeout: Duration,
+    /// Stream name prefix (a per-run suffix keeps runs apart).
+    #[arg(long, default_value = "lg")]
+    pub prefix: String,
+    /// Write the machine-readable report to this file.
+    #[arg(long)]
+    #[serde(skip)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// `10s`, `250ms`, `2m`, `1.5` (seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (use e.g. 10s, 500ms, 2m)"))?;
+    if !v.is_finite() || v < 0.0 || v * mult > 86_400.0 {
+        return Err(format!("duration {s:?} out of range"));
+    }
+    Ok(Duration::from_secs_f64(v * mult))
+}
+
+/// `256`, `1k`/`1KiB`, `8m`/`8MiB` (binary multiples).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t
+        .strip_suffix("ib")
+        .or_else(|| t.strip_suffix('b'))
+        .unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let v: usize = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid size {s:?} (use e.g. 256, 4k, 8m)"))?;
+    v.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} too large"))
+}
+
+/// The resolved target.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub addr: SocketAddr,
+    pub base: String,
+    pub surface: Surface,
+    pub bucket: String,
+    pub run_id: String,
+    pub prefix: String,
+}
+
+impl Target {
+    pub fn from_common(c: &Common) -> Result<Target, String> {
+        let rest = c
+            .target
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("--target must be http://HOST:PORT, got {:?}", c.target))?;
+        let hostport = rest.trim_end_matches('/');
+        if hostport.contains('/') {
+            return Err(format!("--target must not have a path: {:?}", c.target));
+        }
+        let addr = hostport
+            .to_socket_addrs()
+            .map_err(|e| format!("resolve {hostport}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{hostport} resolves to nothing"))?;
+        let bucket_ok = (4..=64).contains(&c.bucket.len())
+            && !c.bucket.starts_with("__")
+            && c.bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if c.surface == Surface::Bucketed && !bucket_ok {
+            return Err(format!(
+                "--bucket {:?} must match ^[a-z0-9_-]{{4,64}}$",
+                c.bucket
+            ));
+        }
+        if c.prefix.is_empty()
+            || !c
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err("--prefix must be non-empty [A-Za-z0-9_-]".into());
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        Ok(Target {
+            addr,
+            base: format!("http://{hostport}"),
+            surface: c.surface,
+            bucket: c.bucket.clone(),
+            run_id: format!("{:x}{:x}", now, std::process::id()),
+            prefix: c.prefix.clone(),
+        })
+    }
+
+    /// A stream name unique to this run.
+    pub fn stream_name(&self, scenario: &str, i: usize) -> String {
+        format!("{}-{}-{}-{}", self.prefix, scenario, self.run_id, i)
+    }
+
+    pub fn stream_path(&self, name: &str) -> String {
+        match self.surface {
+            Surface::Compat => format!("/v1/stream/{name}"),
+            Surface::Bucketed => format!("/{}/{}", self.bucket, name),
+        }
+    }
+
+    /// Creates the bucket when the surface needs one (`201`, or `409` if it exists).
+    pub async fn ensure_bucket(&self, conn: &mut Conn) -> Result<(), String> {
+        if self.surface != Surface::Bucketed {
+            return Ok(());
+        }
+        let path = format!("/{}", self.bucket);
+        let r = conn
+            .request("PUT", &path, &[], Body::Empty)
+            .await
+            .map_err(|e| format!("PUT {path}: {e}"))?;
+        match r.status {
+            200 | 201 | 204 | 409 => Ok(()),
+            s => Err(format!("PUT {path}: status {s}")),
+        }
+    }
+
+    /// Creates a stream (`201`; `200` if an identical one exists).
+    pub async fn create_stream(
+        &self,
+        conn: &mut Conn,
+        path: &str,
+        content_type: &str,
+    ) -> Result<(), String> {
+        let r = conn
+            .request("PUT", path, &[("Content-Type", content_type)], Body::Empty)
+            .await
+            .map_err(|e| format!("PUT {path}: {e}"))?;
+        match r.status {
+            200 | 201 => Ok(()),
+            s => Err(format!("PUT {path}: status {s}")),
+        }
+    }
+}
+
+/// Appends during setup (not measured); any failure aborts the run.
+pub async fn setup_append(
+    conn: &mut Conn,
+    path: &str,
+    content_type: &str,
+    body: Body<'_>,
+) -> Result<Response, String> {
+    let r = conn
+        .request("POST", path, &[("Content-Type", content_type)], body)
+        .await
+        .map_err(|e| format!("POST {path}: {e}"))?;
+    if !(200..300).contains(&r.status) {
+        return Err(format!("POST {path}: status {}", r.status));
+    }
+    Ok(r)
+}
+
+/// Key under which a non-success status is counted.
+pub fn status_key(status: u16) -> String {
+    status.to_string()
+}
+
+pub fn err_key(e: &ReqError) -> String {
+    e.key().to_string()
+}
+
+/// The measured window, computed by each core right after the start barrier.
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    pub start: Instant,
+    pub warm_end: Instant,
+    pub end: Instant,
+}
+
+impl Window {
+    pub fn new(warmup: Duration, duration: Duration) -> Window {
+        let start = Instant::now();
+        Window {
+            start,
+            warm_end: start + warmup,
+            end: start + warmup + duration,
+        }
+    }
+
+    /// Whether an operation that finished at `t` is counted.
+    pub fn counts(&self, t: Instant) -> bool {
+        t >= self.warm_end && t <= self.end
+    }
+
+    pub fn over(&self) -> bool {
+        Instant::now() >= self.end
+    }
+}
+
+/// What each core's scenario function gets.
+#[derive(Clone)]
+pub struct Ctx {
+    pub core: usize,
+    pub cores: usize,
+    barrier: Arc<Barrier>,
+}
+
+impl Ctx {
+    /// Waits until every core reaches this point. Only call it when the core has no
+    /// other tasks in flight (it blocks the thread).
+    pub fn sync(&self) {
+        self.barrier.wait();
+    }
+
+    /// Indices `0..n` assigned to this core (round-robin).
+    pub fn mine(&self, n: usize) -> impl Iterator<Item = usize> {
+        (self.core..n).step_by(self.cores)
+    }
+}
+
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Runs `f` on `cores` threads, each pinned to one CPU with its own monoio runtime, and
+/// collects their results (in core order).
+pub fn run_cores<T, F, Fut>(cores: usize, f: F) -> Result<Vec<T>, String>
+where
+    T: Send + 'static,
+    F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, String>> + 'static,
+{
+    let cores = cores.max(1);
+    let ncpu = available_cores();
+    let f = Arc::new(f);
+    let barrier = Arc::new(Barrier::new(cores));
+    let mut handles = Vec::with_capacity(cores);
+    for core in 0..cores {
+        let f = f.clone();
+        let ctx = Ctx {
+            core,
+            cores,
+            barrier: barrier.clone(),
+        };
+        let h = std::thread::Builder::new()
+            .name(format!("loadgen-{core}"))
+            .spawn(move || -> Result<T, String> {
+                let _ = monoio::utils::bind_to_cpu_set([core % ncpu]);
+                let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+                    .with_entries(1024)
+                    .enable_timer()
+                    .build()
+                    .map_err(|e| format!("core {core}: runtime: {e}"))?;
+                rt.block_on(f(ctx))
+            })
+            .map_err(|e| format!("spawn thread: {e}"))?;
+        handles.push(h);
+    }
+    let mut out = Vec::with_capacity(cores);
+    let mut first_err = None;
+    for (i, h) in handles.into_iter().enumerate() {
+        match h.join() {
+            Ok(Ok(t)) => out.push(t),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(format!("core {i} panicked"));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// Runs a setup future, then the start barrier (always reached, so one core's failure
+/// cannot strand the others), then returns the setup result.
+pub async fn setup_then_sync<T>(
+    ctx: &Ctx,
+    setup: impl Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    let r = setup.await;
+    ctx.sync();
+    r
+}
+
+/// Merges per-core stats.
+pub fn merge_all(parts: Vec<Stats>) -> Stats {
+    let mut total = Stats::default();
+    for p in parts {
+        total.merge(p);
+    }
+    total
+}
+
+/// Deterministic payload bytes for stream `stream`, append `seq` (xorshift; printable so
+/// that text content types stay valid).
+pub fn pattern(stream: u64, seq: u64, len: usize) -> Vec<u8> {
+    let mut x =
+        (stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seq.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)) | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        for b in x.to_le_bytes() {
+            if out.len() == len {
+                break;
+            }
+            out.push(b'!' + (b % 94));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_size("256"), Ok(256));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("8MiB"), Ok(8 << 20));
+        assert_eq!(parse_size("32m"), Ok(32 << 20));
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn pattern_is_deterministic_and_distinct() {
+        assert_eq!(pattern(1, 2, 100), pattern(1, 2, 100));
+        assert_ne!(pattern(1, 2, 100), pattern(1, 3, 100));
+        assert_eq!(pattern(5, 5, 37).len(), 37);
+        assert!(pattern(5, 5, 1000).iter().all(|b| b.is_ascii_graphic()));
+    }
+
+    #[test]
+    fn target_paths() {
+        let c = Common {
+            target: "http://127.0.0.1:4437/".into(),
+            surface: Surface::Bucketed,
+            bucket: "bench".into(),
+            cores: None,
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            timeout: Duration::from_secs(1),
+            prefix: "lg".into(),
+            json: None,
+        };
+        let t = Target::from_common(&c).unwrap();
+        assert_eq!(t.stream_path("s"), "/bench/s");
+        assert_eq!(t.base, "http://127.0.0.1:4437");
+        let mut c2 = c.clone();
+        c2.surface = Surface::Compat;
+        assert_eq!(
+            Target::from_common(&c2).unwrap().stream_path("s"),
+            "/v1/stream/s"
+        );
+        c2.target = "https://x:1".into();
+        assert!(Target::from_common(&c2).is_err());
+        let mut c3 = c;
+        c3.bucket = "ab".into();
+        assert!(Target::from_common(&c3).is_err());
+    }
+}

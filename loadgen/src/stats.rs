@@ -1,0 +1,253 @@
+//! Per-core measurements (merged at the end) and the report (human summary + JSON).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Latencies are recorded in microseconds, 1 µs .. 1 h, 3 significant digits.
+const HIST_MAX_US: u64 = 3_600_000_000;
+
+pub fn new_hist() -> Histogram<u64> {
+    // The bounds are constants that hdrhistogram accepts.
+    Histogram::new_with_bounds(1, HIST_MAX_US, 3).expect("valid histogram bounds")
+}
+
+/// What one core measured.
+pub struct Stats {
+    /// Latency of the operation the scenario measures (request, replay, delivery).
+    pub hist: Histogram<u64>,
+    /// Operations completed successfully inside the measured window.
+    pub ops: u64,
+    /// Payload bytes moved by those operations.
+    pub bytes: u64,
+    /// HTTP requests sent inside the window (for CPU-per-request figures).
+    pub requests: u64,
+    /// Errors inside the window by key: HTTP status ("413") or client error ("io").
+    pub errors: BTreeMap<String, u64>,
+    /// Scenario-specific counters.
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            hist: new_hist(),
+            ops: 0,
+            bytes: 0,
+            requests: 0,
+            errors: BTreeMap::new(),
+            counters: BTreeMap::new(),
+        }
+    }
+}
+
+impl Stats {
+    pub fn record(&mut self, latency: Duration) {
+        let us = (latency.as_micros() as u64).clamp(1, HIST_MAX_US);
+        // Clamped into range, so this cannot fail.
+        let _ = self.hist.record(us);
+    }
+
+    /// Records `latency` as if the operation had been issued every `interval` since it was
+    /// due (coordinated-omission correction for open-loop schedules).
+    pub fn record_corrected(&mut self, latency: Duration, interval: Duration) {
+        let us = (latency.as_micros() as u64).clamp(1, HIST_MAX_US);
+        let iv = (interval.as_micros() as u64).max(1);
+        let _ = self.hist.record_correct(us, iv);
+    }
+
+    pub fn error(&mut self, key: impl Into<String>) {
+        *self.errors.entry(key.into()).or_insert(0) += 1;
+    }
+
+    pub fn count(&mut self, key: &'static str, n: u64) {
+        *self.counters.entry(key).or_insert(0) += n;
+    }
+
+    pub fn merge(&mut self, other: Stats) {
+        // Same bounds on both sides; add cannot fail.
+        let _ = self.hist.add(&other.hist);
+        self.ops += other.ops;
+        self.bytes += other.bytes;
+        self.requests += other.requests;
+        for (k, v) in other.errors {
+            *self.errors.entry(k).or_insert(0) += v;
+        }
+        for (k, v) in other.counters {
+            *self.counters.entry(k).or_insert(0) += v;
+        }
+    }
+
+    pub fn error_total(&self) -> u64 {
+        self.errors.values().sum()
+    }
+}
+
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct Latency {
+    pub count: u64,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latency {
+    pub fn from_hist(h: &Histogram<u64>) -> Latency {
+        let ms = |us: u64| us as f64 / 1000.0;
+        if h.is_empty() {
+            return Latency {
+                count: 0,
+                mean_ms: 0.0,
+                p50_ms: 0.0,
+                p90_ms: 0.0,
+                p99_ms: 0.0,
+                p999_ms: 0.0,
+                max_ms: 0.0,
+            };
+        }
+        Latency {
+            count: h.len(),
+            mean_ms: h.mean() / 1000.0,
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p90_ms: ms(h.value_at_quantile(0.90)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            p999_ms: ms(h.value_at_quantile(0.999)),
+            max_ms: ms(h.max()),
+        }
+    }
+}
+
+/// The machine-readable report (`--json FILE`).
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub scenario: String,
+    pub target: String,
+    pub surface: String,
+    pub cores: usize,
+    pub parameters: sonic_rs::Value,
+    pub warmup_s: f64,
+    /// Length of the measured window.
+    pub duration_s: f64,
+    /// What one "op" is for this scenario (append, read request, replay, delivery, …).
+    pub op: String,
+    pub ops: u64,
+    pub ops_per_sec: f64,
+    pub requests: u64,
+    pub bytes: u64,
+    pub mb_per_sec: f64,
+    /// What the latency histogram measures.
+    pub latency_of: String,
+    pub latency: Latency,
+    pub errors: BTreeMap<String, u64>,
+    pub error_total: u64,
+    pub counters: BTreeMap<String, u64>,
+    /// Scenario checks (verify mismatches, the 413 probe, …); empty when none ran.
+    pub checks: Vec<Check>,
+    /// `true` when every check passed (the process exits non-zero otherwise).
+    pub ok: bool,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct Check {
+    pub name: String,
+    pub passed: bool,
+    pub detail: String,
+}
+
+impl Report {
+    pub fn human(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "scenario {}  target {}  surface {}  cores {}",
+            self.scenario, self.target, self.surface, self.cores
+        );
+        let _ = writeln!(
+            s,
+            "window   {:.2} s after {:.2} s warm-up",
+            self.duration_s, self.warmup_s
+        );
+        let _ = writeln!(
+            s,
+            "ops      {} x {} ({:.1}/s), {} requests, {:.2} MB/s ({} bytes)",
+            self.ops, self.op, self.ops_per_sec, self.requests, self.mb_per_sec, self.bytes
+        );
+        let l = &self.latency;
+        let _ = writeln!(
+            s,
+            "latency  ({}, n={}) p50 {:.3} ms  p90 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  max {:.3} ms  mean {:.3} ms",
+            self.latency_of, l.count, l.p50_ms, l.p90_ms, l.p99_ms, l.p999_ms, l.max_ms, l.mean_ms
+        );
+        if self.errors.is_empty() {
+            let _ = writeln!(s, "errors   none");
+        } else {
+            let list: Vec<String> = self
+                .errors
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            let _ = writeln!(s, "errors   {} ({})", self.error_total, list.join(", "));
+        }
+        if !self.counters.is_empty() {
+            let list: Vec<String> = self
+                .counters
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            let _ = writeln!(s, "counters {}", list.join(" "));
+        }
+        for c in &self.checks {
+            let _ = writeln!(
+                s,
+                "check    {} {}: {}",
+                if c.passed { "PASS" } else { "FAIL" },
+                c.name,
+                c.detail
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_and_percentiles() {
+        let mut a = Stats::default();
+        for ms in 1..=100u64 {
+            a.record(Duration::from_millis(ms));
+        }
+        a.ops = 100;
+        a.error("503");
+        let mut b = Stats::default();
+        b.record(Duration::from_secs(2));
+        b.ops = 1;
+        b.error("503");
+        b.error("io");
+        a.merge(b);
+        assert_eq!(a.ops, 101);
+        assert_eq!(a.errors.get("503"), Some(&2));
+        assert_eq!(a.error_total(), 3);
+        let l = Latency::from_hist(&a.hist);
+        assert_eq!(l.count, 101);
+        assert!((l.p50_ms - 51.0).abs() < 0.5, "{l:?}");
+        assert!((l.max_ms - 2000.0).abs() < 2.0, "{l:?}");
+        assert_eq!(Latency::from_hist(&new_hist()).count, 0);
+    }
+
+    #[test]
+    fn corrected_recording_fills_gaps() {
+        let mut s = Stats::default();
+        s.record_corrected(Duration::from_millis(100), Duration::from_millis(10));
+        // 100 ms with a 10 ms schedule adds the 90, 80, …, 10 ms samples it hid.
+        assert_eq!(s.hist.len(), 10);
+    }
+}

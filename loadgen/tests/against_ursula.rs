@@ -1,0 +1,250 @@
+//! Runs `ursula-loadgen` against the real `ursula` binary (memory storage) and checks
+//! that the reports are sane: `verify` passes, short `write` and `read` runs have
+//! throughput and no errors, `append-max` sees the 413.
+//!
+//! The server binary is taken from `$URSULA_BIN`, else from the cargo target directory
+//! this test runs from (`cargo build -p ursula-server` / `--release` puts it there).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const LOADGEN: &str = env!("CARGO_BIN_EXE_ursula-loadgen");
+
+fn ursula_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("URSULA_BIN") {
+        return PathBuf::from(p);
+    }
+    // .../target/<profile>/deps/against_ursula-HASH → .../target/<profile>/ursula
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target profile dir");
+    let mut candidates = vec![profile_dir.join("ursula")];
+    if let Some(target) = profile_dir.parent() {
+        candidates.push(target.join("release").join("ursula"));
+        candidates.push(target.join("debug").join("ursula"));
+    }
+    for c in &candidates {
+        if c.is_file() {
+            return c.clone();
+        }
+    }
+    panic!(
+        "ursula binary not found (tried {candidates:?}); run `cargo build -p ursula-server` \
+         (or --release) first, or set URSULA_BIN"
+    );
+}
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start() -> Server {
+        let bin = ursula_bin();
+        let mut child = Command::new(&bin)
+            .args(["server", "--listen", "127.0.0.1:0", "--storage", "memory"])
+            .args(["--long-poll-timeout-ms", "500"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let mut sent = false;
+            loop {
+                line.clear();
+                match r.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if !sent => {
+                        let _ = tx.send(line.trim_end().to_string());
+                        sent = true;
+                    }
+                    Ok(_) => {}
+                }
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("ursula did not start");
+            }
+        };
+        let base = line
+            .strip_prefix("ursula listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .trim_end_matches('/')
+            .to_string();
+        Server { child, base }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the loadgen, returns (exit code, parsed JSON report).
+fn loadgen(dir: &Path, name: &str, args: &[&str]) -> (i32, sonic_rs::Value) {
+    let json = dir.join(format!("{name}.json"));
+    let out = Command::new(LOADGEN)
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run ursula-loadgen");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("--- {name}\n{stdout}{stderr}");
+    let text = std::fs::read_to_string(&json)
+        .unwrap_or_else(|e| panic!("{name}: no report ({e}); stderr: {stderr}"));
+    let v: sonic_rs::Value = sonic_rs::from_str(&text).expect("report is JSON");
+    (out.status.code().unwrap_or(-1), v)
+}
+
+fn num(v: &sonic_rs::Value, path: &[&str]) -> f64 {
+    use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+    let mut cur = v;
+    for p in path {
+        cur = cur
+            .as_object()
+            .and_then(|o| o.get(p))
+            .unwrap_or_else(|| panic!("report lacks {path:?}"));
+    }
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("{path:?} is not a number"))
+}
+
+fn is_true(v: &sonic_rs::Value, key: &str) -> bool {
+    use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+    v.as_object()
+        .and_then(|o| o.get(&key))
+        .and_then(|x| x.as_bool())
+        == Some(true)
+}
+
+#[test]
+fn scenarios_against_real_server() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = server.base.as_str();
+
+    // verify: byte-exact, both surfaces.
+    for surface in ["compat", "bucketed"] {
+        let (code, r) = loadgen(
+            dir.path(),
+            &format!("verify-{surface}"),
+            &[
+                "verify",
+                "--target",
+                t,
+                "--surface",
+                surface,
+                "--streams",
+                "3",
+                "--appends",
+                "40",
+                "--max-payload",
+                "20k",
+                "--page-bytes",
+                "7000",
+            ],
+        );
+        assert_eq!(code, 0, "verify on {surface} failed");
+        assert!(is_true(&r, "ok"));
+        assert_eq!(num(&r, &["error_total"]), 0.0);
+        assert_eq!(num(&r, &["ops"]), 120.0);
+        assert!(num(&r, &["counters", "bytes_verified"]) > 0.0);
+    }
+
+    // write: throughput, percentiles ordered, no errors.
+    let (code, r) = loadgen(
+        dir.path(),
+        "write",
+        &[
+            "write",
+            "--target",
+            t,
+            "--streams",
+            "8",
+            "--payload",
+            "256",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--cores",
+            "2",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(num(&r, &["error_total"]), 0.0);
+    assert!(num(&r, &["ops_per_sec"]) > 0.0);
+    assert!(num(&r, &["mb_per_sec"]) > 0.0);
+    let p50 = num(&r, &["latency", "p50_ms"]);
+    let p99 = num(&r, &["latency", "p99_ms"]);
+    let max = num(&r, &["latency", "max_ms"]);
+    assert!(p50 > 0.0 && p50 <= p99 && p99 <= max, "{p50} {p99} {max}");
+    assert_eq!(num(&r, &["ops"]), num(&r, &["latency", "count"]));
+    assert_eq!(num(&r, &["bytes"]), num(&r, &["ops"]) * 256.0);
+
+    // read: catch-up reads up to the 8 MiB cap, following Stream-Next-Offset.
+    let (code, r) = loadgen(
+        dir.path(),
+        "read",
+        &[
+            "read",
+            "--target",
+            t,
+            "--streams",
+            "2",
+            "--prefill",
+            "10m",
+            "--append-size",
+            "1m",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(num(&r, &["error_total"]), 0.0);
+    assert!(num(&r, &["mb_per_sec"]) > 0.0);
+    assert!(num(&r, &["counters", "full_passes"]) > 0.0);
+
+    // append-max: the limit is accepted, limit + 1 is refused with 413.
+    let (code, r) = loadgen(
+        dir.path(),
+        "append-max",
+        &[
+            "append-max",
+            "--target",
+            t,
+            "--writers",
+            "1",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--max-total",
+            "64m",
+        ],
+    );
+    assert_eq!(code, 0, "append-max checks failed");
+    assert!(is_true(&r, "ok"));
+    assert!(num(&r, &["ops"]) >= 1.0);
+}
