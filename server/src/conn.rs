@@ -152,9 +152,11 @@ async fn read_body(
                 send_continue(stream).await?;
             }
             if rbuf.len() >= n {
-                let rest = rbuf.split_off(n);
-                let body = std::mem::replace(rbuf, rest);
-                return Ok(Bytes::from(body));
+                // Copy the body out rather than taking the read buffer: cached stream data
+                // must not pin a connection-sized allocation per small append.
+                let body = Bytes::copy_from_slice(&rbuf[..n]);
+                rbuf.drain(..n);
+                return Ok(body);
             }
             let mut body = Vec::with_capacity(n);
             body.extend_from_slice(rbuf);

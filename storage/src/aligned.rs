@@ -93,11 +93,6 @@ impl AlignedBuf {
         self.as_mut_full()[start..end].copy_from_slice(bytes);
         self.len = end;
     }
-
-    /// Zero `[from, cap)`, so a partially reused block never carries stale bytes to disk.
-    pub fn zero_from(&mut self, from: usize) {
-        self.as_mut_full()[from..].fill(0);
-    }
 }
 
 impl Drop for AlignedBuf {
@@ -177,9 +172,11 @@ impl BufPool {
     pub fn give(&self, mut buf: AlignedBuf) {
         let mut inner = self.inner.borrow_mut();
         if buf.capacity() == inner.standard && inner.free.len() < inner.max_free {
-            // Zero now so the next user can rely on padding bytes being zero.
+            // Zero what was used so the next user can rely on padding bytes being zero;
+            // everything past the used length is zero already.
+            let used = align_up(buf.len()).min(buf.capacity());
+            buf.as_mut_full()[..used].fill(0);
             buf.set_len(0);
-            buf.zero_from(0);
             inner.free.push(buf);
         }
     }
