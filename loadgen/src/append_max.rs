@@ -69,7 +69,7 @@ pub fn run(args: &AppendMaxArgs, target: &Target, cores: usize) -> Result<Outcom
             // Built before the window opens (32 MiB of pattern takes a while in debug builds).
             let body = Bytes::from(pattern(1, 1, a.size));
             let conns = setup_then_sync(&ctx, setup).await?;
-            let win = Window::new(a.common.warmup, a.common.duration);
+            let win = ctx.window(a.common.warmup, a.common.duration);
             let mut tasks = Vec::new();
             for (c, path) in conns {
                 tasks.push(monoio::spawn(writer(

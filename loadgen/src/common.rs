@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -243,8 +243,7 @@ pub struct Window {
 }
 
 impl Window {
-    pub fn new(warmup: Duration, duration: Duration) -> Window {
-        let start = Instant::now();
+    pub fn starting_at(start: Instant, warmup: Duration, duration: Duration) -> Window {
         Window {
             start,
             warm_end: start + warmup,
@@ -268,6 +267,7 @@ pub struct Ctx {
     pub core: usize,
     pub cores: usize,
     barrier: Arc<Barrier>,
+    start: Arc<OnceLock<Instant>>,
 }
 
 impl Ctx {
@@ -275,6 +275,13 @@ impl Ctx {
     /// other tasks in flight (it blocks the thread).
     pub fn sync(&self) {
         self.barrier.wait();
+    }
+
+    /// The measured window, identical on every core (the first core to ask fixes the
+    /// start), so that events stamped on one core are judged alike on another.
+    pub fn window(&self, warmup: Duration, duration: Duration) -> Window {
+        let start = *self.start.get_or_init(Instant::now);
+        Window::starting_at(start, warmup, duration)
     }
 
     /// Indices `0..n` assigned to this core (round-robin).
@@ -301,6 +308,7 @@ where
     let ncpu = available_cores();
     let f = Arc::new(f);
     let barrier = Arc::new(Barrier::new(cores));
+    let start = Arc::new(OnceLock::new());
     let mut handles = Vec::with_capacity(cores);
     for core in 0..cores {
         let f = f.clone();
@@ -308,6 +316,7 @@ where
             core,
             cores,
             barrier: barrier.clone(),
+            start: start.clone(),
         };
         let h = std::thread::Builder::new()
             .name(format!("loadgen-{core}"))

@@ -7,9 +7,10 @@ use bytes::Bytes;
 use clap::Args;
 use serde::Serialize;
 
+use crate::common::Window;
 use crate::common::{
     err_key, merge_all, parse_size, pattern, run_cores, setup_append, setup_then_sync, status_key,
-    Common, Target, Window,
+    Common, Target,
 };
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
@@ -75,7 +76,7 @@ pub fn run(args: &ReadArgs, target: &Target, cores: usize) -> Result<Outcome, St
             };
             setup_then_sync(&ctx, setup).await?;
             // All streams are filled once every core passed the barrier.
-            let win = Window::new(a.common.warmup, a.common.duration);
+            let win = ctx.window(a.common.warmup, a.common.duration);
             let mut tasks = Vec::new();
             for r in ctx.mine(a.streams * a.readers_per_stream) {
                 let path = t.stream_path(&t.stream_name("read", r % a.streams));

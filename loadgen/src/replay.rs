@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 
+use crate::common::Window;
 use crate::common::{
     err_key, merge_all, parse_size, pattern, run_cores, setup_append, setup_then_sync, status_key,
-    Common, Target, Window,
+    Common, Target,
 };
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
@@ -79,7 +80,7 @@ pub fn run(args: &ReplayArgs, target: &Target, cores: usize) -> Result<Outcome, 
                 }
             };
             let clients = setup_then_sync(&ctx, setup).await?;
-            let win = Window::new(a.common.warmup, a.common.duration);
+            let win = ctx.window(a.common.warmup, a.common.duration);
             let expect = (a.events * a.event_size) as u64;
             let mut tasks = Vec::new();
             for (c, path) in clients {

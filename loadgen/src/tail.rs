@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 
-use crate::common::{
-    err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Target, Window,
-};
+use crate::common::Window;
+use crate::common::{err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Target};
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
 use crate::Outcome;
@@ -118,7 +117,7 @@ pub fn run(args: &TailArgs, target: &Target, cores: usize) -> Result<Outcome, St
                 Ok(())
             };
             setup_then_sync(&ctx, setup).await?;
-            let win = Window::new(a.common.warmup, a.common.duration);
+            let win = ctx.window(a.common.warmup, a.common.duration);
             let mut tasks = Vec::new();
             for r in ctx.mine(a.readers) {
                 let path = t.stream_path(&t.stream_name("tail", r % a.streams));

@@ -7,9 +7,8 @@ use bytes::Bytes;
 use clap::Args;
 use serde::Serialize;
 
-use crate::common::{
-    err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Target, Window,
-};
+use crate::common::Window;
+use crate::common::{err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Target};
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
 use crate::Outcome;
@@ -53,7 +52,7 @@ pub fn run(args: &WriteArgs, target: &Target, cores: usize) -> Result<Outcome, S
                 Ok(conns)
             };
             let conns = setup_then_sync(&ctx, setup).await?;
-            let win = Window::new(a.common.warmup, a.common.duration);
+            let win = ctx.window(a.common.warmup, a.common.duration);
             let payload = Bytes::from(crate::common::pattern(0, 0, a.payload));
             let ct: Rc<str> = Rc::from(a.content_type.as_str());
             let mut tasks = Vec::with_capacity(conns.len());

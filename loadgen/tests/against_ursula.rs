@@ -247,4 +247,56 @@ fn scenarios_against_real_server() {
     assert_eq!(code, 0, "append-max checks failed");
     assert!(is_true(&r, "ok"));
     assert!(num(&r, &["ops"]) >= 1.0);
+
+    // tail: every published event reaches every long-poll reader.
+    let (code, r) = loadgen(
+        dir.path(),
+        "tail",
+        &[
+            "tail",
+            "--target",
+            t,
+            "--readers",
+            "4",
+            "--rate",
+            "40",
+            "--duration",
+            "1s",
+            "--warmup",
+            "300ms",
+            "--grace",
+            "1s",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(num(&r, &["error_total"]), 0.0);
+    assert!(num(&r, &["counters", "published"]) > 0.0);
+    assert_eq!(num(&r, &["counters", "missed_deliveries"]), 0.0);
+    assert_eq!(
+        num(&r, &["ops"]),
+        num(&r, &["counters", "expected_deliveries"])
+    );
+
+    // replay: each replay returns the whole pre-filled stream.
+    let (code, r) = loadgen(
+        dir.path(),
+        "replay",
+        &[
+            "replay",
+            "--target",
+            t,
+            "--clients",
+            "5",
+            "--events",
+            "50",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(num(&r, &["error_total"]), 0.0);
+    assert!(num(&r, &["ops"]) > 0.0);
+    assert_eq!(num(&r, &["bytes"]), num(&r, &["ops"]) * 50.0 * 1024.0);
 }
