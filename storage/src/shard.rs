@@ -670,6 +670,11 @@ impl Shard {
                 }
             }
         }
+        if let Some(log) = self.inner.log.borrow_mut().as_mut() {
+            // Sealed segments with nothing left to write no longer need a write handle.
+            let oldest_queued = log.batches.front().map_or(log.write_seg, |b| b.seg);
+            log.files.retain(|&k, _| k >= oldest_queued);
+        }
         self.inner.stats.set(stats);
         for w in self.inner.commit_waiters.borrow_mut().drain(..) {
             w.wake();
@@ -1256,8 +1261,7 @@ impl Log {
         };
         let file = segment::create_segment(&self.dir, header, self.segment_bytes)?;
         let file = Rc::new(monoio::fs::File::from_std(file)?);
-        // Only the segment being written needs a write handle; older ones are sealed.
-        self.files.retain(|&k, _| k + 1 >= seg);
+        // Older handles are dropped after their last batch is flushed (see complete()).
         self.files.insert(seg, file);
         Ok(())
     }
@@ -1691,6 +1695,36 @@ mod tests {
             let p = &st.producers["p"];
             assert_eq!(p.last_seq, per_stream as u64 - 1);
             assert_eq!(p.receipt(p.last_seq).map(|r| r.next), Some(expected_tail));
+        });
+    }
+
+    #[test]
+    fn records_queued_across_several_segments_in_one_flush() {
+        // Regression: rolling twice before a flush once dropped the write handle of a
+        // segment that still had queued records, failing the shard.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let big = vec![3u8; 30 << 20];
+        block_on(async {
+            let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+            let (id, c) = shard.create(new_stream("a", b"")).expect("create");
+            c.durable().await.expect("durable");
+            let commits: Vec<Commit> = (0..5)
+                .map(|_| shard.append(id, data_rec(&big)).expect("append").1)
+                .collect();
+            for c in commits {
+                c.durable().await.expect("durable");
+            }
+            assert!(shard.failure().is_none());
+            assert_eq!(
+                shard.stream(id).map(|s| s.visible_tail),
+                Some(5 * big.len() as u64)
+            );
+            shard.shutdown().await.expect("shutdown");
+        });
+        block_on(async {
+            let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
+            assert!(report.segments >= 3);
+            assert_eq!(read_all(&shard, "a").await.len(), 5 * big.len());
         });
     }
 
