@@ -25,6 +25,7 @@ use crate::config::MAX_READ_BYTES;
 use crate::cores::Core;
 use crate::ext::Ext;
 use crate::http::{Request, Response};
+use crate::records;
 use crate::routes::{route, Route, Surface};
 
 const JSON: &str = "application/json";
@@ -91,7 +92,7 @@ async fn stream_request(core: &Rc<Core>, surface: Surface, key: String, req: Req
         Method::Put => create(core, surface, &key, &req).await,
         Method::Post => append(core, surface, &key, &req).await,
         Method::Get => read(core, surface, &key, &req).await,
-        Method::Head => head(core, &key),
+        Method::Head => head(core, surface, &key),
         Method::Delete => delete(core, &key).await,
         _ => Response::error(405, "method_not_allowed", "method not allowed")
             .header("allow", "GET, HEAD, POST, PUT, DELETE, OPTIONS"),
@@ -176,6 +177,7 @@ fn push_lifetime(resp: &mut Response, lifetime: Lifetime) {
 /// Headers describing a stream after create (P§5.3).
 fn created_headers(
     core: &Rc<Core>,
+    surface: Surface,
     id: StreamId,
     status: u16,
     location: Option<String>,
@@ -192,6 +194,12 @@ fn created_headers(
         resp.push("stream-closed", "true");
     }
     push_lifetime(&mut resp, s.lifetime);
+    if records::active(surface, &s.content_type) {
+        // A create reports the records of its initial body; an idempotent 200 creates none.
+        let next = records::visible_next(&s);
+        let start = if status == 201 { 0 } else { next };
+        records::push_ack_headers(&mut resp, start, next);
+    }
     if let Some(loc) = location {
         resp.push("location", loc);
     }
@@ -296,7 +304,7 @@ async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> 
                 );
             }
             core.shard.touch(id, ursula_storage::now_ms());
-            return created_headers(core, id, 200, None);
+            return created_headers(core, surface, id, 200, None);
         }
         Found::Absent => {}
     }
@@ -335,7 +343,7 @@ async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> 
     if let Err(e) = commit.durable().await {
         return storage_error(e);
     }
-    created_headers(core, id, 201, location(req))
+    created_headers(core, surface, id, 201, location(req))
 }
 
 /// Outcome of the producer check (P§7.2).
@@ -399,7 +407,7 @@ fn check_producer(core: &Rc<Core>, id: StreamId, p: &ProducerHeaders) -> Produce
     }
 }
 
-async fn append(core: &Rc<Core>, _surface: Surface, key: &str, req: &Request) -> Response {
+async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Response {
     // 2. header syntax
     let producer = match parse_producer(
         req.header("producer-id"),
@@ -414,6 +422,13 @@ async fn append(core: &Rc<Core>, _surface: Surface, key: &str, req: &Request) ->
         Err(()) => return bad("Stream-Seq longer than 1024 bytes"),
     };
     let close = is_closed_true(req.header("stream-closed"));
+    let record_match = match (surface, req.header("stream-record-match")) {
+        (Surface::Bucketed, Some(v)) => match v.parse::<u64>() {
+            Ok(n) if v.bytes().all(|b| b.is_ascii_digit()) => Some(n),
+            _ => return bad("Stream-Record-Match must be an unsigned integer"),
+        },
+        _ => None,
+    };
     // 3. existence
     let id = match find(core, key) {
         Found::Absent => return Response::error(404, "stream_not_found", "stream not found"),
@@ -456,7 +471,7 @@ async fn append(core: &Rc<Core>, _surface: Surface, key: &str, req: &Request) ->
                 highest,
                 receipt,
             } => {
-                return duplicate(core, id, epoch, highest, receipt).await;
+                return duplicate(core, surface, id, epoch, highest, receipt).await;
             }
             ProducerVerdict::Stale { current } => {
                 return Response::error(403, "producer_epoch_stale", "stale producer epoch")
@@ -476,7 +491,7 @@ async fn append(core: &Rc<Core>, _surface: Surface, key: &str, req: &Request) ->
             }
         }
     }
-    let (tail, closed, stored_type, last_seq) = {
+    let (tail, closed, stored_type, last_seq, record_next) = {
         let Some(s) = core.shard.stream(id) else {
             return unavailable();
         };
@@ -485,12 +500,21 @@ async fn append(core: &Rc<Core>, _surface: Surface, key: &str, req: &Request) ->
             s.closed,
             s.content_type.clone(),
             s.last_stream_seq.clone(),
+            s.message_count(),
         )
     };
+    let coords = records::active(surface, &stored_type);
+    if record_match.is_some() && !coords {
+        return bad("Stream-Record-Match needs an application/json stream");
+    }
     // 6. closed
     if closed {
         if close_only && producer.is_none() {
-            return closed_response(core, id, 204);
+            let mut resp = closed_response(core, id, 204);
+            if coords {
+                records::push_ack_headers(&mut resp, record_next, record_next);
+            }
+            return resp;
         }
         return Response::error(409, "stream_closed", "stream is closed")
             .header("stream-closed", "true")
@@ -505,6 +529,15 @@ async fn append(core: &Rc<Core>, _surface: Surface, key: &str, req: &Request) ->
                 "Content-Type differs from the stream's",
             )
             .header("stream-next-offset", format_offset(tail));
+        }
+    }
+    // 8. record precondition (ignored on close-only requests)
+    if let Some(expected) = record_match.filter(|_| !close_only) {
+        if expected != record_next {
+            return Response::error(412, "record_precondition_failed", "record tail has moved")
+                .header("stream-extensions", records::TOKEN)
+                .header("stream-record-next", record_next.to_string())
+                .header("stream-next-offset", format_offset(tail));
         }
     }
     // 9. Stream-Seq
@@ -551,6 +584,9 @@ async fn append(core: &Rc<Core>, _surface: Surface, key: &str, req: &Request) ->
         resp.push("producer-epoch", p.epoch.to_string());
         resp.push("producer-seq", p.seq.to_string());
     }
+    if coords {
+        records::push_ack_headers(&mut resp, receipt.record_start, receipt.record_next);
+    }
     resp
 }
 
@@ -565,6 +601,7 @@ fn closed_response(core: &Rc<Core>, id: StreamId, status: u16) -> Response {
 /// A retried producer append (P§7.3): the original outcome, once it is durable.
 async fn duplicate(
     core: &Rc<Core>,
+    surface: Surface,
     id: StreamId,
     epoch: u64,
     highest: u64,
@@ -583,13 +620,18 @@ async fn duplicate(
             core.shard.changed(id, version).await;
         }
     }
-    let closed = core.shard.stream(id).is_some_and(|s| s.closed);
+    let (closed, coords) = core.shard.stream(id).map_or((false, false), |s| {
+        (s.closed, records::active(surface, &s.content_type))
+    });
     let mut resp = Response::new(204)
         .header("producer-epoch", epoch.to_string())
         .header("producer-seq", highest.to_string())
         .header("cache-control", "no-store");
     if let Some(r) = receipt {
         resp.push("stream-next-offset", format_offset(r.next));
+        if coords {
+            records::push_ack_headers(&mut resp, r.record_start, r.record_next);
+        }
     }
     if closed {
         resp.push("stream-closed", "true");
@@ -597,7 +639,7 @@ async fn duplicate(
     resp
 }
 
-fn head(core: &Rc<Core>, key: &str) -> Response {
+fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Response {
     let id = match find(core, key) {
         Found::Absent => return Response::error(404, "stream_not_found", "stream not found"),
         Found::SoftDeleted => return Response::error(410, "stream_gone", "stream was deleted"),
@@ -616,6 +658,9 @@ fn head(core: &Rc<Core>, key: &str) -> Response {
         resp.push("stream-closed", "true");
     }
     push_lifetime(&mut resp, s.lifetime);
+    if records::active(surface, &s.content_type) {
+        records::push_stream_headers(&mut resp, &s);
+    }
     resp
 }
 
@@ -640,7 +685,11 @@ struct ReadParams {
     timeout: Option<Duration>,
 }
 
-fn read_params(query: &Query, default_timeout: Duration) -> Result<ReadParams, Response> {
+fn read_params(
+    query: &Query,
+    default_timeout: Duration,
+    record_start: bool,
+) -> Result<ReadParams, Response> {
     let one = |k: &str| query.get_unique(k).map_err(bad);
     let offset = match one("offset")? {
         Some(v) => Some(parse_offset(v).map_err(|()| {
@@ -665,7 +714,7 @@ fn read_params(query: &Query, default_timeout: Duration) -> Result<ReadParams, R
         .and_then(parse_timeout_ms)
         .map(Duration::from_millis)
         .or(Some(default_timeout));
-    if live.is_some() && offset.is_none() {
+    if live.is_some() && offset.is_none() && !record_start {
         return Err(Response::error(
             400,
             "invalid_offset",
@@ -722,7 +771,19 @@ async fn read(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Re
         Ok(q) => q,
         Err(why) => return bad(why),
     };
-    let params = match read_params(&query, core.config.long_poll_timeout) {
+    // Record-aware parameters exist only on the bucketed surface (compat ignores them).
+    let record_params = match surface {
+        Surface::Bucketed => match records::parse(&query, true) {
+            Ok(r) => r,
+            Err(resp) => return resp,
+        },
+        Surface::Compat => None,
+    };
+    let params = match read_params(
+        &query,
+        core.config.long_poll_timeout,
+        record_params.is_some(),
+    ) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -731,6 +792,20 @@ async fn read(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Re
         Found::SoftDeleted => return Response::error(410, "stream_gone", "stream was deleted"),
         Found::Live(id) => id,
     };
+    if let Some(rp) = record_params {
+        let json = core
+            .shard
+            .stream(id)
+            .is_some_and(|s| is_json(&s.content_type));
+        if !json {
+            return Response::error(
+                400,
+                "invalid_request",
+                "record coordinates are only available on application/json streams",
+            );
+        }
+        return record_read(core, id, rp, &params, req).await;
+    }
     let offset = params.offset.unwrap_or(OffsetParam::Start);
     let start = match resolve_start(core, id, surface, offset) {
         Ok(s) => s,
@@ -763,6 +838,9 @@ fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Response {
     }
     if json && surface == Surface::Compat {
         resp = resp.with_body(vec![Bytes::from_static(b"[]")]);
+    }
+    if records::active(surface, &s.content_type) {
+        records::push_stream_headers(&mut resp, &s);
     }
     resp
 }
@@ -862,6 +940,9 @@ async fn catch_up(
     if let Some(c) = cursor {
         resp.push("stream-cursor", c);
     }
+    if records::active(surface, &s.content_type) {
+        records::push_stream_headers(&mut resp, &s);
+    }
     let not_modified = req
         .header("if-none-match")
         .is_some_and(|inm| ursula_protocol::etag::if_none_match_matches(inm, &etag));
@@ -911,4 +992,163 @@ async fn long_poll(
             .await;
         core.shard.touch(id, ursula_storage::now_ms());
     }
+}
+
+/// A record-aware read (extensions.md §8.6–§8.7): whole records from a record ordinal.
+async fn record_read(
+    core: &Rc<Core>,
+    id: StreamId,
+    rp: records::RecordParams,
+    params: &ReadParams,
+    req: &Request,
+) -> Response {
+    let start = {
+        let Some(s) = core.shard.stream(id) else {
+            return Response::error(404, "stream_not_found", "stream not found");
+        };
+        match records::resolve(&s, rp.start) {
+            Ok(r) => r,
+            Err(resp) => return resp,
+        }
+    };
+    core.shard.touch(id, ursula_storage::now_ms());
+    match params.live {
+        Some(Live::Sse) => crate::sse::start_records(core, id, start, params.cursor.clone(), rp),
+        Some(Live::LongPoll) => {
+            let deadline =
+                std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
+            loop {
+                let (has, closed, version) = match core.shard.stream(id) {
+                    Some(s) => (
+                        records::visible_next(&s) > start,
+                        s.visible_closed,
+                        s.version(),
+                    ),
+                    None => return Response::error(404, "stream_not_found", "stream not found"),
+                };
+                if has {
+                    let c = cursor(core, params.cursor.as_deref());
+                    return record_catch_up(core, id, start, rp, req, Some(c)).await;
+                }
+                let now = std::time::Instant::now();
+                if closed || now >= deadline || core.shutting_down() {
+                    let Some(s) = core.shard.stream(id) else {
+                        return Response::error(404, "stream_not_found", "stream not found");
+                    };
+                    let mut resp = Response::new(204)
+                        .header("stream-next-offset", format_offset(s.visible_tail))
+                        .header("stream-up-to-date", "true")
+                        .header("cache-control", "no-store");
+                    if closed {
+                        resp.push("stream-closed", "true");
+                    } else {
+                        resp.push("stream-cursor", cursor(core, params.cursor.as_deref()));
+                    }
+                    resp.push("stream-record-first", records::first(&s).to_string());
+                    records::push_ack_headers(&mut resp, start, start);
+                    return resp;
+                }
+                let wait = (deadline - now).min(Duration::from_millis(500));
+                core.wait_or_shutdown(core.shard.changed(id, version), wait)
+                    .await;
+                core.shard.touch(id, ursula_storage::now_ms());
+            }
+        }
+        None if rp.start == records::RecordStart::Now => {
+            // Like offset=now: empty, up to date, not cacheable, plus record headers.
+            let Some(s) = core.shard.stream(id) else {
+                return Response::error(404, "stream_not_found", "stream not found");
+            };
+            let mut resp = Response::new(200)
+                .header("content-type", record_content_type(rp))
+                .header("stream-next-offset", format_offset(s.visible_tail))
+                .header("stream-up-to-date", "true")
+                .header("cache-control", "no-store")
+                .header("stream-record-first", records::first(&s).to_string());
+            if s.visible_closed {
+                resp.push("stream-closed", "true");
+            }
+            records::push_ack_headers(&mut resp, start, start);
+            resp
+        }
+        None => record_catch_up(core, id, start, rp, req, None).await,
+    }
+}
+
+fn record_content_type(rp: records::RecordParams) -> &'static str {
+    if rp.envelope {
+        records::ENVELOPE_TYPE
+    } else {
+        "application/x-ndjson"
+    }
+}
+
+/// Whole records from `start` (at most `max_records`, within 8 MiB unless one record is
+/// larger), NDJSON or envelope view, with record continuation headers.
+async fn record_catch_up(
+    core: &Rc<Core>,
+    id: StreamId,
+    start: u64,
+    rp: records::RecordParams,
+    req: &Request,
+    cursor: Option<String>,
+) -> Response {
+    let (end, from, to) = {
+        let Some(s) = core.shard.stream(id) else {
+            return Response::error(404, "stream_not_found", "stream not found");
+        };
+        let end = records::end_record(&s, start, rp.max_records, MAX_READ_BYTES);
+        let from = s.message_start(start).unwrap_or(s.visible_tail);
+        let to = s
+            .message_start(end)
+            .unwrap_or(s.visible_tail)
+            .min(s.visible_tail);
+        (end, from, to)
+    };
+    let parts = match core.shard.read(id, from, to).await {
+        Ok(p) => p,
+        Err(e) => return storage_error(e),
+    };
+    let Some(s) = core.shard.stream(id) else {
+        return Response::error(404, "stream_not_found", "stream not found");
+    };
+    let up_to_date = end == records::visible_next(&s);
+    let closed = up_to_date && s.visible_closed;
+    let etag = format!(
+        "\"{}:{}:{}{}{}\"",
+        s.incarnation,
+        from,
+        to,
+        if closed { ":c" } else { "" },
+        if rp.envelope { ":e" } else { "" }
+    );
+    let mut resp = Response::new(200)
+        .header("content-type", record_content_type(rp))
+        .header("stream-next-offset", format_offset(to))
+        .header("stream-record-first", records::first(&s).to_string())
+        .header("cache-control", "no-store");
+    records::push_ack_headers(&mut resp, start, end);
+    if up_to_date {
+        resp.push("stream-up-to-date", "true");
+    }
+    if closed {
+        resp.push("stream-closed", "true");
+    }
+    if let Some(c) = cursor {
+        resp.push("stream-cursor", c);
+    }
+    let not_modified = req
+        .header("if-none-match")
+        .is_some_and(|inm| ursula_protocol::etag::if_none_match_matches(inm, &etag));
+    resp.push("etag", etag);
+    if not_modified {
+        resp.status = 304;
+        return resp;
+    }
+    let body = if rp.envelope {
+        vec![Bytes::from(records::envelope(&parts, start))]
+    } else {
+        parts
+    };
+    resp.with_body(body)
 }

@@ -8,6 +8,7 @@ mod ext;
 mod fork;
 mod handlers;
 mod http;
+mod records;
 mod routes;
 mod sse;
 

@@ -20,6 +20,7 @@ use ursula_storage::StreamId;
 use crate::cores::Core;
 use crate::handlers::{collect, cursor};
 use crate::http::{write_head, Body, Response};
+use crate::records;
 use crate::routes::Surface;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -44,6 +45,8 @@ pub struct SseSession {
     mode: Mode,
     started: Instant,
     first: bool,
+    /// Record-aware session (extensions.md §8.9): the next record to deliver.
+    records: Option<(records::RecordParams, u64)>,
 }
 
 /// Build the SSE response on the owner core (parameters and start already validated).
@@ -82,6 +85,9 @@ pub fn start(
     if mode == Mode::Base64 {
         resp.push("stream-sse-data-encoding", "base64");
     }
+    if mode == Mode::Ndjson {
+        resp.push("stream-extensions", records::TOKEN);
+    }
     resp.body = Body::Sse(Box::new(SseSession {
         owner: core.index,
         surface,
@@ -93,7 +99,42 @@ pub fn start(
         mode,
         started: Instant::now(),
         first: true,
+        records: None,
     }));
+    resp
+}
+
+/// A record-aware SSE response from record `start` (already resolved).
+pub fn start_records(
+    core: &Rc<Core>,
+    id: StreamId,
+    start: u64,
+    client_cursor: Option<String>,
+    rp: records::RecordParams,
+) -> Response {
+    let offset = core
+        .shard
+        .stream(id)
+        .and_then(|s| s.message_start(start).map(|o| o.min(s.visible_tail)))
+        .unwrap_or(0);
+    let mut resp = self::start(
+        core,
+        Surface::Bucketed,
+        id,
+        offset,
+        client_cursor,
+        crate::config::MAX_READ_BYTES,
+    );
+    if let Body::Sse(sess) = &mut resp.body {
+        sess.records = Some((rp, start));
+    }
+    if rp.envelope {
+        for (name, value) in resp.headers.iter_mut() {
+            if *name == "stream-data-content-type" {
+                *value = records::ENVELOPE_EVENT_TYPE.to_string();
+            }
+        }
+    }
     resp
 }
 
@@ -153,6 +194,7 @@ fn placeholder() -> SseSession {
         mode: Mode::Text,
         started: Instant::now(),
         first: false,
+        records: None,
     }
 }
 
@@ -195,7 +237,8 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
                     cursor: (!closed).then_some(c.as_str()),
                     up_to_date: true,
                     closed,
-                    ..Default::default()
+                    first_record: sess.records.map(|_| 0),
+                    next_record: sess.records.map(|(_, r)| r),
                 },
             );
             sess.cursor = Some(c);
@@ -225,6 +268,9 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
 /// Append one data event and its control event for the next batch after `sess.offset`.
 /// Returns true when that control closed the stream (the response then ends).
 async fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) -> bool {
+    if let Some((rp, record)) = sess.records {
+        return emit_records(core, sess, rp, record, out).await;
+    }
     let Ok((parts, mut end)) =
         collect(core, sess.surface, sess.id, sess.offset, sess.max_bytes).await
     else {
@@ -271,6 +317,61 @@ async fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) ->
             up_to_date: at_tail,
             closed: closed_now,
             ..Default::default()
+        },
+    );
+    sess.cursor = Some(c);
+    closed_now
+}
+
+/// Record-aware batch: whole records only (exactly one in the envelope view), then a control
+/// event with the record coordinates.
+async fn emit_records(
+    core: &Rc<Core>,
+    sess: &mut SseSession,
+    rp: records::RecordParams,
+    record: u64,
+    out: &mut Vec<u8>,
+) -> bool {
+    let (end, from, to) = {
+        let Some(s) = core.shard.stream(sess.id) else {
+            return true;
+        };
+        let max = if rp.envelope { Some(1) } else { rp.max_records };
+        let end = records::end_record(&s, record, max, sess.max_bytes);
+        let from = s.message_start(record).unwrap_or(s.visible_tail);
+        let to = s
+            .message_start(end)
+            .unwrap_or(s.visible_tail)
+            .min(s.visible_tail);
+        (end, from, to)
+    };
+    let Ok(parts) = core.shard.read(sess.id, from, to).await else {
+        return true;
+    };
+    if rp.envelope {
+        let mut line = records::envelope(&parts, record);
+        line.pop(); // the envelope object without its LF: one data line
+        push_json_array_data_event(out, &line);
+    } else {
+        push_text_data_event(out, &parts.concat());
+    }
+    sess.records = Some((rp, end));
+    sess.offset = to;
+    let (next, closed) = core.shard.stream(sess.id).map_or((end, false), |s| {
+        (records::visible_next(&s), s.visible_closed)
+    });
+    let at_tail = end >= next;
+    let closed_now = at_tail && closed;
+    let c = cursor(core, sess.cursor.as_deref());
+    push_control_event(
+        out,
+        &Control {
+            next_offset: to,
+            cursor: (!closed_now).then_some(c.as_str()),
+            up_to_date: at_tail,
+            closed: closed_now,
+            first_record: Some(0),
+            next_record: Some(end),
         },
     );
     sess.cursor = Some(c);

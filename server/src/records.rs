@@ -1,0 +1,282 @@
+//! JSON record coordinates (`json-record-coordinates-v1`, extensions.md §8) on the bucketed
+//! surface: the stream's messages numbered from 0 in commit order.
+//!
+//! The engine keeps every message's start offset, so ordinal → offset is an index lookup
+//! and record-aware reads never scan data. No retention yet, so the first retained record
+//! `F` is always 0.
+
+use bytes::Bytes;
+use ursula_protocol::content_type::is_json;
+use ursula_protocol::offset::format_offset;
+use ursula_protocol::query::Query;
+use ursula_storage::Stream;
+
+use crate::http::Response;
+use crate::routes::Surface;
+
+pub const TOKEN: &str = "json-record-coordinates-v1";
+/// Catch-up/long-poll content type of the envelope view (§8.8).
+pub const ENVELOPE_TYPE: &str = "application/vnd.durable-stream-records+ndjson";
+/// SSE data content type of the envelope view: one record per event.
+pub const ENVELOPE_EVENT_TYPE: &str = "application/vnd.durable-stream-record+json";
+
+/// Whether record coordinates are active for a stream (§8.1).
+pub fn active(surface: Surface, content_type: &str) -> bool {
+    surface == Surface::Bucketed && is_json(content_type)
+}
+
+/// First retained record.
+pub fn first(_s: &Stream) -> u64 {
+    0
+}
+
+/// Next record (record tail) as readers see it.
+pub fn visible_next(s: &Stream) -> u64 {
+    s.visible_message_count()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordStart {
+    At(u64),
+    Now,
+    Tail(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordParams {
+    pub start: RecordStart,
+    pub max_records: Option<u64>,
+    pub envelope: bool,
+}
+
+fn bad(why: &str) -> Response {
+    Response::error(400, "invalid_request", why).header("stream-extensions", TOKEN)
+}
+
+fn parse_u64(v: &str) -> Option<u64> {
+    if v.is_empty() || v.len() > 20 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
+}
+
+/// The record-aware parameters of a read (§8.6), if any. `json` says whether the stream is a
+/// JSON stream (record parameters on other streams are a 400).
+pub fn parse(query: &Query, json: bool) -> Result<Option<RecordParams>, Response> {
+    let one = |k: &str| query.get_unique(k).map_err(bad);
+    let record = one("record")?;
+    let tail = one("tail_records")?;
+    let max_records = one("max_records")?;
+    let view = one("record_view")?;
+    if record.is_none() && tail.is_none() {
+        if max_records.is_some() {
+            return Err(bad("max_records needs record or tail_records"));
+        }
+        if view.is_some() {
+            return Err(bad("record_view needs record or tail_records"));
+        }
+        return Ok(None);
+    }
+    if !json {
+        return Err(bad(
+            "record coordinates are only available on application/json streams",
+        ));
+    }
+    if record.is_some() && tail.is_some() {
+        return Err(bad("record and tail_records are exclusive"));
+    }
+    if query.contains("offset") {
+        return Err(bad("a record-aware read cannot also give an offset"));
+    }
+    if query.contains("max_bytes") {
+        return Err(bad(
+            "record-aware reads are bounded by max_records, not max_bytes",
+        ));
+    }
+    let start = match (record, tail) {
+        (Some("now"), _) => RecordStart::Now,
+        (Some(r), _) => {
+            RecordStart::At(parse_u64(r).ok_or_else(|| bad("record must be an integer or now"))?)
+        }
+        (None, Some(k)) => {
+            match parse_u64(k).ok_or_else(|| bad("tail_records must be an integer >= 0"))? {
+                0 => RecordStart::Now,
+                k => RecordStart::Tail(k),
+            }
+        }
+        (None, None) => unreachable!("checked above"),
+    };
+    let max_records = match max_records {
+        Some(m) => match parse_u64(m) {
+            Some(m) if m >= 1 => Some(m),
+            _ => return Err(bad("max_records must be an integer >= 1")),
+        },
+        None => None,
+    };
+    let envelope = match view {
+        None => false,
+        Some("envelope") => true,
+        Some(_) => return Err(bad("record_view must be envelope")),
+    };
+    Ok(Some(RecordParams {
+        start,
+        max_records,
+        envelope,
+    }))
+}
+
+/// Resolve a record start against the readable records, or the error response (§8.6).
+pub fn resolve(s: &Stream, start: RecordStart) -> Result<u64, Response> {
+    let (first, next) = (first(s), visible_next(s));
+    let r = match start {
+        RecordStart::At(r) => r,
+        RecordStart::Now => next,
+        RecordStart::Tail(k) => next.saturating_sub(k).max(first),
+    };
+    if r < first {
+        return Err(
+            Response::error(410, "offset_trimmed", "record was removed by retention")
+                .header("stream-extensions", TOKEN)
+                .header("stream-record-first", first.to_string())
+                .header("stream-record-next", next.to_string())
+                .header("stream-next-offset", format_offset(0)),
+        );
+    }
+    if r > next {
+        return Err(Response::error(
+            400,
+            "offset_beyond_tail",
+            "record is beyond the record tail",
+        )
+        .header("stream-extensions", TOKEN)
+        .header("stream-record-first", first.to_string())
+        .header("stream-record-next", next.to_string()));
+    }
+    Ok(r)
+}
+
+/// The end record of a record-aligned read from `start`: whole records only, at most
+/// `max_records`, within `max_bytes` unless the first record alone is larger.
+pub fn end_record(s: &Stream, start: u64, max_records: Option<u64>, max_bytes: usize) -> u64 {
+    let next = visible_next(s);
+    let limit = max_records.map_or(next, |m| start.saturating_add(m).min(next));
+    let Some(start_off) = s.message_start(start) else {
+        return start;
+    };
+    let mut end = start;
+    while end < limit {
+        let end_off = s.message_start(end + 1).unwrap_or(s.visible_tail);
+        if end > start && (end_off - start_off) as usize > max_bytes {
+            break;
+        }
+        end += 1;
+    }
+    end
+}
+
+/// Render canonical NDJSON records as the envelope view, numbering from `first_record`.
+pub fn envelope(parts: &[Bytes], first_record: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let joined;
+    let bytes: &[u8] = if parts.len() == 1 {
+        &parts[0]
+    } else {
+        joined = parts.concat();
+        &joined
+    };
+    for (record, line) in (first_record..).zip(bytes.split_inclusive(|&b| b == b'\n')) {
+        let value = line.strip_suffix(b"\n").unwrap_or(line);
+        out.extend_from_slice(b"{\"record\":");
+        out.extend_from_slice(record.to_string().as_bytes());
+        out.extend_from_slice(b",\"value\":");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"}\n");
+    }
+    out
+}
+
+/// Stream-level record headers (HEAD, offset reads).
+pub fn push_stream_headers(resp: &mut Response, s: &Stream) {
+    resp.push("stream-extensions", TOKEN);
+    resp.push("stream-record-first", first(s).to_string());
+    resp.push("stream-record-next", visible_next(s).to_string());
+}
+
+/// Acknowledgement headers for a write that created records `[start, next)`.
+pub fn push_ack_headers(resp: &mut Response, start: u64, next: u64) {
+    resp.push("stream-extensions", TOKEN);
+    resp.push("stream-record-start", start.to_string());
+    resp.push("stream-record-next", next.to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ursula_protocol::query::parse_query;
+
+    fn p(q: &str) -> Result<Option<RecordParams>, u16> {
+        parse(&parse_query(q).expect("query"), true).map_err(|r| r.status)
+    }
+
+    #[test]
+    fn parameter_rules() {
+        assert_eq!(p("offset=-1"), Ok(None));
+        assert_eq!(
+            p("record=42&max_records=100"),
+            Ok(Some(RecordParams {
+                start: RecordStart::At(42),
+                max_records: Some(100),
+                envelope: false
+            }))
+        );
+        assert_eq!(
+            p("record=now").map(|o| o.map(|r| r.start)),
+            Ok(Some(RecordStart::Now))
+        );
+        assert_eq!(
+            p("tail_records=0").map(|o| o.map(|r| r.start)),
+            Ok(Some(RecordStart::Now))
+        );
+        assert_eq!(
+            p("tail_records=5").map(|o| o.map(|r| r.start)),
+            Ok(Some(RecordStart::Tail(5)))
+        );
+        assert_eq!(
+            p("record=1&record_view=envelope").map(|o| o.map(|r| r.envelope)),
+            Ok(Some(true))
+        );
+        for bad in [
+            "record=0&offset=5",
+            "record=1&tail_records=2",
+            "max_records=3",
+            "record_view=envelope",
+            "record=1&max_records=0",
+            "record=1&max_records=x",
+            "record=1&record_view=raw",
+            "record=1&max_bytes=10",
+            "record=-1",
+            "record=1.5",
+            "tail_records=-2",
+            "record=1&record=2",
+        ] {
+            assert_eq!(p(bad), Err(400), "{bad}");
+        }
+        let q = parse_query("record=1").expect("query");
+        assert_eq!(parse(&q, false).map_err(|r| r.status).err(), Some(400));
+    }
+
+    #[test]
+    fn envelope_rendering_matches_the_reference_vector() {
+        let body = envelope(
+            &[
+                Bytes::from_static(b"{\"id\":1}\n"),
+                Bytes::from_static(b"{\"id\":2}\n"),
+            ],
+            1,
+        );
+        assert_eq!(
+            body,
+            b"{\"record\":1,\"value\":{\"id\":1}}\n{\"record\":2,\"value\":{\"id\":2}}\n".to_vec()
+        );
+    }
+}
