@@ -7,6 +7,7 @@
 
 mod append_max;
 mod common;
+mod head;
 mod http;
 mod read;
 mod replay;
@@ -48,6 +49,8 @@ enum Scenario {
     Tail(tail::TailArgs),
     /// N clients each replaying its own pre-filled stream: time to full replay.
     Replay(replay::ReplayArgs),
+    /// Closed-loop HEAD requests: metadata requests/s and latency.
+    Head(head::HeadArgs),
 }
 
 /// What a scenario hands back for the report.
@@ -83,6 +86,7 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::AppendMax(a) => ("append-max", a.common.clone(), to_value(a)?),
         Scenario::Tail(a) => ("tail", a.common.clone(), to_value(a)?),
         Scenario::Replay(a) => ("replay", a.common.clone(), to_value(a)?),
+        Scenario::Head(a) => ("head", a.common.clone(), to_value(a)?),
     };
     let target = Target::from_common(&common)?;
     let cores = common.cores.unwrap_or_else(available_cores).max(1);
@@ -93,6 +97,7 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::AppendMax(a) => append_max::run(a, &target, cores)?,
         Scenario::Tail(a) => tail::run(a, &target, cores)?,
         Scenario::Replay(a) => replay::run(a, &target, cores)?,
+        Scenario::Head(a) => head::run(a, &target, cores)?,
     };
     let report = build_report(name, &common, &target, cores, params, outcome);
     print!("{}", report.human());

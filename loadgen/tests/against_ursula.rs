@@ -299,4 +299,27 @@ fn scenarios_against_real_server() {
     assert_eq!(num(&r, &["error_total"]), 0.0);
     assert!(num(&r, &["ops"]) > 0.0);
     assert_eq!(num(&r, &["bytes"]), num(&r, &["ops"]) * 50.0 * 1024.0);
+
+    // head: metadata requests complete with 200 and no errors.
+    let (code, r) = loadgen(
+        dir.path(),
+        "head",
+        &[
+            "head",
+            "--target",
+            t,
+            "--connections",
+            "8",
+            "--streams",
+            "4",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(num(&r, &["error_total"]), 0.0);
+    assert!(num(&r, &["ops"]) > 0.0);
+    assert_eq!(num(&r, &["ops"]), num(&r, &["requests"]));
 }
