@@ -11,7 +11,7 @@ pub mod segment;
 pub mod shard;
 pub mod stream;
 
-pub use record::{AppendRec, Lifetime, ProducerStamp};
+pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta};
 pub use shard::{
     Commit, DiskUsage, Durability, NewStream, RecoveryReport, Shard, ShardConfig, ShardStats,
     StorageError,

@@ -7,7 +7,8 @@
 //! 0..4    payload length (u32 LE)
 //! 4..8    CRC32C of bytes 8..20+len (lsn, kind, reserved, payload)
 //! 8..16   LSN (u64 LE): 1, 2, 3, ... with no gaps within a run of adjacent segments
-//! 16      kind (1 create, 2 append, 3 delete, 4 set-ext, 5 image, 6 relocate)
+//! 16      kind (1 create, 2 append, 3 delete, 4 set-ext, 5 image, 6 relocate, 7 snapshot,
+//!         8 retain)
 //! 17..20  reserved, zero
 //! 20..    payload (little-endian fields; stream data last, so it is one contiguous slice)
 //! ```
@@ -29,6 +30,8 @@ const KIND_DELETE: u8 = 3;
 const KIND_SET_EXT: u8 = 4;
 const KIND_IMAGE: u8 = 5;
 const KIND_RELOCATE: u8 = 6;
+const KIND_SNAPSHOT: u8 = 7;
+const KIND_RETAIN: u8 = 8;
 
 /// How long a stream lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -92,6 +95,18 @@ pub struct ProducerImage {
     pub receipts: Vec<[u64; 5]>,
 }
 
+/// The visible snapshot of a stream: an application blob covering `[0, offset)`, stored in
+/// its own file next to the segments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotMeta {
+    pub offset: u64,
+    pub content_type: Box<str>,
+    pub digest: Box<str>,
+    /// File name of the blob in the shard's `snapshots/` directory.
+    pub blob: Box<str>,
+    pub len: u64,
+}
+
 /// A stream's complete metadata (everything but its data), written when the log cleaner
 /// removes the segment that held its earlier records. Replay takes the image as the state
 /// at its LSN and applies later records on top.
@@ -108,6 +123,10 @@ pub struct ImageRec {
     pub closed: bool,
     pub stream_seq: Option<Bytes>,
     pub producers: Vec<ProducerImage>,
+    /// First readable offset and the ordinal of the first retained message.
+    pub retained_start: u64,
+    pub first_record: u64,
+    pub snapshot: Option<SnapshotMeta>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,6 +144,17 @@ pub enum Record {
     /// Stream data moved out of a segment being cleaned: the chunk and message boundaries
     /// of an earlier append, without its state changes (those live on in the image).
     Relocate(AppendRec),
+    /// A snapshot became the stream's visible one (its blob file is already durable).
+    Snapshot {
+        id: u64,
+        meta: SnapshotMeta,
+    },
+    /// Retention advanced: bytes before `offset` and messages before `first_record` are gone.
+    Retain {
+        id: u64,
+        offset: u64,
+        first_record: u64,
+    },
 }
 
 /// Why bytes at a log position are not a valid record.
@@ -147,6 +177,7 @@ impl Record {
             Record::Append(a) | Record::Relocate(a) => a.id,
             Record::Delete { id } | Record::SetExt { id, .. } => *id,
             Record::Image(i) => i.id,
+            Record::Snapshot { id, .. } | Record::Retain { id, .. } => *id,
         }
     }
 
@@ -175,6 +206,8 @@ impl Record {
                 put_image(&mut scratch, i);
                 scratch.len()
             }
+            Record::Snapshot { meta, .. } => 8 + snapshot_len(meta),
+            Record::Retain { .. } => 24,
         }
     }
 
@@ -216,6 +249,21 @@ impl Record {
                 put_image(out, i);
                 &[]
             }
+            Record::Snapshot { id, meta } => {
+                put_u64(out, *id);
+                put_snapshot(out, meta);
+                &[]
+            }
+            Record::Retain {
+                id,
+                offset,
+                first_record,
+            } => {
+                put_u64(out, *id);
+                put_u64(out, *offset);
+                put_u64(out, *first_record);
+                &[]
+            }
             Record::Delete { id } => {
                 put_u64(out, *id);
                 &[]
@@ -233,6 +281,8 @@ impl Record {
             Record::SetExt { .. } => KIND_SET_EXT,
             Record::Image(_) => KIND_IMAGE,
             Record::Relocate(_) => KIND_RELOCATE,
+            Record::Snapshot { .. } => KIND_SNAPSHOT,
+            Record::Retain { .. } => KIND_RETAIN,
         };
         let payload_len = scratch.len() - FRAME_HEADER + tail.len();
         debug_assert_eq!(payload_len, self.payload_len());
@@ -332,6 +382,15 @@ fn decode_payload(kind: u8, r: &mut Reader) -> Option<Record> {
         },
         KIND_IMAGE => Record::Image(get_image(r)?),
         KIND_RELOCATE => Record::Relocate(get_append(r)?),
+        KIND_SNAPSHOT => Record::Snapshot {
+            id: r.u64()?,
+            meta: get_snapshot(r)?,
+        },
+        KIND_RETAIN => Record::Retain {
+            id: r.u64()?,
+            offset: r.u64()?,
+            first_record: r.u64()?,
+        },
         _ => return None,
     })
 }
@@ -354,6 +413,28 @@ fn get_lifetime(r: &mut Reader) -> Option<Lifetime> {
         1 => Lifetime::TtlSeconds(v),
         2 => Lifetime::ExpiresAtMs(v as i64),
         _ => return None,
+    })
+}
+
+fn snapshot_len(m: &SnapshotMeta) -> usize {
+    8 + str_len(&m.content_type) + str_len(&m.digest) + str_len(&m.blob) + 8
+}
+
+fn put_snapshot(out: &mut Vec<u8>, m: &SnapshotMeta) {
+    put_u64(out, m.offset);
+    put_str(out, &m.content_type);
+    put_str(out, &m.digest);
+    put_str(out, &m.blob);
+    put_u64(out, m.len);
+}
+
+fn get_snapshot(r: &mut Reader) -> Option<SnapshotMeta> {
+    Some(SnapshotMeta {
+        offset: r.u64()?,
+        content_type: r.str()?,
+        digest: r.str()?,
+        blob: r.str()?,
+        len: r.u64()?,
     })
 }
 
@@ -383,6 +464,15 @@ fn put_image(out: &mut Vec<u8>, i: &ImageRec) {
                 put_u64(out, *v);
             }
         }
+    }
+    put_u64(out, i.retained_start);
+    put_u64(out, i.first_record);
+    match &i.snapshot {
+        Some(m) => {
+            out.push(1);
+            put_snapshot(out, m);
+        }
+        None => out.push(0),
     }
 }
 
@@ -422,6 +512,13 @@ fn get_image(r: &mut Reader) -> Option<ImageRec> {
             receipts,
         });
     }
+    let retained_start = r.u64()?;
+    let first_record = r.u64()?;
+    let snapshot = match r.u8()? {
+        0 => None,
+        1 => Some(get_snapshot(r)?),
+        _ => return None,
+    };
     Some(ImageRec {
         id,
         key,
@@ -434,6 +531,9 @@ fn get_image(r: &mut Reader) -> Option<ImageRec> {
         closed,
         stream_seq,
         producers,
+        retained_start,
+        first_record,
+        snapshot,
     })
 }
 
@@ -645,7 +745,31 @@ mod tests {
                 last_used_ms: 3,
                 receipts: vec![[4, 10, 20, 1, 2]],
             }],
+            retained_start: 10,
+            first_record: 1,
+            snapshot: Some(SnapshotMeta {
+                offset: 12,
+                content_type: "application/json".into(),
+                digest: "ab".into(),
+                blob: "1-2-3.blob".into(),
+                len: 99,
+            }),
         }));
+        roundtrip(Record::Retain {
+            id: 4,
+            offset: 100,
+            first_record: 7,
+        });
+        roundtrip(Record::Snapshot {
+            id: 4,
+            meta: SnapshotMeta {
+                offset: 1,
+                content_type: "text/plain".into(),
+                digest: "00".into(),
+                blob: "b".into(),
+                len: 0,
+            },
+        });
         roundtrip(Record::SetExt {
             id: 5,
             ext: Bytes::from_static(b"xyz"),

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
-use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record};
+use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
 use crate::segment::segment_path;
 use crate::segment::{self, SegmentHeader, DATA_START};
 use crate::stream::{DiskLoc, Piece, Receipt, Stream, StreamId};
@@ -175,6 +175,11 @@ struct Inner {
     /// Bytes of data held by live streams.
     live_bytes: Cell<u64>,
     cleaning: Cell<bool>,
+    /// Snapshot blobs to delete once the record that dropped them is durable: (lsn, name).
+    dead_blobs: RefCell<Vec<(u64, Box<str>)>>,
+    /// Snapshot blobs of a memory shard.
+    memory_blobs: RefCell<HashMap<Box<str>, Bytes>>,
+    blob_counter: Cell<u64>,
 }
 
 impl Shard {
@@ -201,6 +206,9 @@ impl Shard {
             segments: RefCell::new(BTreeMap::new()),
             live_bytes: Cell::new(0),
             cleaning: Cell::new(false),
+            dead_blobs: RefCell::new(Vec::new()),
+            memory_blobs: RefCell::new(HashMap::new()),
+            blob_counter: Cell::new(0),
         });
         let shard = Shard { inner };
         let mut report = RecoveryReport::default();
@@ -336,6 +344,9 @@ impl Shard {
                     .get()
                     .saturating_sub(stream.data_bytes()),
             );
+            if let Some(snap) = &stream.snapshot {
+                self.drop_blob(lsn, snap.blob.clone());
+            }
             stream.notify();
         }
         Ok(self.commit(lsn))
@@ -379,6 +390,142 @@ impl Shard {
     /// Bytes currently cached in memory.
     pub fn resident_bytes(&self) -> usize {
         self.inner.resident_bytes.get()
+    }
+
+    /// Store a snapshot blob durably in its own file (memory mode: in memory) and return
+    /// its name. It becomes a stream's snapshot only through [`Shard::set_snapshot`]; a blob
+    /// never referenced is removed at the next start.
+    pub async fn write_blob(&self, body: Bytes) -> Result<Box<str>, StorageError> {
+        let n = self.inner.blob_counter.get() + 1;
+        self.inner.blob_counter.set(n);
+        let name: Box<str> = format!("{:x}-{n:x}.blob", crate::now_ms()).into();
+        let Some(dir) = self.blob_dir() else {
+            self.inner
+                .memory_blobs
+                .borrow_mut()
+                .insert(name.clone(), body);
+            return Ok(name);
+        };
+        std::fs::create_dir_all(&dir)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dir.join(&*name))?;
+        let file = monoio::fs::File::from_std(file)?;
+        if !body.is_empty() {
+            let (res, _) = file.write_all_at(body, 0).await;
+            res?;
+        }
+        file.sync_all().await?;
+        segment::sync_dir(&dir)?;
+        Ok(name)
+    }
+
+    /// Read a snapshot blob back.
+    pub async fn read_blob(&self, meta: &SnapshotMeta) -> Result<Bytes, StorageError> {
+        let Some(dir) = self.blob_dir() else {
+            return self
+                .inner
+                .memory_blobs
+                .borrow()
+                .get(&meta.blob)
+                .cloned()
+                .ok_or_else(|| {
+                    StorageError::Corrupt(format!("snapshot blob {} missing", meta.blob))
+                });
+        };
+        let file = monoio::fs::File::open(dir.join(&*meta.blob)).await?;
+        let buf = Vec::with_capacity(meta.len as usize);
+        let (res, buf) = file.read_exact_at(buf, 0).await;
+        res?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Forget a blob written by [`Shard::write_blob`] that will not be used.
+    pub fn discard_blob(&self, name: Box<str>) {
+        let lsn = self.inner.durable_lsn.get();
+        self.drop_blob(lsn, name);
+    }
+
+    /// Make `meta` (whose blob is durable) the stream's visible snapshot, replacing any other.
+    pub fn set_snapshot(&self, id: StreamId, meta: SnapshotMeta) -> Result<Commit, StorageError> {
+        let record = Record::Snapshot { id, meta };
+        let (lsn, _) = self.log_record(&record, None)?;
+        let Record::Snapshot { meta, .. } = record else {
+            unreachable!("built above")
+        };
+        let old = match self.inner.streams.borrow_mut().get_mut(&id) {
+            Some(s) => s.snapshot.replace(meta),
+            None => None,
+        };
+        if let Some(old) = old {
+            self.drop_blob(lsn, old.blob);
+        }
+        Ok(self.commit(lsn))
+    }
+
+    /// Advance a stream's retention point to `offset` (a message boundary the caller has
+    /// validated): data before it stops being readable and its space is reclaimed.
+    pub fn retain(&self, id: StreamId, offset: u64) -> Result<Commit, StorageError> {
+        let first_record = self
+            .stream(id)
+            .map(|s| s.message_at_or_after(offset))
+            .ok_or_else(missing)?;
+        let (lsn, _) = self.log_record(
+            &Record::Retain {
+                id,
+                offset,
+                first_record,
+            },
+            None,
+        )?;
+        let freed = match self.inner.streams.borrow_mut().get_mut(&id) {
+            Some(s) => s.retain(offset, first_record),
+            None => (0, 0),
+        };
+        self.inner
+            .live_bytes
+            .set(self.inner.live_bytes.get().saturating_sub(freed.0));
+        self.inner
+            .resident_bytes
+            .set(self.inner.resident_bytes.get().saturating_sub(freed.1));
+        Ok(self.commit(lsn))
+    }
+
+    fn blob_dir(&self) -> Option<PathBuf> {
+        match &self.inner.cfg.durability {
+            Durability::Disk(root) => Some(
+                root.join(format!("shard-{}", self.inner.cfg.shard))
+                    .join("snapshots"),
+            ),
+            Durability::Memory => None,
+        }
+    }
+
+    /// Delete a blob once everything up to `lsn` is durable (memory mode: now).
+    fn drop_blob(&self, lsn: u64, name: Box<str>) {
+        if self.memory() {
+            self.inner.memory_blobs.borrow_mut().remove(&name);
+        } else {
+            self.inner.dead_blobs.borrow_mut().push((lsn, name));
+        }
+    }
+
+    /// Remove dropped blobs whose dropping record is durable.
+    fn collect_dead_blobs(&self) {
+        let durable = self.inner.durable_lsn.get();
+        let Some(dir) = self.blob_dir() else { return };
+        self.inner.dead_blobs.borrow_mut().retain(|(lsn, name)| {
+            if *lsn > durable {
+                return true;
+            }
+            if let Err(e) = std::fs::remove_file(dir.join(&**name)) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!("could not remove snapshot blob {name}: {e}");
+                }
+            }
+            false
+        });
     }
 
     /// Read one chunk's bytes from its log record.
@@ -823,6 +970,7 @@ impl Shard {
             live += s.data_bytes();
         }
         self.inner.live_bytes.set(live);
+        self.remove_unreferenced_blobs(dir);
         let mut segments = self.inner.segments.borrow_mut();
         for &index in &indexes[..stop_at.unwrap_or(indexes.len())] {
             segments.entry(index).or_default();
@@ -900,6 +1048,44 @@ impl Shard {
                     s.ext = ext;
                 }
             }
+            // For a stream not known yet, its image (later in the log) carries both.
+            Record::Snapshot { id, meta } => {
+                if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                    s.snapshot = Some(meta);
+                }
+            }
+            Record::Retain {
+                id,
+                offset,
+                first_record,
+            } => {
+                if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                    s.retain(offset, first_record);
+                }
+            }
+        }
+    }
+
+    /// Blob files no stream refers to (written for a publish that never committed, or
+    /// dropped before a crash) are deleted at start.
+    fn remove_unreferenced_blobs(&self, dir: &Path) {
+        let blobs = dir.join("snapshots");
+        let Ok(entries) = std::fs::read_dir(&blobs) else {
+            return;
+        };
+        let referenced: HashSet<Box<str>> = self
+            .inner
+            .streams
+            .borrow()
+            .values()
+            .filter_map(|s| s.snapshot.as_ref().map(|m| m.blob.clone()))
+            .collect();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !referenced.contains(name) {
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
     }
 
@@ -934,6 +1120,7 @@ impl Shard {
             if self.inner.stopping.get() || self.failure().is_some() {
                 continue;
             }
+            self.collect_dead_blobs();
             if let Err(e) = self.clean().await {
                 tracing::warn!(shard = self.inner.cfg.shard, "log cleaning failed: {e}");
             }
@@ -1725,6 +1912,123 @@ mod tests {
             let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
             assert!(report.segments >= 3);
             assert_eq!(read_all(&shard, "a").await.len(), 5 * big.len());
+        });
+    }
+
+    #[test]
+    fn snapshots_and_retention_survive_restart_and_keep_ordinals() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = config(dir.path());
+        let msg = |i: usize| format!("{{\"i\":{i}}}\n");
+        let (retain_at, total) = block_on(async {
+            let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+            let (id, c) = shard.create(new_stream("j", b"")).expect("create");
+            c.durable().await.expect("durable");
+            let mut offsets = Vec::new();
+            let mut total = 0u64;
+            for batch in 0..5 {
+                let msgs: Vec<String> = (batch * 4..batch * 4 + 4).map(msg).collect();
+                let data = msgs.concat();
+                let mut rec = data_rec(data.as_bytes());
+                rec.msg_lens = msgs.iter().map(|m| m.len() as u32).collect();
+                for m in &msgs {
+                    offsets.push(total);
+                    total += m.len() as u64;
+                }
+                let (_, c) = shard.append(id, rec).expect("append");
+                c.durable().await.expect("durable");
+            }
+            // Snapshot at record 10, then retention to it (a mid-append record boundary).
+            let at = offsets[10];
+            let blob = shard
+                .write_blob(Bytes::from_static(b"folded state"))
+                .await
+                .expect("blob");
+            let meta = SnapshotMeta {
+                offset: at,
+                content_type: "application/json".into(),
+                digest: "d1".into(),
+                blob,
+                len: 12,
+            };
+            shard
+                .set_snapshot(id, meta)
+                .expect("snapshot")
+                .durable()
+                .await
+                .expect("durable");
+            let live_before = shard.disk_usage().live_bytes;
+            shard
+                .retain(id, at)
+                .expect("retain")
+                .durable()
+                .await
+                .expect("durable");
+            assert!(shard.disk_usage().live_bytes < live_before);
+            {
+                let s = shard.stream(id).expect("s");
+                assert_eq!(s.retained_start, at);
+                assert_eq!(s.first_message(), 10);
+                assert_eq!(s.message_count(), 20);
+                assert_eq!(s.message_start(10), Some(at));
+                assert_eq!(s.message_start(9), None, "trimmed ordinals are gone");
+            }
+            let read = shard.read(id, at, u64::MAX).await.expect("read").concat();
+            assert_eq!(read, (10..20).map(msg).collect::<String>().into_bytes());
+            // An unreferenced blob (a publish that never committed) is removed at restart.
+            shard
+                .write_blob(Bytes::from_static(b"orphan"))
+                .await
+                .expect("blob");
+            shard.shutdown().await.expect("shutdown");
+            (at, total)
+        });
+        let blobs = dir.path().join("shard-0").join("snapshots");
+        assert_eq!(std::fs::read_dir(&blobs).expect("dir").count(), 2);
+        block_on(async {
+            let (shard, _) = Shard::open(cfg).await.expect("reopen");
+            assert_eq!(std::fs::read_dir(&blobs).expect("dir").count(), 1);
+            let id = shard.lookup("j").expect("j");
+            let meta = {
+                let s = shard.stream(id).expect("s");
+                assert_eq!(s.retained_start, retain_at);
+                assert_eq!(s.first_message(), 10);
+                assert_eq!(s.message_count(), 20);
+                assert_eq!(s.message_start(10), Some(retain_at));
+                assert_eq!(s.visible_tail, total);
+                s.snapshot.clone().expect("snapshot survives")
+            };
+            assert_eq!(meta.offset, retain_at);
+            assert_eq!(
+                shard.read_blob(&meta).await.expect("blob"),
+                &b"folded state"[..]
+            );
+            let read = shard
+                .read(id, retain_at, u64::MAX)
+                .await
+                .expect("read")
+                .concat();
+            assert_eq!(read, (10..20).map(msg).collect::<String>().into_bytes());
+            // A new snapshot replaces the old one; the old blob goes once durable.
+            let blob = shard
+                .write_blob(Bytes::from_static(b"v2"))
+                .await
+                .expect("blob");
+            let meta2 = SnapshotMeta {
+                offset: total,
+                content_type: "text/plain".into(),
+                digest: "d2".into(),
+                blob,
+                len: 2,
+            };
+            shard
+                .set_snapshot(id, meta2)
+                .expect("snap")
+                .durable()
+                .await
+                .expect("durable");
+            shard.collect_dead_blobs();
+            assert_eq!(std::fs::read_dir(&blobs).expect("dir").count(), 1);
         });
     }
 

@@ -12,7 +12,7 @@ use std::task::Waker;
 
 use bytes::Bytes;
 
-use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage};
+use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, SnapshotMeta};
 
 /// Shard-local stream identifier; never reused while the process runs.
 pub type StreamId = u64;
@@ -126,8 +126,15 @@ pub struct Stream {
     pub last_stream_seq: Option<Bytes>,
     pub producers: HashMap<Box<str>, Producer>,
     chunks: Vec<Chunk>,
-    /// Start offset of every message; message ordinal `i` starts at `msg_starts[i]`.
+    /// Start offset of every retained message; ordinal `msg_base + i` starts at
+    /// `msg_starts[i]`. Retention drops entries from the front and raises `msg_base`, so
+    /// surviving ordinals never change.
     msg_starts: Vec<u64>,
+    msg_base: u64,
+    /// First readable offset (retention point); everything before it is gone.
+    pub retained_start: u64,
+    /// The visible snapshot.
+    pub snapshot: Option<SnapshotMeta>,
     /// Last access for sliding TTLs (not durable: a restart counts as an access).
     pub last_access_ms: Cell<i64>,
     /// Bumped whenever readers could observe something new (data, closure, deletion).
@@ -153,6 +160,9 @@ impl Stream {
             producers: HashMap::new(),
             chunks: Vec::new(),
             msg_starts: Vec::new(),
+            msg_base: 0,
+            retained_start: 0,
+            snapshot: None,
             last_access_ms: Cell::new(now_ms),
             version: Cell::new(0),
             waiters: RefCell::new(Vec::new()),
@@ -181,6 +191,9 @@ impl Stream {
     /// Take the metadata of an image (replay: it is the state as of the image's LSN).
     pub(crate) fn apply_image(&mut self, i: &ImageRec) {
         self.ext = i.ext.clone();
+        self.retained_start = i.retained_start;
+        self.msg_base = i.first_record;
+        self.snapshot = i.snapshot.clone();
         self.tail = i.tail;
         self.closed = i.closed;
         self.last_stream_seq = i.stream_seq.clone();
@@ -225,6 +238,9 @@ impl Stream {
             tail: self.tail,
             closed: self.closed,
             stream_seq: self.last_stream_seq.clone(),
+            retained_start: self.retained_start,
+            first_record: self.msg_base,
+            snapshot: self.snapshot.clone(),
             producers: self
                 .producers
                 .iter()
@@ -271,7 +287,7 @@ impl Stream {
             },
         );
         let mut off = start;
-        for &l in msg_lens {
+        for &l in msg_lens.iter().filter(|&&l| l > 0) {
             let j = self.msg_starts.partition_point(|&m| m < off);
             if self.msg_starts.get(j) != Some(&off) {
                 self.msg_starts.insert(j, off);
@@ -283,14 +299,24 @@ impl Stream {
     /// After recovery: recompute each chunk's first message and check the chunks tile
     /// `[0, tail)`. Returns false (and logs) if they do not.
     pub(crate) fn finish_recovery(&mut self) -> bool {
-        let mut expected = 0;
-        let mut ok = true;
+        // Chunks and messages before the retention point may linger in segments the cleaner
+        // has not reached yet; they are not part of the stream any more.
+        let base = self.msg_base;
+        self.trim_index(self.retained_start);
+        self.msg_base = base;
+        let mut ok = self
+            .chunks
+            .first()
+            .map_or(self.tail <= self.retained_start, |c| {
+                c.start <= self.retained_start
+            });
+        let mut expected = self.chunks.first().map_or(self.tail, |c| c.start);
         for c in &mut self.chunks {
             if c.start != expected {
                 ok = false;
             }
             expected = c.end();
-            c.first_msg = self.msg_starts.partition_point(|&m| m < c.start) as u64;
+            c.first_msg = self.msg_base + self.msg_starts.partition_point(|&m| m < c.start) as u64;
         }
         if expected != self.tail {
             ok = false;
@@ -313,7 +339,7 @@ impl Stream {
             .filter_map(|c| {
                 let loc = c.loc.filter(|l| l.segment == segment)?;
                 let first = c.first_msg;
-                let next = self.msg_starts.partition_point(|&m| m < c.end()) as u64;
+                let next = self.message_at_or_after(c.end());
                 Some((c.start, c.len, loc, self.message_lens(first, next)))
             })
             .collect()
@@ -350,7 +376,7 @@ impl Stream {
         keep_data: bool,
     ) -> Receipt {
         debug_assert_eq!(a.start, self.tail, "appends must be contiguous");
-        let record_start = self.msg_starts.len() as u64;
+        let record_start = self.message_count();
         let mut pos = 0usize;
         for &len in &a.append_lens {
             let len = len as usize;
@@ -371,12 +397,14 @@ impl Stream {
         }
         let first_new_chunk = self.chunks.len() - a.append_lens.iter().filter(|&&l| l > 0).count();
         let mut off = a.start;
-        for &len in &a.msg_lens {
+        // A message is never empty; a zero length would index a phantom record.
+        for &len in a.msg_lens.iter().filter(|&&l| l > 0) {
             self.msg_starts.push(off);
             off += len as u64;
         }
         for chunk in &mut self.chunks[first_new_chunk..] {
-            chunk.first_msg = self.msg_starts.partition_point(|&s| s < chunk.start) as u64;
+            chunk.first_msg =
+                self.msg_base + self.msg_starts.partition_point(|&s| s < chunk.start) as u64;
         }
         self.tail = a.start + a.data.len() as u64;
         if a.close {
@@ -390,7 +418,7 @@ impl Stream {
             start: a.start,
             next: self.tail,
             record_start,
-            record_next: self.msg_starts.len() as u64,
+            record_next: self.message_count(),
         };
         if let Some(p) = &a.producer {
             let entry = self
@@ -443,21 +471,28 @@ impl Stream {
         }
     }
 
-    /// Number of messages (records) ever appended; the message index is `0..message_count`.
+    /// Number of messages (records) ever appended (the next record ordinal, `N`).
     pub fn message_count(&self) -> u64 {
-        self.msg_starts.len() as u64
+        self.msg_base + self.msg_starts.len() as u64
     }
 
-    /// Messages that are durable and readable.
+    /// Ordinal of the first retained message (`F`).
+    pub fn first_message(&self) -> u64 {
+        self.msg_base
+    }
+
+    /// Next record ordinal as readers see it (durable messages only).
     pub fn visible_message_count(&self) -> u64 {
-        self.msg_starts.partition_point(|&s| s < self.visible_tail) as u64
+        self.msg_base + self.msg_starts.partition_point(|&s| s < self.visible_tail) as u64
     }
 
-    /// Start offset of message `ordinal`, or the tail for `ordinal == count`.
+    /// Start offset of message `ordinal`, or the tail for `ordinal == count`; None for
+    /// trimmed or future ordinals.
     pub fn message_start(&self, ordinal: u64) -> Option<u64> {
-        match self.msg_starts.get(ordinal as usize) {
+        let i = ordinal.checked_sub(self.msg_base)?;
+        match self.msg_starts.get(i as usize) {
             Some(&s) => Some(s),
-            None if ordinal == self.msg_starts.len() as u64 => Some(self.tail),
+            None if i == self.msg_starts.len() as u64 => Some(self.tail),
             None => None,
         }
     }
@@ -469,12 +504,44 @@ impl Stream {
 
     /// Ordinal of the first message starting at or after `offset`.
     pub fn message_at_or_after(&self, offset: u64) -> u64 {
-        self.msg_starts.partition_point(|&s| s < offset) as u64
+        self.msg_base + self.msg_starts.partition_point(|&s| s < offset) as u64
     }
 
     /// Whether `offset` is a message boundary (a message start or the tail).
     pub fn is_message_boundary(&self, offset: u64) -> bool {
         offset == self.tail || self.msg_starts.binary_search(&offset).is_ok()
+    }
+
+    /// Drop chunks that end at or before `offset` and messages that start before it.
+    /// Returns the data bytes and cached bytes freed.
+    fn trim_index(&mut self, offset: u64) -> (u64, usize) {
+        let drop_chunks = self.chunks.partition_point(|c| c.end() <= offset);
+        let mut freed = 0;
+        let mut cached = 0;
+        for c in self.chunks.drain(..drop_chunks) {
+            freed += c.len as u64;
+            if c.data.is_some() {
+                cached += c.len as usize;
+            }
+        }
+        let drop_msgs = self.msg_starts.partition_point(|&m| m < offset);
+        self.msg_starts.drain(..drop_msgs);
+        self.msg_base += drop_msgs as u64;
+        (freed, cached)
+    }
+
+    /// Advance retention to `offset` (a message boundary at or below the tail): reads before
+    /// it are gone, surviving ordinals are unchanged. Returns (data bytes, cached bytes)
+    /// freed.
+    pub(crate) fn retain(&mut self, offset: u64, first_record: u64) -> (u64, usize) {
+        if offset <= self.retained_start {
+            return (0, 0);
+        }
+        self.retained_start = offset;
+        let freed = self.trim_index(offset);
+        self.msg_base = first_record.max(self.msg_base);
+        self.notify();
+        freed
     }
 
     /// The write operation that starts at or contains `offset` (None at or past the tail).
@@ -565,13 +632,13 @@ impl Stream {
         &self.chunks
     }
 
-    /// Message lengths of the messages in `[from_msg, to_msg)`.
+    /// Message lengths of the messages in `[from_msg, to_msg)` (retained ordinals).
     pub fn message_lens(&self, from_msg: u64, to_msg: u64) -> Vec<u32> {
-        (from_msg..to_msg)
-            .map(|i| {
-                let s = self.msg_starts[i as usize];
+        (from_msg.max(self.msg_base)..to_msg)
+            .filter_map(|i| {
+                let s = self.message_start(i)?;
                 let e = self.message_start(i + 1).unwrap_or(self.tail);
-                (e - s) as u32
+                Some((e - s) as u32)
             })
             .collect()
     }
