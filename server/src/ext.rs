@@ -1,5 +1,6 @@
 //! Server-owned per-stream state stored durably next to the stream by the engine: fork
-//! linkage and the reference count that keeps a deleted fork source soft-deleted.
+//! linkage, the reference count that keeps a deleted fork source soft-deleted, and stream
+//! attributes.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -14,6 +15,9 @@ pub struct Ext {
     /// Deleted by a client but kept because forks still reference it.
     #[serde(default)]
     pub soft_deleted: bool,
+    /// Stream attributes (extensions.md §7); `None` ≡ `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attrs: Option<crate::attrs::Attrs>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -62,6 +66,7 @@ mod tests {
             }),
             refs: 2,
             soft_deleted: true,
+            attrs: None,
         };
         assert_eq!(Ext::decode(&e.encode()), e);
     }

@@ -59,6 +59,8 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> Response {
             }
         }
         Route::Bucket(b) | Route::BucketStreams(b) => crate::buckets::handle(core, b, req).await,
+        Route::AppendBatch(key) => crate::batch::dispatch(core, key, req).await,
+        Route::Attrs(key) => crate::attrs::dispatch(core, key, req).await,
         Route::StreamResource => Response::error(404, "not_found", "no such resource"),
         Route::NotFound => Response::error(404, "not_found", "no such resource"),
         Route::Invalid(why) => Response::error(400, "invalid_stream_id", why),
@@ -265,6 +267,10 @@ async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> 
         Ok(f) => f,
         Err(r) => return r,
     };
+    let attrs = match crate::attrs::from_create(surface, req) {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
     if fork.is_some() && surface == Surface::Bucketed {
         return Response::error(
             501,
@@ -295,6 +301,7 @@ async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> 
                     && lifetime_ok
                     && closed == s.closed
                     && crate::fork::same_link(fork.as_ref(), ext.fork.as_ref())
+                    && ext.attrs == attrs
             };
             if !matches {
                 return Response::error(
@@ -323,7 +330,11 @@ async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> 
         created_ms: now,
         content_type: content_type.into(),
         lifetime: lifetime.unwrap_or_default(),
-        ext: Bytes::new(),
+        ext: Ext {
+            attrs,
+            ..Default::default()
+        }
+        .encode(),
         initial: AppendRec {
             append_lens: if body.data.is_empty() {
                 vec![]

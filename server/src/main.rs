@@ -1,5 +1,7 @@
 //! `ursula`: the Durable Streams server.
 
+mod attrs;
+mod batch;
 mod buckets;
 mod config;
 mod conn;

@@ -18,6 +18,10 @@ pub enum Route {
     },
     Bucket(String),
     BucketStreams(String),
+    /// `POST /{bucket}/{stream}/append-batch` (extensions §6); the stream's storage key.
+    AppendBatch(String),
+    /// `GET|PUT /{bucket}/{stream}/attrs` (extensions §7); the stream's storage key.
+    Attrs(String),
     /// A bucketed stream sub-resource (snapshot, retention, ...), not served yet.
     StreamResource,
     NotFound,
@@ -76,6 +80,17 @@ pub fn route(raw_path: &str) -> Route {
             key: bucketed_key(bucket, &decoded[1]),
         },
         2 => Route::Invalid("invalid stream id"),
+        3 if matches!(decoded[2].as_str(), "append-batch" | "attrs") => {
+            if !valid_stream_name(bucket, &decoded[1]) {
+                return Route::Invalid("invalid stream id");
+            }
+            let key = bucketed_key(bucket, &decoded[1]);
+            if decoded[2] == "attrs" {
+                Route::Attrs(key)
+            } else {
+                Route::AppendBatch(key)
+            }
+        }
         _ => Route::StreamResource,
     }
 }
@@ -160,5 +175,15 @@ mod tests {
         assert_eq!(route("/logs/a%2Fb"), Route::Invalid("invalid stream id"));
         assert_eq!(route("/__metrics"), Route::NotFound);
         assert_eq!(route("/logs/app/snapshot"), Route::StreamResource);
+        assert_eq!(
+            route("/logs/app/append-batch"),
+            Route::AppendBatch("b/logs/app".into())
+        );
+        assert_eq!(route("/logs/app/attrs"), Route::Attrs("b/logs/app".into()));
+        assert_eq!(
+            route("/logs/a..b/attrs"),
+            Route::Invalid("invalid stream id")
+        );
+        assert_eq!(route("/logs/app/attrs/x"), Route::StreamResource);
     }
 }

@@ -1,0 +1,512 @@
+//! Append-batch (extensions.md §6, §8.11): many small independent appends in one request,
+//! `POST /{bucket}/{stream}/append-batch`.
+//!
+//! Every frame is its own append record with its own acknowledgement, exactly as a
+//! standalone POST would be. All frames of a request are validated first, then appended
+//! with no `.await` in between (so they share one group commit and no other request for the
+//! stream interleaves), and only the last commit's durability is awaited: commits are
+//! durable in LSN order, so that covers every frame of the request.
+
+use std::fmt::Write as _;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use ursula_protocol::content_type::{is_json, normalize, same_media_type};
+use ursula_protocol::headers::is_closed_true;
+use ursula_protocol::http1::Method;
+use ursula_protocol::offset::format_offset;
+use ursula_storage::{AppendRec, Receipt, StorageError};
+
+use crate::config::MAX_BODY_BYTES;
+use crate::cores::Core;
+use crate::handlers::{find, payload, storage_error, unavailable, Found, Payload};
+use crate::http::{Request, Response};
+use crate::records;
+
+/// Most frames in one request (§6.1).
+pub const MAX_FRAMES: usize = 512;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameError {
+    /// More than [`MAX_FRAMES`] frames, or a body over 32 MiB (`413`).
+    TooLarge,
+    /// No frames at all (`400`).
+    NoFrames,
+    /// A frame with `payload_len` 0 (`400`).
+    ZeroLength,
+    /// The body ends inside a length prefix or a payload (`400`).
+    Truncated,
+}
+
+impl FrameError {
+    fn response(self) -> Response {
+        match self {
+            FrameError::TooLarge => Response::error(
+                413,
+                "payload_too_large",
+                "append-batch takes at most 512 frames and 32 MiB",
+            ),
+            FrameError::NoFrames => {
+                Response::error(400, "empty_body", "append-batch needs at least one frame")
+            }
+            FrameError::ZeroLength => Response::error(
+                400,
+                "invalid_request",
+                "append-batch frames must not be empty",
+            ),
+            FrameError::Truncated => {
+                Response::error(400, "invalid_request", "truncated append-batch frame")
+            }
+        }
+    }
+}
+
+/// Split a body into frames: `[u32 BE len][len bytes]…` (§6.1). Frames are zero-copy
+/// slices of `body`.
+pub fn decode_frames(body: &Bytes) -> Result<Vec<Bytes>, FrameError> {
+    if body.len() as u64 > MAX_BODY_BYTES {
+        return Err(FrameError::TooLarge);
+    }
+    let mut frames = Vec::new();
+    let mut at = 0usize;
+    while at < body.len() {
+        if frames.len() == MAX_FRAMES {
+            return Err(FrameError::TooLarge);
+        }
+        let Some(prefix) = body.get(at..at + 4) else {
+            return Err(FrameError::Truncated);
+        };
+        let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+        if len == 0 {
+            return Err(FrameError::ZeroLength);
+        }
+        at += 4;
+        if body.len() - at < len {
+            return Err(FrameError::Truncated);
+        }
+        frames.push(body.slice(at..at + len));
+        at += len;
+    }
+    if frames.is_empty() {
+        return Err(FrameError::NoFrames);
+    }
+    Ok(frames)
+}
+
+/// The acknowledgement of one frame (§6.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ack {
+    Committed {
+        next: u64,
+        /// Record range on JSON streams.
+        records: Option<(u64, u64)>,
+    },
+    Failed {
+        status: u16,
+        code: &'static str,
+        message: &'static str,
+        closed: bool,
+        /// Stream tail, when the failure knows it.
+        next: Option<u64>,
+    },
+}
+
+impl Ack {
+    fn storage(e: &StorageError, tail: u64) -> Ack {
+        let (status, code, message) = match e {
+            StorageError::NoSpace => (507, "insufficient_storage", "disk full"),
+            StorageError::TooLarge => (413, "payload_too_large", "too large"),
+            _ => (503, "unavailable", "storage unavailable"),
+        };
+        Ack::Failed {
+            status,
+            code,
+            message,
+            closed: false,
+            next: Some(tail),
+        }
+    }
+}
+
+/// The JSON array of acknowledgements (§6.3), field order as in the spec's example.
+pub fn render_acks(acks: &[Ack]) -> String {
+    let mut out = String::with_capacity(16 + acks.len() * 112);
+    out.push('[');
+    for (i, ack) in acks.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match ack {
+            Ack::Committed { next, records } => {
+                let _ = write!(
+                    out,
+                    "{{\"status\":204,\"stream_next_offset\":\"{}\"",
+                    format_offset(*next)
+                );
+                if let Some((start, next)) = records {
+                    let _ = write!(
+                        out,
+                        ",\"stream_record_start\":{start},\"stream_record_next\":{next}"
+                    );
+                }
+            }
+            Ack::Failed {
+                status,
+                code,
+                message,
+                closed,
+                next,
+            } => {
+                // Codes and messages are fixed ASCII text without quotes or backslashes.
+                let _ = write!(
+                    out,
+                    "{{\"status\":{status},\"error_code\":\"{code}\",\"error\":\"{message}\""
+                );
+                if *closed {
+                    out.push_str(",\"stream_closed\":true");
+                }
+                if let Some(n) = next {
+                    let _ = write!(out, ",\"stream_next_offset\":\"{}\"", format_offset(*n));
+                }
+            }
+        }
+        out.push('}');
+    }
+    out.push(']');
+    out
+}
+
+/// The head state a frame is checked against: (tail, closed).
+type Head = (u64, bool);
+
+/// Check and append every frame in order, synchronously. `head` reads the stream's current
+/// head state and `append` queues one record; a failed frame changes nothing and later frames
+/// continue from the committed tail. Returns the acknowledgements and the last commit.
+pub fn append_frames<C>(
+    payloads: Vec<Payload>,
+    type_ok: bool,
+    coords: bool,
+    mut head: impl FnMut() -> Option<Head>,
+    mut append: impl FnMut(AppendRec) -> Result<(Receipt, C), StorageError>,
+) -> (Vec<Ack>, Option<C>) {
+    let mut acks = Vec::with_capacity(payloads.len());
+    let mut last = None;
+    for p in payloads {
+        let Some((tail, closed)) = head() else {
+            acks.push(Ack::Failed {
+                status: 404,
+                code: "stream_not_found",
+                message: "stream not found",
+                closed: false,
+                next: None,
+            });
+            continue;
+        };
+        if closed {
+            acks.push(Ack::Failed {
+                status: 409,
+                code: "stream_closed",
+                message: "stream is closed",
+                closed: true,
+                next: Some(tail),
+            });
+            continue;
+        }
+        if !type_ok {
+            acks.push(Ack::Failed {
+                status: 409,
+                code: "content_type_mismatch",
+                message: "Content-Type differs from the stream's",
+                closed: false,
+                next: Some(tail),
+            });
+            continue;
+        }
+        let rec = AppendRec {
+            append_lens: vec![p.data.len() as u32],
+            msg_lens: p.msg_lens,
+            data: p.data,
+            ..Default::default()
+        };
+        match append(rec) {
+            Ok((r, commit)) => {
+                acks.push(Ack::Committed {
+                    next: r.next,
+                    records: coords.then_some((r.record_start, r.record_next)),
+                });
+                last = Some(commit);
+            }
+            Err(e) => acks.push(Ack::storage(&e, tail)),
+        }
+    }
+    (acks, last)
+}
+
+/// `POST /{bucket}/{stream}/append-batch`, run on the stream's owner core.
+pub async fn dispatch(core: &Rc<Core>, key: String, req: Request) -> Response {
+    let owner = core.owner_of(&key);
+    core.on(owner, move |c| async move { handle(&c, &key, req).await })
+        .await
+        .unwrap_or_else(|_| unavailable())
+}
+
+/// Request headers that only make sense on an ordinary POST (§6.1, D9).
+fn rejected_header(req: &Request) -> Option<&'static str> {
+    for name in ["producer-id", "producer-epoch", "producer-seq"] {
+        if req.header(name).is_some() {
+            return Some("append-batch does not take Producer-* headers");
+        }
+    }
+    if req.header("stream-seq").is_some_and(|v| !v.is_empty()) {
+        return Some("append-batch does not take Stream-Seq");
+    }
+    if req.header("stream-record-match").is_some() {
+        return Some("append-batch does not take Stream-Record-Match");
+    }
+    if is_closed_true(req.header("stream-closed")) {
+        return Some("append-batch cannot close a stream");
+    }
+    None
+}
+
+fn prefers_minimal(req: &Request) -> bool {
+    req.header("prefer").is_some_and(|v| {
+        v.split(',')
+            .any(|p| p.trim().eq_ignore_ascii_case("return=minimal"))
+    })
+}
+
+async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
+    if req.method != Method::Post {
+        return Response::error(405, "method_not_allowed", "append-batch takes POST")
+            .header("allow", "POST, OPTIONS");
+    }
+    // 1. size limits, 2. header syntax and rejected headers
+    let frames = decode_frames(&req.body);
+    if frames == Err(FrameError::TooLarge) {
+        return FrameError::TooLarge.response();
+    }
+    if let Some(why) = rejected_header(&req) {
+        return Response::error(400, "invalid_header", why);
+    }
+    let request_type = match req.header("content-type").map(normalize) {
+        Some(Ok(ct)) => Some(ct),
+        Some(Err(())) => return Response::error(400, "invalid_header", "invalid Content-Type"),
+        None => None,
+    };
+    // 3. existence
+    if let Some(resp) = crate::buckets::require_bucket(core, key).await {
+        return resp;
+    }
+    let id = match find(core, key) {
+        Found::Absent => return Response::error(404, "stream_not_found", "stream not found"),
+        Found::SoftDeleted => return Response::error(410, "stream_gone", "stream was deleted"),
+        Found::Live(id) => id,
+    };
+    // 4. body: framing, Content-Type, then every frame's JSON before anything commits
+    let Some(request_type) = request_type else {
+        return Response::error(400, "missing_content_type", "Content-Type is required");
+    };
+    let frames = match frames {
+        Ok(f) => f,
+        Err(e) => return e.response(),
+    };
+    let json = is_json(&request_type);
+    let mut payloads = Vec::with_capacity(frames.len());
+    for f in &frames {
+        match payload(json, f, false) {
+            Ok(p) => payloads.push(p),
+            Err(resp) => return resp,
+        }
+    }
+    drop(frames);
+    let (type_ok, coords) = match core.shard.stream(id) {
+        Some(s) => (
+            same_media_type(&request_type, &s.content_type),
+            records::active(crate::routes::Surface::Bucketed, &s.content_type),
+        ),
+        None => return unavailable(),
+    };
+    // 5. commit: one group commit for the whole request (no `.await` until `durable`)
+    let (acks, last) = append_frames(
+        payloads,
+        type_ok,
+        coords,
+        || core.shard.stream(id).map(|s| (s.tail, s.closed)),
+        |rec| core.shard.append(id, rec),
+    );
+    if let Some(commit) = last {
+        if let Err(e) = commit.durable().await {
+            return storage_error(e);
+        }
+    }
+    let tail = acks
+        .iter()
+        .rev()
+        .find_map(|a| match a {
+            Ack::Committed { next, .. } => Some(*next),
+            _ => None,
+        })
+        .or_else(|| core.shard.stream(id).map(|s| s.tail))
+        .unwrap_or(0);
+    let all_ok = acks.iter().all(|a| matches!(a, Ack::Committed { .. }));
+    let mut resp = Response::new(200)
+        .header("stream-next-offset", format_offset(tail))
+        .header("cache-control", "no-store");
+    if coords {
+        resp.push("stream-extensions", records::TOKEN);
+    }
+    if all_ok && !coords && prefers_minimal(&req) {
+        resp.status = 204;
+        return resp;
+    }
+    resp.push("content-type", "application/json");
+    resp.with_body(vec![Bytes::from(render_acks(&acks))])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// The wire format: one `[u32 BE len][payload]` per frame.
+    fn encode_frames<'a>(frames: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in frames {
+            out.extend_from_slice(&(f.len() as u32).to_be_bytes());
+            out.extend_from_slice(f);
+        }
+        out
+    }
+
+    fn frames(parts: &[&[u8]]) -> Bytes {
+        Bytes::from(encode_frames(parts.iter().copied()))
+    }
+
+    #[test]
+    fn decodes_frames_zero_copy() {
+        let body = frames(&[b"a", b"bc", &[0u8; 300]]);
+        let f = decode_frames(&body).unwrap();
+        assert_eq!(f.len(), 3);
+        assert_eq!(&f[0][..], b"a");
+        assert_eq!(&f[1][..], b"bc");
+        assert_eq!(f[2].len(), 300);
+        assert_eq!(f[1].as_ptr(), body[9..].as_ptr());
+    }
+
+    #[test]
+    fn rejects_bad_framing() {
+        assert_eq!(decode_frames(&Bytes::new()), Err(FrameError::NoFrames));
+        // Zero-length frame, alone or after a good one.
+        assert_eq!(
+            decode_frames(&Bytes::from_static(&[0, 0, 0, 0])),
+            Err(FrameError::ZeroLength)
+        );
+        let mut b = encode_frames([&b"ok"[..]]);
+        b.extend_from_slice(&[0, 0, 0, 0]);
+        assert_eq!(decode_frames(&b.into()), Err(FrameError::ZeroLength));
+        // Truncated length prefix.
+        for cut in 1..4 {
+            let b = Bytes::from(vec![0u8; cut]);
+            assert_eq!(decode_frames(&b), Err(FrameError::Truncated), "{cut}");
+        }
+        let mut b = encode_frames([&b"ok"[..]]);
+        b.extend_from_slice(&[0, 0]);
+        assert_eq!(decode_frames(&b.into()), Err(FrameError::Truncated));
+        // Truncated payload, and a length far beyond the body.
+        let mut b = encode_frames([&b"hello"[..]]);
+        b.pop();
+        assert_eq!(decode_frames(&b.into()), Err(FrameError::Truncated));
+        let b = Bytes::from_static(&[0xff, 0xff, 0xff, 0xff, b'x']);
+        assert_eq!(decode_frames(&b), Err(FrameError::Truncated));
+    }
+
+    #[test]
+    fn frame_count_limit() {
+        let one: &[u8] = b"x";
+        let ok = Bytes::from(encode_frames(std::iter::repeat_n(one, MAX_FRAMES)));
+        assert_eq!(decode_frames(&ok).unwrap().len(), MAX_FRAMES);
+        let over = Bytes::from(encode_frames(std::iter::repeat_n(one, MAX_FRAMES + 1)));
+        assert_eq!(decode_frames(&over), Err(FrameError::TooLarge));
+        // Counted before later framing errors are seen.
+        let mut b = encode_frames(std::iter::repeat_n(one, MAX_FRAMES + 1));
+        b.extend_from_slice(&[0, 0]);
+        assert_eq!(decode_frames(&b.into()), Err(FrameError::TooLarge));
+    }
+
+    fn p(data: &'static [u8], msgs: &[u32]) -> Payload {
+        Payload {
+            data: Bytes::from_static(data),
+            msg_lens: msgs.to_vec(),
+        }
+    }
+
+    /// A fake stream: frame 1 hits a full disk, the others commit from the committed tail.
+    #[test]
+    fn failed_frame_assigns_nothing_and_later_frames_continue() {
+        let tail = Cell::new(10u64);
+        let records = Cell::new(3u64);
+        let calls = Cell::new(0);
+        let (acks, last) = append_frames(
+            vec![
+                p(b"{\"a\":1}\n", &[8]),
+                p(b"{\"b\":2}\n", &[8]),
+                p(b"1\n2\n", &[2, 2]),
+            ],
+            true,
+            true,
+            || Some((tail.get(), false)),
+            |rec| {
+                calls.set(calls.get() + 1);
+                if calls.get() == 2 {
+                    return Err(StorageError::NoSpace);
+                }
+                let r = Receipt {
+                    seq: 0,
+                    start: tail.get(),
+                    next: tail.get() + rec.data.len() as u64,
+                    record_start: records.get(),
+                    record_next: records.get() + rec.msg_lens.len() as u64,
+                };
+                assert_eq!(rec.append_lens, vec![rec.data.len() as u32]);
+                tail.set(r.next);
+                records.set(r.record_next);
+                Ok((r, calls.get()))
+            },
+        );
+        assert_eq!(last, Some(3));
+        assert_eq!(
+            render_acks(&acks),
+            concat!(
+                r#"[{"status":204,"stream_next_offset":"00000000000000000018","stream_record_start":3,"stream_record_next":4},"#,
+                r#"{"status":507,"error_code":"insufficient_storage","error":"disk full","stream_next_offset":"00000000000000000018"},"#,
+                r#"{"status":204,"stream_next_offset":"00000000000000000022","stream_record_start":4,"stream_record_next":6}]"#
+            )
+        );
+    }
+
+    #[test]
+    fn closed_and_mismatched_frames() {
+        let never = |_: AppendRec| -> Result<(Receipt, ()), StorageError> {
+            panic!("nothing may be appended")
+        };
+        let (acks, last) =
+            append_frames(vec![p(b"x", &[1])], true, false, || Some((5, true)), never);
+        assert!(last.is_none());
+        assert_eq!(
+            render_acks(&acks),
+            r#"[{"status":409,"error_code":"stream_closed","error":"stream is closed","stream_closed":true,"stream_next_offset":"00000000000000000005"}]"#
+        );
+        let (acks, _) = append_frames(
+            vec![p(b"x", &[1])],
+            false,
+            false,
+            || Some((5, false)),
+            never,
+        );
+        assert_eq!(
+            render_acks(&acks),
+            r#"[{"status":409,"error_code":"content_type_mismatch","error":"Content-Type differs from the stream's","stream_next_offset":"00000000000000000005"}]"#
+        );
+    }
+}
