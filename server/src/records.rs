@@ -1,9 +1,8 @@
 //! JSON record coordinates (`json-record-coordinates-v1`, extensions.md §8) on the bucketed
 //! surface: the stream's messages numbered from 0 in commit order.
 //!
-//! The engine keeps every message's start offset, so ordinal → offset is an index lookup
-//! and record-aware reads never scan data. No retention yet, so the first retained record
-//! `F` is always 0.
+//! The engine keeps every retained message's start offset, so ordinal → offset is an index
+//! lookup and record-aware reads never scan data.
 
 use bytes::Bytes;
 use ursula_protocol::content_type::is_json;
@@ -25,9 +24,9 @@ pub fn active(surface: Surface, content_type: &str) -> bool {
     surface == Surface::Bucketed && is_json(content_type)
 }
 
-/// First retained record.
-pub fn first(_s: &Stream) -> u64 {
-    0
+/// First retained record (`F`).
+pub fn first(s: &Stream) -> u64 {
+    s.first_message()
 }
 
 /// Next record (record tail) as readers see it.
