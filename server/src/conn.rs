@@ -127,11 +127,11 @@ fn close(mut r: Response) -> Response {
     r
 }
 
-fn too_large() -> BodyError {
+fn too_large(limit: u64) -> BodyError {
     BodyError::Reject(close(Response::error(
         413,
         "payload_too_large",
-        "request body exceeds 32 MiB",
+        &format!("request body exceeds {} MiB", limit >> 20),
     )))
 }
 
@@ -142,9 +142,15 @@ async fn read_body(
     head: &ursula_protocol::http1::RequestHead,
 ) -> Result<Bytes, BodyError> {
     let timeout = core.config.header_timeout;
+    // Snapshot publishes may carry up to 128 MiB; every other body up to 32 MiB.
+    let limit = if crate::snapshots::is_snapshot_path(&head.path) {
+        crate::snapshots::MAX_SNAPSHOT_BYTES
+    } else {
+        MAX_BODY_BYTES
+    };
     match head.body {
         BodyKind::None => Ok(Bytes::new()),
-        BodyKind::Length(n) if n > MAX_BODY_BYTES => Err(too_large()),
+        BodyKind::Length(n) if n > limit => Err(too_large(limit)),
         BodyKind::Length(0) => Ok(Bytes::new()),
         BodyKind::Length(n) => {
             let n = n as usize;
@@ -189,8 +195,8 @@ async fn read_body(
                     BodyError::Reject(close(Response::error(400, "invalid_request", why)))
                 })?;
                 rbuf.drain(..used);
-                if body.len() as u64 > MAX_BODY_BYTES {
-                    return Err(too_large());
+                if body.len() as u64 > limit {
+                    return Err(too_large(limit));
                 }
                 if done {
                     return Ok(Bytes::from(body));

@@ -61,6 +61,14 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> Response {
         Route::Bucket(b) | Route::BucketStreams(b) => crate::buckets::handle(core, b, req).await,
         Route::AppendBatch(key) => crate::batch::dispatch(core, key, req).await,
         Route::Attrs(key) => crate::attrs::dispatch(core, key, req).await,
+        Route::Resource { key, resource } => {
+            let owner = core.owner_of(&key);
+            core.on(owner, move |c| async move {
+                crate::snapshots::handle(&c, &key, resource, req).await
+            })
+            .await
+            .unwrap_or_else(|_| unavailable())
+        }
         Route::StreamResource => Response::error(404, "not_found", "no such resource"),
         Route::NotFound => Response::error(404, "not_found", "no such resource"),
         Route::Invalid(why) => Response::error(400, "invalid_stream_id", why),
@@ -662,13 +670,17 @@ fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Response {
     let mut resp = Response::new(200)
         .header("content-type", s.content_type.to_string())
         .header("stream-next-offset", format_offset(s.visible_tail))
-        .header("stream-retained-offset", format_offset(0))
+        .header("stream-retained-offset", format_offset(s.retained_start))
         .header("stream-incarnation", s.incarnation.to_string())
         .header("cache-control", "no-store");
     if s.visible_closed {
         resp.push("stream-closed", "true");
     }
     push_lifetime(&mut resp, s.lifetime);
+    if let Some(snap) = &s.snapshot {
+        resp.push("stream-snapshot-offset", format_offset(snap.offset));
+        resp.push("stream-snapshot-digest", snap.digest.to_string());
+    }
     if records::active(surface, &s.content_type) {
         records::push_stream_headers(&mut resp, &s);
     }
@@ -756,6 +768,15 @@ fn resolve_start(
         OffsetParam::Now => s.visible_tail,
         OffsetParam::At(p) => p,
     };
+    // P§3.3: `-1` means byte 0, so after retention it is trimmed like any earlier offset.
+    if start < s.retained_start {
+        let mut resp = Response::error(410, "offset_trimmed", "offset was removed by retention")
+            .header("stream-next-offset", format_offset(s.retained_start));
+        if records::active(surface, &s.content_type) {
+            records::push_stream_headers(&mut resp, &s);
+        }
+        return Err(resp);
+    }
     if start > s.visible_tail {
         return Err(
             Response::error(400, "offset_beyond_tail", "offset is beyond the tail")

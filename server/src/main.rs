@@ -12,6 +12,7 @@ mod handlers;
 mod http;
 mod records;
 mod routes;
+mod snapshots;
 mod sse;
 
 use clap::Parser;

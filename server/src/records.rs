@@ -138,7 +138,7 @@ pub fn resolve(s: &Stream, start: RecordStart) -> Result<u64, Response> {
                 .header("stream-extensions", TOKEN)
                 .header("stream-record-first", first.to_string())
                 .header("stream-record-next", next.to_string())
-                .header("stream-next-offset", format_offset(0)),
+                .header("stream-next-offset", format_offset(s.retained_start)),
         );
     }
     if r > next {

@@ -22,7 +22,12 @@ pub enum Route {
     AppendBatch(String),
     /// `GET|PUT /{bucket}/{stream}/attrs` (extensions §7); the stream's storage key.
     Attrs(String),
-    /// A bucketed stream sub-resource (snapshot, retention, ...), not served yet.
+    /// Snapshot, retention or bootstrap of a bucketed stream (extensions §3–§5).
+    Resource {
+        key: String,
+        resource: crate::snapshots::Resource,
+    },
+    /// Any other path below a bucketed stream.
     StreamResource,
     NotFound,
     Invalid(&'static str),
@@ -91,6 +96,14 @@ pub fn route(raw_path: &str) -> Route {
                 Route::AppendBatch(key)
             }
         }
+        3 | 4 => match crate::snapshots::resource(&decoded[2..]) {
+            Some(resource) if valid_stream_name(bucket, &decoded[1]) => Route::Resource {
+                key: bucketed_key(bucket, &decoded[1]),
+                resource,
+            },
+            Some(_) => Route::Invalid("invalid stream id"),
+            None => Route::StreamResource,
+        },
         _ => Route::StreamResource,
     }
 }
@@ -174,7 +187,14 @@ mod tests {
         assert_eq!(route("/logs/a..b"), Route::Invalid("invalid stream id"));
         assert_eq!(route("/logs/a%2Fb"), Route::Invalid("invalid stream id"));
         assert_eq!(route("/__metrics"), Route::NotFound);
-        assert_eq!(route("/logs/app/snapshot"), Route::StreamResource);
+        assert_eq!(
+            route("/logs/app/snapshot"),
+            Route::Resource {
+                key: "b/logs/app".into(),
+                resource: crate::snapshots::Resource::Snapshot
+            }
+        );
+        assert_eq!(route("/logs/app/unknown"), Route::StreamResource);
         assert_eq!(
             route("/logs/app/append-batch"),
             Route::AppendBatch("b/logs/app".into())
