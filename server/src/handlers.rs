@@ -1178,7 +1178,7 @@ async fn record_catch_up(
         return resp;
     }
     let body = if rp.envelope {
-        vec![Bytes::from(records::envelope(&parts, start))]
+        records::envelope_parts(&parts, start)
     } else {
         parts
     };

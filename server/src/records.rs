@@ -194,6 +194,32 @@ pub fn envelope(parts: &[Bytes], first_record: u64) -> Vec<u8> {
     out
 }
 
+/// The envelope view as iovec parts: a small `{"record":n,"value":` prefix, the stored value
+/// bytes as a zero-copy slice, and a static `}` + LF, per record. `parts` must hold whole
+/// records (record-aware reads always start and end on record boundaries).
+pub fn envelope_parts(parts: &[Bytes], first_record: u64) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut record = first_record;
+    for part in parts {
+        let mut at = 0;
+        while at < part.len() {
+            let end = memchr::memchr(b'\n', &part[at..]).map_or(part.len(), |i| at + i);
+            // The previous record's closing `}` + LF shares a piece with this prefix.
+            let sep = if record == first_record { "" } else { "}\n" };
+            out.push(Bytes::from(format!(
+                "{sep}{{\"record\":{record},\"value\":"
+            )));
+            out.push(part.slice(at..end));
+            record += 1;
+            at = end + 1;
+        }
+    }
+    if record > first_record {
+        out.push(Bytes::from_static(b"}\n"));
+    }
+    out
+}
+
 /// Stream-level record headers (HEAD, offset reads).
 pub fn push_stream_headers(resp: &mut Response, s: &Stream) {
     resp.push("stream-extensions", TOKEN);
@@ -262,6 +288,19 @@ mod tests {
         }
         let q = parse_query("record=1").expect("query");
         assert_eq!(parse(&q, false).map_err(|r| r.status).err(), Some(400));
+    }
+
+    #[test]
+    fn envelope_parts_match_the_copied_rendering_without_copying_values() {
+        let stored = Bytes::from_static(b"{\"id\":1}\n{\"id\":2}\n");
+        let parts = envelope_parts(&[stored.slice(0..9), stored.slice(9..)], 1);
+        assert_eq!(parts.concat(), envelope(std::slice::from_ref(&stored), 1));
+        let value = &parts[1];
+        assert_eq!(
+            value.as_ptr(),
+            stored.as_ptr(),
+            "values are slices of the stored bytes"
+        );
     }
 
     #[test]
