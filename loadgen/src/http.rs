@@ -60,6 +60,8 @@ impl fmt::Display for ReqError {
 pub struct Response {
     pub status: u16,
     pub next_offset: Option<String>,
+    /// `Stream-Record-Next` (JSON record coordinates), if sent.
+    pub record_next: Option<u64>,
     pub up_to_date: bool,
     pub closed: bool,
     pub body: Vec<u8>,
@@ -227,6 +229,7 @@ impl Conn {
             let mut resp = Response {
                 status: head.status,
                 next_offset: head.next_offset,
+                record_next: head.record_next,
                 up_to_date: head.up_to_date,
                 closed: head.closed,
                 body: Vec::new(),
@@ -341,6 +344,7 @@ struct Head {
     chunked: bool,
     conn_close: bool,
     next_offset: Option<String>,
+    record_next: Option<u64>,
     up_to_date: bool,
     closed: bool,
 }
@@ -363,6 +367,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, ReqError> {
         chunked: false,
         conn_close: resp.version == Some(0),
         next_offset: None,
+        record_next: None,
         up_to_date: false,
         closed: false,
     };
@@ -387,6 +392,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, ReqError> {
             }
         } else if name.eq_ignore_ascii_case("stream-next-offset") {
             head.next_offset = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("stream-record-next") {
+            head.record_next = value.parse().ok();
         } else if name.eq_ignore_ascii_case("stream-up-to-date") {
             head.up_to_date = value.eq_ignore_ascii_case("true");
         } else if name.eq_ignore_ascii_case("stream-closed") {

@@ -1,5 +1,7 @@
 //! `read`: catch-up reads of pre-filled streams. Each reader starts at `offset=-1`,
 //! follows `Stream-Next-Offset` until `Stream-Up-To-Date`, then starts over.
+//! `--view records|envelope` reads a JSON stream by record ordinals instead (Ursula's
+//! record coordinates, bucketed surface), following `Stream-Record-Next`.
 
 use std::time::{Duration, Instant};
 
@@ -35,6 +37,42 @@ pub struct ReadArgs {
     /// Optional `max_bytes` on every read (the server caps responses at 8 MiB anyway).
     #[arg(long, value_parser = parse_size)]
     pub max_bytes: Option<usize>,
+    /// How to read: `bytes` (offset reads of an octet-stream), or a JSON stream read by
+    /// offsets (`ndjson`), by `records` (whole records) or as `envelope`s; the record views
+    /// need the bucketed surface.
+    #[arg(long, value_enum, default_value_t = View::Bytes)]
+    pub view: View,
+    /// Bytes per JSON record when `--view` is records or envelope.
+    #[arg(long, default_value_t = 200)]
+    pub record_size: usize,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum View {
+    Bytes,
+    /// Offset reads of the same JSON data the record views read.
+    Ndjson,
+    Records,
+    Envelope,
+}
+
+/// A JSON array of records of about `size` bytes each, `n` bytes in total at most.
+fn json_records(stream: u64, seq: u64, n: usize, size: usize) -> Bytes {
+    let filler = "x".repeat(size.saturating_sub(40).max(1));
+    let mut out = String::from("[");
+    let mut i = 0u64;
+    while out.len() + size + 2 <= n.max(size + 2) {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!(
+            "{{\"s\":{stream},\"q\":{seq},\"i\":{i},\"f\":\"{filler}\"}}"
+        ));
+        i += 1;
+    }
+    out.push(']');
+    Bytes::from(out)
 }
 
 pub fn run(args: &ReadArgs, target: &Target, cores: usize) -> Result<Outcome, String> {
@@ -60,13 +98,22 @@ pub fn run(args: &ReadArgs, target: &Target, cores: usize) -> Result<Outcome, St
                 t.ensure_bucket(&mut c).await?;
                 for &i in &my_streams {
                     let path = t.stream_path(&t.stream_name("read", i));
-                    let ct = "application/octet-stream";
+                    let json = a.view != View::Bytes;
+                    let ct = if json {
+                        "application/json"
+                    } else {
+                        "application/octet-stream"
+                    };
                     t.create_stream(&mut c, &path, ct).await?;
                     let mut left = a.prefill;
                     let mut seq = 0u64;
                     while left > 0 {
                         let n = left.min(a.append_size);
-                        let body = Bytes::from(pattern(i as u64, seq, n));
+                        let body = if json {
+                            json_records(i as u64, seq, n, a.record_size)
+                        } else {
+                            Bytes::from(pattern(i as u64, seq, n))
+                        };
                         setup_append(&mut c, &path, ct, Body::Shared(body)).await?;
                         left -= n;
                         seq += 1;
@@ -81,7 +128,7 @@ pub fn run(args: &ReadArgs, target: &Target, cores: usize) -> Result<Outcome, St
             for r in ctx.mine(a.streams * a.readers_per_stream) {
                 let path = t.stream_path(&t.stream_name("read", r % a.streams));
                 let conn = Conn::new(t.addr, timeout);
-                tasks.push(monoio::spawn(reader(conn, path, a.max_bytes, win)));
+                tasks.push(monoio::spawn(reader(conn, path, a.max_bytes, a.view, win)));
             }
             let mut parts = Vec::with_capacity(tasks.len());
             for t in tasks {
@@ -100,14 +147,25 @@ pub fn run(args: &ReadArgs, target: &Target, cores: usize) -> Result<Outcome, St
     })
 }
 
-async fn reader(mut conn: Conn, path: String, max_bytes: Option<usize>, win: Window) -> Stats {
+async fn reader(
+    mut conn: Conn,
+    path: String,
+    max_bytes: Option<usize>,
+    view: View,
+    win: Window,
+) -> Stats {
     let mut st = Stats::default();
     let mut offset = String::from("-1");
     let extra = max_bytes
         .map(|m| format!("&max_bytes={m}"))
         .unwrap_or_default();
+    let mut record = 0u64;
     while !win.over() {
-        let url = format!("{path}?offset={offset}{extra}");
+        let url = match view {
+            View::Bytes | View::Ndjson => format!("{path}?offset={offset}{extra}"),
+            View::Records => format!("{path}?record={record}"),
+            View::Envelope => format!("{path}?record={record}&record_view=envelope"),
+        };
         let t0 = Instant::now();
         let r = conn.get(&url).await;
         let t1 = Instant::now();
@@ -121,6 +179,23 @@ async fn reader(mut conn: Conn, path: String, max_bytes: Option<usize>, win: Win
                     st.ops += 1;
                     st.bytes += resp.body.len() as u64;
                     st.record(t1 - t0);
+                }
+                if matches!(view, View::Records | View::Envelope) {
+                    record = match resp.record_next {
+                        Some(next) if !resp.up_to_date => next,
+                        Some(_) => {
+                            if counted {
+                                st.count("full_passes", 1);
+                            }
+                            0
+                        }
+                        None => {
+                            if counted {
+                                st.error("missing Stream-Record-Next");
+                            }
+                            0
+                        }
+                    };
                 }
                 match resp.next_offset {
                     Some(next) if !resp.up_to_date => offset = next,

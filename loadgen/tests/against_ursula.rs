@@ -226,6 +226,36 @@ fn scenarios_against_real_server() {
     assert!(num(&r, &["mb_per_sec"]) > 0.0);
     assert!(num(&r, &["counters", "full_passes"]) > 0.0);
 
+    // read by record ordinals (and as envelopes) on the bucketed surface.
+    for view in ["records", "envelope", "ndjson"] {
+        let (code, r) = loadgen(
+            dir.path(),
+            &format!("read-{view}"),
+            &[
+                "read",
+                "--target",
+                t,
+                "--surface",
+                "bucketed",
+                "--view",
+                view,
+                "--streams",
+                "1",
+                "--prefill",
+                "2m",
+                "--append-size",
+                "256k",
+                "--duration",
+                "1s",
+                "--warmup",
+                "200ms",
+            ],
+        );
+        assert_eq!(code, 0, "{view}");
+        assert_eq!(num(&r, &["error_total"]), 0.0, "{view}");
+        assert!(num(&r, &["counters", "full_passes"]) > 0.0, "{view}");
+    }
+
     // append-max: the limit is accepted, limit + 1 is refused with 413.
     let (code, r) = loadgen(
         dir.path(),
