@@ -230,13 +230,7 @@ impl Record {
                 put_u64(out, c.incarnation);
                 put_u64(out, c.created_ms as u64);
                 put_str(out, &c.content_type);
-                let (tag, v) = match c.lifetime {
-                    Lifetime::Forever => (0u8, 0u64),
-                    Lifetime::TtlSeconds(s) => (1, s),
-                    Lifetime::ExpiresAtMs(ms) => (2, ms as u64),
-                };
-                out.push(tag);
-                put_u64(out, v);
+                put_lifetime(out, c.lifetime);
                 put_bytes(out, &c.ext);
                 put_append_meta(out, &c.initial);
                 &c.initial.data
@@ -353,14 +347,7 @@ fn decode_payload(kind: u8, r: &mut Reader) -> Option<Record> {
             let incarnation = r.u64()?;
             let created_ms = r.u64()? as i64;
             let content_type = r.str()?;
-            let tag = r.u8()?;
-            let v = r.u64()?;
-            let lifetime = match tag {
-                0 => Lifetime::Forever,
-                1 => Lifetime::TtlSeconds(v),
-                2 => Lifetime::ExpiresAtMs(v as i64),
-                _ => return None,
-            };
+            let lifetime = get_lifetime(r)?;
             let ext = r.bytes()?;
             let initial = get_append(r)?;
             Record::Create(CreateRec {
