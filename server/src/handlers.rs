@@ -975,6 +975,17 @@ async fn catch_up(
     if records::active(surface, &s.content_type) {
         records::push_stream_headers(&mut resp, &s);
     }
+    finish_read(resp, etag, req, || parts)
+}
+
+/// The end of every catch-up/long-poll 200: the ETag, and `304` instead of the body when
+/// `If-None-Match` matches it (P§16.2). `body` is only built when it is sent.
+fn finish_read(
+    mut resp: Response,
+    etag: String,
+    req: &Request,
+    body: impl FnOnce() -> Vec<Bytes>,
+) -> Response {
     let not_modified = req
         .header("if-none-match")
         .is_some_and(|inm| ursula_protocol::etag::if_none_match_matches(inm, &etag));
@@ -983,7 +994,7 @@ async fn catch_up(
         resp.status = 304;
         return resp;
     }
-    resp.with_body(parts)
+    resp.with_body(body())
 }
 
 async fn long_poll(
@@ -1169,18 +1180,11 @@ async fn record_catch_up(
     if let Some(c) = cursor {
         resp.push("stream-cursor", c);
     }
-    let not_modified = req
-        .header("if-none-match")
-        .is_some_and(|inm| ursula_protocol::etag::if_none_match_matches(inm, &etag));
-    resp.push("etag", etag);
-    if not_modified {
-        resp.status = 304;
-        return resp;
-    }
-    let body = if rp.envelope {
-        records::envelope_parts(&parts, start)
-    } else {
-        parts
-    };
-    resp.with_body(body)
+    finish_read(resp, etag, req, || {
+        if rp.envelope {
+            records::envelope_parts(&parts, start)
+        } else {
+            parts
+        }
+    })
 }

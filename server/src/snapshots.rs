@@ -99,6 +99,15 @@ fn record_param(req: &Request) -> Result<u64, Response> {
     value.parse().map_err(|_| bad("record out of range"))
 }
 
+/// The target of a publish or retention request (§3.1 / §4.1): a path offset, or else the
+/// `?record=n` query parameter.
+fn parse_target(path: Option<&str>, req: &Request) -> Result<(Option<u64>, Option<u64>), Response> {
+    match path {
+        Some(raw) => Ok((Some(path_offset(raw)?), None)),
+        None => Ok((None, Some(record_param(req)?))),
+    }
+}
+
 /// Resolve a target given as a path offset or `?record=n` (§3.1 / §4.1) against the
 /// stream: Ok(offset), or the error response.
 fn target_offset(s: &Stream, path: &Option<u64>, record: Option<u64>) -> Result<u64, Response> {
@@ -152,18 +161,9 @@ fn json_headers(resp: &mut Response, s: &Stream) {
 
 async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request) -> Response {
     // 1. syntax
-    let path = match path.as_deref().map(path_offset) {
-        Some(Ok(o)) => Some(o),
-        Some(Err(r)) => return r,
-        None => None,
-    };
-    let record = if path.is_none() {
-        match record_param(req) {
-            Ok(n) => Some(n),
-            Err(r) => return r,
-        }
-    } else {
-        None
+    let (path, record) = match parse_target(path.as_deref(), req) {
+        Ok(t) => t,
+        Err(r) => return r,
     };
     let snapshot_match = req.header("stream-snapshot-match");
     if snapshot_match == Some("") {
@@ -402,18 +402,9 @@ fn delete(core: &Rc<Core>, key: &str, raw: &str) -> Response {
 
 /// `PUT /retention/{offset}` or `?record=n` (§4.1).
 async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request) -> Response {
-    let path = match path.as_deref().map(path_offset) {
-        Some(Ok(o)) => Some(o),
-        Some(Err(r)) => return r,
-        None => None,
-    };
-    let record = if path.is_none() {
-        match record_param(req) {
-            Ok(n) => Some(n),
-            Err(r) => return r,
-        }
-    } else {
-        None
+    let (path, record) = match parse_target(path.as_deref(), req) {
+        Ok(t) => t,
+        Err(r) => return r,
     };
     let id = match live(core, key) {
         Ok(id) => id,
