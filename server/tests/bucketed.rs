@@ -5,34 +5,12 @@ mod support;
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 
-use support::{offset_token, request, temp_dir, Response, Server};
+use support::{expect, offset_token, req, temp_dir, Response, Server};
 
 fn server() -> (Server, tempfile::TempDir) {
     let dir = temp_dir("ursula-bucketed");
     let s = Server::spawn_standard(&dir.path().join("data"), "memory", 2, &[], None);
     (s, dir)
-}
-
-fn req(s: &Server, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-    request(&s.addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-}
-
-fn expect(
-    s: &Server,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    status: u16,
-) -> Response {
-    let r = req(s, method, path, headers, body);
-    assert_eq!(
-        r.status,
-        status,
-        "{method} {path}: {r:?} body {:?}",
-        r.body_str()
-    );
-    r
 }
 
 fn json(r: &Response) -> Value {

@@ -5,29 +5,7 @@
 
 mod support;
 
-use support::{request, temp_dir, Response, Server};
-
-fn req(s: &Server, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-    request(&s.addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-}
-
-fn expect(
-    s: &Server,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    status: u16,
-) -> Response {
-    let r = req(s, method, path, headers, body);
-    assert_eq!(
-        r.status,
-        status,
-        "{method} {path}: {r:?} body {:?}",
-        r.body_str()
-    );
-    r
-}
+use support::{expect, temp_dir, Server};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 const TEXT: (&str, &str) = ("content-type", "text/plain");

@@ -6,26 +6,7 @@ mod support;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use support::{request, temp_dir, Response, Server};
-
-fn expect(
-    s: &Server,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    status: u16,
-) -> Response {
-    let r = request(&s.addr, method, path, headers, body)
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    assert_eq!(
-        r.status,
-        status,
-        "{method} {path}: {r:?} body {:?}",
-        r.body_str()
-    );
-    r
-}
+use support::{expect, temp_dir, Server};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 

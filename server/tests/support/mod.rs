@@ -625,3 +625,33 @@ impl Raw {
         }
     }
 }
+
+/// One request to the server; panics naming the request on an I/O error.
+pub fn req(
+    s: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    request(&s.addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// [`req`], asserting the status (the message shows the response and its body).
+pub fn expect(
+    s: &Server,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    status: u16,
+) -> Response {
+    let r = req(s, method, path, headers, body);
+    assert_eq!(
+        r.status,
+        status,
+        "{method} {path}: {r:?} body {:?}",
+        r.body_str()
+    );
+    r
+}
