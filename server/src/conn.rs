@@ -298,6 +298,8 @@ pub async fn write_parts(
 /// Owned buffers plus the iovec array pointing into them, for `writev`.
 struct IoVecs {
     parts: Vec<Bytes>,
+    /// First part not yet completely written.
+    next: usize,
     iov: Vec<libc::iovec>,
 }
 
@@ -308,6 +310,7 @@ impl IoVecs {
         parts.extend(body.into_iter().filter(|b| !b.is_empty()));
         let mut v = IoVecs {
             parts,
+            next: 0,
             iov: Vec::new(),
         };
         v.rebuild();
@@ -316,32 +319,33 @@ impl IoVecs {
 
     fn rebuild(&mut self) {
         // Linux caps one writev at IOV_MAX (1024) entries; the loop writes the rest later.
-        self.iov = self
-            .parts
-            .iter()
-            .take(1024)
-            .map(|b| libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
+        self.iov.clear();
+        self.iov.extend(
+            self.parts[self.next..]
+                .iter()
+                .take(1024)
+                .map(|b| libc::iovec {
+                    iov_base: b.as_ptr() as *mut libc::c_void,
+                    iov_len: b.len(),
+                }),
+        );
     }
 
-    /// Consume `n` written bytes; true when everything has been written.
+    /// Consume `n` written bytes; true when everything has been written. Moves a cursor, so
+    /// a response of many small pieces (envelope view) stays linear.
     fn advance(&mut self, mut n: usize) -> bool {
-        while n > 0 {
-            let first = &mut self.parts[0];
+        while n > 0 && self.next < self.parts.len() {
+            let first = &mut self.parts[self.next];
             if n >= first.len() {
                 n -= first.len();
-                self.parts.remove(0);
+                self.next += 1;
             } else {
                 let rest = first.slice(n..);
                 *first = rest;
                 n = 0;
             }
         }
-        self.parts.retain(|p| !p.is_empty());
-        if self.parts.is_empty() {
+        if self.next >= self.parts.len() {
             return true;
         }
         self.rebuild();
