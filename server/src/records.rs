@@ -194,28 +194,42 @@ pub fn envelope(parts: &[Bytes], first_record: u64) -> Vec<u8> {
     out
 }
 
-/// The envelope view as iovec parts: a small `{"record":n,"value":` prefix, the stored value
-/// bytes as a zero-copy slice, and a static `}` + LF, per record. `parts` must hold whole
-/// records (record-aware reads always start and end on record boundaries).
+/// Values at least this long are sent as zero-copy slices of the stored bytes; shorter ones
+/// are copied into the framing around them, where an iovec of their own would cost more
+/// than the copy.
+const ENVELOPE_SLICE_MIN: usize = 1024;
+
+/// The envelope view as iovec parts: `{"record":n,"value":` framing around each record's
+/// stored value bytes (large values as zero-copy slices), closed by `}` + LF. `parts` must
+/// hold whole records (record-aware reads start and end on record boundaries).
 pub fn envelope_parts(parts: &[Bytes], first_record: u64) -> Vec<Bytes> {
+    use std::io::Write;
     let mut out = Vec::new();
+    let mut framing: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut record = first_record;
     for part in parts {
         let mut at = 0;
         while at < part.len() {
             let end = memchr::memchr(b'\n', &part[at..]).map_or(part.len(), |i| at + i);
-            // The previous record's closing `}` + LF shares a piece with this prefix.
-            let sep = if record == first_record { "" } else { "}\n" };
-            out.push(Bytes::from(format!(
-                "{sep}{{\"record\":{record},\"value\":"
-            )));
-            out.push(part.slice(at..end));
+            if record != first_record {
+                framing.extend_from_slice(b"}\n");
+            }
+            let _ = write!(framing, "{{\"record\":{record},\"value\":");
+            if end - at >= ENVELOPE_SLICE_MIN {
+                out.push(Bytes::from(std::mem::take(&mut framing)));
+                out.push(part.slice(at..end));
+            } else {
+                framing.extend_from_slice(&part[at..end]);
+            }
             record += 1;
             at = end + 1;
         }
     }
     if record > first_record {
-        out.push(Bytes::from_static(b"}\n"));
+        framing.extend_from_slice(b"}\n");
+    }
+    if !framing.is_empty() {
+        out.push(Bytes::from(framing));
     }
     out
 }
@@ -291,16 +305,21 @@ mod tests {
     }
 
     #[test]
-    fn envelope_parts_match_the_copied_rendering_without_copying_values() {
+    fn envelope_parts_match_the_copied_rendering_and_slice_large_values() {
         let stored = Bytes::from_static(b"{\"id\":1}\n{\"id\":2}\n");
         let parts = envelope_parts(&[stored.slice(0..9), stored.slice(9..)], 1);
         assert_eq!(parts.concat(), envelope(std::slice::from_ref(&stored), 1));
+        let big = format!("{{\"v\":\"{}\"}}\n", "x".repeat(2000));
+        let stored = Bytes::from(format!("1\n{big}2\n"));
+        let parts = envelope_parts(std::slice::from_ref(&stored), 7);
+        assert_eq!(parts.concat(), envelope(std::slice::from_ref(&stored), 7));
         let value = &parts[1];
         assert_eq!(
             value.as_ptr(),
-            stored.as_ptr(),
-            "values are slices of the stored bytes"
+            stored[2..].as_ptr(),
+            "a large value is not copied"
         );
+        assert_eq!(value.len(), big.len() - 1);
     }
 
     #[test]
