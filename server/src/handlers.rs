@@ -848,7 +848,7 @@ async fn read(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Re
         Some(Live::Sse) => {
             crate::sse::start(core, surface, id, start, params.cursor, params.max_bytes)
         }
-        Some(Live::LongPoll) => long_poll(core, surface, id, start, offset, &params, req).await,
+        Some(Live::LongPoll) => long_poll(core, surface, id, start, &params, req).await,
         None if offset == OffsetParam::Now => now_response(core, surface, id),
         None => catch_up(core, surface, id, start, params.max_bytes, req, None).await,
     }
@@ -1002,13 +1002,11 @@ async fn long_poll(
     surface: Surface,
     id: StreamId,
     start: u64,
-    offset: OffsetParam,
     params: &ReadParams,
     req: &Request,
 ) -> Response {
     let deadline =
         std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
-    let _ = offset;
     loop {
         let (has_data, closed, version) = match core.shard.stream(id) {
             Some(s) => (s.visible_tail > start, s.visible_closed, s.version()),

@@ -146,12 +146,12 @@ pub async fn run(
     wbuf: &mut Vec<u8>,
     mut resp: Response,
 ) -> std::io::Result<bool> {
+    // The head is written while the body is still the session, so it gets chunked framing.
+    wbuf.clear();
+    write_head(wbuf, &resp, false, false);
     let Body::Sse(session) = std::mem::replace(&mut resp.body, Body::Empty) else {
         return Ok(false);
     };
-    resp.body = Body::Sse(Box::new(placeholder()));
-    wbuf.clear();
-    write_head(wbuf, &resp, false, false);
     let head = std::mem::take(wbuf);
     let (res, head) = stream.write_all(head).await;
     *wbuf = head;
@@ -180,22 +180,6 @@ pub async fn run(
     let (res, _) = stream.write_all(b"0\r\n\r\n".to_vec()).await;
     res?;
     Ok(false)
-}
-
-fn placeholder() -> SseSession {
-    SseSession {
-        owner: 0,
-        surface: Surface::Compat,
-        id: 0,
-        incarnation: 0,
-        offset: 0,
-        cursor: None,
-        max_bytes: 0,
-        mode: Mode::Text,
-        started: Instant::now(),
-        first: false,
-        records: None,
-    }
 }
 
 /// One chunk of the chunked response: size line, the events, CRLF; one write.
