@@ -132,6 +132,11 @@ pub fn owner_of(key: &str, cores: usize) -> usize {
 /// and return when a shutdown signal has been handled.
 pub fn run(config: Config) -> Result<(), String> {
     let config = Arc::new(config);
+    // Held until the process exits (the kernel releases it on kill -9 too).
+    let _data_dir_lock = match config.storage {
+        StorageMode::Disk => Some(lock_data_dir(&config)?),
+        StorageMode::Memory => None,
+    };
     if config.storage == StorageMode::Disk {
         check_layout(&config)?;
     }
@@ -225,8 +230,37 @@ fn check_layout(config: &Config) -> Result<(), String> {
     }
 }
 
+/// Two servers on one data dir would corrupt it: take an exclusive lock for our lifetime.
+fn lock_data_dir(config: &Config) -> Result<std::fs::File, String> {
+    use std::os::unix::io::AsRawFd;
+    let dir = &config.data_dir;
+    std::fs::create_dir_all(dir).map_err(|e| format!("data dir {}: {e}", dir.display()))?;
+    let path = dir.join("ursula.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: flock only reads the fd, which `file` keeps open.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(format!(
+            "data dir {} is in use by another ursula process",
+            dir.display()
+        ));
+    }
+    Ok(file)
+}
+
 fn bind_listeners(addr: SocketAddr, cores: usize) -> Result<Vec<std::net::TcpListener>, String> {
     use socket2::{Domain, Protocol, Socket, Type};
+    // Our per-core listeners share the port through SO_REUSEPORT, which would also let us
+    // join a port another server holds and silently split its traffic. A plain bind first
+    // proves the port is free.
+    if addr.port() != 0 {
+        std::net::TcpListener::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    }
     let mut out = Vec::with_capacity(cores);
     let mut addr = addr;
     for _ in 0..cores {
