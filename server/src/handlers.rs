@@ -1017,22 +1017,39 @@ async fn long_poll(
             return catch_up(core, surface, id, start, params.max_bytes, req, Some(c)).await;
         }
         if closed {
-            return closed_response(core, id, 204).header("stream-up-to-date", "true");
+            let resp = closed_response(core, id, 204).header("stream-up-to-date", "true");
+            return with_stream_records(core, surface, id, resp);
         }
         let now = std::time::Instant::now();
         if now >= deadline || core.shutting_down() {
             let tail = core.shard.stream(id).map_or(start, |s| s.visible_tail);
-            return Response::new(204)
+            let resp = Response::new(204)
                 .header("stream-next-offset", format_offset(tail))
                 .header("stream-up-to-date", "true")
                 .header("stream-cursor", cursor(core, params.cursor.as_deref()))
                 .header("cache-control", "no-store");
+            return with_stream_records(core, surface, id, resp);
         }
         let wait = (deadline - now).min(Duration::from_millis(500));
         core.wait_or_shutdown(core.shard.changed(id, version), wait)
             .await;
         core.shard.touch(id, ursula_storage::now_ms());
     }
+}
+
+/// Add the stream-level record headers to a response about a bucketed JSON stream.
+fn with_stream_records(
+    core: &Rc<Core>,
+    surface: Surface,
+    id: StreamId,
+    mut resp: Response,
+) -> Response {
+    if let Some(s) = core.shard.stream(id) {
+        if records::active(surface, &s.content_type) {
+            records::push_stream_headers(&mut resp, &s);
+        }
+    }
+    resp
 }
 
 /// A record-aware read (extensions.md §8.6–§8.7): whole records from a record ordinal.
