@@ -162,15 +162,7 @@ pub fn end_record(s: &Stream, start: u64, max_records: Option<u64>, max_bytes: u
     let Some(start_off) = s.message_start(start) else {
         return start;
     };
-    let mut end = start;
-    while end < limit {
-        let end_off = s.message_start(end + 1).unwrap_or(s.visible_tail);
-        if end > start && (end_off - start_off) as usize > max_bytes {
-            break;
-        }
-        end += 1;
-    }
-    end
+    s.records_within(start, limit, start_off.saturating_add(max_bytes as u64))
 }
 
 /// Render canonical NDJSON records as the envelope view, numbering from `first_record`.

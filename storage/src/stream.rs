@@ -502,6 +502,26 @@ impl Stream {
         self.chunks.iter().map(|c| c.len as u64).sum()
     }
 
+    /// The largest ordinal `e` in `(start, limit]` with records `[start, e)` ending at or
+    /// before offset `max_end`, but at least `start + 1` when `start < limit` (a response
+    /// always carries one whole record). A binary search over the message index.
+    pub fn records_within(&self, start: u64, limit: u64, max_end: u64) -> u64 {
+        let limit = limit.min(self.message_count());
+        if start >= limit || start < self.msg_base {
+            return start.min(limit);
+        }
+        // Records [start, e) end where record e starts (the tail for e == count); those
+        // ends grow with e, so count the candidates e in (start, limit) that fit.
+        let lo = (start - self.msg_base + 1) as usize;
+        let hi = (limit - self.msg_base) as usize;
+        let fit = self.msg_starts[lo..hi].partition_point(|&m| m <= max_end) as u64;
+        let mut end = start + fit;
+        if fit == (hi - lo) as u64 && self.message_start(limit).is_some_and(|o| o <= max_end) {
+            end = limit;
+        }
+        end.max(start + 1)
+    }
+
     /// Ordinal of the first message starting at or after `offset`.
     pub fn message_at_or_after(&self, offset: u64) -> u64 {
         self.msg_base + self.msg_starts.partition_point(|&s| s < offset) as u64
@@ -701,6 +721,24 @@ mod tests {
         assert_eq!(s.chunk_at(10).map(|c| c.first_msg), Some(2));
         assert!(s.chunk_at(12).is_none());
         assert_eq!(s.message_lens(0, 3), vec![8, 2, 2]);
+    }
+
+    #[test]
+    fn records_within_is_a_bounded_binary_search() {
+        let mut s = stream();
+        // Records of 4, 4, 10, 4 bytes at offsets 0, 4, 8, 18; tail 22.
+        append(&mut s, &["aaa\n", "bbb\n", "ccccccccc\n", "ddd\n"], None);
+        assert_eq!(s.records_within(0, 4, 22), 4);
+        assert_eq!(s.records_within(0, 4, 8), 2);
+        assert_eq!(s.records_within(0, 4, 7), 1, "at least one record");
+        assert_eq!(s.records_within(2, 4, 18), 3);
+        assert_eq!(
+            s.records_within(2, 4, 9),
+            3,
+            "a record larger than the limit alone"
+        );
+        assert_eq!(s.records_within(1, 3, 100), 3, "capped by limit");
+        assert_eq!(s.records_within(4, 4, 100), 4, "nothing at the tail");
     }
 
     #[test]
