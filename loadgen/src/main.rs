@@ -6,6 +6,7 @@
 //! stdout and, with `--json FILE`, a machine-readable report.
 
 mod append_max;
+mod batch;
 mod common;
 mod head;
 mod http;
@@ -51,6 +52,8 @@ enum Scenario {
     Replay(replay::ReplayArgs),
     /// Closed-loop HEAD requests: metadata requests/s and latency.
     Head(head::HeadArgs),
+    /// Small JSON events per request: append-batch frames (bucketed) or JSON arrays (compat).
+    Batch(batch::BatchArgs),
 }
 
 /// What a scenario hands back for the report.
@@ -87,6 +90,7 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::Tail(a) => ("tail", a.common.clone(), to_value(a)?),
         Scenario::Replay(a) => ("replay", a.common.clone(), to_value(a)?),
         Scenario::Head(a) => ("head", a.common.clone(), to_value(a)?),
+        Scenario::Batch(a) => ("batch", a.common.clone(), to_value(a)?),
     };
     let target = Target::from_common(&common)?;
     let cores = common.cores.unwrap_or_else(available_cores).max(1);
@@ -98,6 +102,7 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::Tail(a) => tail::run(a, &target, cores)?,
         Scenario::Replay(a) => replay::run(a, &target, cores)?,
         Scenario::Head(a) => head::run(a, &target, cores)?,
+        Scenario::Batch(a) => batch::run(a, &target, cores)?,
     };
     let report = build_report(name, &common, &target, cores, params, outcome);
     print!("{}", report.human());

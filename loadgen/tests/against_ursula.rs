@@ -352,4 +352,35 @@ fn scenarios_against_real_server() {
     assert_eq!(num(&r, &["error_total"]), 0.0);
     assert!(num(&r, &["ops"]) > 0.0);
     assert_eq!(num(&r, &["ops"]), num(&r, &["requests"]));
+
+    // batch: events through append-batch frames (bucketed) and JSON arrays (compat).
+    for surface in ["bucketed", "compat"] {
+        let (code, r) = loadgen(
+            dir.path(),
+            &format!("batch-{surface}"),
+            &[
+                "batch",
+                "--target",
+                t,
+                "--surface",
+                surface,
+                "--connections",
+                "4",
+                "--events",
+                "50",
+                "--event-size",
+                "200",
+                "--duration",
+                "1s",
+                "--warmup",
+                "200ms",
+            ],
+        );
+        assert_eq!(code, 0, "batch on {surface}");
+        assert_eq!(num(&r, &["error_total"]), 0.0, "batch on {surface}");
+        assert!(num(&r, &["ops"]) > 0.0, "batch on {surface}");
+        assert_eq!(num(&r, &["ops"]), num(&r, &["requests"]) * 50.0);
+        assert_eq!(num(&r, &["bytes"]), num(&r, &["ops"]) * 200.0);
+        assert!(num(&r, &["mb_per_sec"]) > 0.0);
+    }
 }
