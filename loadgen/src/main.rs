@@ -8,6 +8,7 @@
 mod append_max;
 mod batch;
 mod common;
+mod fanout;
 mod head;
 mod http;
 mod read;
@@ -54,6 +55,8 @@ enum Scenario {
     Head(head::HeadArgs),
     /// Small JSON events per request: append-batch frames (bucketed) or JSON arrays (compat).
     Batch(batch::BatchArgs),
+    /// One writer at a fixed rate, N SSE subscribers: publish-to-receive latency.
+    Fanout(fanout::FanoutArgs),
 }
 
 /// What a scenario hands back for the report.
@@ -91,6 +94,7 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::Replay(a) => ("replay", a.common.clone(), to_value(a)?),
         Scenario::Head(a) => ("head", a.common.clone(), to_value(a)?),
         Scenario::Batch(a) => ("batch", a.common.clone(), to_value(a)?),
+        Scenario::Fanout(a) => ("fanout", a.common.clone(), to_value(a)?),
     };
     let target = Target::from_common(&common)?;
     let cores = common.cores.unwrap_or_else(available_cores).max(1);
@@ -103,6 +107,7 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::Replay(a) => replay::run(a, &target, cores)?,
         Scenario::Head(a) => head::run(a, &target, cores)?,
         Scenario::Batch(a) => batch::run(a, &target, cores)?,
+        Scenario::Fanout(a) => fanout::run(a, &target, cores)?,
     };
     let report = build_report(name, &common, &target, cores, params, outcome);
     print!("{}", report.human());

@@ -30,11 +30,11 @@ fn clock_base() -> Instant {
     *CLOCK.get_or_init(Instant::now)
 }
 
-fn stamp(t: Instant) -> u64 {
+pub fn stamp(t: Instant) -> u64 {
     t.saturating_duration_since(clock_base()).as_nanos() as u64
 }
 
-fn unstamp(ns: u64) -> Instant {
+pub fn unstamp(ns: u64) -> Instant {
     clock_base() + Duration::from_nanos(ns)
 }
 

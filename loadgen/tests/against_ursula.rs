@@ -383,4 +383,40 @@ fn scenarios_against_real_server() {
         assert_eq!(num(&r, &["bytes"]), num(&r, &["ops"]) * 200.0);
         assert!(num(&r, &["mb_per_sec"]) > 0.0);
     }
+
+    // fanout: every published event reaches every SSE subscriber, on both surfaces.
+    for surface in ["compat", "bucketed"] {
+        let (code, r) = loadgen(
+            dir.path(),
+            &format!("fanout-{surface}"),
+            &[
+                "fanout",
+                "--target",
+                t,
+                "--surface",
+                surface,
+                "--subscribers",
+                "20",
+                "--rate",
+                "20",
+                "--duration",
+                "2s",
+                "--warmup",
+                "300ms",
+                "--grace",
+                "2s",
+            ],
+        );
+        assert_eq!(code, 0, "fanout on {surface}");
+        assert_eq!(num(&r, &["error_total"]), 0.0, "fanout on {surface}");
+        let published = num(&r, &["counters", "published"]);
+        assert!(published > 0.0, "fanout on {surface}");
+        assert!(num(&r, &["ops"]) > 0.0);
+        assert_eq!(
+            num(&r, &["counters", "missed_deliveries"]),
+            0.0,
+            "{surface}"
+        );
+        assert_eq!(num(&r, &["ops"]), published * 20.0, "fanout on {surface}");
+    }
 }
