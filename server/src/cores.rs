@@ -33,8 +33,10 @@ pub struct Core {
     pub inflight: Cell<usize>,
     /// The listening socket, shut down to end the accept loop.
     listener_fd: Cell<Option<std::os::unix::io::RawFd>>,
-    /// Live readers (long-poll, SSE) to wake when shutdown starts.
-    shutdown_waiters: std::cell::RefCell<Vec<std::task::Waker>>,
+    /// Live readers (long-poll, SSE) to wake when shutdown starts, one slot per waiting
+    /// task, removed when its wait ends.
+    shutdown_waiters: std::cell::RefCell<std::collections::HashMap<u64, std::task::Waker>>,
+    next_waiter: Cell<u64>,
     rng: Cell<u64>,
 }
 
@@ -89,14 +91,21 @@ impl Core {
     /// Wait for `changed` to resolve, `wait` to pass, or shutdown to start, whichever is
     /// first. Live readers use this so shutdown never waits for their timeouts.
     pub async fn wait_or_shutdown<F: std::future::Future>(&self, changed: F, wait: Duration) {
+        let id = self.next_waiter.get();
+        self.next_waiter.set(id + 1);
+        // The slot is given back however the wait ends (change, timeout, or drop).
+        let _slot = WaiterSlot { core: self, id };
         let mut changed = std::pin::pin!(changed);
         let either = std::future::poll_fn(|cx| {
             if self.shutting_down() {
                 return std::task::Poll::Ready(());
             }
             let mut waiters = self.shutdown_waiters.borrow_mut();
-            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                waiters.push(cx.waker().clone());
+            match waiters.get_mut(&id) {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => {
+                    waiters.insert(id, cx.waker().clone());
+                }
             }
             drop(waiters);
             changed.as_mut().poll(cx).map(|_| ())
@@ -106,7 +115,7 @@ impl Core {
 
     /// Make the pending `accept` fail so the accept loop ends; no connection is lost.
     fn stop_accepting(&self) {
-        for w in self.shutdown_waiters.borrow_mut().drain(..) {
+        for (_, w) in self.shutdown_waiters.borrow_mut().drain() {
             w.wake();
         }
         if let Some(fd) = self.listener_fd.take() {
@@ -115,6 +124,20 @@ impl Core {
             unsafe {
                 libc::shutdown(fd, libc::SHUT_RDWR);
             }
+        }
+    }
+}
+
+/// A live reader's registration in `Core::shutdown_waiters`, removed on drop.
+struct WaiterSlot<'a> {
+    core: &'a Core,
+    id: u64,
+}
+
+impl Drop for WaiterSlot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut waiters) = self.core.shutdown_waiters.try_borrow_mut() {
+            waiters.remove(&self.id);
         }
     }
 }
@@ -354,7 +377,8 @@ fn core_thread(
             shutdown,
             inflight: Cell::new(0),
             listener_fd: Cell::new(None),
-            shutdown_waiters: std::cell::RefCell::new(Vec::new()),
+            shutdown_waiters: std::cell::RefCell::new(std::collections::HashMap::new()),
+            next_waiter: Cell::new(0),
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1) ^ ursula_storage::now_ms() as u64,
             ),

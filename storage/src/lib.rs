@@ -13,8 +13,8 @@ pub mod stream;
 
 pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta};
 pub use shard::{
-    Commit, DiskUsage, Durability, NewStream, RecoveryReport, Shard, ShardConfig, ShardStats,
-    StorageError,
+    Changed, Commit, DiskUsage, Durability, NewStream, RecoveryReport, Shard, ShardConfig,
+    ShardStats, StorageError,
 };
 pub use stream::{Chunk, DiskLoc, Piece, Producer, Receipt, Stream, StreamId};
 

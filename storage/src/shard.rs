@@ -180,6 +180,8 @@ struct Inner {
     /// Snapshot blobs of a memory shard.
     memory_blobs: RefCell<HashMap<Box<str>, Bytes>>,
     blob_counter: Cell<u64>,
+    /// Ids for `Changed` futures, so each waiting task holds one waker slot.
+    next_waiter: Cell<u64>,
 }
 
 impl Shard {
@@ -209,6 +211,7 @@ impl Shard {
             dead_blobs: RefCell::new(Vec::new()),
             memory_blobs: RefCell::new(HashMap::new()),
             blob_counter: Cell::new(0),
+            next_waiter: Cell::new(0),
         });
         let shard = Shard { inner };
         let mut report = RecoveryReport::default();
@@ -639,14 +642,15 @@ impl Shard {
 
     /// Resolves once stream `id` changes after `seen_version` (see [`Stream::version`]) or is
     /// deleted.
-    pub fn changed(&self, id: StreamId, seen_version: u64) -> impl Future<Output = ()> + '_ {
-        poll_fn(move |cx| match self.inner.streams.borrow().get(&id) {
-            Some(s) if s.version() == seen_version => {
-                s.register_waiter(cx.waker());
-                Poll::Pending
-            }
-            _ => Poll::Ready(()),
-        })
+    pub fn changed(&self, id: StreamId, seen_version: u64) -> Changed<'_> {
+        let waiter = self.inner.next_waiter.get();
+        self.inner.next_waiter.set(waiter + 1);
+        Changed {
+            shard: self,
+            stream: id,
+            seen_version,
+            waiter,
+        }
     }
 
     /// Wait until everything accepted so far is durable, then stop the flusher.
@@ -1298,6 +1302,40 @@ fn zero_stale_tail(dir: &Path, index: u64, end: u64, contents: &[u8]) -> Result<
     segment::write_all_at_blocking(&file, buf.as_slice(), start as u64)?;
     file.sync_data()?;
     Ok(dropped)
+}
+
+/// Resolves once a stream changes after a seen version or is deleted. Holds one waker slot
+/// in the stream while pending and gives it back when dropped (a timed-out wait leaves
+/// nothing behind).
+pub struct Changed<'a> {
+    shard: &'a Shard,
+    stream: StreamId,
+    seen_version: u64,
+    waiter: u64,
+}
+
+impl Future for Changed<'_> {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        match self.shard.inner.streams.borrow().get(&self.stream) {
+            Some(s) if s.version() == self.seen_version => {
+                s.register_waiter(self.waiter, cx.waker());
+                Poll::Pending
+            }
+            _ => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for Changed<'_> {
+    fn drop(&mut self) {
+        if let Ok(streams) = self.shard.inner.streams.try_borrow() {
+            if let Some(s) = streams.get(&self.stream) {
+                s.unregister_waiter(self.waiter);
+            }
+        }
+    }
 }
 
 /// Resolves when an accepted change is durable (or the shard has failed).

@@ -139,7 +139,8 @@ pub struct Stream {
     pub last_access_ms: Cell<i64>,
     /// Bumped whenever readers could observe something new (data, closure, deletion).
     version: Cell<u64>,
-    waiters: RefCell<Vec<Waker>>,
+    /// Tasks waiting for a change, by waiter id (see `Shard::changed`).
+    waiters: RefCell<HashMap<u64, Waker>>,
 }
 
 impl Stream {
@@ -165,7 +166,7 @@ impl Stream {
             snapshot: None,
             last_access_ms: Cell::new(now_ms),
             version: Cell::new(0),
-            waiters: RefCell::new(Vec::new()),
+            waiters: RefCell::new(HashMap::new()),
         }
     }
 
@@ -455,7 +456,7 @@ impl Stream {
 
     pub(crate) fn notify(&self) {
         self.version.set(self.version.get() + 1);
-        for w in self.waiters.borrow_mut().drain(..) {
+        for (_, w) in self.waiters.borrow_mut().drain() {
             w.wake();
         }
     }
@@ -464,11 +465,21 @@ impl Stream {
         self.version.get()
     }
 
-    pub(crate) fn register_waiter(&self, waker: &Waker) {
+    /// Register (or refresh) waiter `id`; O(1), one entry per waiting task.
+    pub(crate) fn register_waiter(&self, id: u64, waker: &Waker) {
         let mut w = self.waiters.borrow_mut();
-        if !w.iter().any(|x| x.will_wake(waker)) {
-            w.push(waker.clone());
+        match w.get_mut(&id) {
+            Some(old) if old.will_wake(waker) => {}
+            Some(old) => *old = waker.clone(),
+            None => {
+                w.insert(id, waker.clone());
+            }
         }
+    }
+
+    /// Forget waiter `id` (its wait ended without a change).
+    pub(crate) fn unregister_waiter(&self, id: u64) {
+        self.waiters.borrow_mut().remove(&id);
     }
 
     /// Number of messages (records) ever appended (the next record ordinal, `N`).
