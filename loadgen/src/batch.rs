@@ -98,17 +98,7 @@ pub fn run(args: &BatchArgs, target: &Target, cores: usize) -> Result<Outcome, S
         async move {
             let timeout = a.common.timeout;
             let mine: Vec<usize> = ctx.mine(a.connections).collect();
-            let setup = async {
-                let mut conns = Vec::with_capacity(mine.len());
-                for &i in &mine {
-                    let mut c = Conn::new(t.addr, timeout);
-                    t.ensure_bucket(&mut c).await?;
-                    let path = t.stream_path(&t.stream_name("batch", i));
-                    t.create_stream(&mut c, &path, "application/json").await?;
-                    conns.push((c, path));
-                }
-                Ok(conns)
-            };
+            let setup = t.connect_streams("batch", &mine, |i| i, "application/json", timeout);
             let conns = setup_then_sync(&ctx, setup).await?;
             let win = ctx.window(a.common.warmup, a.common.duration);
             let events: Vec<Vec<u8>> = (0..a.events as u64)
@@ -205,21 +195,9 @@ async fn sender(mut conn: Conn, job: Job, win: Window) -> Stats {
                     st.record(t1 - t0);
                 }
             }
-            Ok(resp) => {
-                if counted {
-                    st.requests += 1;
-                    st.error(status_key(resp.status));
-                } else {
-                    st.count("warmup_errors", 1);
-                }
-            }
+            Ok(resp) => st.failed(counted, status_key(resp.status)),
             Err(e) => {
-                if counted {
-                    st.requests += 1;
-                    st.error(err_key(&e));
-                } else {
-                    st.count("warmup_errors", 1);
-                }
+                st.failed(counted, err_key(&e));
                 // Do not spin on a dead server.
                 monoio::time::sleep(Duration::from_millis(10)).await;
             }

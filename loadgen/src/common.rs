@@ -190,6 +190,27 @@ impl Target {
         }
     }
 
+    /// One keep-alive connection per index in `indexes`, each paired with the path of
+    /// stream `scenario`-`stream_of(index)`, created (with its bucket) before measuring.
+    pub async fn connect_streams(
+        &self,
+        scenario: &str,
+        indexes: &[usize],
+        stream_of: impl Fn(usize) -> usize,
+        content_type: &str,
+        timeout: Duration,
+    ) -> Result<Vec<(Conn, String)>, String> {
+        let mut conns = Vec::with_capacity(indexes.len());
+        for &i in indexes {
+            let mut c = Conn::new(self.addr, timeout);
+            self.ensure_bucket(&mut c).await?;
+            let path = self.stream_path(&self.stream_name(scenario, stream_of(i)));
+            self.create_stream(&mut c, &path, content_type).await?;
+            conns.push((c, path));
+        }
+        Ok(conns)
+    }
+
     /// Creates a stream (`201`; `200` if an identical one exists).
     pub async fn create_stream(
         &self,

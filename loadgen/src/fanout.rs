@@ -19,7 +19,7 @@ use monoio::net::TcpStream;
 use serde::Serialize;
 use ursula_protocol::http1::ChunkedDecoder;
 
-use crate::common::{err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Target};
+use crate::common::{merge_all, run_cores, setup_then_sync, Common, Target};
 use crate::common::{Ctx, Window};
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
@@ -281,24 +281,7 @@ async fn writer(mut conn: Conn, path: String, sched: Schedule, subscribers: u64)
         if in_window {
             st.requests += 1;
         }
-        match r {
-            Ok(resp) if (200..300).contains(&resp.status) => {
-                if in_window {
-                    st.count("published", 1);
-                    st.count("expected_deliveries", subscribers);
-                }
-            }
-            Ok(resp) => {
-                if in_window {
-                    st.error(format!("publish {}", status_key(resp.status)));
-                }
-            }
-            Err(e) => {
-                if in_window {
-                    st.error(format!("publish {}", err_key(&e)));
-                }
-            }
-        }
+        crate::tail::count_publish(&mut st, &r, in_window, subscribers);
     }
     st
 }

@@ -36,18 +36,13 @@ pub fn run(args: &HeadArgs, target: &Target, cores: usize) -> Result<Outcome, St
         async move {
             let timeout = a.common.timeout;
             let mine: Vec<usize> = ctx.mine(a.connections).collect();
-            let setup = async {
-                let mut conns = Vec::with_capacity(mine.len());
-                for &i in &mine {
-                    let mut c = Conn::new(t.addr, timeout);
-                    t.ensure_bucket(&mut c).await?;
-                    let path = t.stream_path(&t.stream_name("head", i % a.streams));
-                    t.create_stream(&mut c, &path, "application/octet-stream")
-                        .await?;
-                    conns.push((c, path));
-                }
-                Ok(conns)
-            };
+            let setup = t.connect_streams(
+                "head",
+                &mine,
+                |i| i % a.streams,
+                "application/octet-stream",
+                timeout,
+            );
             let conns = setup_then_sync(&ctx, setup).await?;
             let win = ctx.window(a.common.warmup, a.common.duration);
             let mut tasks = Vec::with_capacity(conns.len());

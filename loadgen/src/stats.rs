@@ -62,6 +62,17 @@ impl Stats {
         *self.errors.entry(key.into()).or_insert(0) += 1;
     }
 
+    /// A failed request: inside the measured window it counts as a request and an error
+    /// under `key`; during warm-up only as a warm-up error.
+    pub fn failed(&mut self, counted: bool, key: impl Into<String>) {
+        if counted {
+            self.requests += 1;
+            self.error(key);
+        } else {
+            self.count("warmup_errors", 1);
+        }
+    }
+
     pub fn count(&mut self, key: &'static str, n: u64) {
         *self.counters.entry(key).or_insert(0) += n;
     }

@@ -197,24 +197,7 @@ async fn writer(
             .request("POST", &path, &headers, Body::Slice(&body))
             .await;
         let in_window = due >= win.warm_end;
-        match r {
-            Ok(resp) if (200..300).contains(&resp.status) => {
-                if in_window {
-                    st.count("published", 1);
-                    st.count("expected_deliveries", readers);
-                }
-            }
-            Ok(resp) => {
-                if in_window {
-                    st.error(format!("publish {}", status_key(resp.status)));
-                }
-            }
-            Err(e) => {
-                if in_window {
-                    st.error(format!("publish {}", err_key(&e)));
-                }
-            }
-        }
+        count_publish(&mut st, &r, in_window, readers);
     }
     st
 }
@@ -295,6 +278,27 @@ async fn reader(mut conn: Conn, path: String, size: usize, win: Window, grace: D
         }
     }
     st
+}
+
+/// Account for one publish of a latency scenario (`tail`, `fanout`): inside the measured
+/// window a success expects a delivery to each of `receivers`, a failure is an error.
+pub fn count_publish(
+    st: &mut Stats,
+    r: &Result<crate::http::Response, crate::http::ReqError>,
+    in_window: bool,
+    receivers: u64,
+) {
+    if !in_window {
+        return;
+    }
+    match r {
+        Ok(resp) if (200..300).contains(&resp.status) => {
+            st.count("published", 1);
+            st.count("expected_deliveries", receivers);
+        }
+        Ok(resp) => st.error(format!("publish {}", status_key(resp.status))),
+        Err(e) => st.error(format!("publish {}", err_key(e))),
+    }
 }
 
 #[cfg(test)]

@@ -40,17 +40,7 @@ pub fn run(args: &WriteArgs, target: &Target, cores: usize) -> Result<Outcome, S
         async move {
             let timeout = a.common.timeout;
             let mine: Vec<usize> = ctx.mine(a.streams).collect();
-            let setup = async {
-                let mut conns = Vec::with_capacity(mine.len());
-                for &i in &mine {
-                    let mut c = Conn::new(t.addr, timeout);
-                    t.ensure_bucket(&mut c).await?;
-                    let path = t.stream_path(&t.stream_name("write", i));
-                    t.create_stream(&mut c, &path, &a.content_type).await?;
-                    conns.push((c, path));
-                }
-                Ok(conns)
-            };
+            let setup = t.connect_streams("write", &mine, |i| i, &a.content_type, timeout);
             let conns = setup_then_sync(&ctx, setup).await?;
             let win = ctx.window(a.common.warmup, a.common.duration);
             let payload = Bytes::from(crate::common::pattern(0, 0, a.payload));
@@ -97,21 +87,9 @@ async fn writer(mut conn: Conn, path: String, ct: Rc<str>, payload: Bytes, win: 
                     st.record(t1 - t0);
                 }
             }
-            Ok(resp) => {
-                if counted {
-                    st.requests += 1;
-                    st.error(status_key(resp.status));
-                } else {
-                    st.count("warmup_errors", 1);
-                }
-            }
+            Ok(resp) => st.failed(counted, status_key(resp.status)),
             Err(e) => {
-                if counted {
-                    st.requests += 1;
-                    st.error(err_key(&e));
-                } else {
-                    st.count("warmup_errors", 1);
-                }
+                st.failed(counted, err_key(&e));
                 // Do not spin on a dead server.
                 monoio::time::sleep(Duration::from_millis(10)).await;
             }
