@@ -41,6 +41,14 @@ impl Ext {
         })
     }
 
+    /// Whether a stream is soft-deleted, without decoding the blob in the common case:
+    /// the encoder writes the flag as `"soft_deleted":true`, so a blob without those bytes
+    /// is not soft-deleted (bytes inside an attribute value only cost a full decode).
+    pub fn is_soft_deleted(raw: &Bytes) -> bool {
+        memchr::memmem::find(raw, br#""soft_deleted":true"#).is_some()
+            && Ext::decode(raw).soft_deleted
+    }
+
     pub fn encode(&self) -> Bytes {
         if *self == Ext::default() {
             return Bytes::new();
@@ -69,5 +77,12 @@ mod tests {
             attrs: None,
         };
         assert_eq!(Ext::decode(&e.encode()), e);
+        assert!(Ext::is_soft_deleted(&e.encode()));
+        let live = Ext {
+            soft_deleted: false,
+            ..e
+        };
+        assert!(!Ext::is_soft_deleted(&live.encode()));
+        assert!(!Ext::is_soft_deleted(&Bytes::new()));
     }
 }

@@ -135,7 +135,7 @@ pub fn find(core: &Rc<Core>, key: &str) -> Found {
             }
             Lifetime::ExpiresAtMs(at) => now >= at,
         };
-        (expired, Ext::decode(&s.ext).soft_deleted)
+        (expired, Ext::is_soft_deleted(&s.ext))
     };
     if expired {
         // Expired streams are gone (P§15); forks hold their own copy of inherited data.
