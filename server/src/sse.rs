@@ -333,7 +333,7 @@ async fn emit_records(
         return true;
     };
     if rp.envelope {
-        let mut line = records::envelope(&parts, record);
+        let mut line = records::envelope_parts(&parts, record).concat();
         line.pop(); // the envelope object without its LF: one data line
         push_json_array_data_event(out, &line);
     } else {
