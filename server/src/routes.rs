@@ -112,17 +112,23 @@ pub fn route(raw_path: &str) -> Route {
 fn compat_id(raw: &str) -> Result<String, &'static str> {
     let mut out = String::with_capacity(raw.len());
     for (i, seg) in raw.split('/').enumerate() {
-        let seg = percent_decode(seg).map_err(|()| "invalid_stream_id: bad percent-encoding")?;
-        if seg.is_empty() || seg == "." || seg == ".." || seg.contains('\0') {
-            return Err("invalid_stream_id: empty, dot or NUL segment");
-        }
+        let seg = percent_decode(seg).map_err(|()| "bad percent-encoding")?;
         if i > 0 {
             out.push('/');
         }
         out.push_str(&seg);
     }
+    // Checked on the decoded ID: an encoded '/' (`x%2F..%2Fy`) must not carry an empty or
+    // dot segment past the rule.
+    if out
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        || out.contains('\0')
+    {
+        return Err("empty, dot or NUL segment");
+    }
     if out.len() > 1024 {
-        return Err("invalid_stream_id: longer than 1024 bytes");
+        return Err("longer than 1024 bytes");
     }
     Ok(out)
 }
@@ -170,6 +176,10 @@ mod tests {
         assert!(matches!(route("/v1/stream/a/../b"), Route::Invalid(_)));
         assert!(matches!(route("/v1/stream/a//b"), Route::Invalid(_)));
         assert!(matches!(route("/v1/stream/%00"), Route::Invalid(_)));
+        for encoded in ["x%2f..%2fy", "x%2F.%2Fy", "x%2f%2fy", "%2fx", "x%2F"] {
+            let path = format!("/v1/stream/{encoded}");
+            assert!(matches!(route(&path), Route::Invalid(_)), "{path}");
+        }
     }
 
     #[test]
