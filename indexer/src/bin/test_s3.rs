@@ -1,0 +1,209 @@
+//! `ursula-test-s3`: a real S3 server for the indexer's tests.
+//!
+//! It is s3s-fs (objects are files under `--root`, one subdirectory per bucket) behind the
+//! `s3s` HTTP/SigV4 front end, with one change: every mutating call runs under a single
+//! write lock. Stock s3s-fs checks `If-Match` / `If-None-Match`, writes a temp file and
+//! renames it with no lock across those steps, so two racing compare-and-swap writers can
+//! both win; the indexer's manifest CAS needs exactly one winner. Reads are not locked
+//! (a rename is atomic, so a reader sees the old or the new object).
+//!
+//! Prints `ursula-test-s3 listening on http://ADDR` on stdout once it accepts connections.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use hyper_util::rt::TokioIo;
+use s3s::auth::SimpleAuth;
+use s3s::dto::*;
+use s3s::service::S3ServiceBuilder;
+use s3s::{S3Request, S3Response, S3Result, S3};
+use s3s_fs::FileSystem;
+use tokio::sync::Mutex;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ursula-test-s3",
+    about = "s3s-fs with serialised writes (tests only)"
+)]
+struct Opt {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Directory holding one subdirectory per bucket.
+    #[arg(long)]
+    root: PathBuf,
+    /// Buckets to create at start (directories under --root).
+    #[arg(long)]
+    bucket: Vec<String>,
+    #[arg(long, default_value = "testak")]
+    access_key: String,
+    #[arg(long, default_value = "testsecretkey")]
+    secret_key: String,
+}
+
+fn main() {
+    let opt = Opt::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ursula-test-s3: runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run(opt)) {
+        eprintln!("ursula-test-s3: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
+    for b in &opt.bucket {
+        std::fs::create_dir_all(opt.root.join(b))?;
+    }
+    let fs = FileSystem::new(&opt.root).map_err(|e| format!("s3s-fs: {e:?}"))?;
+    let locked = Locked {
+        fs,
+        write: Mutex::new(()),
+    };
+    let service = {
+        let mut b = S3ServiceBuilder::new(locked);
+        b.set_auth(SimpleAuth::from_single(opt.access_key, opt.secret_key));
+        b.build()
+    };
+    let listener = tokio::net::TcpListener::bind(opt.listen).await?;
+    println!(
+        "ursula-test-s3 listening on http://{}",
+        listener.local_addr()?
+    );
+    let service = Arc::new(service);
+    loop {
+        let (socket, _) = match listener.accept().await {
+            Ok(x) => x,
+            Err(_) => continue,
+        };
+        let service = (*service).clone();
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(socket), service)
+                .await;
+        });
+    }
+}
+
+/// s3s-fs with one lock around every call that changes an object.
+struct Locked {
+    fs: FileSystem,
+    write: Mutex<()>,
+}
+
+#[async_trait::async_trait]
+impl S3 for Locked {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let _g = self.write.lock().await;
+        self.fs.create_bucket(req).await
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.fs.head_bucket(req).await
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        self.fs.list_buckets(req).await
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        self.fs.get_object(req).await
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        self.fs.head_object(req).await
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        self.fs.list_objects_v2(req).await
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let _g = self.write.lock().await;
+        self.fs.put_object(req).await
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let _g = self.write.lock().await;
+        self.fs.copy_object(req).await
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let _g = self.write.lock().await;
+        self.fs.delete_object(req).await
+    }
+
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let _g = self.write.lock().await;
+        self.fs.delete_objects(req).await
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.fs.create_multipart_upload(req).await
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.fs.upload_part(req).await
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let _g = self.write.lock().await;
+        self.fs.complete_multipart_upload(req).await
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.fs.abort_multipart_upload(req).await
+    }
+}

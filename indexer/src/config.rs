@@ -1,0 +1,207 @@
+//! Configuration: command-line flags over an optional TOML file over defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+#[derive(Parser, Debug, Default)]
+#[command(
+    name = "ursula-indexer",
+    version,
+    about = "Event-time index over Durable Streams"
+)]
+pub struct Cli {
+    /// Address to listen on; port 0 picks a free port (printed at start).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Local directory object store (the default: ./ursula-index).
+    #[arg(long, conflicts_with = "s3_bucket")]
+    pub store_dir: Option<PathBuf>,
+    /// S3 bucket object store (credentials from the standard AWS chain).
+    #[arg(long)]
+    pub s3_bucket: Option<String>,
+    #[arg(long)]
+    pub s3_prefix: Option<String>,
+    /// S3-compatible endpoint URL (implies path-style addressing).
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    #[arg(long)]
+    pub s3_region: Option<String>,
+    /// Disposable local cache of downloaded parts (S3 store).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Budget for the part caches (disk, and a quarter of it in memory).
+    #[arg(long)]
+    pub cache_bytes: Option<u64>,
+    /// Commit the in-memory tail to the store at least this often.
+    #[arg(long)]
+    pub commit_interval_ms: Option<u64>,
+    /// ... or when this many entries are pending.
+    #[arg(long)]
+    pub commit_entries: Option<usize>,
+    /// How often followers re-read CATALOG and manifests.
+    #[arg(long)]
+    pub poll_interval_ms: Option<u64>,
+    /// Ingest claim lease.
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
+    /// Level-0 parts of one day that trigger a compaction (the fan-in).
+    #[arg(long)]
+    pub compact_parts: Option<usize>,
+    /// Maximum entries in one compaction output part.
+    #[arg(long)]
+    pub compaction_max_entries: Option<usize>,
+    #[arg(long)]
+    pub gc_interval_ms: Option<u64>,
+    #[arg(long)]
+    pub gc_grace_ms: Option<u64>,
+    #[arg(long)]
+    pub gc_retain_generations: Option<u64>,
+    /// Identity of this worker in claims (default: host-pid-random).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// TOML file with any of the settings above (flags win).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Test-only fault injection: shift every extracted time by this many ms.
+    #[arg(long, hide = true)]
+    pub debug_time_offset_ms: Option<i64>,
+    /// Test-only: re-read each index from its registration base, so the first commit
+    /// overlaps what is already durable (exercises overlap verification).
+    #[arg(long, hide = true)]
+    pub debug_reingest: bool,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub store_dir: Option<PathBuf>,
+    pub s3_bucket: Option<String>,
+    pub s3_prefix: Option<String>,
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    pub cache_dir: Option<PathBuf>,
+    pub cache_bytes: Option<u64>,
+    pub commit_interval_ms: Option<u64>,
+    pub commit_entries: Option<usize>,
+    pub poll_interval_ms: Option<u64>,
+    pub lease_ms: Option<u64>,
+    pub compact_parts: Option<usize>,
+    pub compaction_max_entries: Option<usize>,
+    pub gc_interval_ms: Option<u64>,
+    pub gc_grace_ms: Option<u64>,
+    pub gc_retain_generations: Option<u64>,
+    pub worker_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub enum StoreConfig {
+    Dir(PathBuf),
+    S3(crate::store::S3Settings),
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub store: StoreConfig,
+    pub cache_dir: Option<PathBuf>,
+    pub cache_bytes: u64,
+    pub commit_interval: Duration,
+    pub commit_entries: usize,
+    pub poll_interval: Duration,
+    pub lease: Duration,
+    pub compact_parts: usize,
+    pub compaction_max_entries: usize,
+    pub gc_interval: Duration,
+    pub gc_grace: Duration,
+    pub gc_retain_generations: u64,
+    pub worker_id: String,
+    pub debug_time_offset_ms: i64,
+    pub debug_reingest: bool,
+}
+
+impl Config {
+    pub fn resolve(cli: Cli) -> Result<Config, String> {
+        let file = match &cli.config {
+            Some(p) => load_file(p)?,
+            None => FileConfig::default(),
+        };
+        let ms =
+            |a: Option<u64>, b: Option<u64>, d: u64| Duration::from_millis(a.or(b).unwrap_or(d));
+        let bucket = cli.s3_bucket.or(file.s3_bucket);
+        let store_dir = cli.store_dir.or(file.store_dir);
+        let store = match (bucket, store_dir) {
+            (Some(_), Some(_)) => {
+                return Err("give either a store directory or an S3 bucket, not both".into())
+            }
+            (Some(bucket), None) => StoreConfig::S3(crate::store::S3Settings {
+                bucket,
+                prefix: cli
+                    .s3_prefix
+                    .or(file.s3_prefix)
+                    .unwrap_or_else(|| "event-index".into()),
+                endpoint: cli.s3_endpoint.or(file.s3_endpoint),
+                region: cli.s3_region.or(file.s3_region),
+                path_style: false,
+            }),
+            (None, dir) => StoreConfig::Dir(dir.unwrap_or_else(|| PathBuf::from("ursula-index"))),
+        };
+        let compact_parts = cli.compact_parts.or(file.compact_parts).unwrap_or(8);
+        if compact_parts < 2 {
+            return Err("--compact-parts must be at least 2".into());
+        }
+        let worker_id = cli.worker_id.or(file.worker_id).unwrap_or_else(|| {
+            format!(
+                "w{}-{:x}",
+                std::process::id(),
+                crate::time::now_ms() & 0xffff_ffff
+            )
+        });
+        Ok(Config {
+            listen: cli
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 4493))),
+            store,
+            cache_dir: cli.cache_dir.or(file.cache_dir),
+            cache_bytes: cli
+                .cache_bytes
+                .or(file.cache_bytes)
+                .unwrap_or(1 << 30)
+                .max(16 << 20),
+            commit_interval: ms(cli.commit_interval_ms, file.commit_interval_ms, 5_000),
+            commit_entries: cli
+                .commit_entries
+                .or(file.commit_entries)
+                .unwrap_or(65_536)
+                .max(1),
+            poll_interval: ms(cli.poll_interval_ms, file.poll_interval_ms, 250),
+            lease: ms(cli.lease_ms, file.lease_ms, 15_000),
+            compact_parts,
+            compaction_max_entries: cli
+                .compaction_max_entries
+                .or(file.compaction_max_entries)
+                .unwrap_or(1_000_000)
+                .max(1024),
+            gc_interval: ms(cli.gc_interval_ms, file.gc_interval_ms, 60_000),
+            gc_grace: ms(cli.gc_grace_ms, file.gc_grace_ms, 600_000),
+            gc_retain_generations: cli
+                .gc_retain_generations
+                .or(file.gc_retain_generations)
+                .unwrap_or(8)
+                .max(1),
+            worker_id,
+            debug_time_offset_ms: cli.debug_time_offset_ms.unwrap_or(0),
+            debug_reingest: cli.debug_reingest,
+        })
+    }
+}
+
+fn load_file(p: &Path) -> Result<FileConfig, String> {
+    let text = std::fs::read_to_string(p).map_err(|e| format!("read {}: {e}", p.display()))?;
+    toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+}

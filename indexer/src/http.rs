@@ -1,0 +1,444 @@
+//! The HTTP API (indexer.md §1): routing, parameter parsing and response bodies.
+//! Errors are `{"error": "<text>"}` with 400 (bad request), 404 (unknown index),
+//! 409 (conflicts, cannot resume), 415, 422 (source preflight) or 500.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use serde::Serialize;
+
+use crate::coordinator::{valid_id, Coordinator, RegisterBody, RegisterError};
+use crate::index::{decode_cursor, encode_cursor, Index, Query, QueryError, View};
+use crate::manifest::{Skipped, Status};
+use crate::part::Entry;
+use crate::source::offset_token;
+
+type Resp = Response<Full<Bytes>>;
+
+const MAX_BODY: usize = 1 << 20;
+const DEFAULT_LIMIT: usize = 1000;
+const MAX_LIMIT: usize = 10_000;
+
+pub async fn handle(
+    co: Arc<Coordinator>,
+    req: http::Request<Incoming>,
+) -> Result<Resp, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let ct = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let resp = match (&method, segs.as_slice()) {
+        (&Method::GET, ["livez"]) => empty(StatusCode::NO_CONTENT),
+        (&Method::GET, ["readyz"]) => {
+            if co.ready.load(Ordering::Relaxed) {
+                empty(StatusCode::NO_CONTENT)
+            } else {
+                error(StatusCode::SERVICE_UNAVAILABLE, "catalog is not readable")
+            }
+        }
+        (&Method::GET, ["v1", "indexes"]) => match co.list().await {
+            Ok(regs) => json(StatusCode::OK, &regs),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        },
+        (m, ["v1", "indexes", id]) if m == Method::PUT => {
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return Ok(error(StatusCode::PAYLOAD_TOO_LARGE, "body too large")),
+            };
+            register(&co, id, &ct, &body).await
+        }
+        (m, ["v1", "indexes", id]) if m == Method::DELETE => {
+            if !valid_id(id) {
+                error(StatusCode::BAD_REQUEST, "invalid index id")
+            } else {
+                match co.unregister(id).await {
+                    Ok(true) => empty(StatusCode::NO_CONTENT),
+                    Ok(false) => error(StatusCode::NOT_FOUND, "unknown index"),
+                    Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+                }
+            }
+        }
+        (&Method::GET, ["v1", "indexes", id, "events"]) => match lookup(&co, id).await {
+            Ok(ix) => events(&ix, &query).await,
+            Err(r) => r,
+        },
+        (&Method::GET, ["v1", "indexes", id, "status"]) => match lookup(&co, id).await {
+            Ok(ix) => status(&ix),
+            Err(r) => r,
+        },
+        (&Method::POST, ["v1", "indexes", id, "status", "resume"]) => match lookup(&co, id).await {
+            Ok(ix) => match ix.resume().await {
+                Ok(Ok(())) => status(&ix),
+                Ok(Err(e)) => error(StatusCode::CONFLICT, &e),
+                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+            },
+            Err(r) => r,
+        },
+        (_, ["livez"] | ["readyz"] | ["v1", "indexes", ..]) => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        }
+        _ => error(StatusCode::NOT_FOUND, "not found"),
+    };
+    Ok(resp)
+}
+
+async fn lookup(co: &Arc<Coordinator>, id: &str) -> Result<Arc<Index>, Resp> {
+    if !valid_id(id) {
+        return Err(error(StatusCode::BAD_REQUEST, "invalid index id"));
+    }
+    if let Some(ix) = co.get(id) {
+        return Ok(ix);
+    }
+    // Registered through another worker a moment ago?
+    let _ = co.sync(true).await;
+    co.get(id)
+        .ok_or_else(|| error(StatusCode::NOT_FOUND, "unknown index"))
+}
+
+async fn register(co: &Arc<Coordinator>, id: &str, ct: &str, body: &[u8]) -> Resp {
+    if !valid_id(id) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid index id: use 1-122 of a-z, 0-9, '-' and '_'",
+        );
+    }
+    let base = ct.split(';').next().unwrap_or("").trim();
+    if !base.is_empty() && !base.eq_ignore_ascii_case("application/json") {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "body must be application/json",
+        );
+    }
+    let parsed: RegisterBody = match sonic_rs::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid registration body: {e}"),
+            )
+        }
+    };
+    match co.register(id, parsed).await {
+        Ok(reg) => json(StatusCode::CREATED, &reg),
+        Err(RegisterError::Bad(e)) => error(StatusCode::BAD_REQUEST, &e),
+        Err(RegisterError::Source(e)) => error(StatusCode::UNPROCESSABLE_ENTITY, &e),
+        Err(RegisterError::Conflict(e)) => error(StatusCode::CONFLICT, &e),
+        Err(RegisterError::Internal(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bodies
+
+#[derive(Serialize)]
+struct SourceBody<'a> {
+    stream_url: &'a str,
+    incarnation: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct CoverageBody {
+    from: String,
+    floor: String,
+    through: String,
+    durable: String,
+    /// Extension: everything before this offset is queryable (in memory or durable).
+    indexed: String,
+    complete: bool,
+    trimmed_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct EntryBody {
+    t_ms: i64,
+    t_end_ms: i64,
+    offset: String,
+    len: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    record: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct EventsBody<'a> {
+    source: SourceBody<'a>,
+    coverage: CoverageBody,
+    skipped: Skipped,
+    entries: Vec<EntryBody>,
+    next: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    indexed_through_record: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    durable_through_record: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    through_record: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct StatusBody<'a> {
+    status: &'a Status,
+    source: SourceBody<'a>,
+    coverage: CoverageBody,
+    skipped: Skipped,
+    parts: usize,
+    generation: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restarted_from_incarnation: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    indexed_through_record: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    durable_through_record: Option<u64>,
+}
+
+fn coverage(view: &View, through: u64) -> CoverageBody {
+    let m = &view.manifest;
+    let trimmed = view.trimmed();
+    CoverageBody {
+        from: offset_token(m.indexed_from_offset),
+        floor: offset_token(view.floor()),
+        through: offset_token(through),
+        durable: offset_token(m.durable_offset),
+        indexed: offset_token(view.indexed()),
+        complete: trimmed == 0,
+        trimmed_bytes: trimmed,
+    }
+}
+
+fn status(ix: &Index) -> Resp {
+    let view = ix.view();
+    let records = ix.reg.record_coordinates;
+    let body = StatusBody {
+        status: &view.manifest.status,
+        source: SourceBody {
+            stream_url: &ix.reg.stream_url,
+            incarnation: ix.reg.incarnation.as_deref(),
+        },
+        coverage: coverage(&view, view.indexed()),
+        skipped: view.skipped(),
+        parts: view.manifest.parts.len(),
+        generation: view.manifest.generation,
+        restarted_from_incarnation: ix.reg.restarted_from_incarnation.as_deref(),
+        indexed_through_record: if records { view.indexed_record() } else { None },
+        durable_through_record: if records {
+            view.manifest.durable_record
+        } else {
+            None
+        },
+    };
+    json(StatusCode::OK, &body)
+}
+
+async fn events(ix: &Index, raw_query: &str) -> Resp {
+    let q = match parse_query(raw_query) {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let r = match ix.query(&q).await {
+        Ok(r) => r,
+        Err(QueryError::Bad(e)) => return error(StatusCode::BAD_REQUEST, &e),
+        Err(QueryError::Internal(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+    };
+    let records = ix.reg.record_coordinates;
+    let view = &r.view;
+    let body = EventsBody {
+        source: SourceBody {
+            stream_url: &ix.reg.stream_url,
+            incarnation: ix.reg.incarnation.as_deref(),
+        },
+        coverage: coverage(view, r.through),
+        skipped: view.skipped(),
+        entries: r.entries.iter().map(entry_body).collect(),
+        next: r.next.map(encode_cursor),
+        indexed_through_record: if records { view.indexed_record() } else { None },
+        durable_through_record: if records {
+            view.manifest.durable_record
+        } else {
+            None
+        },
+        through_record: if records {
+            q.through_record.or(view.indexed_record())
+        } else {
+            None
+        },
+    };
+    let mut resp = json(StatusCode::OK, &body);
+    let h = resp.headers_mut();
+    for (name, v) in [
+        ("indexed-from-offset", view.manifest.indexed_from_offset),
+        ("floor-offset", view.floor()),
+        ("durable-offset", view.manifest.durable_offset),
+        ("through-offset", r.through),
+    ] {
+        if let Ok(v) = http::HeaderValue::from_str(&offset_token(v)) {
+            h.insert(name, v);
+        }
+    }
+    resp
+}
+
+fn entry_body(e: &Entry) -> EntryBody {
+    EntryBody {
+        t_ms: e.t_ms,
+        t_end_ms: e.t_end_ms,
+        offset: offset_token(e.offset),
+        len: e.len,
+        record: e.record,
+    }
+}
+
+fn parse_query(raw: &str) -> Result<Query, String> {
+    let mut from = None;
+    let mut until = None;
+    let mut overlap = false;
+    let mut limit = DEFAULT_LIMIT;
+    let mut after = None;
+    let mut through = None;
+    let mut through_record = None;
+    for pair in raw.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v).ok_or_else(|| format!("{k}: bad percent-encoding"))?;
+        match k {
+            "from" => {
+                from = Some(
+                    crate::time::parse_query_time(&v)
+                        .ok_or("from: expected ms since the epoch or RFC 3339")?,
+                )
+            }
+            "until" => {
+                until = Some(
+                    crate::time::parse_query_time(&v)
+                        .ok_or("until: expected ms since the epoch or RFC 3339")?,
+                )
+            }
+            "match" => {
+                overlap = match v.as_str() {
+                    "start" => false,
+                    "overlap" => true,
+                    _ => return Err("match must be start or overlap".into()),
+                }
+            }
+            "limit" => {
+                limit = v.parse().map_err(|_| "limit must be an integer")?;
+                if limit == 0 || limit > MAX_LIMIT {
+                    return Err(format!("limit must be between 1 and {MAX_LIMIT}"));
+                }
+            }
+            "after" => {
+                after = Some(decode_cursor(&v).ok_or("after: expected a 32-hex-digit cursor")?)
+            }
+            "through" => {
+                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err("through must be an offset (digit string)".into());
+                }
+                through = Some(v.parse().map_err(|_| "through is out of range")?)
+            }
+            "through_record" => {
+                through_record = Some(v.parse().map_err(|_| "through_record must be an integer")?)
+            }
+            other => return Err(format!("unknown query parameter {other:?}")),
+        }
+    }
+    let from = from.ok_or("from is required")?;
+    let until = until.ok_or("until is required")?;
+    if from >= until {
+        return Err("from must be before until".into());
+    }
+    Ok(Query {
+        from,
+        until,
+        overlap,
+        limit,
+        after,
+        through,
+        through_record,
+    })
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Resp {
+    match sonic_rs::to_vec(body) {
+        Ok(b) => Response::builder()
+            .status(status)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(b)))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+fn error(status: StatusCode, msg: &str) -> Resp {
+    #[derive(Serialize)]
+    struct E<'a> {
+        error: &'a str,
+    }
+    let body = sonic_rs::to_vec(&E { error: msg }).unwrap_or_default();
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+fn empty(status: StatusCode) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = status;
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_params() {
+        let q = parse_query(
+            "from=2026-07-18T10:00:00Z&until=2026-07-18T11:00:00Z&limit=100&match=overlap",
+        )
+        .expect("ok");
+        assert!(q.overlap);
+        assert_eq!(q.limit, 100);
+        assert!(parse_query("from=1&until=1").is_err());
+        assert!(parse_query("from=1&until=2&limit=0").is_err());
+        assert!(parse_query("from=1&until=2&limit=10001").is_err());
+        assert!(parse_query("from=1&until=2&bogus=1").is_err());
+        assert!(parse_query("until=2").is_err());
+        assert!(parse_query("from=1&until=2&after=zz").is_err());
+        let c = encode_cursor((1784370600100, 6630));
+        assert_eq!(c, "8000019f74c698a400000000000019e6");
+        assert_eq!(decode_cursor(&c), Some((1784370600100, 6630)));
+        assert!(encode_cursor((-1, 0)) < encode_cursor((0, 0)));
+    }
+}

@@ -1,0 +1,1317 @@
+//! One index: its published manifest, its in-memory tail, the ingest loop that feeds both,
+//! and the queries that read them.
+//!
+//! Readers never take a lock across I/O: they clone one `Arc<View>` (manifest + tail) and
+//! work on that snapshot. The ingest task is the only writer of the view; it swaps in a new
+//! `Arc` after every source read (tail grows: visible within milliseconds) and after every
+//! successful manifest compare-and-swap (tail becomes durable).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::PartCache;
+use crate::config::Config;
+use crate::extract::{Extractor, Outcome, SkipKind};
+use crate::manifest::{
+    self, Catalog, Manifest, PartMeta, Registration, RetiredNamespace, Skipped, Status, Versioned,
+};
+use crate::part::{self, Entry, Group, PartFile};
+use crate::source::{self, HeadResult, ReadResult, SourceClient};
+use crate::store::{DynStore, PutMode, StoreError};
+use crate::time::{day_start, now_ms};
+
+/// Process-wide services every index uses.
+pub struct Shared {
+    pub store: DynStore,
+    pub cache: PartCache,
+    pub cfg: Config,
+    pub source: SourceClient,
+}
+
+/// What queries see: the published manifest plus the not-yet-durable tail.
+pub struct View {
+    pub manifest: Arc<Manifest>,
+    pub etag: String,
+    pub tail: Arc<Tail>,
+}
+
+/// Entries read from the source but not yet published. `base` is the manifest's durable
+/// offset the tail extends; a tail whose base is not the manifest's durable offset is
+/// stale and ignored.
+#[derive(Default, Debug)]
+pub struct Tail {
+    pub base: u64,
+    pub end: u64,
+    pub end_record: Option<u64>,
+    pub floor: u64,
+    pub runs: Vec<Arc<Vec<Entry>>>,
+    pub skipped: Skipped,
+    pub trimmed: u64,
+    pub max_span_ms: i64,
+}
+
+impl View {
+    fn tail(&self) -> Option<&Tail> {
+        (self.tail.base == self.manifest.durable_offset && self.tail.end >= self.tail.base)
+            .then_some(&*self.tail)
+    }
+
+    pub fn indexed(&self) -> u64 {
+        self.tail().map_or(self.manifest.durable_offset, |t| t.end)
+    }
+
+    pub fn indexed_record(&self) -> Option<u64> {
+        self.tail()
+            .and_then(|t| t.end_record)
+            .or(self.manifest.durable_record)
+    }
+
+    pub fn floor(&self) -> u64 {
+        self.tail().map_or(self.manifest.floor_offset, |t| {
+            t.floor.max(self.manifest.floor_offset)
+        })
+    }
+
+    pub fn trimmed(&self) -> u64 {
+        self.manifest.trimmed_bytes + self.tail().map_or(0, |t| t.trimmed)
+    }
+
+    pub fn skipped(&self) -> Skipped {
+        let mut s = self.manifest.skipped;
+        if let Some(t) = self.tail() {
+            s.add(&t.skipped);
+        }
+        s
+    }
+}
+
+pub struct Index {
+    pub reg: Registration,
+    pub ns: String,
+    extractor: Extractor,
+    shared: Arc<Shared>,
+    view: RwLock<Arc<View>>,
+    stop: AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Query {
+    pub from: i64,
+    pub until: i64,
+    pub overlap: bool,
+    pub limit: usize,
+    pub after: Option<(i64, u64)>,
+    pub through: Option<u64>,
+    pub through_record: Option<u64>,
+}
+
+pub struct QueryResult {
+    pub view: Arc<View>,
+    pub through: u64,
+    pub entries: Vec<Entry>,
+    pub next: Option<(i64, u64)>,
+}
+
+pub enum QueryError {
+    Bad(String),
+    Internal(String),
+}
+
+/// Cursor token: 16 hex digits of `t_ms` with the sign bit flipped, then 16 of the offset,
+/// so tokens sort as strings exactly like `(t_ms, offset)`.
+pub fn encode_cursor(k: (i64, u64)) -> String {
+    format!("{:016x}{:016x}", (k.0 as u64) ^ (1 << 63), k.1)
+}
+
+pub fn decode_cursor(s: &str) -> Option<(i64, u64)> {
+    if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let t = u64::from_str_radix(&s[..16], 16).ok()? ^ (1 << 63);
+    let o = u64::from_str_radix(&s[16..], 16).ok()?;
+    Some((t as i64, o))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Claim {
+    worker_id: String,
+    expires_at_ms: i64,
+}
+
+enum OwnerExit {
+    /// Lost the claim, was stopped, or must re-read the manifest: back to following.
+    Yield,
+    /// The source was recreated and the registration moved to a new namespace.
+    Restarted,
+}
+
+fn lock_read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lock_write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Index {
+    /// Open (creating if needed) the namespace of `reg`.
+    pub async fn open(shared: Arc<Shared>, reg: Registration) -> Result<Arc<Index>, String> {
+        let ns = reg.namespace();
+        let key = manifest::current_key(&ns);
+        let current = match manifest::load::<Manifest>(&shared.store, &key).await? {
+            Some(v) => v,
+            None => {
+                let m = Manifest::initial(&reg);
+                match manifest::cas(&shared.store, &key, &m, None).await? {
+                    Ok(etag) => Versioned { value: m, etag },
+                    Err(()) => manifest::load::<Manifest>(&shared.store, &key)
+                        .await?
+                        .ok_or_else(|| format!("{key} vanished during creation"))?,
+                }
+            }
+        };
+        current.value.validate(&reg)?;
+        let spec = reg.extract.clone();
+        let extractor = Extractor::compile(&spec)?.with_skew(shared.cfg.debug_time_offset_ms);
+        let durable = current.value.durable_offset;
+        let view = View {
+            manifest: Arc::new(current.value),
+            etag: current.etag,
+            tail: Arc::new(Tail {
+                base: durable,
+                end: durable,
+                ..Tail::default()
+            }),
+        };
+        Ok(Arc::new(Index {
+            reg,
+            ns,
+            extractor,
+            shared,
+            view: RwLock::new(Arc::new(view)),
+            stop: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn view(&self) -> Arc<View> {
+        lock_read(&self.view).clone()
+    }
+
+    fn set_view(&self, v: View) {
+        *lock_write(&self.view) = Arc::new(v);
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Re-read `CURRENT` if it changed; keeps the tail when it still extends the manifest.
+    pub async fn refresh(&self) -> Result<(), String> {
+        let cur = self.view();
+        let key = manifest::current_key(&self.ns);
+        if let Some(v) = manifest::reload::<Manifest>(&self.shared.store, &key, &cur.etag).await? {
+            let tail = if cur.tail.base == v.value.durable_offset {
+                cur.tail.clone()
+            } else {
+                Arc::new(Tail {
+                    base: v.value.durable_offset,
+                    end: v.value.durable_offset,
+                    ..Tail::default()
+                })
+            };
+            self.set_view(View {
+                manifest: Arc::new(v.value),
+                etag: v.etag,
+                tail,
+            });
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Query
+
+    pub async fn query(&self, q: &Query) -> Result<QueryResult, QueryError> {
+        let view = self.view();
+        let m = &view.manifest;
+        let indexed = view.indexed();
+        let through = q.through.unwrap_or(indexed);
+        if through < m.indexed_from_offset || through > indexed {
+            return Err(QueryError::Bad(format!(
+                "through must lie between coverage.from ({}) and the indexed offset ({})",
+                source::offset_token(m.indexed_from_offset),
+                source::offset_token(indexed)
+            )));
+        }
+        let floor = view.floor();
+        let mut cursors: Vec<Cursor> = Vec::new();
+        for p in &m.parts {
+            let t_hit = if q.overlap {
+                p.max_t_end_ms >= q.from && p.min_t_ms < q.until
+            } else {
+                p.max_t_ms >= q.from && p.min_t_ms < q.until
+            };
+            if !t_hit || p.max_offset < floor || p.min_offset >= through {
+                continue;
+            }
+            let lb = lower_bound(q, p.max_span_ms);
+            let file = self
+                .shared
+                .cache
+                .file(&p.key)
+                .await
+                .map_err(QueryError::Internal)?;
+            cursors.push(Cursor::Part(PartCursor {
+                key: p.key.clone(),
+                file,
+                rg: 0,
+                group: None,
+                row: 0,
+                lb,
+                until: q.until,
+            }));
+        }
+        if let Some(t) = view.tail() {
+            let lb = lower_bound(q, t.max_span_ms);
+            for run in &t.runs {
+                let start = run.partition_point(|e| e.key() < lb);
+                cursors.push(Cursor::Run(run.clone(), start));
+            }
+        }
+        let cache = &self.shared.cache;
+        let mut heap = BinaryHeap::new();
+        for (i, c) in cursors.iter_mut().enumerate() {
+            if let Some(e) = c.peek(cache).await.map_err(QueryError::Internal)? {
+                if e.t_ms < q.until {
+                    heap.push(Reverse((e.key(), i)));
+                }
+            }
+        }
+        let mut out: Vec<Entry> = Vec::with_capacity(q.limit.min(1024) + 1);
+        let mut last: Option<(i64, u64)> = None;
+        while let Some(Reverse((_, i))) = heap.pop() {
+            let c = &mut cursors[i];
+            let Some(e) = c.peek(cache).await.map_err(QueryError::Internal)? else {
+                continue;
+            };
+            c.advance();
+            if let Some(n) = c.peek(cache).await.map_err(QueryError::Internal)? {
+                if n.t_ms < q.until {
+                    heap.push(Reverse((n.key(), i)));
+                }
+            }
+            let keep = e.offset >= floor
+                && e.offset < through
+                && (!q.overlap || e.t_end_ms >= q.from)
+                && q.through_record
+                    .is_none_or(|tr| e.record.is_none_or(|r| r < tr))
+                && last != Some(e.key());
+            if !keep {
+                continue;
+            }
+            last = Some(e.key());
+            out.push(e);
+            if out.len() > q.limit {
+                break;
+            }
+        }
+        let next = if out.len() > q.limit {
+            out.truncate(q.limit);
+            out.last().map(|e| e.key())
+        } else {
+            None
+        };
+        Ok(QueryResult {
+            view,
+            through,
+            entries: out,
+            next,
+        })
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Status changes from the API
+
+    /// `POST …/status/resume`: `blocked` → `ready`; `ready` stays; `source_gone` → Err.
+    pub async fn resume(&self) -> Result<Result<(), String>, String> {
+        let key = manifest::current_key(&self.ns);
+        let (r, _) = manifest::update::<Manifest, Result<(), String>>(&self.shared.store, &key, 16, |cur| {
+            let Some(cur) = cur else {
+                return Err("manifest is missing".into());
+            };
+            match cur.status {
+                Status::Ready => Ok((None, Ok(()))),
+                Status::SourceGone => Ok((None, Err("the source stream is gone; the index resumes by itself when it answers again".into()))),
+                Status::Blocked { .. } => {
+                    let mut next = cur.clone();
+                    next.generation += 1;
+                    next.status = Status::Ready;
+                    Ok((Some(next), Ok(())))
+                }
+            }
+        })
+        .await?;
+        self.refresh().await?;
+        Ok(r)
+    }
+
+    // -----------------------------------------------------------------------------------
+    // The ingest task: follow (refresh) until this worker holds the claim, then own.
+
+    pub async fn run(self: Arc<Self>, on_restart: Arc<tokio::sync::Notify>) {
+        let cfg = &self.shared.cfg;
+        let mut next_claim_try = Instant::now();
+        let mut next_gc = Instant::now() + cfg.gc_interval;
+        while !self.stopped() {
+            if let Err(e) = self.refresh().await {
+                tracing::warn!(index = %self.reg.id, "refresh: {e}");
+            }
+            if Instant::now() >= next_claim_try {
+                next_claim_try = Instant::now() + cfg.poll_interval;
+                match self.acquire_claim().await {
+                    Ok(Some(etag)) => {
+                        tracing::info!(index = %self.reg.id, worker = %cfg.worker_id, "claimed ingest");
+                        match self.own(etag, &mut next_gc).await {
+                            OwnerExit::Restarted => {
+                                on_restart.notify_one();
+                                return;
+                            }
+                            OwnerExit::Yield => {}
+                        }
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(index = %self.reg.id, "claim: {e}"),
+                }
+            }
+            tokio::time::sleep(cfg.poll_interval).await;
+        }
+    }
+
+    async fn acquire_claim(&self) -> Result<Option<String>, String> {
+        let key = manifest::claim_key(&self.ns);
+        let me = &self.shared.cfg.worker_id;
+        let now = now_ms();
+        let cur = manifest::load::<Claim>(&self.shared.store, &key).await?;
+        let claim = Claim {
+            worker_id: me.clone(),
+            expires_at_ms: now + self.shared.cfg.lease.as_millis() as i64,
+        };
+        let etag = match &cur {
+            None => None,
+            Some(c) if &c.value.worker_id == me || c.value.expires_at_ms < now => {
+                Some(c.etag.as_str())
+            }
+            Some(_) => return Ok(None),
+        };
+        Ok(manifest::cas(&self.shared.store, &key, &claim, etag)
+            .await?
+            .ok())
+    }
+
+    async fn renew_claim(&self, etag: &str, release: bool) -> Option<String> {
+        let key = manifest::claim_key(&self.ns);
+        let claim = Claim {
+            worker_id: self.shared.cfg.worker_id.clone(),
+            expires_at_ms: if release {
+                0
+            } else {
+                now_ms() + self.shared.cfg.lease.as_millis() as i64
+            },
+        };
+        match manifest::cas(&self.shared.store, &key, &claim, Some(etag)).await {
+            Ok(Ok(e)) => Some(e),
+            _ => None,
+        }
+    }
+
+    async fn own(self: &Arc<Self>, claim_etag: String, next_gc: &mut Instant) -> OwnerExit {
+        let cfg = &self.shared.cfg;
+        let mut claim = claim_etag;
+        let mut renew_at = Instant::now() + cfg.lease / 3;
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(index = %self.reg.id, "refresh: {e}");
+            return OwnerExit::Yield;
+        }
+        let view = self.view();
+        if matches!(view.manifest.status, Status::Blocked { .. }) {
+            // Blocked: nothing to ingest until someone resumes; keep following.
+            let _ = self.renew_claim(&claim, true).await;
+            return OwnerExit::Yield;
+        }
+        let mut ing = Ingest::start(&view.manifest, &self.reg, cfg.debug_reingest);
+        let mut last_head: Option<Instant> = None;
+        let mut source_gone = matches!(view.manifest.status, Status::SourceGone);
+        let exit = loop {
+            if self.stopped() {
+                break OwnerExit::Yield;
+            }
+            let now = Instant::now();
+            if now >= renew_at {
+                match self.renew_claim(&claim, false).await {
+                    Some(e) => {
+                        claim = e;
+                        renew_at = Instant::now() + cfg.lease / 3;
+                    }
+                    None => {
+                        tracing::warn!(index = %self.reg.id, "lost the ingest claim");
+                        return OwnerExit::Yield;
+                    }
+                }
+            }
+            if last_head.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+                last_head = Some(now);
+                match self.shared.source.head(&self.reg.stream_url).await {
+                    Ok(HeadResult::NotFound) => {
+                        if !source_gone {
+                            source_gone = true;
+                            if let Err(e) = self.set_status(Status::SourceGone, None).await {
+                                tracing::warn!(index = %self.reg.id, "publish source_gone: {e}");
+                            }
+                        }
+                        tokio::time::sleep(cfg.poll_interval).await;
+                        continue;
+                    }
+                    Ok(HeadResult::Ok(head)) => {
+                        if let (Some(a), Some(b)) = (&head.incarnation, &self.reg.incarnation) {
+                            if a != b {
+                                match self.restart(&head).await {
+                                    Ok(()) => break OwnerExit::Restarted,
+                                    Err(e) => {
+                                        tracing::warn!(index = %self.reg.id, "restart: {e}");
+                                        tokio::time::sleep(cfg.poll_interval).await;
+                                        continue;
+                                    }
+                                }
+                            }
+                        }
+                        if source_gone {
+                            source_gone = false;
+                            if let Err(e) = self
+                                .set_status(Status::Ready, Some(Status::SourceGone))
+                                .await
+                            {
+                                tracing::warn!(index = %self.reg.id, "clear source_gone: {e}");
+                            }
+                        }
+                        ing.follow_retention(head.retained_offset, head.record_first);
+                    }
+                    Err(e) => {
+                        tracing::debug!(index = %self.reg.id, "HEAD: {e}");
+                    }
+                }
+            }
+            if ing.commit_due(cfg) {
+                match self.commit(&mut ing).await {
+                    Ok(true) => {}
+                    Ok(false) => break OwnerExit::Yield,
+                    Err(e) => {
+                        tracing::warn!(index = %self.reg.id, "commit: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                if Instant::now() >= *next_gc {
+                    *next_gc = Instant::now() + cfg.gc_interval;
+                    if let Err(e) = self.gc().await {
+                        tracing::warn!(index = %self.reg.id, "gc: {e}");
+                    }
+                }
+                continue;
+            }
+            let deadline = ing
+                .commit_deadline(cfg)
+                .unwrap_or(now + Duration::from_secs(1))
+                .min(renew_at)
+                .min(last_head.map_or(now, |t| t + Duration::from_secs(1)));
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(20));
+            match self
+                .shared
+                .source
+                .read(&self.reg.stream_url, ing.pos, true, wait)
+                .await
+            {
+                Ok(ReadResult::Data {
+                    body,
+                    next_offset,
+                    json_array,
+                }) => {
+                    let body = if json_array {
+                        match source::array_to_lines(&body) {
+                            Ok(b) => bytes::Bytes::from(b),
+                            Err(e) => {
+                                tracing::warn!(index = %self.reg.id, "{e}");
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                                continue;
+                            }
+                        }
+                    } else {
+                        body
+                    };
+                    ing.feed(&body, &self.extractor);
+                    if let Some(n) = next_offset {
+                        if n != ing.pos {
+                            tracing::debug!(index = %self.reg.id, "source next offset {n} != {}", ing.pos);
+                        }
+                    }
+                    self.publish_tail(&ing);
+                }
+                Ok(ReadResult::NoData) => {}
+                Ok(ReadResult::Gone) | Ok(ReadResult::NotFound) => last_head = None,
+                Err(e) => {
+                    tracing::debug!(index = %self.reg.id, "read: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        // Leaving: publish what we have (best effort) and hand the claim back.
+        if matches!(exit, OwnerExit::Yield) && ing.pending() {
+            let _ = self.commit(&mut ing).await;
+        }
+        let _ = self.renew_claim(&claim, true).await;
+        exit
+    }
+
+    fn publish_tail(&self, ing: &Ingest) {
+        let cur = self.view();
+        if cur.manifest.durable_offset != ing.seg_start {
+            return;
+        }
+        self.set_view(View {
+            manifest: cur.manifest.clone(),
+            etag: cur.etag.clone(),
+            tail: Arc::new(ing.tail()),
+        });
+    }
+
+    async fn set_status(&self, status: Status, only_from: Option<Status>) -> Result<(), String> {
+        let key = manifest::current_key(&self.ns);
+        manifest::update::<Manifest, ()>(&self.shared.store, &key, 16, |cur| {
+            let Some(cur) = cur else {
+                return Err("manifest is missing".into());
+            };
+            if cur.status == status || only_from.as_ref().is_some_and(|f| &cur.status != f) {
+                return Ok((None, ()));
+            }
+            let mut next = cur.clone();
+            next.generation += 1;
+            next.status = status.clone();
+            Ok((Some(next), ()))
+        })
+        .await?;
+        self.refresh().await
+    }
+
+    /// A new `Stream-Incarnation`: rebind the registration to the recreated stream (a new
+    /// namespace) and retire the old namespace.
+    async fn restart(&self, head: &source::Head) -> Result<(), String> {
+        let old_ns = self.ns.clone();
+        let id = self.reg.id.clone();
+        let old_inc = self.reg.incarnation.clone();
+        manifest::update::<Catalog, ()>(&self.shared.store, manifest::CATALOG_KEY, 32, |cur| {
+            let Some(cur) = cur else {
+                return Err("CATALOG is missing".into());
+            };
+            let mut next = cur.clone();
+            let Some(r) = next
+                .registrations
+                .iter_mut()
+                .find(|r| r.id == id && r.namespace() == old_ns)
+            else {
+                return Ok((None, ())); // someone else already restarted (or deleted) it
+            };
+            r.incarnation = head.incarnation.clone();
+            r.indexed_from_offset = source::offset_token(head.retained_offset);
+            r.indexed_from_record = if head.record_coordinates {
+                head.record_first
+            } else {
+                None
+            };
+            r.record_coordinates = head.record_coordinates;
+            r.restarted_from_incarnation = old_inc.clone();
+            if next.retired.iter().any(|t| t.namespace == r.namespace()) {
+                return Ok((None, ())); // a stale HEAD pointing at a retired namespace
+            }
+            next.retired.push(RetiredNamespace {
+                id: id.clone(),
+                namespace: old_ns.clone(),
+                retired_at_ms: now_ms(),
+            });
+            Ok((Some(next), ()))
+        })
+        .await?;
+        tracing::info!(index = %id, "source recreated: restarted from incarnation {old_inc:?}");
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Commit: publish the tail as parts + a new manifest generation (CAS).
+
+    /// Ok(true): committed (or nothing to do); Ok(false): must stop owning (blocked, or the
+    /// manifest moved in a way that needs a fresh start).
+    async fn commit(&self, ing: &mut Ingest) -> Result<bool, String> {
+        let key = manifest::current_key(&self.ns);
+        let ours = ing.sorted_entries();
+        for _attempt in 0..8 {
+            let Some(cur) = manifest::load::<Manifest>(&self.shared.store, &key).await? else {
+                return Err("manifest is missing".into());
+            };
+            let m = &cur.value;
+            if matches!(m.status, Status::Blocked { .. }) {
+                return Ok(false);
+            }
+            if m.durable_offset < ing.seg_start {
+                return Err(format!(
+                    "manifest durable {} is behind segment start {}",
+                    m.durable_offset, ing.seg_start
+                ));
+            }
+            let cut = m.durable_offset;
+            if cut > ing.seg_start {
+                // Someone else committed part of these bytes: they must agree with us.
+                if cut > ing.done || !ing.is_boundary(cut) {
+                    if cut > ing.done {
+                        return Ok(false); // they are ahead of us: restart from their state
+                    }
+                    let reason = format!(
+                        "committed bytes end at {cut}, which is not a message boundary here"
+                    );
+                    self.block(ing.seg_start, reason).await?;
+                    return Ok(false);
+                }
+                let theirs = self.committed_between(m, ing.seg_start, cut).await?;
+                let mut mine: Vec<Entry> = ours
+                    .iter()
+                    .filter(|e| e.offset < cut && e.offset >= m.floor_offset)
+                    .copied()
+                    .collect();
+                mine.sort_by_key(|e| e.offset);
+                let theirs: Vec<Entry> = theirs
+                    .into_iter()
+                    .filter(|e| e.offset >= m.floor_offset)
+                    .collect();
+                if mine != theirs {
+                    let first = mine
+                        .iter()
+                        .zip(theirs.iter())
+                        .find(|(a, b)| a != b)
+                        .map(|(a, _)| a.offset)
+                        .unwrap_or(ing.seg_start);
+                    let reason = format!(
+                        "two workers extracted different entries for the same source bytes (first difference at offset {first})"
+                    );
+                    self.block(first, reason).await?;
+                    return Ok(false);
+                }
+            }
+            let fresh: Vec<Entry> = ours.iter().filter(|e| e.offset >= cut).copied().collect();
+            let mut new_parts = Vec::new();
+            for day in split_days(&fresh) {
+                new_parts.push(self.write_part(day, 0).await?);
+            }
+            let mut next = m.clone();
+            next.generation += 1;
+            next.durable_offset = ing.done.max(cut);
+            next.durable_record = ing.done_record.or(m.durable_record);
+            next.floor_offset = m.floor_offset.max(ing.floor);
+            next.trimmed_bytes += ing.trimmed_from(cut);
+            next.skipped.add(&ing.skipped_from(cut));
+            if next.status == Status::SourceGone {
+                next.status = Status::Ready;
+            }
+            next.parts.extend(new_parts);
+            match manifest::cas(&self.shared.store, &key, &next, Some(&cur.etag)).await? {
+                Ok(etag) => {
+                    ing.committed();
+                    let durable = next.durable_offset;
+                    let mut tail = ing.tail();
+                    tail.base = durable;
+                    self.set_view(View {
+                        manifest: Arc::new(next),
+                        etag,
+                        tail: Arc::new(tail),
+                    });
+                    self.maybe_compact().await;
+                    return Ok(true);
+                }
+                Err(()) => continue,
+            }
+        }
+        Err("too many manifest conflicts".into())
+    }
+
+    async fn block(&self, offset: u64, reason: String) -> Result<(), String> {
+        tracing::error!(index = %self.reg.id, "blocking index: {reason}");
+        self.set_status(
+            Status::Blocked {
+                offset: source::offset_token(offset),
+                reason,
+            },
+            None,
+        )
+        .await
+    }
+
+    /// Committed entries with `start <= offset < end`, sorted by offset.
+    async fn committed_between(
+        &self,
+        m: &Manifest,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, String> {
+        let mut out = Vec::new();
+        for p in &m.parts {
+            if p.max_offset < start || p.min_offset >= end {
+                continue;
+            }
+            let f = self.shared.cache.file(&p.key).await?;
+            out.extend(
+                f.all()?
+                    .into_iter()
+                    .filter(|e| e.offset >= start && e.offset < end),
+            );
+        }
+        out.sort_by_key(|e| e.offset);
+        out.dedup_by_key(|e| e.offset);
+        Ok(out)
+    }
+
+    /// Encode, upload (create-only: content-addressed, so a 412 means already there).
+    async fn write_part(&self, entries: Vec<Entry>, level: u8) -> Result<PartMeta, String> {
+        let bytes = part::encode(&entries)?;
+        let key = manifest::part_key(&self.ns, &bytes);
+        match self
+            .shared
+            .store
+            .put(&key, bytes.clone(), PutMode::CreateOnly)
+            .await
+        {
+            Ok(_) | Err(StoreError::PreconditionFailed) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        let meta = part_meta(&key, level, &entries, bytes.len() as u64);
+        self.shared.cache.prime(&key, bytes);
+        Ok(meta)
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Compaction and GC (owner only)
+
+    /// Time-disjoint compaction: when a day has `--compact-parts` level-0 parts, merge the
+    /// oldest of them (bounded fan-in) with the level-1 parts whose time range they overlap
+    /// into a new sorted run of level-1 parts split at `--compaction-max-entries`. Level-1
+    /// parts of a day therefore never overlap in time, so manifest pruning keeps working.
+    async fn maybe_compact(&self) {
+        let cfg = &self.shared.cfg;
+        let view = self.view();
+        let m = &view.manifest;
+        let mut days: Vec<i64> = m
+            .parts
+            .iter()
+            .filter(|p| p.level == 0)
+            .map(|p| p.day_ms)
+            .collect();
+        days.sort_unstable();
+        days.dedup();
+        for day in days {
+            let l0: Vec<&PartMeta> = m
+                .parts
+                .iter()
+                .filter(|p| p.level == 0 && p.day_ms == day)
+                .collect();
+            if l0.len() < cfg.compact_parts {
+                continue;
+            }
+            let inputs: Vec<PartMeta> = l0.into_iter().take(cfg.compact_parts).cloned().collect();
+            if let Err(e) = self.compact(day, inputs).await {
+                tracing::warn!(index = %self.reg.id, "compaction: {e}");
+            }
+            return; // at most one merge per commit keeps commits cheap
+        }
+    }
+
+    async fn compact(&self, day: i64, l0: Vec<PartMeta>) -> Result<(), String> {
+        let cfg = &self.shared.cfg;
+        let view = self.view();
+        let m = &view.manifest;
+        let lo = l0.iter().map(|p| p.min_t_ms).min().unwrap_or(i64::MIN);
+        let hi = l0.iter().map(|p| p.max_t_ms).max().unwrap_or(i64::MAX);
+        let mut inputs = l0;
+        inputs.extend(
+            m.parts
+                .iter()
+                .filter(|p| p.level == 1 && p.day_ms == day && p.max_t_ms >= lo && p.min_t_ms <= hi)
+                .cloned(),
+        );
+        let total: u64 = inputs.iter().map(|p| p.entries).sum();
+        if total as usize > cfg.compaction_max_entries.saturating_mul(4) {
+            return Err(format!(
+                "{total} entries to merge exceed the compaction memory bound"
+            ));
+        }
+        let mut all = Vec::with_capacity(total as usize);
+        for p in &inputs {
+            let f: Arc<PartFile> = self.shared.cache.file(&p.key).await?;
+            all.extend(f.all()?);
+        }
+        all.retain(|e| e.offset >= m.floor_offset);
+        all.sort_by_key(|e| (e.t_ms, e.offset));
+        all.dedup_by_key(|e| e.offset);
+        let mut outputs = Vec::new();
+        for chunk in all.chunks(cfg.compaction_max_entries) {
+            outputs.push(self.write_part(chunk.to_vec(), 1).await?);
+        }
+        let gone: HashSet<String> = inputs.iter().map(|p| p.key.clone()).collect();
+        let key = manifest::current_key(&self.ns);
+        let (_, published) = manifest::update::<Manifest, ()>(&self.shared.store, &key, 8, |cur| {
+            let Some(cur) = cur else {
+                return Err("manifest is missing".into());
+            };
+            if gone.iter().any(|k| !cur.parts.iter().any(|p| &p.key == k)) {
+                return Ok((None, ())); // inputs changed under us; try again later
+            }
+            let mut next = cur.clone();
+            next.generation += 1;
+            next.parts.retain(|p| !gone.contains(&p.key));
+            next.parts.extend(outputs.iter().cloned());
+            let keep: HashSet<&str> = next.parts.iter().map(|p| p.key.as_str()).collect();
+            for k in &gone {
+                if !keep.contains(k.as_str()) {
+                    next.retired_parts.push(manifest::RetiredPart {
+                        key: k.clone(),
+                        generation: next.generation,
+                        at_ms: now_ms(),
+                    });
+                }
+            }
+            Ok((Some(next), ()))
+        })
+        .await?;
+        if let Some(p) = published {
+            let cur = self.view();
+            if p.value.durable_offset == cur.manifest.durable_offset {
+                self.set_view(View {
+                    manifest: Arc::new(p.value),
+                    etag: p.etag,
+                    tail: cur.tail.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete parts that no reader can need: retired for `--gc-retain-generations`
+    /// generations and older than the grace window, plus unreferenced uploads (lost CAS
+    /// races) older than the grace window.
+    pub async fn gc(&self) -> Result<usize, String> {
+        let cfg = &self.shared.cfg;
+        let view = self.view();
+        let m = &view.manifest;
+        let now = now_ms();
+        let grace = cfg.gc_grace.as_millis() as i64;
+        let expired: Vec<String> = m
+            .retired_parts
+            .iter()
+            .filter(|r| {
+                m.generation.saturating_sub(r.generation) >= cfg.gc_retain_generations
+                    && now - r.at_ms >= grace
+            })
+            .map(|r| r.key.clone())
+            .collect();
+        let live: HashSet<&str> = m
+            .parts
+            .iter()
+            .map(|p| p.key.as_str())
+            .chain(m.retired_parts.iter().map(|r| r.key.as_str()))
+            .collect();
+        let mut deleted = 0;
+        for l in self
+            .shared
+            .store
+            .list(&manifest::parts_prefix(&self.ns))
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            let orphan =
+                !live.contains(l.key.as_str()) && l.modified_ms.is_some_and(|t| now - t >= grace);
+            if orphan {
+                self.shared
+                    .store
+                    .delete(&l.key)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                deleted += 1;
+            }
+        }
+        if expired.is_empty() {
+            return Ok(deleted);
+        }
+        for k in &expired {
+            self.shared
+                .store
+                .delete(k)
+                .await
+                .map_err(|e| e.to_string())?;
+            deleted += 1;
+        }
+        let key = manifest::current_key(&self.ns);
+        let gone: HashSet<String> = expired.into_iter().collect();
+        manifest::update::<Manifest, ()>(&self.shared.store, &key, 8, |cur| {
+            let Some(cur) = cur else {
+                return Err("manifest is missing".into());
+            };
+            let mut next = cur.clone();
+            next.generation += 1;
+            next.retired_parts.retain(|r| !gone.contains(&r.key));
+            Ok((Some(next), ()))
+        })
+        .await?;
+        self.refresh().await?;
+        Ok(deleted)
+    }
+}
+
+fn lower_bound(q: &Query, max_span_ms: i64) -> (i64, u64) {
+    let t = if q.overlap {
+        q.from.saturating_sub(max_span_ms.max(0))
+    } else {
+        q.from
+    };
+    let lb = (t, 0);
+    match q.after {
+        Some((t, o)) => lb.max((t, o.saturating_add(1))),
+        None => lb,
+    }
+}
+
+fn split_days(sorted: &[Entry]) -> Vec<Vec<Entry>> {
+    let mut out: Vec<Vec<Entry>> = Vec::new();
+    let mut cur_day = None;
+    for e in sorted {
+        let d = day_start(e.t_ms);
+        if cur_day != Some(d) {
+            out.push(Vec::new());
+            cur_day = Some(d);
+        }
+        if let Some(v) = out.last_mut() {
+            v.push(*e);
+        }
+    }
+    out
+}
+
+fn part_meta(key: &str, level: u8, entries: &[Entry], bytes: u64) -> PartMeta {
+    PartMeta {
+        key: key.to_string(),
+        level,
+        day_ms: entries.first().map_or(0, |e| day_start(e.t_ms)),
+        entries: entries.len() as u64,
+        min_t_ms: entries.first().map_or(0, |e| e.t_ms),
+        max_t_ms: entries.last().map_or(0, |e| e.t_ms),
+        max_t_end_ms: entries.iter().map(|e| e.t_end_ms).max().unwrap_or(0),
+        max_span_ms: entries
+            .iter()
+            .map(|e| e.t_end_ms - e.t_ms)
+            .max()
+            .unwrap_or(0),
+        min_offset: entries.iter().map(|e| e.offset).min().unwrap_or(0),
+        max_offset: entries.iter().map(|e| e.offset).max().unwrap_or(0),
+        bytes,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Merge cursors
+
+enum Cursor {
+    Part(PartCursor),
+    Run(Arc<Vec<Entry>>, usize),
+}
+
+struct PartCursor {
+    key: String,
+    file: Arc<PartFile>,
+    rg: usize,
+    group: Option<Arc<Group>>,
+    row: usize,
+    lb: (i64, u64),
+    until: i64,
+}
+
+impl Cursor {
+    async fn peek(&mut self, cache: &PartCache) -> Result<Option<Entry>, String> {
+        match self {
+            Cursor::Run(run, i) => Ok(run.get(*i).copied()),
+            Cursor::Part(p) => loop {
+                if p.group.is_none() {
+                    // Row-group pruning by statistics: skip groups entirely below the
+                    // lower bound; stop at the first group starting at or after `until`.
+                    while p.rg < p.file.groups.len() && p.file.groups[p.rg].2 < p.lb.0 {
+                        p.rg += 1;
+                    }
+                    let Some(&(_, min_t, _)) = p.file.groups.get(p.rg) else {
+                        return Ok(None);
+                    };
+                    if min_t >= p.until {
+                        return Ok(None);
+                    }
+                    let g = cache.group(&p.key, p.rg).await?;
+                    p.row = g.lower_bound(p.lb);
+                    p.group = Some(g);
+                }
+                let Some(g) = &p.group else { return Ok(None) };
+                if p.row < g.rows() {
+                    return Ok(Some(g.entry(p.row)));
+                }
+                p.rg += 1;
+                p.group = None;
+            },
+        }
+    }
+
+    fn advance(&mut self) {
+        match self {
+            Cursor::Run(_, i) => *i += 1,
+            Cursor::Part(p) => p.row += 1,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Ingest state of the owner
+
+struct Ingest {
+    /// Offset of the manifest's durable end when this segment began.
+    seg_start: u64,
+    /// Offset just past the last complete message read.
+    done: u64,
+    done_record: Option<u64>,
+    /// Next offset to read (`done` plus the unterminated bytes in `carry`).
+    pos: u64,
+    carry: Vec<u8>,
+    /// The line in `carry` is longer than a message may be: discard it up to its LF.
+    oversize: bool,
+    record_coordinates: bool,
+    floor: u64,
+    /// Sorted runs of entries of this segment, newest last.
+    runs: Vec<Arc<Vec<Entry>>>,
+    /// Start offset of every message of this segment, with its skip kind if skipped.
+    msgs: Vec<(u64, Option<SkipKind>)>,
+    /// (offset, bytes) of each retention trim in this segment.
+    trims: Vec<(u64, u64)>,
+    max_span_ms: i64,
+    first_pending: Option<Instant>,
+    entries: usize,
+}
+
+impl Ingest {
+    fn start(m: &Manifest, reg: &Registration, reingest: bool) -> Ingest {
+        let (start, record) = if reingest {
+            (m.indexed_from_offset, reg.indexed_from_record)
+        } else {
+            (m.durable_offset, m.durable_record)
+        };
+        Ingest {
+            seg_start: start,
+            done: start,
+            done_record: if reg.record_coordinates { record } else { None },
+            pos: start,
+            carry: Vec::new(),
+            oversize: false,
+            record_coordinates: reg.record_coordinates,
+            floor: m.floor_offset,
+            runs: Vec::new(),
+            msgs: Vec::new(),
+            trims: Vec::new(),
+            max_span_ms: 0,
+            first_pending: None,
+            entries: 0,
+        }
+    }
+
+    fn pending(&self) -> bool {
+        self.done > self.seg_start || !self.trims.is_empty()
+    }
+
+    fn commit_due(&self, cfg: &Config) -> bool {
+        self.pending()
+            && (self.entries >= cfg.commit_entries
+                || self
+                    .first_pending
+                    .is_some_and(|t| t.elapsed() >= cfg.commit_interval))
+    }
+
+    fn commit_deadline(&self, cfg: &Config) -> Option<Instant> {
+        self.first_pending.map(|t| t + cfg.commit_interval)
+    }
+
+    fn mark_pending(&mut self) {
+        if self.first_pending.is_none() {
+            self.first_pending = Some(Instant::now());
+        }
+    }
+
+    /// The stream's retained offset moved: raise the floor; bytes trimmed before they
+    /// were read are counted and skipped.
+    fn follow_retention(&mut self, retained: u64, record_first: Option<u64>) {
+        if retained > self.floor {
+            self.floor = retained;
+            self.mark_pending();
+        }
+        if retained > self.done {
+            self.trims.push((self.done, retained - self.done));
+            self.done = retained;
+            self.pos = retained;
+            self.carry.clear();
+            self.oversize = false;
+            if self.record_coordinates {
+                self.done_record = record_first;
+            }
+            self.mark_pending();
+        }
+    }
+
+    /// Frame `body` (bytes at `pos`) into LF-terminated messages and classify each.
+    fn feed(&mut self, body: &[u8], ex: &Extractor) {
+        let mut batch = Vec::new();
+        let mut rest = body;
+        while let Some(i) = memchr::memchr(b'\n', rest) {
+            let (line_part, after) = rest.split_at(i);
+            rest = &after[1..];
+            let start = self.done;
+            let len = (self.carry.len() + line_part.len() + 1) as u64;
+            let len = if self.oversize {
+                self.pos + i as u64 + 1 - start
+            } else {
+                len
+            };
+            let outcome = if self.oversize {
+                Some(Outcome::Skip(SkipKind::Oversize))
+            } else if self.carry.is_empty() {
+                classify(line_part, ex)
+            } else {
+                self.carry.extend_from_slice(line_part);
+                let o = classify(&self.carry, ex);
+                self.carry.clear();
+                o
+            };
+            self.pos += i as u64 + 1;
+            self.done = start + len;
+            self.oversize = false;
+            let Some(outcome) = outcome else { continue }; // blank line: not a message
+            let record = self.done_record;
+            if let Some(r) = &mut self.done_record {
+                *r += 1;
+            }
+            match outcome {
+                Outcome::Entry { t_ms, t_end_ms } => {
+                    batch.push(Entry {
+                        t_ms,
+                        t_end_ms,
+                        offset: start,
+                        len,
+                        record,
+                    });
+                    self.max_span_ms = self.max_span_ms.max(t_end_ms - t_ms);
+                    self.msgs.push((start, None));
+                }
+                Outcome::Skip(k) => self.msgs.push((start, Some(k))),
+            }
+        }
+        // Unterminated remainder: keep it until its LF arrives.
+        if !rest.is_empty() {
+            if !self.oversize && self.carry.len() + rest.len() > crate::extract::MAX_MESSAGE_BYTES {
+                self.oversize = true;
+                self.carry = Vec::new();
+            }
+            if !self.oversize {
+                self.carry.extend_from_slice(rest);
+            }
+            self.pos += rest.len() as u64;
+        }
+        if !batch.is_empty() {
+            self.entries += batch.len();
+            batch.sort_by_key(|e| e.key());
+            self.runs.push(Arc::new(batch));
+            if self.runs.len() > 8 {
+                let merged = self.sorted_entries();
+                self.runs = vec![Arc::new(merged)];
+            }
+        }
+        if self.done > self.seg_start {
+            self.mark_pending();
+        }
+    }
+
+    fn sorted_entries(&self) -> Vec<Entry> {
+        let mut all: Vec<Entry> = self.runs.iter().flat_map(|r| r.iter().copied()).collect();
+        all.sort_by_key(|e| e.key());
+        all
+    }
+
+    fn is_boundary(&self, off: u64) -> bool {
+        off == self.done || self.msgs.binary_search_by_key(&off, |m| m.0).is_ok()
+    }
+
+    fn skipped_from(&self, cut: u64) -> Skipped {
+        let mut s = Skipped::default();
+        for (off, k) in &self.msgs {
+            if let (true, Some(k)) = (*off >= cut, k) {
+                s.count(*k);
+            }
+        }
+        s
+    }
+
+    fn trimmed_from(&self, cut: u64) -> u64 {
+        self.trims.iter().filter(|t| t.0 >= cut).map(|t| t.1).sum()
+    }
+
+    fn tail(&self) -> Tail {
+        let mut skipped = Skipped::default();
+        for (_, k) in &self.msgs {
+            if let Some(k) = k {
+                skipped.count(*k);
+            }
+        }
+        Tail {
+            base: self.seg_start,
+            end: self.done,
+            end_record: self.done_record,
+            floor: self.floor,
+            runs: self.runs.clone(),
+            skipped,
+            trimmed: self.trimmed_from(0),
+            max_span_ms: self.max_span_ms,
+        }
+    }
+
+    fn committed(&mut self) {
+        self.seg_start = self.done;
+        self.runs.clear();
+        self.msgs.clear();
+        self.trims.clear();
+        self.max_span_ms = 0;
+        self.first_pending = None;
+        self.entries = 0;
+    }
+}
+
+/// `None` for a blank line (not a message).
+fn classify(line: &[u8], ex: &Extractor) -> Option<Outcome> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.iter().all(|b| b.is_ascii_whitespace()) {
+        return None;
+    }
+    Some(ex.extract(line))
+}

@@ -1,0 +1,288 @@
+//! Parquet parts: immutable files of index entries sorted by `(t_ms, offset)`.
+//!
+//! Written with the `parquet` crate's column writers (no Arrow): ZSTD, row groups of
+//! [`ROW_GROUP_ROWS`], pages of [`PAGE_ROWS`], page-level statistics, and the page index
+//! (column and offset indexes). Readers keep the decoded footer per part (parts never
+//! change) and prune whole row groups by their `t_ms` min/max before decoding any data.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::column::reader::ColumnReader;
+use parquet::data_type::Int64Type;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::serialized_reader::ReadOptionsBuilder;
+use parquet::file::statistics::Statistics;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::parser::parse_message_type;
+
+/// Rows per row group: the unit of pruning and of decoding at query time.
+pub const ROW_GROUP_ROWS: usize = 8192;
+/// Rows per data page: the granularity of the page index.
+pub const PAGE_ROWS: usize = 1024;
+
+const SCHEMA: &str = "message ursula_index_part {
+    required int64 t_ms;
+    required int64 t_end_ms;
+    required int64 offset (INTEGER(64,false));
+    required int64 len (INTEGER(64,false));
+    optional int64 record (INTEGER(64,false));
+}";
+
+/// One index entry: a message's event time span and its locator in the source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub t_ms: i64,
+    pub t_end_ms: i64,
+    pub offset: u64,
+    pub len: u64,
+    /// Record ordinal, when the source advertises `json-record-coordinates-v1`.
+    pub record: Option<u64>,
+}
+
+impl Entry {
+    pub fn key(&self) -> (i64, u64) {
+        (self.t_ms, self.offset)
+    }
+}
+
+/// Encode `entries` (sorted by `(t_ms, offset)`) as one Parquet file.
+pub fn encode(entries: &[Entry]) -> Result<Bytes, String> {
+    let schema = Arc::new(parse_message_type(SCHEMA).map_err(|e| e.to_string())?);
+    let props = Arc::new(
+        WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_statistics_enabled(EnabledStatistics::Page)
+            .set_data_page_row_count_limit(PAGE_ROWS)
+            .set_write_batch_size(PAGE_ROWS)
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .set_created_by("ursula-indexer".into())
+            .build(),
+    );
+    let mut out = Vec::with_capacity(entries.len() * 8 + 1024);
+    {
+        let mut w =
+            SerializedFileWriter::new(&mut out, schema, props).map_err(|e| e.to_string())?;
+        for chunk in entries.chunks(ROW_GROUP_ROWS) {
+            let mut rg = w.next_row_group().map_err(|e| e.to_string())?;
+            let cols: [Vec<i64>; 4] = [
+                chunk.iter().map(|e| e.t_ms).collect(),
+                chunk.iter().map(|e| e.t_end_ms).collect(),
+                chunk.iter().map(|e| e.offset as i64).collect(),
+                chunk.iter().map(|e| e.len as i64).collect(),
+            ];
+            for col in &cols {
+                let Some(mut c) = rg.next_column().map_err(|e| e.to_string())? else {
+                    return Err("schema has too few columns".into());
+                };
+                c.typed::<Int64Type>()
+                    .write_batch(col, None, None)
+                    .map_err(|e| e.to_string())?;
+                c.close().map_err(|e| e.to_string())?;
+            }
+            let records: Vec<i64> = chunk
+                .iter()
+                .filter_map(|e| e.record.map(|r| r as i64))
+                .collect();
+            let defs: Vec<i16> = chunk
+                .iter()
+                .map(|e| i16::from(e.record.is_some()))
+                .collect();
+            let Some(mut c) = rg.next_column().map_err(|e| e.to_string())? else {
+                return Err("schema has too few columns".into());
+            };
+            c.typed::<Int64Type>()
+                .write_batch(&records, Some(&defs), None)
+                .map_err(|e| e.to_string())?;
+            c.close().map_err(|e| e.to_string())?;
+            rg.close().map_err(|e| e.to_string())?;
+        }
+        w.close().map_err(|e| e.to_string())?;
+    }
+    Ok(Bytes::from(out))
+}
+
+/// An opened part: its bytes and decoded footer (with page index).
+pub struct PartFile {
+    reader: SerializedFileReader<Bytes>,
+    /// Per row group: (rows, min t_ms, max t_ms).
+    pub groups: Vec<(usize, i64, i64)>,
+}
+
+/// The decoded columns of one row group.
+pub struct Group {
+    pub t_ms: Vec<i64>,
+    pub t_end_ms: Vec<i64>,
+    pub offset: Vec<u64>,
+    pub len: Vec<u64>,
+    pub record: Vec<Option<u64>>,
+}
+
+impl Group {
+    pub fn entry(&self, i: usize) -> Entry {
+        Entry {
+            t_ms: self.t_ms[i],
+            t_end_ms: self.t_end_ms[i],
+            offset: self.offset[i],
+            len: self.len[i],
+            record: self.record[i],
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.t_ms.len()
+    }
+
+    /// First row whose `(t_ms, offset)` is >= `key` (rows are sorted).
+    pub fn lower_bound(&self, key: (i64, u64)) -> usize {
+        let (mut lo, mut hi) = (0, self.rows());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if (self.t_ms[mid], self.offset[mid]) < key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    pub fn approx_bytes(&self) -> usize {
+        self.rows() * 48 + 64
+    }
+}
+
+impl PartFile {
+    pub fn open(bytes: Bytes) -> Result<PartFile, String> {
+        let options = ReadOptionsBuilder::new().with_page_index().build();
+        let reader =
+            SerializedFileReader::new_with_options(bytes, options).map_err(|e| e.to_string())?;
+        let md = reader.metadata();
+        let schema = md.file_metadata().schema_descr();
+        let names: Vec<&str> = schema.columns().iter().map(|c| c.name()).collect();
+        if names.len() < 4 || names[..4] != ["t_ms", "t_end_ms", "offset", "len"] {
+            return Err(format!("unexpected part schema {names:?}"));
+        }
+        let mut groups = Vec::with_capacity(md.num_row_groups());
+        for rg in md.row_groups() {
+            let (min, max) = match rg.column(0).statistics() {
+                Some(Statistics::Int64(s)) => match (s.min_opt(), s.max_opt()) {
+                    (Some(a), Some(b)) => (*a, *b),
+                    _ => (i64::MIN, i64::MAX),
+                },
+                _ => (i64::MIN, i64::MAX),
+            };
+            groups.push((rg.num_rows().max(0) as usize, min, max));
+        }
+        Ok(PartFile { reader, groups })
+    }
+
+    pub fn decode_group(&self, i: usize) -> Result<Group, String> {
+        let rg = self.reader.get_row_group(i).map_err(|e| e.to_string())?;
+        let rows = self.groups.get(i).map(|g| g.0).unwrap_or(0);
+        let mut cols: Vec<Vec<i64>> = Vec::with_capacity(5);
+        let mut record_defs: Vec<i16> = Vec::new();
+        for c in 0..5 {
+            let mut values = Vec::with_capacity(rows);
+            let mut defs = Vec::with_capacity(rows);
+            if c >= rg.num_columns() {
+                cols.push(Vec::new());
+                continue;
+            }
+            match rg.get_column_reader(c).map_err(|e| e.to_string())? {
+                ColumnReader::Int64ColumnReader(mut r) => {
+                    let mut got = 0;
+                    while got < rows {
+                        let (n, _, _) = r
+                            .read_records(rows - got, Some(&mut defs), None, &mut values)
+                            .map_err(|e| e.to_string())?;
+                        if n == 0 {
+                            break;
+                        }
+                        got += n;
+                    }
+                }
+                _ => return Err("unexpected column type".into()),
+            }
+            if c == 4 {
+                record_defs = defs;
+            }
+            cols.push(values);
+        }
+        let mut rec_iter = cols[4].iter();
+        let record: Vec<Option<u64>> = if record_defs.len() == rows {
+            record_defs
+                .iter()
+                .map(|d| {
+                    if *d > 0 {
+                        rec_iter.next().map(|v| *v as u64)
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        } else {
+            vec![None; rows]
+        };
+        if cols[0].len() != rows
+            || cols[1].len() != rows
+            || cols[2].len() != rows
+            || cols[3].len() != rows
+        {
+            return Err("row group columns disagree in length".into());
+        }
+        Ok(Group {
+            offset: cols[2].iter().map(|v| *v as u64).collect(),
+            len: cols[3].iter().map(|v| *v as u64).collect(),
+            t_end_ms: std::mem::take(&mut cols[1]),
+            t_ms: std::mem::take(&mut cols[0]),
+            record,
+        })
+    }
+
+    /// Every entry of the part (compaction, overlap verification).
+    pub fn all(&self) -> Result<Vec<Entry>, String> {
+        let mut out = Vec::new();
+        for i in 0..self.groups.len() {
+            let g = self.decode_group(i)?;
+            out.extend((0..g.rows()).map(|r| g.entry(r)));
+        }
+        Ok(out)
+    }
+
+    pub fn has_page_index(&self) -> bool {
+        self.reader.metadata().page_index().is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_with_stats_and_page_index() {
+        let mut entries: Vec<Entry> = (0..20_000u64)
+            .map(|i| Entry {
+                t_ms: 1_000_000 + (i as i64 * 7919) % 50_000,
+                t_end_ms: 1_000_000 + (i as i64 * 7919) % 50_000 + 5,
+                offset: i * 100,
+                len: 100,
+                record: if i % 3 == 0 { None } else { Some(i) },
+            })
+            .collect();
+        entries.sort_by_key(|e| e.key());
+        let bytes = encode(&entries).expect("encode");
+        let part = PartFile::open(bytes.clone()).expect("open");
+        assert_eq!(part.groups.len(), 3);
+        assert!(part.has_page_index());
+        assert_eq!(part.groups[0].1, entries[0].t_ms);
+        assert_eq!(part.all().expect("all"), entries);
+        let g = part.decode_group(1).expect("group");
+        let k = g.entry(100).key();
+        assert_eq!(g.lower_bound(k), 100);
+        // Roughly: bytes per entry stays small.
+        assert!(bytes.len() < entries.len() * 16, "{} bytes", bytes.len());
+    }
+}

@@ -1,0 +1,251 @@
+//! The source: a stream on any Durable Streams server, read with ordinary HTTP requests
+//! (HEAD for identity and retention, offset reads with `live=long-poll` for tailing).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+pub const RECORD_EXTENSION: &str = "json-record-coordinates-v1";
+
+#[derive(Clone)]
+pub struct SourceClient {
+    client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+/// What a HEAD says about the stream.
+#[derive(Debug, Clone, Default)]
+pub struct Head {
+    pub content_type: String,
+    pub next_offset: u64,
+    pub retained_offset: u64,
+    pub incarnation: Option<String>,
+    pub record_coordinates: bool,
+    pub record_first: Option<u64>,
+    pub record_next: Option<u64>,
+}
+
+#[derive(Debug)]
+pub enum HeadResult {
+    Ok(Head),
+    NotFound,
+}
+
+#[derive(Debug)]
+pub enum ReadResult {
+    Data {
+        body: Bytes,
+        next_offset: Option<u64>,
+        json_array: bool,
+    },
+    /// Long-poll timed out with nothing new.
+    NoData,
+    /// Retention passed the requested offset.
+    Gone,
+    NotFound,
+}
+
+/// Validate and canonicalise a `stream_url`: absolute `http` URL with a host, no user
+/// info, no fragment; scheme and host lower-cased.
+pub fn canonical_url(raw: &str) -> Result<String, String> {
+    let uri: http::Uri = raw
+        .parse()
+        .map_err(|_| "stream_url is not a valid URL".to_string())?;
+    let scheme = uri.scheme_str().map(|s| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("http") => {}
+        Some("https") => {
+            return Err("stream_url: https sources are not supported by this build".into())
+        }
+        _ => return Err("stream_url must be an absolute http URL".into()),
+    }
+    if raw.contains('#') {
+        return Err("stream_url must not have a fragment".into());
+    }
+    let Some(auth) = uri.authority() else {
+        return Err("stream_url must have a host".into());
+    };
+    if auth.as_str().contains('@') {
+        return Err("stream_url must not contain user info".into());
+    }
+    if auth.host().is_empty() {
+        return Err("stream_url must have a host".into());
+    }
+    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    Ok(format!(
+        "http://{}{}",
+        auth.as_str().to_ascii_lowercase(),
+        pq
+    ))
+}
+
+pub fn offset_token(o: u64) -> String {
+    format!("{o:020}")
+}
+
+fn header<'a>(h: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn header_u64(h: &http::HeaderMap, name: &str) -> Option<u64> {
+    header(h, name).and_then(|v| v.trim().parse().ok())
+}
+
+impl Default for SourceClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SourceClient {
+    pub fn new() -> SourceClient {
+        let mut conn = HttpConnector::new();
+        conn.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(conn);
+        SourceClient { client }
+    }
+
+    async fn send(
+        &self,
+        method: http::Method,
+        url: &str,
+        timeout: Duration,
+    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(url)
+            .body(Empty::new())
+            .map_err(|e| format!("bad request: {e}"))?;
+        match tokio::time::timeout(timeout, self.client.request(req)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(format!("source request failed: {e}")),
+            Err(_) => Err("source request timed out".into()),
+        }
+    }
+
+    pub async fn head(&self, url: &str) -> Result<HeadResult, String> {
+        let resp = self
+            .send(http::Method::HEAD, url, Duration::from_secs(10))
+            .await?;
+        let status = resp.status().as_u16();
+        if status == 404 || status == 410 {
+            return Ok(HeadResult::NotFound);
+        }
+        if !(200..300).contains(&status) {
+            return Err(format!("source HEAD answered {status}"));
+        }
+        let h = resp.headers();
+        let ext = header(h, "stream-extensions").unwrap_or("");
+        Ok(HeadResult::Ok(Head {
+            content_type: header(h, "content-type").unwrap_or("").to_string(),
+            next_offset: header_u64(h, "stream-next-offset").unwrap_or(0),
+            retained_offset: header_u64(h, "stream-retained-offset").unwrap_or(0),
+            incarnation: header(h, "stream-incarnation").map(str::to_string),
+            record_coordinates: ext.split(',').any(|t| t.trim() == RECORD_EXTENSION),
+            record_first: header_u64(h, "stream-record-first"),
+            record_next: header_u64(h, "stream-record-next"),
+        }))
+    }
+
+    /// `GET url?offset=<o>&live=long-poll`; `wait` bounds the whole request.
+    pub async fn read(
+        &self,
+        url: &str,
+        offset: u64,
+        long_poll: bool,
+        wait: Duration,
+    ) -> Result<ReadResult, String> {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let mut full = format!("{url}{sep}offset={}", offset_token(offset));
+        if long_poll {
+            full.push_str("&live=long-poll");
+        }
+        let resp = match self.send(http::Method::GET, &full, wait).await {
+            Ok(r) => r,
+            Err(e) if e.contains("timed out") && long_poll => return Ok(ReadResult::NoData),
+            Err(e) => return Err(e),
+        };
+        let status = resp.status().as_u16();
+        match status {
+            204 => return Ok(ReadResult::NoData),
+            404 => return Ok(ReadResult::NotFound),
+            410 => return Ok(ReadResult::Gone),
+            200 => {}
+            s => return Err(format!("source read answered {s}")),
+        }
+        let next_offset = header_u64(resp.headers(), "stream-next-offset");
+        let ct = header(resp.headers(), "content-type")
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let body = match tokio::time::timeout(
+            wait.max(Duration::from_secs(30)),
+            resp.into_body().collect(),
+        )
+        .await
+        {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(e)) => return Err(format!("source body: {e}")),
+            Err(_) => return Err("source body timed out".into()),
+        };
+        let json_array = ct.starts_with("application/json") && body.first() == Some(&b'[');
+        Ok(ReadResult::Data {
+            body,
+            next_offset,
+            json_array,
+        })
+    }
+}
+
+pub fn is_indexable_type(ct: &str) -> bool {
+    let base = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    base == "application/json" || base == "application/x-ndjson"
+}
+
+/// A JSON-array read (the compat surface renders JSON streams as arrays) turned back into
+/// the stored framing: one line per element. Each element is stored as its canonical text
+/// plus LF, so offsets stay byte positions.
+pub fn array_to_lines(body: &[u8]) -> Result<Vec<u8>, String> {
+    let text = std::str::from_utf8(body).map_err(|_| "array read is not UTF-8".to_string())?;
+    let mut out = Vec::with_capacity(body.len());
+    for v in sonic_rs::to_array_iter(text) {
+        let v = v.map_err(|e| format!("array read: {e}"))?;
+        out.extend_from_slice(v.as_raw_str().as_bytes());
+        out.push(b'\n');
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            canonical_url("HTTP://Example.COM:80/a/b?x=1").as_deref(),
+            Ok("http://example.com:80/a/b?x=1")
+        );
+        assert!(canonical_url("http://u:p@h/x").is_err());
+        assert!(canonical_url("http://h/x#f").is_err());
+        assert!(canonical_url("/relative").is_err());
+        assert!(canonical_url("ftp://h/x").is_err());
+    }
+
+    #[test]
+    fn arrays() {
+        assert_eq!(
+            array_to_lines(br#"[{"a":1},2]"#).expect("ok"),
+            b"{\"a\":1}\n2\n"
+        );
+    }
+}
