@@ -116,6 +116,7 @@ impl Ack {
         let (status, code, message) = match e {
             StorageError::NoSpace => (507, "insufficient_storage", "disk full"),
             StorageError::TooLarge => (413, "payload_too_large", "too large"),
+            StorageError::Busy => (503, "unavailable", "write queue full; retry shortly"),
             _ => (503, "unavailable", "storage unavailable"),
         };
         Ack::Failed {

@@ -45,6 +45,10 @@ pub struct ServerArgs {
     /// How long a long-poll read waits for data before answering 204.
     #[arg(long)]
     pub long_poll_timeout_ms: Option<u64>,
+    /// Most open client connections per process, split evenly over the cores; more are
+    /// answered 503 and closed.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -67,6 +71,9 @@ pub struct FileConfig {
     pub segment_bytes: Option<u64>,
     /// Stream bytes each core keeps cached in memory (disk storage).
     pub cache_bytes: Option<usize>,
+    pub max_connections: Option<usize>,
+    /// Appended bytes each core may hold that are not yet durable (disk storage).
+    pub write_budget_bytes: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -85,11 +92,16 @@ pub struct Config {
     pub receipt_window: usize,
     pub segment_bytes: u64,
     pub cache_bytes: usize,
+    /// Open connections allowed on each core (`max_connections` split over the cores).
+    pub max_connections_per_core: usize,
+    pub write_budget_bytes: usize,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
 /// Largest request body (PUT/POST).
 pub const MAX_BODY_BYTES: u64 = 32 << 20;
+/// Default `max_connections` for the whole process.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Largest amount of stream data in one response or SSE batch.
 pub const MAX_READ_BYTES: usize = 8 << 20;
 
@@ -105,6 +117,13 @@ impl Config {
             return Err(format!("cores must be between 1 and 1024, got {cores}"));
         }
         let ms = Duration::from_millis;
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err("max_connections must be at least 1".to_string());
+        }
         Ok(Config {
             listen: args
                 .listen
@@ -132,6 +151,11 @@ impl Config {
             cache_bytes: file
                 .cache_bytes
                 .unwrap_or(ursula_storage::shard::DEFAULT_CACHE_BYTES),
+            // Rounded up so that every core can hold at least one connection.
+            max_connections_per_core: max_connections.div_ceil(cores),
+            write_budget_bytes: file
+                .write_budget_bytes
+                .unwrap_or(ursula_storage::shard::DEFAULT_WRITE_BUDGET_BYTES),
         })
     }
 }

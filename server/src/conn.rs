@@ -61,6 +61,34 @@ pub async fn serve_connection(core: Rc<Core>, mut stream: TcpStream, _peer: Sock
     }
 }
 
+/// Answer a connection over the core's cap without reading its request: a 503 the client
+/// can act on, then close. The short drain lets the answer arrive before the close: closing
+/// with unread request bytes would reset the connection and could discard it.
+pub async fn refuse_connection(core: Rc<Core>, mut stream: TcpStream) {
+    let resp = close(
+        Response::error(503, "unavailable", "too many connections").header("retry-after", "1"),
+    );
+    let mut wbuf = Vec::with_capacity(512);
+    if write_response(&mut stream, &mut wbuf, resp, false, false)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let _ = stream.shutdown().await;
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut rbuf = Vec::with_capacity(READ_CHUNK);
+    let mut drained = 0usize;
+    while drained < 64 * 1024 && !core.shutting_down() {
+        rbuf.clear();
+        let left = deadline.saturating_duration_since(Instant::now());
+        match read_more(&mut stream, &mut rbuf, left).await {
+            ReadOutcome::Data => drained += rbuf.len(),
+            _ => break,
+        }
+    }
+}
+
 enum HeadOutcome {
     Head(ursula_protocol::http1::RequestHead),
     Closed,

@@ -31,6 +31,8 @@ pub struct Core {
     pub shutdown: Arc<AtomicBool>,
     /// Requests being processed on this core (for graceful shutdown).
     pub inflight: Cell<usize>,
+    /// Open client connections on this core, against `max_connections_per_core`.
+    connections: Cell<usize>,
     /// The listening socket, shut down to end the accept loop.
     listener_fd: Cell<Option<std::os::unix::io::RawFd>>,
     /// Live readers (long-poll, SSE) to wake when shutdown starts, one slot per waiting
@@ -125,6 +127,24 @@ impl Core {
                 libc::shutdown(fd, libc::SHUT_RDWR);
             }
         }
+    }
+}
+
+/// One counted connection; the count drops however the connection task ends.
+struct ConnectionSlot(Rc<Core>);
+
+impl ConnectionSlot {
+    fn take(core: &Rc<Core>) -> ConnectionSlot {
+        core.connections.set(core.connections.get() + 1);
+        ConnectionSlot(core.clone())
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0
+            .connections
+            .set(self.0.connections.get().saturating_sub(1));
     }
 }
 
@@ -343,6 +363,7 @@ fn core_thread(
         shard_cfg.receipt_window = config.receipt_window;
         shard_cfg.segment_bytes = config.segment_bytes;
         shard_cfg.cache_bytes = config.cache_bytes;
+        shard_cfg.write_budget_bytes = config.write_budget_bytes;
         let shard = match ursula_storage::Shard::open(shard_cfg).await {
             Ok((shard, report)) => {
                 tracing::info!(
@@ -376,6 +397,7 @@ fn core_thread(
             peers,
             shutdown,
             inflight: Cell::new(0),
+            connections: Cell::new(0),
             listener_fd: Cell::new(None),
             shutdown_waiters: std::cell::RefCell::new(std::collections::HashMap::new()),
             next_waiter: Cell::new(0),
@@ -416,9 +438,17 @@ async fn serve(
         match listener.accept().await {
             Ok((stream, peer)) => {
                 let core = core.clone();
-                monoio::spawn(
-                    async move { crate::conn::serve_connection(core, stream, peer).await },
-                );
+                if core.connections.get() >= core.config.max_connections_per_core {
+                    monoio::spawn(
+                        async move { crate::conn::refuse_connection(core, stream).await },
+                    );
+                    continue;
+                }
+                let slot = ConnectionSlot::take(&core);
+                monoio::spawn(async move {
+                    crate::conn::serve_connection(core, stream, peer).await;
+                    drop(slot);
+                });
             }
             Err(_) if core.shutting_down() => break,
             Err(e) => {

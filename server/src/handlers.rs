@@ -156,6 +156,10 @@ pub fn storage_error(e: StorageError) -> Response {
     match e {
         StorageError::NoSpace => Response::error(507, "insufficient_storage", "disk full"),
         StorageError::TooLarge => Response::error(413, "payload_too_large", "too large"),
+        StorageError::Busy => {
+            Response::error(503, "unavailable", "write queue full; retry shortly")
+                .header("retry-after", "1")
+        }
         other => Response::error(503, "unavailable", &other.to_string()).header("retry-after", "1"),
     }
 }

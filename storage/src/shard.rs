@@ -52,6 +52,9 @@ pub struct ShardConfig {
     pub receipt_window: usize,
     /// Stream bytes kept in memory for reads; older durable data is read from disk.
     pub cache_bytes: usize,
+    /// Framed bytes of appends and creates that may wait for their flush; more are refused
+    /// with [`StorageError::Busy`] instead of growing the write queue without bound.
+    pub write_budget_bytes: usize,
 }
 
 impl ShardConfig {
@@ -62,12 +65,14 @@ impl ShardConfig {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             receipt_window: 256,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            write_budget_bytes: DEFAULT_WRITE_BUDGET_BYTES,
         }
     }
 }
 
 pub const DEFAULT_SEGMENT_BYTES: u64 = 128 << 20;
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
+pub const DEFAULT_WRITE_BUDGET_BYTES: usize = 256 << 20;
 /// A segment must hold the largest record.
 pub const MIN_SEGMENT_BYTES: u64 =
     (crate::record::MAX_PAYLOAD + crate::record::FRAME_HEADER) as u64 + 2 * DATA_START;
@@ -82,6 +87,9 @@ pub enum StorageError {
     TooLarge,
     /// A record read back from disk failed its checksum.
     Corrupt(String),
+    /// The write queue holds its budget of unflushed bytes; nothing was changed and the
+    /// caller may retry once the queue drains.
+    Busy,
     /// An earlier write or fdatasync failed; the shard accepts no more writes until restart
     /// because it can no longer tell what reached the disk.
     Failed(String),
@@ -93,6 +101,7 @@ impl std::fmt::Display for StorageError {
         match self {
             StorageError::NoSpace => write!(f, "no space left on device"),
             StorageError::TooLarge => write!(f, "record larger than a segment"),
+            StorageError::Busy => write!(f, "write queue full"),
             StorageError::Corrupt(what) => write!(f, "corrupt data on disk: {what}"),
             StorageError::Failed(why) => write!(f, "storage failed earlier: {why}"),
             StorageError::Io(e) => write!(f, "i/o error: {e}"),
@@ -160,6 +169,10 @@ struct Inner {
     log: RefCell<Option<Log>>,
     next_lsn: Cell<u64>,
     durable_lsn: Cell<u64>,
+    /// Framed bytes queued since the flusher last took the batches, and those it is
+    /// writing now: what [`ShardConfig::write_budget_bytes`] bounds.
+    queued_bytes: Cell<u64>,
+    flushing_bytes: Cell<u64>,
     failed: RefCell<Option<String>>,
     commit_waiters: RefCell<Vec<Waker>>,
     flusher: RefCell<Option<Waker>>,
@@ -197,6 +210,8 @@ impl Shard {
             log: RefCell::new(None),
             next_lsn: Cell::new(1),
             durable_lsn: Cell::new(0),
+            queued_bytes: Cell::new(0),
+            flushing_bytes: Cell::new(0),
             failed: RefCell::new(None),
             commit_waiters: RefCell::new(Vec::new()),
             flusher: RefCell::new(None),
@@ -268,7 +283,23 @@ impl Shard {
         self.inner.failed.borrow().clone()
     }
 
+    /// Framed bytes written to the log but not yet durable.
+    pub fn unflushed_bytes(&self) -> u64 {
+        self.inner.queued_bytes.get() + self.inner.flushing_bytes.get()
+    }
+
+    /// Refuse a client write while the unflushed bytes are at the budget. An empty queue
+    /// admits any size, so a record larger than the budget still makes progress.
+    fn admit(&self, data_len: usize) -> Result<(), StorageError> {
+        let unflushed = self.unflushed_bytes();
+        if unflushed > 0 && unflushed + data_len as u64 > self.inner.cfg.write_budget_bytes as u64 {
+            return Err(StorageError::Busy);
+        }
+        Ok(())
+    }
+
     pub fn create(&self, spec: NewStream) -> Result<(StreamId, Commit), StorageError> {
+        self.admit(spec.initial.data.len())?;
         let id = self.inner.next_id.get();
         let mut initial = spec.initial;
         initial.id = id;
@@ -308,6 +339,7 @@ impl Shard {
         mut a: AppendRec,
     ) -> Result<(Receipt, Commit), StorageError> {
         let tail = self.stream(id).map(|s| s.tail).ok_or_else(missing)?;
+        self.admit(a.data.len())?;
         a.id = id;
         a.start = tail;
         let record = Record::Append(a);
@@ -713,6 +745,9 @@ impl Shard {
         if let Some(log) = self.inner.log.borrow_mut().as_mut() {
             let at = log.enqueue(record, lsn, create_effect)?;
             self.inner
+                .queued_bytes
+                .set(self.inner.queued_bytes.get() + at.record_len as u64);
+            self.inner
                 .segments
                 .borrow_mut()
                 .entry(at.segment)
@@ -768,8 +803,14 @@ impl Shard {
                 }
                 continue;
             }
+            // take_batches() took every queued record.
+            self.inner
+                .flushing_bytes
+                .set(self.inner.queued_bytes.replace(0));
             let mut batches = batches;
-            match self.flush(&mut batches).await {
+            let flushed = self.flush(&mut batches).await;
+            self.inner.flushing_bytes.set(0);
+            match flushed {
                 Ok(()) => self.complete(batches),
                 Err(e) => self.fail(format!("log write failed: {e}")),
             }
