@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
+use crate::checkpoint;
 use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
 use crate::segment::segment_path;
 use crate::segment::{self, SegmentHeader, DATA_START};
@@ -55,6 +56,9 @@ pub struct ShardConfig {
     /// Framed bytes of appends and creates that may wait for their flush; more are refused
     /// with [`StorageError::Busy`] instead of growing the write queue without bound.
     pub write_budget_bytes: usize,
+    /// Log bytes written after which the next upkeep round writes a checkpoint; bounds
+    /// how much log a restart replays.
+    pub checkpoint_bytes: u64,
 }
 
 impl ShardConfig {
@@ -66,6 +70,7 @@ impl ShardConfig {
             receipt_window: 256,
             cache_bytes: DEFAULT_CACHE_BYTES,
             write_budget_bytes: DEFAULT_WRITE_BUDGET_BYTES,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
         }
     }
 }
@@ -73,6 +78,7 @@ impl ShardConfig {
 pub const DEFAULT_SEGMENT_BYTES: u64 = 128 << 20;
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
 pub const DEFAULT_WRITE_BUDGET_BYTES: usize = 256 << 20;
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 /// A segment must hold the largest record.
 pub const MIN_SEGMENT_BYTES: u64 =
     (crate::record::MAX_PAYLOAD + crate::record::FRAME_HEADER) as u64 + 2 * DATA_START;
@@ -132,6 +138,8 @@ pub struct RecoveryReport {
     pub dropped_bytes: u64,
     /// Segments deleted because they only held records after a break in the log.
     pub orphan_segments: usize,
+    /// LSN of the checkpoint recovery started from (0: none, the whole log was replayed).
+    pub checkpoint_lsn: u64,
     pub elapsed: Duration,
 }
 
@@ -187,7 +195,16 @@ struct Inner {
     segments: RefCell<BTreeMap<u64, HashSet<StreamId>>>,
     /// Bytes of data held by live streams.
     live_bytes: Cell<u64>,
-    cleaning: Cell<bool>,
+    /// Set while the cleaner or a checkpoint runs; they must not interleave, because a
+    /// checkpoint taken mid-clean would point at chunks about to be deleted.
+    upkeep_busy: Cell<bool>,
+    /// Framed bytes logged since start, and that count when the last checkpoint was taken.
+    logged_bytes: Cell<u64>,
+    checkpointed_at: Cell<u64>,
+    /// Segment where replay from the durable checkpoint starts. Only segments before it
+    /// may be deleted: a record in a later one (a deletion, say) is needed on top of the
+    /// checkpoint, and the cleaner does not carry deletions forward.
+    checkpoint_segment: Cell<Option<u64>>,
     /// Snapshot blobs to delete once the record that dropped them is durable: (lsn, name).
     dead_blobs: RefCell<Vec<(u64, Box<str>)>>,
     /// Snapshot blobs of a memory shard.
@@ -222,7 +239,10 @@ impl Shard {
             readers: RefCell::new(HashMap::new()),
             segments: RefCell::new(BTreeMap::new()),
             live_bytes: Cell::new(0),
-            cleaning: Cell::new(false),
+            upkeep_busy: Cell::new(false),
+            logged_bytes: Cell::new(0),
+            checkpointed_at: Cell::new(0),
+            checkpoint_segment: Cell::new(None),
             dead_blobs: RefCell::new(Vec::new()),
             memory_blobs: RefCell::new(HashMap::new()),
             blob_counter: Cell::new(0),
@@ -685,10 +705,26 @@ impl Shard {
         }
     }
 
-    /// Wait until everything accepted so far is durable, then stop the flusher.
-    pub async fn shutdown(&self) -> Result<(), StorageError> {
+    /// Stop once everything accepted so far is durable, without the final checkpoint: the
+    /// state a crash right after the last fdatasync leaves. For crash and recovery tests.
+    pub async fn halt(&self) -> Result<(), StorageError> {
         let last = self.inner.next_lsn.get() - 1;
         let result = self.commit(last).durable().await;
+        self.inner.readers.borrow_mut().clear();
+        self.inner.stopping.set(true);
+        self.wake_flusher();
+        result
+    }
+
+    /// Wait until everything accepted so far is durable, write a checkpoint, then stop the
+    /// flusher.
+    pub async fn shutdown(&self) -> Result<(), StorageError> {
+        let last = self.inner.next_lsn.get() - 1;
+        let mut result = self.commit(last).durable().await;
+        // A clean stop leaves a checkpoint at the head, so the next start replays nothing.
+        if result.is_ok() && self.inner.logged_bytes.get() > self.inner.checkpointed_at.get() {
+            result = self.checkpoint().await.map(|_| ());
+        }
         self.inner.readers.borrow_mut().clear();
         self.inner.stopping.set(true);
         self.wake_flusher();
@@ -747,6 +783,9 @@ impl Shard {
             self.inner
                 .queued_bytes
                 .set(self.inner.queued_bytes.get() + at.record_len as u64);
+            self.inner
+                .logged_bytes
+                .set(self.inner.logged_bytes.get() + at.record_len as u64);
             self.inner
                 .segments
                 .borrow_mut()
@@ -890,12 +929,19 @@ impl Shard {
     fn recover(&self, dir: &Path, report: &mut RecoveryReport) -> Result<Log, StorageError> {
         let cfg = &self.inner.cfg;
         let indexes = segment::list_segments(dir)?;
-        let mut expected: Option<u64> = None;
+        let resume = self.load_checkpoint(dir)?;
+        report.checkpoint_lsn = resume.map_or(0, |p| p.lsn);
+        // With a checkpoint, replay starts right after its LSN at the position it names;
+        // segments before that position are not read at all.
+        let mut expected: Option<u64> = resume.map(|p| p.lsn + 1);
         let mut prev_index: Option<u64> = None;
         let mut tail: Option<(u64, u64, Bytes)> = None; // (segment, end of valid records, contents)
         let mut stop_at: Option<usize> = None;
         let mut stash = Stash::new();
         for (i, &index) in indexes.iter().enumerate() {
+            if resume.is_some_and(|p| index < p.segment) {
+                continue;
+            }
             let path = segment::segment_path(dir, index);
             let buf = Bytes::from_owner(segment::read_whole(&path)?);
             let Some(header) = SegmentHeader::decode(&buf) else {
@@ -909,8 +955,9 @@ impl Shard {
                     path.display()
                 )));
             };
+            let resume_here = resume.filter(|p| p.segment == index);
             let adjacent = prev_index.is_some_and(|p| p + 1 == index);
-            if let Some(exp) = expected {
+            if let (Some(exp), None) = (expected, resume_here) {
                 let chains = if adjacent {
                     header.first_lsn == exp
                 } else {
@@ -921,8 +968,19 @@ impl Shard {
                     break;
                 }
             }
-            let mut lsn = header.first_lsn;
-            let mut pos = DATA_START as usize;
+            let (mut lsn, mut pos) = match resume_here {
+                Some(p) => {
+                    if p.offset < DATA_START || p.offset > buf.len() as u64 {
+                        return Err(StorageError::Failed(format!(
+                            "checkpoint resumes at position {} of segment {index}, outside it",
+                            p.offset
+                        )));
+                    }
+                    (p.lsn + 1, p.offset as usize)
+                }
+                None => (header.first_lsn, DATA_START as usize),
+            };
+            let scan_start = pos;
             let why = loop {
                 match decode_at(&buf, pos) {
                     Ok(f) if f.lsn == lsn => {
@@ -951,7 +1009,7 @@ impl Shard {
                 );
             }
             report.segments += 1;
-            report.log_bytes += pos as u64 - DATA_START;
+            report.log_bytes += (pos - scan_start) as u64;
             expected = Some(lsn);
             prev_index = Some(index);
             tail = Some((index, pos as u64, buf));
@@ -967,6 +1025,13 @@ impl Shard {
                 report.orphan_segments += 1;
             }
             segment::sync_dir(dir)?;
+        }
+        if let (Some(p), None) = (resume, &tail) {
+            return Err(StorageError::Failed(format!(
+                "the checkpoint continues the log in segment {}, but no segment from there on \
+                 exists",
+                p.segment
+            )));
         }
         let next_lsn = expected.unwrap_or(1);
         self.inner.next_lsn.set(next_lsn);
@@ -1015,16 +1080,71 @@ impl Shard {
             live += s.data_bytes();
         }
         self.inner.live_bytes.set(live);
+        // A long replay is worth a checkpoint at the first upkeep round.
+        self.inner.logged_bytes.set(report.log_bytes);
         self.remove_unreferenced_blobs(dir);
+        let kept = &indexes[..stop_at.unwrap_or(indexes.len())];
         let mut segments = self.inner.segments.borrow_mut();
-        for &index in &indexes[..stop_at.unwrap_or(indexes.len())] {
+        for &index in kept {
             segments.entry(index).or_default();
+        }
+        // Segments before a checkpoint were not read; what the cleaner must preserve from
+        // them is the stream data, found through the chunk tables.
+        for s in self.inner.streams.borrow().values() {
+            for loc in s.chunks().iter().filter_map(|c| c.loc()) {
+                if kept.binary_search(&loc.segment).is_err() {
+                    return Err(StorageError::Failed(format!(
+                        "stream {} has data in segment {}, which is missing",
+                        s.key, loc.segment
+                    )));
+                }
+                segments.entry(loc.segment).or_default().insert(s.id);
+            }
         }
         if segments.is_empty() {
             segments.insert(1, HashSet::new());
         }
         drop(segments);
         Ok(log)
+    }
+
+    /// Load the checkpoint, if there is one, into the shard. A checkpoint that cannot be
+    /// read is fatal: the cleaner may already have dropped the log records it replaced.
+    fn load_checkpoint(&self, dir: &Path) -> Result<Option<checkpoint::Position>, StorageError> {
+        let _ = std::fs::remove_file(dir.join(checkpoint::TMP_NAME));
+        let path = checkpoint::path(dir);
+        let file = match std::fs::read(&path) {
+            Ok(f) => Bytes::from(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let (pos, saved) = checkpoint::decode(self.inner.cfg.shard, &file).map_err(|why| {
+            StorageError::Failed(format!(
+                "checkpoint {} is corrupt ({why}); the log before it may already be \
+                 reclaimed, so a full replay cannot stand in for it: restore this data \
+                 directory from a backup",
+                path.display()
+            ))
+        })?;
+        let now = crate::now_ms();
+        for st in saved {
+            let stream = Stream::from_checkpoint(&st.image, st.chunks, st.msg_starts, now);
+            self.insert_stream(stream, 0);
+        }
+        self.inner
+            .next_id
+            .set(pos.next_id.max(self.inner.next_id.get()));
+        let inc = self.inner.last_incarnation.get().max(pos.last_incarnation);
+        self.inner.last_incarnation.set(inc);
+        self.inner.blob_counter.set(pos.blob_counter);
+        self.inner.checkpoint_segment.set(Some(pos.segment));
+        tracing::info!(
+            shard = self.inner.cfg.shard,
+            lsn = pos.lsn,
+            streams = self.inner.streams.borrow().len(),
+            "loaded checkpoint"
+        );
+        Ok(Some(pos))
     }
 
     /// Apply a recovered record. Stream data stays on disk until first read. Records of a
@@ -1169,18 +1289,98 @@ impl Shard {
             if let Err(e) = self.clean().await {
                 tracing::warn!(shard = self.inner.cfg.shard, "log cleaning failed: {e}");
             }
+            let since = self.inner.logged_bytes.get() - self.inner.checkpointed_at.get();
+            if since >= self.inner.cfg.checkpoint_bytes {
+                if let Err(e) = self.checkpoint().await {
+                    tracing::warn!(shard = self.inner.cfg.shard, "checkpoint failed: {e}");
+                }
+            }
         }
+    }
+
+    /// Write a checkpoint of every stream at the current head of the log, so the next start
+    /// replays only what follows it. Returns false if nothing was written (memory mode, or
+    /// the cleaner is running).
+    pub async fn checkpoint(&self) -> Result<bool, StorageError> {
+        if self.memory() || self.inner.upkeep_busy.replace(true) {
+            return Ok(false);
+        }
+        let result = self.write_checkpoint().await;
+        self.inner.upkeep_busy.set(false);
+        result.map(|()| true)
+    }
+
+    /// Callers hold `upkeep_busy`.
+    async fn write_checkpoint(&self) -> Result<(), StorageError> {
+        let Some(dir) = self.inner.log.borrow().as_ref().map(|l| l.dir.clone()) else {
+            return Ok(());
+        };
+        let result = self.write_checkpoint_in(&dir).await;
+        if result.is_err() {
+            let _ = std::fs::remove_file(dir.join(checkpoint::TMP_NAME));
+        }
+        result
+    }
+
+    async fn write_checkpoint_in(&self, dir: &Path) -> Result<(), StorageError> {
+        let started = Instant::now();
+        let (segment, offset) = match self.inner.log.borrow().as_ref() {
+            Some(l) => (l.write_seg, l.write_end),
+            None => return Ok(()),
+        };
+        let pos = checkpoint::Position {
+            lsn: self.inner.next_lsn.get() - 1,
+            segment,
+            offset,
+            next_id: self.inner.next_id.get(),
+            last_incarnation: self.inner.last_incarnation.get(),
+            blob_counter: self.inner.blob_counter.get(),
+        };
+        let logged = self.inner.logged_bytes.get();
+        // Captured synchronously, so it is exactly the head state after record `pos.lsn`.
+        let image = checkpoint::encode(
+            self.inner.cfg.shard,
+            pos,
+            self.inner.streams.borrow().values(),
+        );
+        let bytes = image.len();
+        let tmp = dir.join(checkpoint::TMP_NAME);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        let file = monoio::fs::File::from_std(file)?;
+        let (res, _) = file.write_all_at(image, 0).await;
+        res?;
+        file.sync_all().await?;
+        drop(file);
+        // The checkpoint may only replace the log before it once that log is durable.
+        self.commit(pos.lsn).durable().await?;
+        std::fs::rename(&tmp, checkpoint::path(dir))?;
+        segment::sync_dir(dir)?;
+        self.inner.checkpointed_at.set(logged);
+        self.inner.checkpoint_segment.set(Some(pos.segment));
+        tracing::debug!(
+            shard = self.inner.cfg.shard,
+            lsn = pos.lsn,
+            bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "checkpoint written"
+        );
+        Ok(())
     }
 
     /// Reclaim space: while the segment files take more than twice the live data (plus the
     /// segment being written), move the live content of the oldest segment to the head of
-    /// the log and delete it. Returns the number of segments removed.
+    /// the log and delete it. A segment is only deleted once a checkpoint covers it.
+    /// Returns the number of segments removed.
     pub async fn clean(&self) -> Result<usize, StorageError> {
-        if self.inner.cleaning.replace(true) {
+        if self.inner.upkeep_busy.replace(true) {
             return Ok(0);
         }
         let result = self.clean_while_wasteful().await;
-        self.inner.cleaning.set(false);
+        self.inner.upkeep_busy.set(false);
         result
     }
 
@@ -1199,6 +1399,14 @@ impl Shard {
             if oldest >= write_seg || usage.segment_bytes <= 2 * usage.live_bytes + seg {
                 return Ok(removed);
             }
+            if self
+                .inner
+                .checkpoint_segment
+                .get()
+                .is_none_or(|c| oldest >= c)
+            {
+                self.write_checkpoint().await?;
+            }
             self.clean_segment(oldest).await?;
             removed += 1;
         }
@@ -1206,7 +1414,7 @@ impl Shard {
 
     /// Rewrite what is still needed from `segment` (an image of every live stream with
     /// records there, and its chunks stored there) at the head, then delete the file.
-    pub async fn clean_segment(&self, segment: u64) -> Result<(), StorageError> {
+    async fn clean_segment(&self, segment: u64) -> Result<(), StorageError> {
         // Everything in older segments must be durable before we rely on rewriting it.
         self.commit(self.inner.next_lsn.get() - 1).durable().await?;
         let ids: Vec<StreamId> = self
@@ -1601,6 +1809,11 @@ mod tests {
         }
     }
 
+    /// Stop as a crash would once everything is durable: no final checkpoint.
+    async fn stop_without_checkpoint(shard: &Shard) {
+        shard.halt().await.expect("durable");
+    }
+
     async fn read_all(shard: &Shard, key: &str) -> Vec<u8> {
         let id = shard.lookup(key).expect("stream exists");
         shard.read(id, 0, u64::MAX).await.expect("read").concat()
@@ -1650,7 +1863,8 @@ mod tests {
         });
         block_on(async {
             let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
-            assert_eq!(report.records, 5);
+            // The clean stop left a checkpoint at the head: nothing to replay.
+            assert_eq!((report.checkpoint_lsn, report.records), (5, 0));
             assert_eq!(report.dropped_bytes, 0);
             assert_eq!(read_all(&shard, "a").await, b"hello world");
             assert!(shard.lookup("gone").is_none());
@@ -1675,7 +1889,7 @@ mod tests {
         });
         block_on(async {
             let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
-            assert_eq!(report.records, 6);
+            assert_eq!((report.checkpoint_lsn, report.records), (6, 0));
             assert_eq!(read_all(&shard, "b").await, b"more");
         });
     }
@@ -1723,7 +1937,7 @@ mod tests {
                 let (_, c) = shard.append(id, data_rec(part)).expect("append");
                 c.durable().await.expect("durable");
             }
-            shard.shutdown().await.expect("shutdown");
+            stop_without_checkpoint(&shard).await;
         });
         let seg = segment::segment_path(&seg_dir, 1);
         let contents = std::fs::read(&seg).expect("read");
@@ -1746,7 +1960,7 @@ mod tests {
             let id = shard.lookup("a").expect("a");
             let (_, c) = shard.append(id, data_rec(b"THIRD")).expect("append");
             c.durable().await.expect("durable");
-            shard.shutdown().await.expect("shutdown");
+            stop_without_checkpoint(&shard).await;
         });
         block_on(async {
             let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
@@ -1783,7 +1997,7 @@ mod tests {
                 let (_, c) = shard.append(id, data_rec(&big)).expect("append");
                 c.durable().await.expect("durable");
             }
-            shard.shutdown().await.expect("shutdown");
+            stop_without_checkpoint(&shard).await;
         });
         let segs = segment::list_segments(&seg_dir).expect("list");
         assert!(segs.len() >= 2, "expected a roll, got {segs:?}");
@@ -1840,7 +2054,7 @@ mod tests {
                 .expect("read")
                 .concat();
             assert_eq!(part, &expected[15_000..123_456]);
-            shard.shutdown().await.expect("shutdown");
+            stop_without_checkpoint(&shard).await;
         });
         // After a restart nothing is cached; everything reads from disk.
         block_on(async {
@@ -1932,7 +2146,9 @@ mod tests {
             );
             let on_disk: u64 = std::fs::read_dir(dir.path().join("shard-0"))
                 .expect("dir")
-                .map(|e| e.expect("entry").metadata().expect("meta").len())
+                .map(|e| e.expect("entry"))
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+                .map(|e| e.metadata().expect("meta").len())
                 .sum();
             assert_eq!(on_disk, after.segment_bytes, "files match the accounting");
             assert!(on_disk <= 2 * after.live_bytes + shard.segment_bytes());
@@ -1946,8 +2162,9 @@ mod tests {
         });
         // Everything, including producer state, survives a restart after cleaning.
         block_on(async {
-            let (shard, report) = Shard::open(cfg).await.expect("reopen");
-            assert!(report.segments as u64 * seg_bytes <= 2 * 2 * expected_tail + seg_bytes);
+            let (shard, _) = Shard::open(cfg).await.expect("reopen");
+            let usage = shard.disk_usage();
+            assert!(usage.segments as u64 * seg_bytes <= 2 * 2 * expected_tail + seg_bytes);
             assert_eq!(shard.keys().len(), 2);
             for &s in &[0usize, 10] {
                 let got = read_all(&shard, &format!("s{s}")).await;
@@ -1985,7 +2202,7 @@ mod tests {
                 shard.stream(id).map(|s| s.visible_tail),
                 Some(5 * big.len() as u64)
             );
-            shard.shutdown().await.expect("shutdown");
+            stop_without_checkpoint(&shard).await;
         });
         block_on(async {
             let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
@@ -2108,6 +2325,277 @@ mod tests {
                 .expect("durable");
             shard.collect_dead_blobs();
             assert_eq!(std::fs::read_dir(&blobs).expect("dir").count(), 1);
+        });
+    }
+
+    /// Everything a restart must reproduce about the shard's streams, as comparable text.
+    async fn describe(shard: &Shard) -> Vec<String> {
+        let mut keys = shard.keys();
+        keys.sort();
+        let mut out = Vec::new();
+        for key in keys {
+            let Some(id) = shard.lookup(&key) else {
+                continue;
+            };
+            let meta = {
+                let s = shard.stream(id).expect("listed");
+                let mut producers: Vec<_> = s
+                    .producers
+                    .iter()
+                    .map(|(k, p)| format!("{k}:{}:{}:{:?}", p.epoch, p.last_seq, p.receipts))
+                    .collect();
+                producers.sort();
+                let starts: Vec<_> = (s.first_message()..s.message_count())
+                    .map(|o| s.message_start(o))
+                    .collect();
+                format!(
+                    "{key} inc={} tail={}/{} closed={}/{} ext={:?} seq={:?} retained={} \
+                     msgs={}..{} starts={starts:?} producers={producers:?}",
+                    s.incarnation,
+                    s.tail,
+                    s.visible_tail,
+                    s.closed,
+                    s.visible_closed,
+                    s.ext,
+                    s.last_stream_seq,
+                    s.retained_start,
+                    s.first_message(),
+                    s.message_count(),
+                )
+            };
+            let from = shard.stream(id).map_or(0, |s| s.retained_start);
+            let data = shard.read(id, from, u64::MAX).await.expect("read").concat();
+            out.push(format!("{meta} data={}", String::from_utf8_lossy(&data)));
+        }
+        out
+    }
+
+    fn json_rec(msgs: &[&str]) -> AppendRec {
+        let data: String = msgs.concat();
+        AppendRec {
+            append_lens: vec![data.len() as u32],
+            msg_lens: msgs.iter().map(|m| m.len() as u32).collect(),
+            data: Bytes::from(data),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn checkpoint_bounds_replay_and_restores_every_stream_state() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = config(dir.path());
+        cfg.checkpoint_bytes = u64::MAX; // only the explicit checkpoint below
+        let (lsn, want) = block_on(async {
+            let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+            let (a, c) = shard.create(new_stream("a", b"")).expect("create");
+            c.durable().await.expect("durable");
+            let mut rec = json_rec(&["{\"n\":1}\n", "{\"n\":2}\n", "{\"n\":3}\n"]);
+            rec.stream_seq = Some(Bytes::from_static(b"s1"));
+            rec.producer = Some(ProducerStamp {
+                id: "p".into(),
+                epoch: 1,
+                seq: 0,
+            });
+            shard
+                .append(a, rec)
+                .expect("append")
+                .1
+                .durable()
+                .await
+                .expect("ok");
+            let (b, c) = shard.create(new_stream("b", b"bee")).expect("create");
+            c.durable().await.expect("durable");
+            let (gone, c) = shard.create(new_stream("gone", b"x")).expect("create");
+            c.durable().await.expect("durable");
+            shard
+                .set_ext(a, Bytes::from_static(b"ext2"))
+                .expect("ext")
+                .durable()
+                .await
+                .expect("ok");
+            shard
+                .retain(a, 8)
+                .expect("retain")
+                .durable()
+                .await
+                .expect("ok");
+            assert!(shard.checkpoint().await.expect("checkpoint"));
+            let lsn = shard.inner.next_lsn.get() - 1;
+            // After the checkpoint: appends to old streams, a new stream, a deletion.
+            let mut rec = json_rec(&["{\"n\":4}\n"]);
+            rec.producer = Some(ProducerStamp {
+                id: "p".into(),
+                epoch: 1,
+                seq: 1,
+            });
+            shard
+                .append(a, rec)
+                .expect("append")
+                .1
+                .durable()
+                .await
+                .expect("ok");
+            shard
+                .append(b, data_rec(b"-more"))
+                .expect("append")
+                .1
+                .durable()
+                .await
+                .expect("ok");
+            let (_, c) = shard.create(new_stream("c", b"sea")).expect("create");
+            c.durable().await.expect("durable");
+            shard
+                .delete(gone)
+                .expect("delete")
+                .durable()
+                .await
+                .expect("ok");
+            let want = describe(&shard).await;
+            stop_without_checkpoint(&shard).await;
+            (lsn, want)
+        });
+        assert!(want.iter().any(|d| d.contains("msgs=1..4")), "{want:?}");
+        block_on(async {
+            let (shard, report) = Shard::open(cfg.clone()).await.expect("reopen");
+            assert_eq!(report.checkpoint_lsn, lsn);
+            assert_eq!(report.records, 4, "only the records after the checkpoint");
+            assert_eq!(describe(&shard).await, want);
+            assert!(shard.next_incarnation(0) > 7);
+            // Writing continues, and a clean stop checkpoints at the head.
+            let a = shard.lookup("a").expect("a");
+            let (r, c) = shard.append(a, json_rec(&["{\"n\":5}\n"])).expect("append");
+            assert_eq!((r.record_start, r.record_next), (4, 5));
+            c.durable().await.expect("durable");
+            shard.shutdown().await.expect("shutdown");
+        });
+        block_on(async {
+            let (shard, report) = Shard::open(cfg).await.expect("reopen");
+            assert_eq!(report.records, 0);
+            let s = shard.stream_by_key("a").expect("a");
+            assert_eq!((s.first_message(), s.message_count()), (1, 5));
+        });
+    }
+
+    #[test]
+    fn a_corrupt_checkpoint_stops_recovery_with_a_clear_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        block_on(async {
+            let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+            let (_, c) = shard.create(new_stream("a", b"data")).expect("create");
+            c.durable().await.expect("durable");
+            shard.shutdown().await.expect("shutdown");
+        });
+        let path = checkpoint::path(&dir.path().join("shard-0"));
+        let mut bytes = std::fs::read(&path).expect("checkpoint written at shutdown");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        std::fs::write(&path, &bytes).expect("write");
+        let err = block_on(async { Shard::open(config(dir.path())).await.err() })
+            .expect("refuses to start");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("checkpoint") && msg.contains("corrupt"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn cleaning_after_a_checkpoint_keeps_every_live_stream() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = config(dir.path());
+        cfg.checkpoint_bytes = u64::MAX;
+        let payload = |stream: usize, i: usize| -> Vec<u8> {
+            let mut v = vec![(stream * 3 + i) as u8; 64 << 10];
+            let tag = format!("s{stream:02}-i{i:06}");
+            v[..tag.len()].copy_from_slice(tag.as_bytes());
+            v
+        };
+        let (streams, per_stream) = (10usize, 300usize); // ~190 MiB: four segments
+        let (lsn, want) = block_on(async {
+            let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+            let mut ids = Vec::new();
+            for s in 0..streams {
+                let (id, c) = shard
+                    .create(new_stream(&format!("s{s}"), b""))
+                    .expect("create");
+                c.durable().await.expect("durable");
+                ids.push(id);
+            }
+            // A stream with no data at all: only its creation record (in segment 1) and
+            // the checkpoint know it.
+            let (_, c) = shard.create(new_stream("empty", b"")).expect("create");
+            c.durable().await.expect("durable");
+            let mut lsn = 0;
+            for i in 0..per_stream {
+                if i == 100 {
+                    assert!(shard.checkpoint().await.expect("checkpoint"));
+                    lsn = shard.inner.next_lsn.get() - 1;
+                }
+                let mut commits = Vec::new();
+                for (s, &id) in ids.iter().enumerate() {
+                    let mut rec = data_rec(&payload(s, i));
+                    rec.producer = Some(ProducerStamp {
+                        id: "p".into(),
+                        epoch: 1,
+                        seq: i as u64,
+                    });
+                    commits.push(shard.append(id, rec).expect("append").1);
+                }
+                for c in commits {
+                    c.durable().await.expect("durable");
+                }
+            }
+            for (s, &id) in ids.iter().enumerate() {
+                if s % 5 != 0 {
+                    shard
+                        .delete(id)
+                        .expect("delete")
+                        .durable()
+                        .await
+                        .expect("ok");
+                }
+            }
+            let removed = shard.clean().await.expect("clean");
+            assert!(
+                removed >= 2,
+                "the checkpoint's own segment is reclaimed too"
+            );
+            let want = describe(&shard).await;
+            stop_without_checkpoint(&shard).await;
+            (lsn, want)
+        });
+        assert_eq!(want.len(), 3);
+        block_on(async {
+            let (shard, report) = Shard::open(cfg.clone()).await.expect("reopen");
+            // Reclaiming the segment the checkpoint resumed in needed a newer checkpoint
+            // first; otherwise the deletions logged there would be lost and the deleted
+            // streams would come back from the old checkpoint.
+            assert!(
+                report.checkpoint_lsn > lsn,
+                "{} <= {lsn}",
+                report.checkpoint_lsn
+            );
+            assert_eq!(describe(&shard).await, want);
+            // Pre-checkpoint segments were not scanned, yet the cleaner still finds the data
+            // it must move out of them.
+            let s5 = shard.lookup("s5").expect("s5");
+            shard
+                .delete(s5)
+                .expect("delete")
+                .durable()
+                .await
+                .expect("ok");
+            shard.clean().await.expect("clean");
+            stop_without_checkpoint(&shard).await;
+        });
+        block_on(async {
+            let (shard, _) = Shard::open(cfg).await.expect("reopen");
+            let got = describe(&shard).await;
+            assert_eq!(got.len(), 2);
+            assert_eq!(got[0], want[0], "empty");
+            assert_eq!(got[1], want[1], "s0");
+            let usage = shard.disk_usage();
+            assert!(usage.segment_bytes <= 2 * usage.live_bytes + shard.segment_bytes());
         });
     }
 

@@ -62,8 +62,8 @@ impl Chunk {
         self.data.is_some()
     }
 
-    #[cfg(test)]
-    fn loc_for_test(&self) -> Option<DiskLoc> {
+    /// Where the chunk's bytes are in the log (none in memory mode).
+    pub(crate) fn loc(&self) -> Option<DiskLoc> {
         self.loc
     }
 }
@@ -187,6 +187,34 @@ impl Stream {
         );
         s.apply_image(i);
         s
+    }
+
+    /// A stream loaded from a checkpoint: its image plus its chunk table and message index.
+    /// `finish_recovery` derives each chunk's first message afterwards.
+    pub(crate) fn from_checkpoint(
+        i: &ImageRec,
+        chunks: Vec<(u64, u32, DiskLoc)>,
+        msg_starts: Vec<u64>,
+        now_ms: i64,
+    ) -> Stream {
+        let mut s = Stream::from_image(i, now_ms);
+        s.chunks = chunks
+            .into_iter()
+            .map(|(start, len, loc)| Chunk {
+                start,
+                len,
+                first_msg: 0,
+                data: None,
+                loc: Some(loc),
+            })
+            .collect();
+        s.msg_starts = msg_starts;
+        s
+    }
+
+    /// Start offsets of the retained messages (ordinal `first_message() + i` at index i).
+    pub(crate) fn message_starts(&self) -> &[u64] {
+        &self.msg_starts
     }
 
     /// Take the metadata of an image (replay: it is the state as of the image's LSN).
@@ -811,7 +839,7 @@ mod tests {
         let Piece::Disk { .. } = plan[0] else {
             unreachable!()
         };
-        assert_eq!(s.chunks()[1].loc_for_test().map(|l| l.data_off), Some(97));
+        assert_eq!(s.chunks()[1].loc().map(|l| l.data_off), Some(97));
         assert_eq!(s.recache(0, &Bytes::from_static(b"ab\n")), 3);
         assert_eq!(memory(&s.read_plan(0, 6)), b"ab\ncd\n");
     }
