@@ -1,0 +1,277 @@
+//! Retention gaps, stream recreation, worker disagreement (block + resume), overlap
+//! verification, compaction and GC — against the real binaries, local-directory store.
+
+mod support;
+
+use std::time::Duration;
+
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use support::*;
+
+const T0: i64 = 1_784_370_600_000;
+
+fn append(ua: &str, path: &str, from: i64, n: i64) {
+    let evs: Vec<String> = (from..from + n)
+        .map(|i| format!(r#"{{"captured_at":{}}}"#, T0 + (i * 7919) % 1000))
+        .collect();
+    expect(
+        ua,
+        "POST",
+        path,
+        &[JSON],
+        format!("[{}]", evs.join(",")).as_bytes(),
+        204,
+    );
+}
+
+fn count(ia: &str, id: &str) -> usize {
+    all_entries(ia, id, T0 - 1, T0 + 100_000, 1000, "").len()
+}
+
+fn tail_of(ua: &str, path: &str) -> String {
+    request(ua, "HEAD", path, &[], b"")
+        .header("stream-next-offset")
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn retention_gap_then_recreate() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let u = ursula(dir.path());
+    let store = dir.path().join("store");
+    let ua = u.addr.clone();
+    expect(&ua, "PUT", "/demo", &[], b"", 201);
+    expect(&ua, "PUT", "/demo/r", &[JSON], b"", 201);
+    append(&ua, "/demo/r", 0, 10);
+
+    let ix = indexer(dir.path(), "a", Store::Dir(&store), &[]);
+    assert_eq!(
+        register(&ix.addr, "r", &format!("{}/demo/r", u.url()), "").status,
+        201
+    );
+    wait_durable(&ix.addr, "r", &ua, "/demo/r");
+    let inc = status(&ix.addr, "r")["source"]["incarnation"]
+        .as_str()
+        .map(str::to_string);
+    assert!(inc.is_some());
+    ix.kill();
+
+    // While no indexer runs: 10 more events, then retention trims them unread.
+    let before = tail_of(&ua, "/demo/r");
+    append(&ua, "/demo/r", 10, 10);
+    let cut = tail_of(&ua, "/demo/r");
+    let snap = request(
+        &ua,
+        "PUT",
+        &format!("/demo/r/snapshot/{cut}"),
+        &[],
+        b"state",
+    );
+    assert!(
+        snap.status == 201 || snap.status == 204,
+        "snapshot: {}",
+        snap.text()
+    );
+    expect(
+        &ua,
+        "PUT",
+        &format!("/demo/r/retention/{cut}"),
+        &[],
+        b"",
+        204,
+    );
+    append(&ua, "/demo/r", 20, 5);
+
+    let ix = indexer(dir.path(), "a", Store::Dir(&store), &[]);
+    wait_durable(&ix.addr, "r", &ua, "/demo/r");
+    let s = status(&ix.addr, "r");
+    let trimmed = cut.parse::<u64>().unwrap_or(0) - before.parse::<u64>().unwrap_or(0);
+    assert_eq!(s["coverage"]["complete"].as_bool(), Some(false));
+    assert_eq!(s["coverage"]["trimmed_bytes"].as_u64(), Some(trimmed));
+    assert_eq!(s["coverage"]["floor"].as_str(), Some(cut.as_str()));
+    assert_eq!(
+        count(&ix.addr, "r"),
+        5,
+        "entries below the floor are never returned"
+    );
+
+    // Recreate the stream: the index restarts on the new incarnation.
+    expect(&ua, "DELETE", "/demo/r", &[], b"", 204);
+    expect(&ua, "PUT", "/demo/r", &[JSON], b"", 201);
+    append(&ua, "/demo/r", 0, 3);
+    let s = wait_for(Duration::from_secs(20), "restart", || {
+        let r = request(&ix.addr, "GET", "/v1/indexes/r/status", &[], b"");
+        let v = (r.status == 200).then(|| r.json())?;
+        (v["restarted_from_incarnation"].as_str() == inc.as_deref()).then_some(v)
+    });
+    assert_ne!(s["source"]["incarnation"].as_str(), inc.as_deref());
+    wait_durable(&ix.addr, "r", &ua, "/demo/r");
+    assert_eq!(count(&ix.addr, "r"), 3);
+    let s = status(&ix.addr, "r");
+    assert_eq!(
+        s["coverage"]["complete"].as_bool(),
+        Some(true),
+        "a new namespace starts clean"
+    );
+}
+
+#[test]
+fn disagreement_blocks_until_resume() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let u = ursula(dir.path());
+    let store = dir.path().join("store");
+    let ua = u.addr.clone();
+    expect(&ua, "PUT", "/demo", &[], b"", 201);
+    expect(&ua, "PUT", "/demo/d", &[JSON], b"", 201);
+    append(&ua, "/demo/d", 0, 20);
+    let a = indexer(dir.path(), "a", Store::Dir(&store), &[]);
+    assert_eq!(
+        register(&a.addr, "d", &format!("{}/demo/d", u.url()), "").status,
+        201
+    );
+    wait_durable(&a.addr, "d", &ua, "/demo/d");
+    let reference = all_entries(&a.addr, "d", T0 - 1, T0 + 100_000, 1000, "");
+    a.kill();
+
+    // A worker that re-reads everything and agrees: only the new suffix is added.
+    let b = indexer(dir.path(), "b", Store::Dir(&store), &["--debug-reingest"]);
+    append(&ua, "/demo/d", 20, 3);
+    wait_durable(&b.addr, "d", &ua, "/demo/d");
+    assert_eq!(
+        status(&b.addr, "d")["status"]["state"].as_str(),
+        Some("ready")
+    );
+    assert_eq!(
+        count(&b.addr, "d"),
+        23,
+        "overlap verified, nothing duplicated"
+    );
+    b.kill();
+
+    // A worker that extracts differently: the index blocks but stays queryable.
+    let c = indexer(
+        dir.path(),
+        "c",
+        Store::Dir(&store),
+        &["--debug-reingest", "--debug-time-offset-ms", "1000"],
+    );
+    append(&ua, "/demo/d", 23, 2);
+    let s = wait_for(Duration::from_secs(20), "blocked", || {
+        let s = status(&c.addr, "d");
+        (s["status"]["state"].as_str() == Some("blocked")).then_some(s)
+    });
+    assert!(s["status"]["reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("different")));
+    let now = all_entries(&c.addr, "d", T0 - 1, T0 + 100_000, 1000, "");
+    assert_eq!(now.len(), 23);
+    assert_eq!(
+        &now[..],
+        &all_entries(&c.addr, "d", T0 - 1, T0 + 100_000, 1000, "")[..]
+    );
+    assert!(reference.iter().all(|e| now.contains(e)));
+    c.kill();
+
+    // Repaired worker + resume: ingest continues.
+    let a = indexer(dir.path(), "a", Store::Dir(&store), &[]);
+    let r = expect(
+        &a.addr,
+        "POST",
+        "/v1/indexes/d/status/resume",
+        &[],
+        b"",
+        200,
+    )
+    .json();
+    assert_eq!(r["status"]["state"].as_str(), Some("ready"));
+    expect(
+        &a.addr,
+        "POST",
+        "/v1/indexes/d/status/resume",
+        &[],
+        b"",
+        200,
+    );
+    wait_durable(&a.addr, "d", &ua, "/demo/d");
+    assert_eq!(count(&a.addr, "d"), 25);
+}
+
+#[test]
+fn compaction_keeps_answers_and_gc_reclaims() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let u = ursula(dir.path());
+    let store = dir.path().join("store");
+    let ua = u.addr.clone();
+    expect(&ua, "PUT", "/demo", &[], b"", 201);
+    expect(&ua, "PUT", "/demo/c", &[JSON], b"", 201);
+    let flags = [
+        "--commit-entries",
+        "40",
+        "--compact-parts",
+        "3",
+        "--compaction-max-entries",
+        "1024",
+        "--gc-interval-ms",
+        "100",
+        "--gc-grace-ms",
+        "0",
+        "--gc-retain-generations",
+        "1",
+    ];
+    let a = indexer(dir.path(), "a", Store::Dir(&store), &flags);
+    assert_eq!(
+        register(&a.addr, "c", &format!("{}/demo/c", u.url()), "").status,
+        201
+    );
+    for k in 0..30 {
+        append(&ua, "/demo/c", k * 50, 50);
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    wait_durable(&a.addr, "c", &ua, "/demo/c");
+    let all = all_entries(&a.addr, "c", T0 - 1, T0 + 100_000, 1000, "");
+    assert_eq!(all.len(), 1500);
+    let mut offs: Vec<&str> = all.iter().filter_map(|e| e["offset"].as_str()).collect();
+    offs.sort();
+    offs.dedup();
+    assert_eq!(offs.len(), 1500, "no duplicates after compaction");
+    // Read the manifest: level-1 parts of the day are disjoint in time.
+    let ns_dir = std::fs::read_dir(store.join("indexes"))
+        .expect("ls")
+        .flatten()
+        .next()
+        .expect("ns")
+        .path();
+    let m: sonic_rs::Value =
+        sonic_rs::from_slice(&std::fs::read(ns_dir.join("CURRENT")).expect("read")).expect("json");
+    let parts = m["parts"].as_array().expect("parts");
+    let mut l1: Vec<(i64, i64)> = parts
+        .iter()
+        .filter(|p| p["level"].as_u64() == Some(1))
+        .map(|p| {
+            (
+                p["min_t_ms"].as_i64().unwrap_or(0),
+                p["max_t_ms"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert!(!l1.is_empty(), "compaction ran");
+    l1.sort();
+    assert!(
+        l1.windows(2).all(|w| w[0].1 <= w[1].0),
+        "level-1 runs are time-disjoint: {l1:?}"
+    );
+    // GC: the part files on disk are exactly the referenced ones, eventually.
+    wait_for(Duration::from_secs(20), "gc", || {
+        let m: sonic_rs::Value =
+            sonic_rs::from_slice(&std::fs::read(ns_dir.join("CURRENT")).ok()?).ok()?;
+        let referenced = m["parts"].as_array()?.len() + m["retired_parts"].as_array()?.len();
+        let on_disk = std::fs::read_dir(ns_dir.join("parts")).ok()?.count();
+        (on_disk == referenced).then_some(())
+    });
+    // And answers are unchanged by all of it.
+    assert_eq!(
+        all_entries(&a.addr, "c", T0 - 1, T0 + 100_000, 1000, ""),
+        all
+    );
+}
