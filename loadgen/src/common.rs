@@ -54,6 +54,10 @@ pub struct Common {
     #[arg(long)]
     #[serde(skip)]
     pub json: Option<std::path::PathBuf>,
+    /// Draw the latency distribution (percentile curve) to this SVG file.
+    #[arg(long)]
+    #[serde(skip)]
+    pub svg: Option<std::path::PathBuf>,
 }
 
 fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -353,6 +357,7 @@ where
             .map_err(|e| format!("spawn thread: {e}"))?;
         handles.push(h);
     }
+    let progress = crate::progress::Progress::start();
     let mut out = Vec::with_capacity(cores);
     let mut first_err = None;
     for (i, h) in handles.into_iter().enumerate() {
@@ -366,6 +371,7 @@ where
             }
         }
     }
+    progress.finish();
     match first_err {
         Some(e) => Err(e),
         None => Ok(out),
@@ -451,6 +457,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             prefix: "lg".into(),
             json: None,
+            svg: None,
         };
         let t = Target::from_common(&c).unwrap();
         assert_eq!(t.stream_path("s"), "/bench/s");

@@ -11,9 +11,11 @@ mod common;
 mod fanout;
 mod head;
 mod http;
+mod progress;
 mod read;
 mod replay;
 mod stats;
+mod svg;
 mod tail;
 mod verify;
 mod write;
@@ -21,7 +23,7 @@ mod write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use common::{available_cores, Common, Target};
 use stats::{Check, Latency, Report, Stats};
@@ -57,6 +59,21 @@ enum Scenario {
     Batch(batch::BatchArgs),
     /// One writer at a fixed rate, N SSE subscribers: publish-to-receive latency.
     Fanout(fanout::FanoutArgs),
+    /// Overlay the latency curves of several `--json` reports in one SVG chart.
+    Chart(ChartArgs),
+}
+
+#[derive(Args, Debug)]
+struct ChartArgs {
+    /// Output SVG file.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// Chart title.
+    #[arg(long, default_value = "latency distribution")]
+    title: String,
+    /// Reports as LABEL=FILE (a `--json` report of any scenario).
+    #[arg(required = true)]
+    reports: Vec<String>,
 }
 
 /// What a scenario hands back for the report.
@@ -86,6 +103,7 @@ fn main() -> ExitCode {
 
 fn run(scenario: Scenario) -> Result<bool, String> {
     let (name, common, params): (&str, Common, sonic_rs::Value) = match &scenario {
+        Scenario::Chart(a) => return chart(a).map(|()| true),
         Scenario::Write(a) => ("write", a.common.clone(), to_value(a)?),
         Scenario::Read(a) => ("read", a.common.clone(), to_value(a)?),
         Scenario::Verify(a) => ("verify", a.common.clone(), to_value(a)?),
@@ -108,6 +126,7 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::Head(a) => head::run(a, &target, cores)?,
         Scenario::Batch(a) => batch::run(a, &target, cores)?,
         Scenario::Fanout(a) => fanout::run(a, &target, cores)?,
+        Scenario::Chart(_) => unreachable!("handled above"),
     };
     let report = build_report(name, &common, &target, cores, params, outcome);
     print!("{}", report.human());
@@ -116,7 +135,37 @@ fn run(scenario: Scenario) -> Result<bool, String> {
             sonic_rs::to_string_pretty(&report).map_err(|e| format!("encode report: {e}"))?;
         std::fs::write(path, text + "\n").map_err(|e| format!("write {}: {e}", path.display()))?;
     }
+    if let Some(path) = &common.svg {
+        let title = format!("{name}: {} ({})", report.latency_of, report.target);
+        let series = svg::Series {
+            label: report.target.clone(),
+            points: report.latency.curve.clone(),
+        };
+        std::fs::write(path, svg::render(&title, &[series]))
+            .map_err(|e| format!("write {}: {e}", path.display()))?;
+    }
     Ok(report.ok)
+}
+
+fn chart(a: &ChartArgs) -> Result<(), String> {
+    let mut series = Vec::new();
+    for spec in &a.reports {
+        let (label, file) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("{spec}: expected LABEL=FILE"))?;
+        let text = std::fs::read_to_string(file).map_err(|e| format!("read {file}: {e}"))?;
+        let report: sonic_rs::Value =
+            sonic_rs::from_str(&text).map_err(|e| format!("{file}: not a JSON report: {e}"))?;
+        let curve = sonic_rs::JsonValueTrait::pointer(&report, &["latency", "curve"])
+            .and_then(|c| sonic_rs::from_str::<Vec<(f64, f64)>>(&c.to_string()).ok())
+            .ok_or_else(|| format!("{file}: no latency.curve"))?;
+        series.push(svg::Series {
+            label: label.to_string(),
+            points: curve,
+        });
+    }
+    std::fs::write(&a.out, svg::render(&a.title, &series))
+        .map_err(|e| format!("write {}: {e}", a.out.display()))
 }
 
 fn to_value<T: serde::Serialize>(v: &T) -> Result<sonic_rs::Value, String> {

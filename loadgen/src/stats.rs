@@ -1,6 +1,7 @@
 //! Per-core measurements (merged at the end) and the report (human summary + JSON).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -8,6 +9,9 @@ use serde::Serialize;
 
 /// Latencies are recorded in microseconds, 1 µs .. 1 h, 3 significant digits.
 const HIST_MAX_US: u64 = 3_600_000_000;
+
+/// Operations recorded by all cores so far, for the progress line (read by `progress`).
+pub static RECORDED: AtomicU64 = AtomicU64::new(0);
 
 pub fn new_hist() -> Histogram<u64> {
     // The bounds are constants that hdrhistogram accepts.
@@ -48,6 +52,7 @@ impl Stats {
         let us = (latency.as_micros() as u64).clamp(1, HIST_MAX_US);
         // Clamped into range, so this cannot fail.
         let _ = self.hist.record(us);
+        RECORDED.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records `latency` as if the operation had been issued every `interval` since it was
@@ -56,6 +61,7 @@ impl Stats {
         let us = (latency.as_micros() as u64).clamp(1, HIST_MAX_US);
         let iv = (interval.as_micros() as u64).max(1);
         let _ = self.hist.record_correct(us, iv);
+        RECORDED.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn error(&mut self, key: impl Into<String>) {
@@ -105,6 +111,8 @@ pub struct Latency {
     pub p99_ms: f64,
     pub p999_ms: f64,
     pub max_ms: f64,
+    /// (quantile, ms) at the quantiles of [`crate::svg::QUANTILES`], for charts.
+    pub curve: Vec<(f64, f64)>,
 }
 
 impl Latency {
@@ -119,6 +127,7 @@ impl Latency {
                 p99_ms: 0.0,
                 p999_ms: 0.0,
                 max_ms: 0.0,
+                curve: Vec::new(),
             };
         }
         Latency {
@@ -129,6 +138,10 @@ impl Latency {
             p99_ms: ms(h.value_at_quantile(0.99)),
             p999_ms: ms(h.value_at_quantile(0.999)),
             max_ms: ms(h.max()),
+            curve: crate::svg::QUANTILES
+                .iter()
+                .map(|&q| (q, ms(h.value_at_quantile(q))))
+                .collect(),
         }
     }
 }

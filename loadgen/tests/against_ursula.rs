@@ -171,6 +171,7 @@ fn scenarios_against_real_server() {
     }
 
     // write: throughput, percentiles ordered, no errors.
+    let write_svg = dir.path().join("write.svg");
     let (code, r) = loadgen(
         dir.path(),
         "write",
@@ -188,12 +189,33 @@ fn scenarios_against_real_server() {
             "200ms",
             "--cores",
             "2",
+            "--svg",
+            write_svg.to_str().expect("utf-8 path"),
         ],
     );
     assert_eq!(code, 0);
     assert_eq!(num(&r, &["error_total"]), 0.0);
     assert!(num(&r, &["ops_per_sec"]) > 0.0);
     assert!(num(&r, &["mb_per_sec"]) > 0.0);
+    // --svg drew the latency curve; `chart` overlays reports.
+    let svg = std::fs::read_to_string(&write_svg).expect("--svg wrote the chart");
+    assert!(
+        svg.starts_with("<svg") && svg.contains("<polyline"),
+        "{svg}"
+    );
+    let overlay = dir.path().join("overlay.svg");
+    let report = dir.path().join("write.json");
+    let status = Command::new(LOADGEN)
+        .arg("chart")
+        .arg("--out")
+        .arg(&overlay)
+        .arg(format!("a={}", report.display()))
+        .arg(format!("b={}", report.display()))
+        .status()
+        .expect("run chart");
+    assert!(status.success());
+    let overlay = std::fs::read_to_string(&overlay).expect("chart written");
+    assert_eq!(overlay.matches("<polyline").count(), 2);
     let p50 = num(&r, &["latency", "p50_ms"]);
     let p99 = num(&r, &["latency", "p99_ms"]);
     let max = num(&r, &["latency", "max_ms"]);
