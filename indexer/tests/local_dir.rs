@@ -476,3 +476,87 @@ fn otlp_ndjson_and_compat_sources() {
         Some("00000000000000000000")
     );
 }
+
+/// Freshness under steady load: a writer appends 500 events/s while probe events are
+/// timed from append to first visibility in a query. Prints p50/p99; asserts p99 < 1 s.
+/// `cargo test --release -p ursula-indexer --test local_dir -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn freshness_under_load() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let u = ursula(dir.path());
+    let store = dir.path().join("store");
+    let ix = indexer(
+        dir.path(),
+        "a",
+        Store::Dir(&store),
+        &["--commit-interval-ms", "2000"],
+    );
+    let (ua, ia) = (u.addr.clone(), ix.addr.clone());
+    expect(&ua, "PUT", "/demo", &[], b"", 201);
+    expect(&ua, "PUT", "/demo/f", &[JSON], b"", 201);
+    assert_eq!(
+        register(&ia, "f", &format!("{}/demo/f", u.url()), "").status,
+        201
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (ua, stop) = (ua.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let evs: Vec<String> = (0..10)
+                    .map(|k| format!(r#"{{"captured_at":{}}}"#, T0 + (i * 10 + k) % 3_600_000))
+                    .collect();
+                expect(
+                    &ua,
+                    "POST",
+                    "/demo/f",
+                    &[JSON],
+                    format!("[{}]", evs.join(",")).as_bytes(),
+                    204,
+                );
+                i += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let mut lags = Vec::new();
+    for k in 0..200 {
+        let t = T0 + 7_200_000 + k;
+        let start = Instant::now();
+        expect(
+            &ua,
+            "POST",
+            "/demo/f",
+            &[JSON],
+            format!(r#"{{"captured_at":{t}}}"#).as_bytes(),
+            204,
+        );
+        wait_for(Duration::from_secs(5), "probe", || {
+            let v = expect(
+                &ia,
+                "GET",
+                &format!("/v1/indexes/f/events?from={t}&until={}", t + 1),
+                &[],
+                b"",
+                200,
+            )
+            .json();
+            (v["entries"].as_array().map(|a| a.len()) == Some(1)).then_some(())
+        });
+        lags.push(start.elapsed());
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = writer.join();
+    lags.sort();
+    let p = |q: usize| lags[(lags.len() * q / 100).min(lags.len() - 1)];
+    println!(
+        "freshness under 500 ev/s: p50 {:?} p99 {:?} max {:?}",
+        p(50),
+        p(99),
+        lags[lags.len() - 1]
+    );
+    assert!(p(99) < Duration::from_secs(1));
+}

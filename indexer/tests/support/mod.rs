@@ -181,7 +181,13 @@ pub enum Store<'a> {
 }
 
 pub fn indexer(dir: &Path, name: &str, store: Store<'_>, extra: &[&str]) -> Proc {
-    let mut args = fast_flags();
+    // Defaults from fast_flags(), unless `extra` overrides the flag.
+    let mut args = Vec::new();
+    for pair in fast_flags().chunks(2) {
+        if !extra.contains(&pair[0].as_str()) {
+            args.extend_from_slice(pair);
+        }
+    }
     let mut envs: Vec<(&str, &str)> = Vec::new();
     match store {
         Store::Dir(d) => {
