@@ -1,0 +1,143 @@
+// Drives examples/browser-telemetry in headless Chromium (Debian's /usr/bin/chromium via
+// playwright-core) against a real ursula server, ursula-indexer and the example's gateway.
+//
+// Env: GATEWAY_URL, URSULA_URL (direct, for checking what the page claims),
+//      CHROMIUM (default /usr/bin/chromium), ARTIFACT_DIR (screenshot goes there).
+import { chromium } from "playwright-core";
+import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { check, env, eventually, equal } from "./lib.mjs";
+
+const GATEWAY = env("GATEWAY_URL");
+const URSULA = env("URSULA_URL");
+const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const ARTIFACTS = process.env.ARTIFACT_DIR ?? path.join(tmpdir(), "ursula-artifacts");
+mkdirSync(ARTIFACTS, { recursive: true });
+
+const FLAGS = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+  "--no-first-run",
+  "--disable-quic",
+];
+
+const userDataDir = mkdtempSync(path.join(tmpdir(), "ursula-chromium-"));
+const context = await chromium.launchPersistentContext(userDataDir, {
+  executablePath: CHROMIUM,
+  headless: true,
+  args: FLAGS,
+  viewport: { width: 1200, height: 1000 },
+});
+const problems = [];
+try {
+  const page = context.pages()[0] ?? (await context.newPage());
+  page.on("console", (m) => {
+    if (m.type() === "error") problems.push(`console error: ${m.text()}`);
+  });
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  page.on("response", (r) => {
+    if (r.status() >= 400) problems.push(`HTTP ${r.status()} for ${r.request().method()} ${r.url()}`);
+  });
+  // Everything the page loads must come from the gateway: no other origin, no other host.
+  const gatewayOrigin = new URL(GATEWAY).origin;
+  page.on("request", (r) => {
+    const u = new URL(r.url());
+    if (u.origin !== gatewayOrigin && u.protocol !== "data:") problems.push(`request to ${r.url()}`);
+  });
+
+  const text = (sel) => page.locator(sel).innerText();
+  const count = async (sel) => Number(await text(sel));
+  const rows = (tbody) =>
+    page.$$eval(`#${tbody} tr`, (trs) => trs.map((tr) => ({ ...tr.dataset, cells: [...tr.cells].map((c) => c.textContent) })));
+  const waitCount = (sel, n, what) =>
+    eventually(async () => (await count(sel)) === n, `${what}: expected ${n}, page shows`, () => text(sel), 15_000);
+
+  await page.goto(GATEWAY);
+  equal(await page.title(), "Browser telemetry on Ursula", "page title");
+
+  // 1. A session: stream + index created by the gateway, navigation event appended.
+  await page.click("#start-session");
+  await waitCount("#appended-count", 1, "appended after start");
+  const stream = await text("#stream-path");
+  check(/^\/telemetry\/session-[a-z0-9-]+$/.test(stream), `stream path ${stream}`);
+  await waitCount("#live-count", 1, "live tail after start");
+
+  // 2. One click event, then an out-of-order batch of six.
+  await page.click("#send-click");
+  await waitCount("#appended-count", 2, "appended after click");
+  await page.click("#send-batch");
+  await waitCount("#appended-count", 8, "appended after batch");
+  await waitCount("#live-count", 8, "live tail after batch");
+
+  const appended = await rows("appended");
+  const live = await rows("live");
+  equal(live.map((r) => r.id), appended.map((r) => r.id), "live tail delivers every event in commit order");
+  const status = await text("#append-status");
+  check(status.startsWith("appended 8 events; tail "), `append status: ${status}`);
+
+  // 3. The window query: the page waits for the index, pages, resolves and compares bytes.
+  await page.click("#query");
+  await eventually(
+    async () => /resolved byte-exact|error|MISMATCH|HTTP/i.test(await text("#query-status")),
+    "query finished",
+    () => text("#query-status"),
+    30_000,
+  );
+  const queryStatus = await text("#query-status");
+  const queryClass = await page.getAttribute("#query-status", "class");
+  check(!queryClass.includes("error"), `query status is an error: ${queryStatus}`);
+  const from = await page.inputValue("#from");
+  const until = await page.inputValue("#until");
+  const [fromMs, untilMs] = [Date.parse(from), Date.parse(until)];
+  const expected = appended
+    .map((r, commitOrder) => ({ id: r.id, t: Date.parse(r.capturedAt), commitOrder }))
+    .filter((r) => r.t >= fromMs && r.t < untilMs)
+    .sort((a, b) => a.t - b.t || a.commitOrder - b.commitOrder);
+  check(expected.length >= 4, `expected at least 4 events in the window, computed ${expected.length}`);
+  const results = await rows("results");
+  equal(results.map((r) => r.id), expected.map((r) => r.id), "window query returns the window's events ordered by captured_at");
+  equal(results.map((r) => Number(r.tMs)), expected.map((r) => r.t), "t_ms equals captured_at");
+  for (const r of results) {
+    equal(r.cells[6], "byte-exact", `event ${r.id} resolved by offset`);
+    equal(r.cells[7], "same", `event ${r.id} resolved by record`);
+  }
+  equal(queryStatus, `${expected.length} events in [${from}, ${until}); ${expected.length}/${expected.length} resolved byte-exact`, "query status");
+
+  // 4. Check what the page showed against the server directly.
+  const all = await fetch(`${URSULA}${stream}?offset=-1`);
+  equal(all.status, 200, "direct read status");
+  const lines = (await all.text()).split("\n").filter(Boolean);
+  equal(lines.map((l) => JSON.parse(l).id), appended.map((r) => r.id), "stream holds the appended events in commit order");
+  for (const r of results) {
+    const line = lines.find((l) => JSON.parse(l).id === r.id);
+    const resolved = await fetch(`${URSULA}${stream}?offset=${r.offset}&max_bytes=${Buffer.byteLength(line) + 1}`);
+    equal(await resolved.text(), `${line}\n`, `locator of ${r.id} read directly`);
+  }
+
+  const shot = path.join(ARTIFACTS, "browser-telemetry.png");
+  await page.screenshot({ path: shot, fullPage: true });
+  console.log(`screenshot: ${shot}`);
+
+  // 5. keepalive: the pagehide event is delivered although the page is gone.
+  await page.goto("about:blank");
+  await eventually(
+    async () => {
+      const r = await fetch(`${URSULA}${stream}?offset=-1`);
+      return (await r.text()).includes('"type":"page_hide"');
+    },
+    "page_hide event sent with keepalive during unload",
+    async () => "not in the stream",
+    10_000,
+  );
+
+  check(problems.length === 0, `browser problems:\n${problems.join("\n")}`);
+  console.log(`browser telemetry: ok (${appended.length} appended, ${live.length} live, ${results.length} in window, all byte-exact)`);
+} finally {
+  await context.close();
+  rmSync(userDataDir, { recursive: true, force: true });
+}

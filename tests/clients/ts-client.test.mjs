@@ -1,0 +1,134 @@
+// The official TypeScript client, unmodified, against Ursula's compat surface:
+// create, append (batched and idempotent), read, tail (SSE and long-poll), close, delete.
+// Env: URSULA_URL.
+import { DurableStream, FetchError, IdempotentProducer, stream, StreamClosedError } from "@durable-streams/client";
+import { check, env, equal, eventually } from "./lib.mjs";
+
+const BASE = `${env("URSULA_URL")}/v1/stream`;
+const run = `ts-${Date.now().toString(36)}`;
+let passed = 0;
+
+async function test(name, fn) {
+  const started = Date.now();
+  await fn(`${BASE}/${run}-${name}`);
+  passed += 1;
+  console.log(`  ok ${name} (${Date.now() - started} ms)`);
+}
+
+// Live tail: a subscriber started at the tail sees appends made after it, then the close.
+async function tail(url, live) {
+  const handle = await DurableStream.connect({ url });
+  const { offset } = await handle.head();
+  const res = await stream({ url, offset, live });
+  const seen = [];
+  let closed = false;
+  res.subscribeJson(async (batch) => {
+    seen.push(...batch.items);
+    if (batch.streamClosed) closed = true;
+  });
+  const values = [{ live, n: 1 }, { live, n: 2 }, { live, n: 3 }];
+  for (const v of values) {
+    await handle.append(JSON.stringify(v));
+    await new Promise((r) => setTimeout(r, 30));
+  }
+  await eventually(async () => seen.length === values.length, `${live} tail received 3 items`, async () => JSON.stringify(seen));
+  await handle.close();
+  await eventually(async () => closed, `${live} tail saw streamClosed`, async () => "not closed");
+  await res.closed;
+  equal(seen, values, `${live} tail items`);
+}
+
+await test("json", async (url) => {
+  const handle = await DurableStream.create({ url, contentType: "application/json" });
+  equal(handle.contentType, "application/json", "content type");
+  // Concurrent appends are batched by the client into JSON arrays.
+  const values = Array.from({ length: 20 }, (_, i) => ({ i, text: `message ${i}`, nested: { ok: true, list: [i, i * 2] } }));
+  await Promise.all(values.map((v) => handle.append(JSON.stringify(v))));
+  const items = await (await stream({ url, offset: "-1", live: false })).json();
+  // Batching may reorder nothing: appends are queued in call order.
+  equal(items, values, "read back every value in order");
+  const head = await handle.head();
+  check(head.exists && typeof head.offset === "string" && head.offset.length > 0, `head offset ${JSON.stringify(head)}`);
+  // Resuming from the returned offset yields nothing new.
+  const again = await stream({ url, offset: head.offset, live: false });
+  equal(await again.json(), [], "read from the tail");
+  equal(again.upToDate, true, "upToDate at the tail");
+});
+
+await test("idempotent", async (url) => {
+  const handle = await DurableStream.create({ url, contentType: "application/json" });
+  const errors = [];
+  const producer = new IdempotentProducer(handle, `producer-${run}`, { lingerMs: 5, onError: (e) => errors.push(e) });
+  for (let i = 0; i < 50; i++) producer.append(JSON.stringify({ seq: i }));
+  await producer.flush();
+  await producer.close();
+  equal(errors.map(String), [], "producer errors");
+  const res = await stream({ url, offset: "-1", live: false });
+  equal(await res.json(), Array.from({ length: 50 }, (_, i) => ({ seq: i })), "producer values");
+  equal(res.streamClosed, true, "producer close closed the stream");
+});
+
+await test("bytes", async (url) => {
+  const handle = await DurableStream.create({ url, contentType: "text/plain" });
+  const parts = ["hello ", "wörld ", "\u{1F30D}\n", "x".repeat(100_000)];
+  for (const p of parts) await handle.append(p);
+  equal(await (await stream({ url, offset: "-1", live: false })).text(), parts.join(""), "text read back");
+  const bin = new Uint8Array(256).map((_, i) => i);
+  await handle.append(bin);
+  const body = await (await stream({ url, offset: "-1", live: false })).body();
+  const expected = Buffer.concat([Buffer.from(parts.join("")), Buffer.from(bin)]);
+  check(Buffer.from(body).equals(expected), `bytes read back (${body.length} vs ${expected.length})`);
+});
+
+await test("tail-sse", async (url) => {
+  await DurableStream.create({ url, contentType: "application/json" });
+  await tail(url, "sse");
+});
+
+await test("tail-long-poll", async (url) => {
+  await DurableStream.create({ url, contentType: "application/json" });
+  await tail(url, "long-poll");
+});
+
+await test("close", async (url) => {
+  const handle = await DurableStream.create({ url, contentType: "application/json" });
+  await handle.append(JSON.stringify({ before: "close" }));
+  const result = await handle.close();
+  check(typeof result.finalOffset === "string" && result.finalOffset.length > 0, `finalOffset ${JSON.stringify(result)}`);
+  await handle.close(); // idempotent without a body
+  let error = null;
+  try {
+    await handle.append(JSON.stringify({ after: "close" }));
+  } catch (e) {
+    error = e;
+  }
+  // Client 0.2.6's retrying fetch wrapper throws FetchError for any 4xx before its
+  // StreamClosedError mapping runs; either way the server must say 409 + Stream-Closed.
+  const closedSignal =
+    error instanceof StreamClosedError ||
+    (error instanceof FetchError && error.status === 409 && error.headers["stream-closed"] === "true");
+  check(closedSignal, `append after close: 409 with Stream-Closed: true, got ${error}`);
+  const head = await handle.head();
+  equal(head.streamClosed, true, "head reports closed");
+  equal(head.offset, result.finalOffset, "head offset is the final offset");
+  const res = await stream({ url, offset: "-1", live: false });
+  equal(await res.json(), [{ before: "close" }], "closed stream still readable");
+  equal(res.streamClosed, true, "read reports closed");
+});
+
+await test("delete", async (url) => {
+  const handle = await DurableStream.create({ url, contentType: "text/plain" });
+  await handle.append("bye");
+  await handle.delete();
+  const head = await DurableStream.head({ url });
+  equal(head.exists, false, "head after delete");
+  let error = null;
+  try {
+    await stream({ url, offset: "-1", live: false });
+  } catch (e) {
+    error = e;
+  }
+  check(error?.status === 404, `reading a deleted stream fails with 404, got ${error}`);
+});
+
+console.log(`@durable-streams/client: ${passed} tests passed`);
