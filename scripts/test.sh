@@ -6,6 +6,8 @@
 #   4. start `ursula server` (disk engine, temp data dir, port 0) and run the official
 #      Durable Streams conformance suite against it
 #   5. SIGTERM the server; it must exit 0 within 10 s
+#      then scripts/client-tests.sh: the browser telemetry example in headless
+#      Chromium, the official TypeScript and Python clients, an OTLP/JSON exporter
 #   6. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20)
 #
 # Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES.
@@ -134,6 +136,13 @@ SERVER_PID=""
 [[ $server_rc -eq 0 ]] || { tail -n 30 "$SERVER_ERR" >&2 || true; die "ursula server exited with status $server_rc after SIGTERM"; }
 echo "server exited 0"
 stage_done "shutdown"
+
+# ---------------------------------------------------------------------------
+banner "client tests: the browser example in headless Chromium, TS/Python clients, OTel"
+# Needs the release ursula and ursula-indexer from stage 1; installs Debian chromium,
+# npm ci (tests/clients) and a pinned Python client venv when missing.
+"$ROOT/scripts/client-tests.sh"
+stage_done "client tests"
 
 # ---------------------------------------------------------------------------
 banner "6/6 crash test: $URSULA_CRASH_CYCLES kill -9 / restart cycles"
