@@ -10,7 +10,8 @@
 //   GET /v1/indexes/{id}/events, /status       -> ursula-indexer (read-only routes)
 // and owns the one admin action the page needs:
 //   POST /api/sessions  -> creates the `telemetry` bucket (once), a new JSON stream in
-//                          it, and registers an event-time index on that stream.
+//                          it, and registers an event-time index on that stream;
+//                          with ?surface=compat the stream is /v1/stream/{name} instead.
 // Stream creation, deletion and index registration are not forwarded: the browser can
 // append to and read streams, but only the gateway decides which streams exist and what
 // the indexer reads. Nothing here needs npm packages.
@@ -119,14 +120,20 @@ function call(base, method, pathname, { headers = {}, body } = {}) {
   });
 }
 
-async function createSession() {
-  // The bucket exists after the first session: 201 the first time, 409 after.
-  const bucket = await call(URSULA, "PUT", `/${BUCKET}`);
-  if (bucket.status !== 201 && bucket.status !== 409) {
-    throw new Error(`PUT /${BUCKET}: ${bucket.status} ${bucket.text}`);
-  }
+// surface "bucket" (default): /telemetry/{name}, JSON read back as NDJSON, with record
+// coordinates. surface "compat": /v1/stream/{name}, the upstream-compatible surface, JSON
+// read back as arrays.
+async function createSession(surface) {
   const name = `session-${Date.now().toString(36)}-${randomBytes(4).toString("hex")}`;
-  const streamPath = `/${BUCKET}/${name}`;
+  let streamPath = `/v1/stream/${name}`;
+  if (surface !== "compat") {
+    // The bucket exists after the first session: 201 the first time, 409 after.
+    const bucket = await call(URSULA, "PUT", `/${BUCKET}`);
+    if (bucket.status !== 201 && bucket.status !== 409) {
+      throw new Error(`PUT /${BUCKET}: ${bucket.status} ${bucket.text}`);
+    }
+    streamPath = `/${BUCKET}/${name}`;
+  }
   const created = await call(URSULA, "PUT", streamPath, {
     headers: { "content-type": "application/json" },
   });
@@ -140,7 +147,7 @@ async function createSession() {
   if (reg.status !== 201) throw new Error(`PUT /v1/indexes/${name}: ${reg.status} ${reg.text}`);
   const stored = JSON.parse(reg.text);
   log("session", streamPath, "index", name);
-  return { stream: streamPath, index: name, incarnation: stored.incarnation ?? null };
+  return { stream: streamPath, index: name, incarnation: stored.incarnation ?? null, surface: surface === "compat" ? "compat" : "bucket" };
 }
 
 async function serveStatic(req, res, file, type) {
@@ -157,12 +164,12 @@ const STREAM_PATH = /^\/(?:telemetry|v1\/stream)\/[A-Za-z0-9._~-]+$/;
 const INDEX_PATH = /^\/v1\/indexes\/[a-z0-9_-]{1,122}\/(?:events|status)$/;
 
 const server = http.createServer(async (req, res) => {
-  const { pathname } = new URL(req.url, "http://gateway");
+  const { pathname, searchParams } = new URL(req.url, "http://gateway");
   const stat = STATIC[pathname];
   if (stat && (req.method === "GET" || req.method === "HEAD")) return serveStatic(req, res, ...stat);
   if (pathname === "/api/sessions" && req.method === "POST") {
     try {
-      return sendJson(res, 201, await createSession());
+      return sendJson(res, 201, await createSession(searchParams.get("surface")));
     } catch (err) {
       log("session failed:", err.message);
       return sendJson(res, 502, { error: err.message });

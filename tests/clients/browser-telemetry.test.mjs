@@ -34,20 +34,24 @@ const context = await chromium.launchPersistentContext(userDataDir, {
   viewport: { width: 1200, height: 1000 },
 });
 const problems = [];
-try {
-  const page = context.pages()[0] ?? (await context.newPage());
+
+// One pass per stream surface: the bucketed /telemetry/ stream of seed 003 (NDJSON reads,
+// record coordinates) and the upstream-compatible /v1/stream/ surface (JSON arrays).
+async function runSurface(surface) {
+  const page = await context.newPage();
+  const tag = (m) => `[${surface}] ${m}`;
   page.on("console", (m) => {
-    if (m.type() === "error") problems.push(`console error: ${m.text()}`);
+    if (m.type() === "error") problems.push(tag(`console error: ${m.text()}`));
   });
-  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  page.on("pageerror", (e) => problems.push(tag(`page error: ${e.message}`)));
   page.on("response", (r) => {
-    if (r.status() >= 400) problems.push(`HTTP ${r.status()} for ${r.request().method()} ${r.url()}`);
+    if (r.status() >= 400) problems.push(tag(`HTTP ${r.status()} for ${r.request().method()} ${r.url()}`));
   });
   // Everything the page loads must come from the gateway: no other origin, no other host.
   const gatewayOrigin = new URL(GATEWAY).origin;
   page.on("request", (r) => {
     const u = new URL(r.url());
-    if (u.origin !== gatewayOrigin && u.protocol !== "data:") problems.push(`request to ${r.url()}`);
+    if (u.origin !== gatewayOrigin && u.protocol !== "data:") problems.push(tag(`request to ${r.url()}`));
   });
 
   const text = (sel) => page.locator(sel).innerText();
@@ -55,16 +59,25 @@ try {
   const rows = (tbody) =>
     page.$$eval(`#${tbody} tr`, (trs) => trs.map((tr) => ({ ...tr.dataset, cells: [...tr.cells].map((c) => c.textContent) })));
   const waitCount = (sel, n, what) =>
-    eventually(async () => (await count(sel)) === n, `${what}: expected ${n}, page shows`, () => text(sel), 15_000);
+    eventually(async () => (await count(sel)) === n, tag(`${what}: expected ${n}, page shows`), () => text(sel), 15_000);
+  // Reads every stored message directly from the server, as JSON texts in commit order.
+  const storedMessages = async (stream) => {
+    const r = await fetch(`${URSULA}${stream}?offset=-1`);
+    equal(r.status, 200, tag("direct read status"));
+    const body = await r.text();
+    if (surface === "compat") return JSON.parse(body).map((v) => JSON.stringify(v));
+    return body.split("\n").filter(Boolean);
+  };
 
-  await page.goto(GATEWAY);
+  await page.goto(surface === "compat" ? `${GATEWAY}/?surface=compat` : GATEWAY);
   equal(await page.title(), "Browser telemetry on Ursula", "page title");
 
   // 1. A session: stream + index created by the gateway, navigation event appended.
   await page.click("#start-session");
   await waitCount("#appended-count", 1, "appended after start");
   const stream = await text("#stream-path");
-  check(/^\/telemetry\/session-[a-z0-9-]+$/.test(stream), `stream path ${stream}`);
+  const pathPattern = surface === "compat" ? /^\/v1\/stream\/session-[a-z0-9-]+$/ : /^\/telemetry\/session-[a-z0-9-]+$/;
+  check(pathPattern.test(stream), tag(`stream path ${stream}`));
   await waitCount("#live-count", 1, "live tail after start");
 
   // 2. One click event, then an out-of-order batch of six.
@@ -76,21 +89,23 @@ try {
 
   const appended = await rows("appended");
   const live = await rows("live");
-  equal(live.map((r) => r.id), appended.map((r) => r.id), "live tail delivers every event in commit order");
+  equal(live.map((r) => r.id), appended.map((r) => r.id), tag("live tail delivers every event in commit order"));
   const status = await text("#append-status");
-  check(status.startsWith("appended 8 events; tail "), `append status: ${status}`);
+  check(status.startsWith("appended 8 events; tail "), tag(`append status: ${status}`));
+  const recordCells = appended.map((r) => r.cells[3]);
+  equal(recordCells, surface === "compat" ? Array(8).fill("–") : ["0", "1", "2", "3", "4", "5", "6", "7"], tag("record column"));
 
   // 3. The window query: the page waits for the index, pages, resolves and compares bytes.
   await page.click("#query");
   await eventually(
     async () => /resolved byte-exact|error|MISMATCH|HTTP/i.test(await text("#query-status")),
-    "query finished",
+    tag("query finished"),
     () => text("#query-status"),
     30_000,
   );
   const queryStatus = await text("#query-status");
   const queryClass = await page.getAttribute("#query-status", "class");
-  check(!queryClass.includes("error"), `query status is an error: ${queryStatus}`);
+  check(!queryClass.includes("error"), tag(`query status is an error: ${queryStatus}`));
   const from = await page.inputValue("#from");
   const until = await page.inputValue("#until");
   const [fromMs, untilMs] = [Date.parse(from), Date.parse(until)];
@@ -98,45 +113,45 @@ try {
     .map((r, commitOrder) => ({ id: r.id, t: Date.parse(r.capturedAt), commitOrder }))
     .filter((r) => r.t >= fromMs && r.t < untilMs)
     .sort((a, b) => a.t - b.t || a.commitOrder - b.commitOrder);
-  check(expected.length >= 4, `expected at least 4 events in the window, computed ${expected.length}`);
+  check(expected.length >= 4, tag(`expected at least 4 events in the window, computed ${expected.length}`));
   const results = await rows("results");
-  equal(results.map((r) => r.id), expected.map((r) => r.id), "window query returns the window's events ordered by captured_at");
-  equal(results.map((r) => Number(r.tMs)), expected.map((r) => r.t), "t_ms equals captured_at");
+  equal(results.map((r) => r.id), expected.map((r) => r.id), tag("window query returns the window's events ordered by captured_at"));
+  equal(results.map((r) => Number(r.tMs)), expected.map((r) => r.t), tag("t_ms equals captured_at"));
   for (const r of results) {
-    equal(r.cells[6], "byte-exact", `event ${r.id} resolved by offset`);
-    equal(r.cells[7], "same", `event ${r.id} resolved by record`);
+    equal(r.cells[6], "byte-exact", tag(`event ${r.id} resolved by offset`));
+    equal(r.cells[7], surface === "compat" ? "–" : "same", tag(`event ${r.id} resolved by record`));
   }
-  equal(queryStatus, `${expected.length} events in [${from}, ${until}); ${expected.length}/${expected.length} resolved byte-exact`, "query status");
+  equal(queryStatus, `${expected.length} events in [${from}, ${until}); ${expected.length}/${expected.length} resolved byte-exact`, tag("query status"));
 
   // 4. Check what the page showed against the server directly.
-  const all = await fetch(`${URSULA}${stream}?offset=-1`);
-  equal(all.status, 200, "direct read status");
-  const lines = (await all.text()).split("\n").filter(Boolean);
-  equal(lines.map((l) => JSON.parse(l).id), appended.map((r) => r.id), "stream holds the appended events in commit order");
+  const messages = await storedMessages(stream);
+  equal(messages.map((m) => JSON.parse(m).id), appended.map((r) => r.id), tag("stream holds the appended events in commit order"));
   for (const r of results) {
-    const line = lines.find((l) => JSON.parse(l).id === r.id);
-    const resolved = await fetch(`${URSULA}${stream}?offset=${r.offset}&max_bytes=${Buffer.byteLength(line) + 1}`);
-    equal(await resolved.text(), `${line}\n`, `locator of ${r.id} read directly`);
+    const message = messages.find((m) => JSON.parse(m).id === r.id);
+    const resolved = await fetch(`${URSULA}${stream}?offset=${r.offset}&max_bytes=${Buffer.byteLength(message) + 1}`);
+    equal(await resolved.text(), surface === "compat" ? `[${message}]` : `${message}\n`, tag(`locator of ${r.id} read directly`));
   }
 
-  const shot = path.join(ARTIFACTS, "browser-telemetry.png");
+  const shot = path.join(ARTIFACTS, `browser-telemetry-${surface}.png`);
   await page.screenshot({ path: shot, fullPage: true });
   console.log(`screenshot: ${shot}`);
 
   // 5. keepalive: the pagehide event is delivered although the page is gone.
   await page.goto("about:blank");
   await eventually(
-    async () => {
-      const r = await fetch(`${URSULA}${stream}?offset=-1`);
-      return (await r.text()).includes('"type":"page_hide"');
-    },
-    "page_hide event sent with keepalive during unload",
+    async () => (await storedMessages(stream)).some((m) => JSON.parse(m).type === "page_hide"),
+    tag("page_hide event sent with keepalive during unload"),
     async () => "not in the stream",
     10_000,
   );
+  await page.close();
+  console.log(`browser telemetry [${surface}]: ok (${appended.length} appended, ${live.length} live, ${results.length} in window, all byte-exact)`);
+}
 
+try {
+  await runSurface("bucket");
+  await runSurface("compat");
   check(problems.length === 0, `browser problems:\n${problems.join("\n")}`);
-  console.log(`browser telemetry: ok (${appended.length} appended, ${live.length} live, ${results.length} in window, all byte-exact)`);
 } finally {
   await context.close();
   rmSync(userDataDir, { recursive: true, force: true });

@@ -4,6 +4,10 @@
 
 const $ = (id) => document.getElementById(id);
 
+// ?surface=compat runs the page against a /v1/stream/ stream (JSON read back as arrays,
+// no record coordinates) instead of a bucketed /telemetry/ stream (NDJSON, records).
+const SURFACE = new URLSearchParams(location.search).get("surface") === "compat" ? "compat" : "bucket";
+
 const state = {
   stream: null, // "/telemetry/session-…"
   index: null, // index id
@@ -60,11 +64,13 @@ async function append(events) {
   state.tail = next;
   // Record ordinals are the one coordinate clients may do arithmetic on (seed 000): the
   // batch occupies [Stream-Record-Start, Stream-Record-Next), one record per element.
-  if (Number(recNext) - Number(recStart) !== events.length) {
+  const records = recStart !== null && recNext !== null;
+  if (records && Number(recNext) - Number(recStart) !== events.length) {
     throw new Error(`append: records [${recStart}, ${recNext}) for ${events.length} events`);
   }
   for (const [i, ev] of events.entries()) {
-    const tr = row($("appended"), [ev.id, ev.type, ev.captured_at, String(Number(recStart) + i), next]);
+    const record = records ? String(Number(recStart) + i) : "–";
+    const tr = row($("appended"), [ev.id, ev.type, ev.captured_at, record, next]);
     tr.dataset.id = ev.id;
     tr.dataset.capturedAt = ev.captured_at;
   }
@@ -83,10 +89,12 @@ function startLive() {
   state.live = es;
   es.addEventListener("open", () => setStatus("live-status", `connected from offset ${state.liveOffset}`));
   es.addEventListener("data", (msg) => {
-    // Bucketed JSON streams deliver NDJSON: one event per line of the SSE data field.
-    for (const line of msg.data.split("\n")) {
-      if (!line) continue;
-      const ev = JSON.parse(line);
+    // Bucketed JSON streams deliver NDJSON, one event per line of the SSE data field;
+    // the compat surface delivers one JSON array per data event.
+    const events = SURFACE === "compat"
+      ? JSON.parse(msg.data)
+      : msg.data.split("\n").filter(Boolean).map((line) => JSON.parse(line));
+    for (const ev of events) {
       if (state.liveSeen.has(ev.id)) continue;
       state.liveSeen.add(ev.id);
       const tr = row($("live"), [ev.id, ev.type, ev.captured_at]);
@@ -148,6 +156,15 @@ async function fetchRecordText(streamUrl, record) {
   return response.text();
 }
 
+async function fetchCompatEvent(streamUrl, { offset, len }) {
+  const response = await fetch(`${streamUrl}?offset=${offset}&max_bytes=${len}`);
+  if (!response.ok) throw new Error(`event is no longer readable: ${response.status}`);
+  const text = await response.text();
+  const [ev] = JSON.parse(text);
+  const sent = state.sent.get(ev.id);
+  return { ev, text, okOffset: sent !== undefined && text === `[${sent}]` };
+}
+
 const sameBytes = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 
 async function queryWindow() {
@@ -189,11 +206,18 @@ async function queryWindow() {
   const encoder = new TextEncoder();
   let exact = 0;
   for (const entry of entries) {
-    const bytes = await fetchEventBytes(state.stream, entry);
-    const text = new TextDecoder().decode(bytes);
-    const ev = JSON.parse(text);
-    const sent = state.sent.get(ev.id);
-    const okOffset = sent !== undefined && sameBytes(bytes, encoder.encode(`${sent}\n`));
+    let ev, text, okOffset;
+    if (SURFACE === "compat") {
+      // The compat surface renders JSON reads as arrays of whole messages, so one read
+      // of len stored bytes is the array holding exactly this event.
+      ({ ev, text, okOffset } = await fetchCompatEvent(state.stream, entry));
+    } else {
+      const bytes = await fetchEventBytes(state.stream, entry);
+      text = new TextDecoder().decode(bytes);
+      ev = JSON.parse(text);
+      const sent = state.sent.get(ev.id);
+      okOffset = sent !== undefined && sameBytes(bytes, encoder.encode(`${sent}\n`));
+    }
     let okRecord = null;
     if (entry.record !== undefined && entry.record !== null) {
       okRecord = (await fetchRecordText(state.stream, entry.record)) === text;
@@ -238,7 +262,7 @@ $("start-session").addEventListener(
   "click",
   guard("append-status", async () => {
     $("start-session").disabled = true;
-    const response = await fetch("/api/sessions", { method: "POST" });
+    const response = await fetch(`/api/sessions?surface=${SURFACE}`, { method: "POST" });
     const body = await response.json();
     if (!response.ok) throw new Error(`session: ${body.error ?? response.status}`);
     Object.assign(state, { stream: body.stream, index: body.index, incarnation: body.incarnation });
