@@ -148,7 +148,25 @@ async function runSurface(surface) {
   console.log(`browser telemetry [${surface}]: ok (${appended.length} appended, ${live.length} live, ${results.length} in window, all byte-exact)`);
 }
 
+// The gateway forwards appends, reads and index queries, and nothing else.
+async function gatewayRefuses() {
+  const cases = [
+    ["PUT", "/telemetry/new-stream", 405],
+    ["DELETE", "/v1/stream/any", 405],
+    ["PUT", "/v1/indexes/any", 404],
+    ["DELETE", "/v1/indexes/any/status", 405],
+    ["POST", "/v1/indexes/any/status/resume", 404],
+    ["GET", "/../Cargo.toml", 404],
+    ["GET", "/gateway.mjs", 404],
+  ];
+  for (const [method, p, status] of cases) {
+    const r = await fetch(`${GATEWAY}${p}`, { method });
+    equal(r.status, status, `gateway ${method} ${p}`);
+  }
+}
+
 try {
+  await gatewayRefuses();
   await runSurface("bucket");
   await runSurface("compat");
   check(problems.length === 0, `browser problems:\n${problems.join("\n")}`);
