@@ -80,9 +80,17 @@ async function runSurface(surface) {
   check(pathPattern.test(stream), tag(`stream path ${stream}`));
   await waitCount("#live-count", 1, "live tail after start");
 
-  // 2. One click event, then an out-of-order batch of six.
+  // 2. One click event, then an out-of-order batch of six. With MIN_SSE_CONNECTIONS=2
+  // (client-tests.sh runs the server with a short sse_max_connection_ms) the batch is
+  // sent only after the server ended the first SSE connection and the page resumed from
+  // its last control offset, so the live list below proves resumption without gaps or
+  // repeats.
   await page.click("#send-click");
   await waitCount("#appended-count", 2, "appended after click");
+  await waitCount("#live-count", 2, "live tail after click");
+  const minConnections = Number(process.env.MIN_SSE_CONNECTIONS ?? "1");
+  const connections = () => page.getAttribute("#live-status", "data-connections").then(Number);
+  await eventually(async () => (await connections()) >= minConnections, tag(`SSE connection ${minConnections}`), connections, 15_000);
   await page.click("#send-batch");
   await waitCount("#appended-count", 8, "appended after batch");
   await waitCount("#live-count", 8, "live tail after batch");
@@ -90,6 +98,7 @@ async function runSurface(surface) {
   const appended = await rows("appended");
   const live = await rows("live");
   equal(live.map((r) => r.id), appended.map((r) => r.id), tag("live tail delivers every event in commit order"));
+  check((await connections()) >= minConnections, tag("SSE connections"));
   const status = await text("#append-status");
   check(status.startsWith("appended 8 events; tail "), tag(`append status: ${status}`));
   const recordCells = appended.map((r) => r.cells[3]);

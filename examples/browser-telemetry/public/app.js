@@ -17,7 +17,8 @@ const state = {
   seq: 0,
   live: null, // EventSource
   liveOffset: "-1",
-  liveSeen: new Set(),
+  liveCount: 0,
+  liveConnections: 0,
 };
 
 function setStatus(id, text, ok = true) {
@@ -87,25 +88,30 @@ function startLive() {
   if (state.live) state.live.close();
   const es = new EventSource(`${state.stream}?offset=${encodeURIComponent(state.liveOffset)}&live=sse`);
   state.live = es;
-  es.addEventListener("open", () => setStatus("live-status", `connected from offset ${state.liveOffset}`));
+  es.addEventListener("open", () => {
+    state.liveConnections += 1;
+    $("live-status").dataset.connections = String(state.liveConnections);
+    setStatus("live-status", `connection ${state.liveConnections} from offset ${state.liveOffset}`);
+  });
   es.addEventListener("data", (msg) => {
     // Bucketed JSON streams deliver NDJSON, one event per line of the SSE data field;
     // the compat surface delivers one JSON array per data event.
     const events = SURFACE === "compat"
       ? JSON.parse(msg.data)
       : msg.data.split("\n").filter(Boolean).map((line) => JSON.parse(line));
+    // No de-duplication: resuming from the last control offset must neither repeat nor
+    // skip an event, and the test checks this list against the appends.
     for (const ev of events) {
-      if (state.liveSeen.has(ev.id)) continue;
-      state.liveSeen.add(ev.id);
+      state.liveCount += 1;
       const tr = row($("live"), [ev.id, ev.type, ev.captured_at]);
       tr.dataset.id = ev.id;
     }
-    $("live-count").textContent = String(state.liveSeen.size);
+    $("live-count").textContent = String(state.liveCount);
   });
   es.addEventListener("control", (msg) => {
     const c = JSON.parse(msg.data);
     if (c.streamNextOffset) state.liveOffset = c.streamNextOffset;
-    setStatus("live-status", `live; ${state.liveSeen.size} events; next offset ${state.liveOffset}`);
+    setStatus("live-status", `live; ${state.liveCount} events; next offset ${state.liveOffset}; connection ${state.liveConnections}`);
   });
   es.addEventListener("error", () => {
     es.close();
