@@ -45,7 +45,7 @@ await test("json", async (url) => {
   const values = Array.from({ length: 20 }, (_, i) => ({ i, text: `message ${i}`, nested: { ok: true, list: [i, i * 2] } }));
   await Promise.all(values.map((v) => handle.append(JSON.stringify(v))));
   const items = await (await stream({ url, offset: "-1", live: false })).json();
-  // Batching may reorder nothing: appends are queued in call order.
+  // Batched appends keep their call order.
   equal(items, values, "read back every value in order");
   const head = await handle.head();
   check(head.exists && typeof head.offset === "string" && head.offset.length > 0, `head offset ${JSON.stringify(head)}`);
