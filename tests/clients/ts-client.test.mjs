@@ -131,4 +131,88 @@ await test("delete", async (url) => {
   check(error?.status === 404, `reading a deleted stream fails with 404, got ${error}`);
 });
 
+await test("create-options", async (url) => {
+  // An initial body, a TTL, and creating an already-closed stream.
+  const handle = await DurableStream.create({
+    url,
+    contentType: "application/json",
+    ttlSeconds: 3600,
+    body: JSON.stringify([{ first: true }]),
+  });
+  await handle.append(JSON.stringify({ second: true }));
+  equal(await (await stream({ url, offset: "-1", live: false })).json(), [{ first: true }, { second: true }], "initial body + append");
+  // Creating again with the same options is idempotent; different options conflict.
+  await DurableStream.create({ url, contentType: "application/json", ttlSeconds: 3600 });
+  let error = null;
+  try {
+    await DurableStream.create({ url, contentType: "text/plain" });
+  } catch (e) {
+    error = e;
+  }
+  check(error !== null && (error.status ?? error.code) !== undefined, `create with another content type fails, got ${error}`);
+  const expires = new Date(Date.now() + 3_600_000).toISOString();
+  const closedUrl = `${url}-closed`;
+  await DurableStream.create({ url: closedUrl, contentType: "text/plain", expiresAt: expires, body: "all", closed: true });
+  const res = await stream({ url: closedUrl, offset: "-1", live: false });
+  equal(await res.text(), "all", "closed-at-create stream body");
+  equal(res.streamClosed, true, "closed at create");
+});
+
+await test("producer-epochs", async (url) => {
+  const handle = await DurableStream.create({ url, contentType: "application/json" });
+  const errors = [];
+  const first = new IdempotentProducer(handle, `epochs-${run}`, { epoch: 0, lingerMs: 1, onError: (e) => errors.push(e) });
+  first.append(JSON.stringify({ from: "epoch0" }));
+  await first.flush();
+  // A new incarnation of the producer claims a higher epoch; the old one is fenced.
+  const second = new IdempotentProducer(handle, `epochs-${run}`, { epoch: 1, lingerMs: 1, onError: (e) => errors.push(e) });
+  second.append(JSON.stringify({ from: "epoch1" }));
+  await second.flush();
+  first.append(JSON.stringify({ from: "zombie" }));
+  await first.flush().catch((e) => errors.push(e));
+  check(errors.some((e) => e.name === "StaleEpochError" || /epoch/i.test(String(e))), `stale epoch rejected: ${errors.map(String)}`);
+  // autoClaim: a producer that does not know the current epoch takes the next one.
+  const errors3 = [];
+  const third = new IdempotentProducer(handle, `epochs-${run}`, { epoch: 0, autoClaim: true, lingerMs: 1, onError: (e) => errors3.push(e) });
+  third.append(JSON.stringify({ from: "autoclaim" }));
+  await third.flush();
+  equal(errors3.map(String), [], "autoClaim errors");
+  equal(
+    await (await stream({ url, offset: "-1", live: false })).json(),
+    [{ from: "epoch0" }, { from: "epoch1" }, { from: "autoclaim" }],
+    "only unfenced appends are stored",
+  );
+});
+
+await test("seq", async (url) => {
+  const handle = await DurableStream.create({ url, contentType: "text/plain", batching: false });
+  await handle.append("a", { seq: "0001" });
+  await handle.append("b", { seq: "0002" });
+  let error = null;
+  try {
+    await handle.append("c", { seq: "0002" });
+  } catch (e) {
+    error = e;
+  }
+  check(error?.status === 409, `a repeated Stream-Seq is a 409, got ${error}`);
+  equal(await (await stream({ url, offset: "-1", live: false })).text(), "ab", "seq-ordered appends");
+});
+
+await test("live-auto", async (url) => {
+  // live: true lets the client pick its live mode; json() stops at the first up-to-date.
+  const handle = await DurableStream.create({ url, contentType: "application/json" });
+  await handle.append(JSON.stringify({ n: 1 }));
+  const res = await stream({ url, offset: "-1", live: true });
+  equal(await res.json(), [{ n: 1 }], "live json() up to date");
+  const later = await stream({ url, offset: res.offset, live: true });
+  const seen = [];
+  later.subscribeJson((batch) => {
+    seen.push(...batch.items);
+  });
+  await handle.append(JSON.stringify({ n: 2 }));
+  await eventually(async () => seen.length === 1, "auto live tail", async () => JSON.stringify(seen));
+  later.cancel();
+  equal(seen, [{ n: 2 }], "auto live items");
+});
+
 console.log(`@durable-streams/client: ${passed} tests passed`);
