@@ -8,7 +8,7 @@ HTTP client), so the close test closes the stream with a plain protocol request 
 checks what the client then sees.
 """
 
-import json
+import asyncio
 import os
 import queue
 import sys
@@ -16,7 +16,16 @@ import threading
 import time
 
 import httpx
-from durable_streams import DurableStream, DurableStreamError, StreamNotFoundError, stream
+from durable_streams import (
+    AsyncDurableStream,
+    DurableStream,
+    DurableStreamError,
+    SeqConflictError,
+    StreamExistsError,
+    StreamNotFoundError,
+    astream,
+    stream,
+)
 
 BASE = os.environ["URSULA_URL"].rstrip("/") + "/v1/stream"
 RUN = f"py-{int(time.time() * 1000):x}"
@@ -161,6 +170,69 @@ def delete(url):
         pass
     else:
         raise AssertionError("read after delete succeeded")
+
+
+@test
+def create_options(url):
+    # An initial body and a TTL; creating again with the same options is idempotent, with
+    # another content type it conflicts.
+    with DurableStream.create(url, content_type="application/json", ttl_seconds=3600, body=[{"first": True}]) as h:
+        h.append({"second": True})
+    expect_equal(read_all_json(url), [{"first": True}, {"second": True}], "initial body + append")
+    DurableStream.create(url, content_type="application/json", ttl_seconds=3600).close()
+    try:
+        DurableStream.create(url, content_type="text/plain").close()
+    except StreamExistsError:
+        pass
+    else:
+        raise AssertionError("create with another content type succeeded")
+    head = DurableStream.head_static(url)
+    expect_equal(head.content_type, "application/json", "head_static content type")
+
+
+@test
+def seq(url):
+    with DurableStream.create(url, content_type="text/plain", batching=False) as h:
+        h.append("a", seq="0001")
+        h.append("b", seq="0002")
+        try:
+            h.append("c", seq="0002")
+        except SeqConflictError:
+            pass
+        else:
+            raise AssertionError("a repeated Stream-Seq was accepted")
+    with stream(url, offset="-1", live=False) as res:
+        expect_equal(res.read_text(), "ab", "seq-ordered appends")
+
+
+@test
+def async_client(url):
+    async def main():
+        values = [{"async": i} for i in range(10)]
+        h = await AsyncDurableStream.create(url, content_type="application/json")
+        try:
+            start = (await h.head()).offset
+            got = []
+
+            async def reader():
+                async with astream(url, offset=start, live="sse") as res:
+                    async for item in res.iter_json():
+                        got.append(item)
+                        if len(got) == len(values):
+                            return
+
+            task = asyncio.create_task(reader())
+            await asyncio.sleep(0.2)
+            await asyncio.gather(*(h.append(v) for v in values))
+            await asyncio.wait_for(task, timeout=10)
+            expect_equal(sorted(got, key=lambda v: v["async"]), values, "async SSE tail")
+            async with astream(url, offset="-1", live=False) as res:
+                stored = await res.read_json()
+            expect_equal(stored, got, "async catch-up read equals the live order")
+        finally:
+            await h.aclose()
+
+    asyncio.run(main())
 
 
 print(f"durable-streams (Python): {passed} tests passed")
