@@ -205,9 +205,7 @@ impl Manifest {
         if self.stream_url != reg.stream_url || self.extractor_digest != reg.extract.digest() {
             return Err("manifest belongs to another source or extractor".into());
         }
-        if !(self.indexed_from_offset <= self.floor_offset
-            || self.floor_offset <= self.durable_offset)
-        {
+        if self.indexed_from_offset > self.floor_offset || self.floor_offset > self.durable_offset {
             return Err("manifest watermarks out of order".into());
         }
         Ok(())
