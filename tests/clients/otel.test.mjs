@@ -6,6 +6,8 @@
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { BasicTracerProvider, BatchSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import { resourceFromAttributes } from "@opentelemetry/resources";
+import { OTLPLogExporter } from "@opentelemetry/exporter-logs-otlp-http";
+import { LoggerProvider, SimpleLogRecordProcessor } from "@opentelemetry/sdk-logs";
 import { check, env, equal, eventually } from "./lib.mjs";
 
 const URSULA = env("URSULA_URL");
@@ -58,7 +60,10 @@ const provider = new BasicTracerProvider({
   spanProcessors: [new BatchSpanProcessor(exporter, { maxExportBatchSize: 512, scheduledDelayMillis: 60_000 })],
 });
 const tracer = provider.getTracer("ursula-otel-test", "1.0.0");
-const span = (spanName, startMs, endMs) => tracer.startSpan(spanName, { startTime: t0 + startMs }).end(t0 + endMs);
+// Dates, not numbers: the SDK reads a number below performance.timeOrigin as a
+// performance.now() value.
+const at = (ms) => new Date(t0 + ms);
+const span = (spanName, startMs, endMs) => tracer.startSpan(spanName, { startTime: at(startMs) }).end(at(endMs));
 
 // Batch A: one export request with three spans; B: a later request with two.
 span("GET /cart", 0, 500);
@@ -120,4 +125,83 @@ for (const [entry, msg] of [[overlapA.entries[0], messages[0]], [overlapB.entrie
   }
   equal(got.toString(), `${msg}\n`, `locator ${entry.offset} resolves to its export request`);
 }
-console.log(`otel: ok (2 OTLP/JSON export requests, 5 spans, overlap queries on ${name})`);
+console.log(`otel traces: ok (2 OTLP/JSON export requests, 5 spans, overlap queries on ${name})`);
+
+// ---- Logs: the logs exporter, with the seed's fallback from an unset timeUnixNano (0)
+// to observedTimeUnixNano.
+const logsName = `logs-checkout-${day}`;
+const logsUrl = `${URSULA}/otel/${logsName}`;
+await http("PUT", logsUrl, { headers: { "content-type": "application/json" }, status: 201 });
+await http("PUT", `${INDEXER}/v1/indexes/${logsName}`, {
+  headers: { "content-type": "application/json" },
+  body: JSON.stringify({
+    stream_url: logsUrl,
+    extract: {
+      each: "/resourceLogs/*/scopeLogs/*/logRecords/*",
+      time: ["/timeUnixNano", "/observedTimeUnixNano"],
+      unit: "ns",
+    },
+  }),
+  status: 201,
+});
+const logResults = [];
+const logExporter = new OTLPLogExporter({ url: logsUrl, compression: "none", timeoutMillis: 5000 });
+const exportLogs = logExporter.export.bind(logExporter);
+logExporter.export = (records, done) =>
+  exportLogs(records, (result) => {
+    logResults.push(result.code === 0 ? "ok" : `failed: ${result.error}`);
+    done(result);
+  });
+// SimpleLogRecordProcessor: one export request (one stream message) per record. The JS
+// SDK always fills in an event time, so a processor in front of it clears the time of
+// records marked `test.unset_time`, as OTLP records bridged from sources without one
+// arrive (timeUnixNano 0 means unknown).
+const simple = new SimpleLogRecordProcessor(logExporter);
+const unsetTime = {
+  onEmit(record, context) {
+    if (record.attributes["test.unset_time"]) record.hrTime = [0, 0];
+    simple.onEmit(record, context);
+  },
+  forceFlush: () => simple.forceFlush(),
+  shutdown: () => simple.shutdown(),
+};
+const loggerProvider = new LoggerProvider({
+  resource: resourceFromAttributes({ "service.name": "checkout" }),
+  processors: [unsetTime],
+});
+const logger = loggerProvider.getLogger("ursula-otel-test");
+logger.emit({ timestamp: at(20_000), observedTimestamp: at(20_050), severityText: "INFO", body: "cart loaded" });
+logger.emit({
+  observedTimestamp: at(20_300),
+  severityText: "WARN",
+  body: "no event time",
+  attributes: { "test.unset_time": true },
+});
+logger.emit({ timestamp: at(25_000), severityText: "ERROR", body: "payment declined" });
+await loggerProvider.forceFlush();
+await loggerProvider.shutdown();
+equal(logResults, ["ok", "ok", "ok"], "log exporter results");
+
+const logsAll = await http("GET", `${logsUrl}?offset=-1`, { status: 200 });
+const logMessages = logsAll.text.split("\n").filter(Boolean);
+equal(logMessages.length, 3, "log export requests stored as messages");
+const record1 = JSON.parse(logMessages[1]).resourceLogs[0].scopeLogs[0].logRecords[0];
+check(
+  record1.timeUnixNano === 0 || record1.timeUnixNano === "0",
+  `the exporter sent an unset time as 0: ${JSON.stringify(record1.timeUnixNano)}`,
+);
+const logsTail = logsAll.headers.get("stream-next-offset");
+const logQuery = async (from, until) =>
+  JSON.parse((await http("GET", `${INDEXER}/v1/indexes/${logsName}/events?from=${t0 + from}&until=${t0 + until}`, { status: 200 })).text);
+await eventually(
+  async () => (await logQuery(0, 1)).coverage.through >= logsTail,
+  `logs index covering ${logsTail}`,
+  async () => JSON.stringify((await logQuery(0, 1)).coverage),
+  20_000,
+);
+const logWindow = await logQuery(20_000, 21_000);
+equal(logWindow.entries.map((e) => e.t_ms), [t0 + 20_000, t0 + 20_300], "log times, the second from observedTimeUnixNano");
+equal(logWindow.entries[1].offset, (await logQuery(20_300, 20_301)).entries[0].offset, "the fallback record's locator");
+equal((await logQuery(24_999, 25_001)).entries.map((e) => e.t_ms), [t0 + 25_000], "the third log");
+equal((await logQuery(-1_000_000, 1_000_000)).skipped.missing, 0, "no record counted as missing");
+console.log(`otel logs: ok (3 OTLP/JSON log exports, timeUnixNano 0 fell back to observedTimeUnixNano on ${logsName})`);
