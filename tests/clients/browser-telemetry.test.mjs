@@ -174,8 +174,48 @@ async function gatewayRefuses() {
   }
 }
 
+// Without the gateway: a page on another origin (the gateway's) uses ursula directly, so
+// the server's CORS answers (preflight, exposed Stream-* headers, SSE) face a real browser.
+async function crossOrigin() {
+  const page = await context.newPage();
+  await page.goto(GATEWAY);
+  const result = await page.evaluate(async (ursula) => {
+    const stream = `${ursula}/v1/stream/cors-${Date.now().toString(36)}`;
+    const created = await fetch(stream, { method: "PUT", headers: { "Content-Type": "application/json" } });
+    const appended = await fetch(stream, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify([{ captured_at: new Date().toISOString(), type: "cors" }]),
+      keepalive: true,
+    });
+    const next = appended.headers.get("Stream-Next-Offset");
+    const read = await fetch(`${stream}?offset=-1`);
+    const live = await new Promise((resolve, reject) => {
+      const es = new EventSource(`${stream}?offset=-1&live=sse`);
+      es.addEventListener("data", (e) => {
+        es.close();
+        resolve(e.data);
+      });
+      es.addEventListener("error", () => {
+        es.close();
+        reject(new Error("cross-origin EventSource failed"));
+      });
+    });
+    return { created: created.status, appended: appended.status, next, read: await read.text(), upToDate: read.headers.get("Stream-Up-To-Date"), live };
+  }, URSULA);
+  await page.close();
+  equal(result.created, 201, "cross-origin PUT");
+  equal(result.appended, 204, "cross-origin keepalive POST (preflighted)");
+  check(/^\d+$/.test(result.next ?? ""), `Stream-Next-Offset readable cross-origin: ${result.next}`);
+  equal(result.upToDate, "true", "Stream-Up-To-Date readable cross-origin");
+  equal(JSON.parse(result.read)[0].type, "cors", "cross-origin read");
+  equal(JSON.parse(result.live)[0].type, "cors", "cross-origin EventSource");
+  console.log("browser cross-origin (server CORS): ok");
+}
+
 try {
   await gatewayRefuses();
+  await crossOrigin();
   await runSurface("bucket");
   await runSurface("compat");
   check(problems.length === 0, `browser problems:\n${problems.join("\n")}`);
