@@ -132,6 +132,15 @@ async function runSurface(surface) {
   }
   equal(queryStatus, `${expected.length} events in [${from}, ${until}); ${expected.length}/${expected.length} resolved byte-exact`, tag("query status"));
 
+  // Replay in 64-byte reads (lines and a multi-byte character split across reads).
+  await page.click("#replay");
+  await eventually(async () => (await text("#replay-status")).startsWith("replayed"), tag("replay"), () => text("#replay-status"), 15_000);
+  const replayStatus = await text("#replay-status");
+  check(!(await page.getAttribute("#replay-status", "class")).includes("error"), tag(`replay: ${replayStatus}`));
+  check(/^replayed 8 events in \d+ reads; 8\/8 identical to the appends$/.test(replayStatus), tag(`replay status: ${replayStatus}`));
+  const reads = Number(replayStatus.match(/in (\d+) reads/)[1]);
+  check(reads >= 8, tag(`replay took ${reads} reads of <= 64 bytes`));
+
   // 4. Check what the page showed against the server directly.
   const messages = await storedMessages(stream);
   equal(messages.map((m) => JSON.parse(m).id), appended.map((r) => r.id), tag("stream holds the appended events in commit order"));

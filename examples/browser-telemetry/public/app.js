@@ -252,6 +252,45 @@ async function queryWindow() {
   );
 }
 
+// ---- replay ---------------------------------------------------------------------------
+// Seed 003's replay loop: read from offset -1, continue from each Stream-Next-Offset until
+// Stream-Up-To-Date. A bucketed read can end mid-line (and mid-character), so text is
+// decoded as a stream and an incomplete trailing line waits for the next read. Small
+// reads (max_bytes=64) make that happen on every event.
+async function replay() {
+  const decoder = new TextDecoder();
+  let offset = "-1";
+  let pending = "";
+  let reads = 0;
+  const texts = [];
+  for (;;) {
+    const response = await fetch(`${state.stream}?offset=${offset}&max_bytes=64`);
+    if (!response.ok) throw new Error(`replay: HTTP ${response.status}`);
+    reads += 1;
+    const chunk = new Uint8Array(await response.arrayBuffer());
+    if (SURFACE === "compat") {
+      // Compat JSON reads are arrays of whole messages.
+      if (chunk.length) texts.push(...JSON.parse(decoder.decode(chunk)).map((v) => JSON.stringify(v)));
+    } else {
+      pending += decoder.decode(chunk, { stream: true });
+      const lines = pending.split("\n");
+      pending = lines.pop();
+      texts.push(...lines);
+    }
+    offset = response.headers.get("Stream-Next-Offset");
+    if (response.headers.get("Stream-Up-To-Date") === "true") break;
+  }
+  if (pending) throw new Error(`replay ended inside a line: ${pending}`);
+  let same = 0;
+  for (const text of texts) if (state.sent.get(JSON.parse(text).id) === text) same += 1;
+  const ok = same === texts.length && texts.length === state.sent.size;
+  setStatus(
+    "replay-status",
+    `replayed ${texts.length} events in ${reads} reads; ${same}/${state.sent.size} identical to the appends`,
+    ok,
+  );
+}
+
 // ---- buttons --------------------------------------------------------------------------
 function guard(statusId, fn) {
   return async () => {
@@ -283,7 +322,7 @@ $("start-session").addEventListener(
       duration_ms: nav ? Math.round(nav.duration) : null,
       path: location.pathname,
     }]);
-    for (const id of ["send-click", "send-batch", "query"]) $(id).disabled = false;
+    for (const id of ["send-click", "send-batch", "query", "replay"]) $(id).disabled = false;
   }),
 );
 
@@ -306,7 +345,7 @@ $("send-batch").addEventListener(
       { id: nextId(), captured_at: at(100), type: "long_task", duration_ms: 180 },
       { id: nextId(), captured_at: at(5000), type: "visibility", state: "hidden" },
       { id: nextId(), captured_at: at(200), type: "network_response", status: 200, url: "/api/items" },
-      { id: nextId(), captured_at: at(-2000), type: "error", message: "TypeError: x is undefined" },
+      { id: nextId(), captured_at: at(-2000), type: "error", message: "TypeError: x is undefined — Größe €" },
       { id: nextId(), captured_at: at(900), type: "web_vital", name: "LCP", value: 1234.5 },
     ]);
     $("from").value = at(0);
@@ -315,6 +354,7 @@ $("send-batch").addEventListener(
 );
 
 $("query").addEventListener("click", guard("query-status", queryWindow));
+$("replay").addEventListener("click", guard("replay-status", replay));
 
 // The reason for keepalive: an event sent as the page goes away still gets delivered.
 addEventListener("pagehide", () => {
