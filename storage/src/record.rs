@@ -396,7 +396,9 @@ fn get_lifetime(r: &mut Reader) -> Option<Lifetime> {
     let tag = r.u8()?;
     let v = r.u64()?;
     Some(match tag {
-        0 => Lifetime::Forever,
+        // Exactly the encoder's spelling: a record decodes to one value, and re-encodes to
+        // the same bytes.
+        0 if v == 0 => Lifetime::Forever,
         1 => Lifetime::TtlSeconds(v),
         2 => Lifetime::ExpiresAtMs(v as i64),
         _ => return None,
@@ -472,7 +474,7 @@ fn get_image(r: &mut Reader) -> Option<ImageRec> {
     let lifetime = get_lifetime(r)?;
     let ext = r.bytes()?;
     let tail = r.u64()?;
-    let closed = r.u8()? != 0;
+    let closed = r.flag()?;
     let seq_len = r.u32()?;
     let stream_seq = if seq_len == u32::MAX {
         None
@@ -570,7 +572,7 @@ fn put_append_meta(out: &mut Vec<u8>, a: &AppendRec) {
 fn get_append(r: &mut Reader) -> Option<AppendRec> {
     let id = r.u64()?;
     let start = r.u64()?;
-    let close = r.u8()? != 0;
+    let close = r.flag()?;
     let seq_len = r.u32()?;
     let stream_seq = if seq_len == u32::MAX {
         None
@@ -652,6 +654,14 @@ impl Reader<'_> {
     }
     fn u8(&mut self) -> Option<u8> {
         Some(self.fixed::<1>()?[0])
+    }
+    /// A bool is 0 or 1; anything else is malformed.
+    fn flag(&mut self) -> Option<bool> {
+        match self.u8()? {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        }
     }
     fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.fixed()?))
@@ -794,6 +804,45 @@ mod tests {
         let zeros = Bytes::from(vec![0u8; 64]);
         assert_eq!(decode_at(&zeros, 0).err(), Some(FrameError::End));
         assert_eq!(decode_at(&zeros, 60).err(), Some(FrameError::Truncated));
+    }
+
+    /// Found by the `record_decode` fuzz target: a Forever lifetime with a non-zero value
+    /// and a close flag of 2 passed the CRC and decoded, but re-encoded to other bytes.
+    #[test]
+    fn non_canonical_fields_are_malformed_even_with_a_valid_crc() {
+        fn patched(rec: &Record, at: usize, byte: u8) -> Bytes {
+            let mut out = Vec::new();
+            rec.encode(1, &mut out);
+            out[at] = byte;
+            let crc = crc32c::crc32c(&out[8..]);
+            out[4..8].copy_from_slice(&crc.to_le_bytes());
+            Bytes::from(out)
+        }
+        let create = Record::Create(CreateRec {
+            id: 1,
+            key: "k".into(),
+            incarnation: 1,
+            created_ms: 1,
+            content_type: "t".into(),
+            lifetime: Lifetime::Forever,
+            ext: Bytes::new(),
+            initial: AppendRec::default(),
+        });
+        // Lifetime: tag at 20 + 8 + 5 + 8 + 8 + 5, its value right after.
+        let tag = FRAME_HEADER + 8 + 5 + 8 + 8 + 5;
+        assert!(decode_at(&patched(&create, tag + 8, 0), 0).is_ok());
+        assert_eq!(
+            decode_at(&patched(&create, tag + 8, 4), 0).err(),
+            Some(FrameError::Malformed)
+        );
+        // The close flag follows the append's id and start.
+        let append = Record::Append(AppendRec::default());
+        let close = FRAME_HEADER + 16;
+        assert!(decode_at(&patched(&append, close, 1), 0).is_ok());
+        assert_eq!(
+            decode_at(&patched(&append, close, 2), 0).err(),
+            Some(FrameError::Malformed)
+        );
     }
 
     #[test]
