@@ -9,8 +9,10 @@
 #      then scripts/client-tests.sh: the browser telemetry example in headless
 #      Chromium, the official TypeScript and Python clients, an OTLP/JSON exporter
 #   6. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20)
+#   7. fuzz: every cargo-fuzz target for URSULA_FUZZ_SECONDS each (default 20; 0 skips)
 #
-# Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES.
+# Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES,
+#      URSULA_FUZZ_SECONDS.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +20,7 @@ cd "$ROOT"
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ursula-target}"
 URSULA_CRASH_CYCLES="${URSULA_CRASH_CYCLES:-20}"
+URSULA_FUZZ_SECONDS="${URSULA_FUZZ_SECONDS:-20}"
 URSULA_BIN="$CARGO_TARGET_DIR/release/ursula"
 
 TMP_ROOT="$(mktemp -d "${TMPDIR:-/tmp}/ursula-test.XXXXXX")"
@@ -50,18 +53,18 @@ die() {
 }
 
 # ---------------------------------------------------------------------------
-banner "1/6 cargo build --release --workspace"
+banner "1/7 cargo build --release --workspace"
 cargo build --release --workspace
 [[ -x "$URSULA_BIN" ]] || die "server binary not found at $URSULA_BIN"
 stage_done "build"
 
 # ---------------------------------------------------------------------------
-banner "2/6 cargo test --workspace --release"
+banner "2/7 cargo test --workspace --release"
 cargo test --workspace --release
 stage_done "cargo test"
 
 # ---------------------------------------------------------------------------
-banner "3/6 conformance harness dependencies (npm ci)"
+banner "3/7 conformance harness dependencies (npm ci)"
 command -v node >/dev/null 2>&1 || die "node is not installed: the conformance suite needs Node.js >= 18 and npm (e.g. apt-get install nodejs npm)"
 command -v npm >/dev/null 2>&1 || die "npm is not installed: the conformance suite needs Node.js >= 18 and npm"
 echo "node $(node --version), npm $(npm --version)"
@@ -77,7 +80,7 @@ fi
 stage_done "npm ci"
 
 # ---------------------------------------------------------------------------
-banner "4/6 conformance suite against ursula (disk engine)"
+banner "4/7 conformance suite against ursula (disk engine)"
 DATA_DIR="$TMP_ROOT/data"
 mkdir -p "$DATA_DIR"
 SERVER_OUT="$TMP_ROOT/server.stdout"
@@ -117,7 +120,7 @@ fi
 stage_done "conformance"
 
 # ---------------------------------------------------------------------------
-banner "5/6 graceful shutdown (SIGTERM, exit 0 within 10 s)"
+banner "5/7 graceful shutdown (SIGTERM, exit 0 within 10 s)"
 kill -TERM "$SERVER_PID"
 exited=""
 for _ in $(seq 1 100); do
@@ -145,9 +148,19 @@ banner "client tests: the browser example in headless Chromium, TS/Python client
 stage_done "client tests"
 
 # ---------------------------------------------------------------------------
-banner "6/6 crash test: $URSULA_CRASH_CYCLES kill -9 / restart cycles"
+banner "6/7 crash test: $URSULA_CRASH_CYCLES kill -9 / restart cycles"
 URSULA_CRASH_CYCLES="$URSULA_CRASH_CYCLES" \
     cargo test --release -p ursula-server --test crash -- --nocapture
 stage_done "crash test"
+
+# ---------------------------------------------------------------------------
+banner "7/7 fuzz: each target for ${URSULA_FUZZ_SECONDS}s"
+if [[ "$URSULA_FUZZ_SECONDS" -gt 0 ]]; then
+    # fuzz.sh builds in its own target dir: fuzz builds use sanitizer flags.
+    "$ROOT/scripts/fuzz.sh" "$URSULA_FUZZ_SECONDS"
+else
+    echo "skipped (URSULA_FUZZ_SECONDS=0)"
+fi
+stage_done "fuzz"
 
 printf '\nALL STAGES PASSED\n'

@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod batch;
 pub mod content_type;
 pub mod cursor;
 pub mod etag;

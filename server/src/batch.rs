@@ -23,40 +23,25 @@ use crate::handlers::{find, payload, storage_error, unavailable, Found, Payload}
 use crate::http::{Request, Response};
 use crate::records;
 
-/// Most frames in one request (§6.1).
-pub const MAX_FRAMES: usize = 512;
+use ursula_protocol::batch::FrameError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameError {
-    /// More than [`MAX_FRAMES`] frames, or a body over 32 MiB (`413`).
-    TooLarge,
-    /// No frames at all (`400`).
-    NoFrames,
-    /// A frame with `payload_len` 0 (`400`).
-    ZeroLength,
-    /// The body ends inside a length prefix or a payload (`400`).
-    Truncated,
-}
-
-impl FrameError {
-    fn response(self) -> Response {
-        match self {
-            FrameError::TooLarge => Response::error(
-                413,
-                "payload_too_large",
-                "append-batch takes at most 512 frames and 32 MiB",
-            ),
-            FrameError::NoFrames => {
-                Response::error(400, "empty_body", "append-batch needs at least one frame")
-            }
-            FrameError::ZeroLength => Response::error(
-                400,
-                "invalid_request",
-                "append-batch frames must not be empty",
-            ),
-            FrameError::Truncated => {
-                Response::error(400, "invalid_request", "truncated append-batch frame")
-            }
+fn frame_error_response(e: FrameError) -> Response {
+    match e {
+        FrameError::TooLarge => Response::error(
+            413,
+            "payload_too_large",
+            "append-batch takes at most 512 frames and 32 MiB",
+        ),
+        FrameError::NoFrames => {
+            Response::error(400, "empty_body", "append-batch needs at least one frame")
+        }
+        FrameError::ZeroLength => Response::error(
+            400,
+            "invalid_request",
+            "append-batch frames must not be empty",
+        ),
+        FrameError::Truncated => {
+            Response::error(400, "invalid_request", "truncated append-batch frame")
         }
     }
 }
@@ -64,33 +49,8 @@ impl FrameError {
 /// Split a body into frames: `[u32 BE len][len bytes]…` (§6.1). Frames are zero-copy
 /// slices of `body`.
 pub fn decode_frames(body: &Bytes) -> Result<Vec<Bytes>, FrameError> {
-    if body.len() as u64 > MAX_BODY_BYTES {
-        return Err(FrameError::TooLarge);
-    }
-    let mut frames = Vec::new();
-    let mut at = 0usize;
-    while at < body.len() {
-        if frames.len() == MAX_FRAMES {
-            return Err(FrameError::TooLarge);
-        }
-        let Some(prefix) = body.get(at..at + 4) else {
-            return Err(FrameError::Truncated);
-        };
-        let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
-        if len == 0 {
-            return Err(FrameError::ZeroLength);
-        }
-        at += 4;
-        if body.len() - at < len {
-            return Err(FrameError::Truncated);
-        }
-        frames.push(body.slice(at..at + len));
-        at += len;
-    }
-    if frames.is_empty() {
-        return Err(FrameError::NoFrames);
-    }
-    Ok(frames)
+    let ranges = ursula_protocol::batch::frame_ranges(body, MAX_BODY_BYTES)?;
+    Ok(ranges.into_iter().map(|r| body.slice(r)).collect())
 }
 
 /// The acknowledgement of one frame (§6.3).
@@ -285,7 +245,7 @@ async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     // 1. size limits, 2. header syntax and rejected headers
     let frames = decode_frames(&req.body);
     if frames == Err(FrameError::TooLarge) {
-        return FrameError::TooLarge.response();
+        return frame_error_response(FrameError::TooLarge);
     }
     if let Some(why) = rejected_header(&req) {
         return Response::error(400, "invalid_header", why);
@@ -310,7 +270,7 @@ async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     };
     let frames = match frames {
         Ok(f) => f,
-        Err(e) => return e.response(),
+        Err(e) => return frame_error_response(e),
     };
     let json = is_json(&request_type);
     let mut payloads = Vec::with_capacity(frames.len());
@@ -369,6 +329,7 @@ async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
 mod tests {
     use super::*;
     use std::cell::Cell;
+    use ursula_protocol::batch::MAX_FRAMES;
 
     /// The wire format: one `[u32 BE len][payload]` per frame.
     fn encode_frames<'a>(frames: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
