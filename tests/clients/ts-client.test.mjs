@@ -90,6 +90,23 @@ await test("tail-long-poll", async (url) => {
   await tail(url, "long-poll");
 });
 
+await test("tail-sse-binary", async (url) => {
+  // Binary streams travel over SSE base64-encoded (Stream-SSE-Data-Encoding: base64).
+  const handle = await DurableStream.create({ url, contentType: "application/octet-stream" });
+  const res = await stream({ url, offset: "-1", live: "sse" });
+  const chunks = [];
+  res.subscribeBytes(async (c) => {
+    chunks.push(Buffer.from(c.data));
+  });
+  const data = Buffer.from(Array.from({ length: 4096 }, (_, i) => (i * 7 + (i >> 8)) % 256));
+  await handle.append(new Uint8Array(data.subarray(0, 1000)));
+  await handle.append(new Uint8Array(data.subarray(1000)));
+  const total = () => chunks.reduce((n, c) => n + c.length, 0);
+  await eventually(async () => total() >= data.length, "binary SSE bytes", async () => `${total()} bytes`);
+  res.cancel();
+  check(Buffer.concat(chunks).equals(data), "binary SSE bytes equal the appends");
+});
+
 await test("close", async (url) => {
   const handle = await DurableStream.create({ url, contentType: "application/json" });
   await handle.append(JSON.stringify({ before: "close" }));
