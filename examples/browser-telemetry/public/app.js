@@ -1,6 +1,6 @@
 // Browser telemetry on Ursula: append, tail live, query by event time, resolve locators.
 // Plain browser JavaScript, no build step. Every URL is same-origin: gateway.mjs forwards
-// /telemetry/* to ursula and /v1/indexes/*/events to ursula-indexer.
+// /telemetry/* and /v1/stream/* to ursula and /v1/indexes/*/events to ursula-indexer.
 
 const $ = (id) => document.getElementById(id);
 
@@ -328,7 +328,7 @@ $("start-session").addEventListener(
 
 $("send-click").addEventListener(
   "click",
-  guard("append-status", async (e) => {
+  guard("append-status", async () => {
     await append([{ id: nextId(), captured_at: new Date().toISOString(), type: "click", target: "send-click" }]);
   }),
 );
