@@ -364,6 +364,7 @@ fn core_thread(
         shard_cfg.segment_bytes = config.segment_bytes;
         shard_cfg.cache_bytes = config.cache_bytes;
         shard_cfg.write_budget_bytes = config.write_budget_bytes;
+        shard_cfg.fail_fsync_after = fault_fail_fsync_after();
         let shard = match ursula_storage::Shard::open(shard_cfg).await {
             Ok((shard, report)) => {
                 tracing::info!(
@@ -481,4 +482,16 @@ async fn sweep_expired(core: Rc<Core>) {
             let _ = crate::handlers::find(&core, &key);
         }
     }
+}
+
+/// Fault injection for the test suite (`server/tests/faults.rs`): with
+/// `URSULA_FAULT_FAIL_FSYNC_AFTER=N` in the environment, each core's flush after N
+/// successful ones fails as if fdatasync had returned EIO. Never set in production.
+fn fault_fail_fsync_after() -> Option<u64> {
+    let n = std::env::var("URSULA_FAULT_FAIL_FSYNC_AFTER")
+        .ok()?
+        .parse()
+        .ok()?;
+    tracing::warn!("fault injection: fdatasync will fail after {n} flushes");
+    Some(n)
 }

@@ -59,6 +59,9 @@ pub struct ShardConfig {
     /// Log bytes written after which the next upkeep round writes a checkpoint; bounds
     /// how much log a restart replays.
     pub checkpoint_bytes: u64,
+    /// Fault injection for tests: the flush after this many successful ones fails as if
+    /// fdatasync had returned EIO (its data was written, its durability is unknown).
+    pub fail_fsync_after: Option<u64>,
 }
 
 impl ShardConfig {
@@ -71,6 +74,7 @@ impl ShardConfig {
             cache_bytes: DEFAULT_CACHE_BYTES,
             write_budget_bytes: DEFAULT_WRITE_BUDGET_BYTES,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            fail_fsync_after: None,
         }
     }
 }
@@ -876,6 +880,9 @@ impl Shard {
             if !synced.iter().any(|f| Rc::ptr_eq(f, &file)) {
                 synced.push(file);
             }
+        }
+        if self.inner.cfg.fail_fsync_after == Some(self.inner.stats.get().flushes) {
+            return Err(io::Error::from_raw_os_error(libc::EIO).into());
         }
         for file in &synced {
             file.sync_data().await?;
@@ -2596,6 +2603,43 @@ mod tests {
             assert_eq!(got[1], want[1], "s0");
             let usage = shard.disk_usage();
             assert!(usage.segment_bytes <= 2 * usage.live_bytes + shard.segment_bytes());
+        });
+    }
+
+    #[test]
+    fn a_failed_fsync_acknowledges_nothing_and_stops_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = config(dir.path());
+        cfg.fail_fsync_after = Some(2);
+        block_on(async {
+            let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+            let (id, c) = shard.create(new_stream("a", b"one.")).expect("create");
+            c.durable().await.expect("flush 0");
+            let (_, c) = shard.append(id, data_rec(b"two.")).expect("append");
+            c.durable().await.expect("flush 1");
+            let (_, c) = shard.append(id, data_rec(b"three.")).expect("append");
+            let err = c.durable().await.expect_err("flush 2 fails");
+            assert!(matches!(err, StorageError::Failed(_)), "{err:?}");
+            assert!(shard.failure().is_some());
+            // No further write is accepted; what was acknowledged is still readable, and
+            // the unacknowledged append never became visible.
+            assert!(matches!(
+                shard.append(id, data_rec(b"four.")),
+                Err(StorageError::Failed(_))
+            ));
+            assert!(shard.create(new_stream("b", b"")).is_err());
+            assert_eq!(read_all(&shard, "a").await, b"one.two.");
+        });
+        cfg.fail_fsync_after = None;
+        block_on(async {
+            let (shard, _) = Shard::open(cfg).await.expect("reopen");
+            // The failed flush's bytes were written; whether they survived is unknown, so
+            // the append may be there whole or not at all, never in part.
+            let got = read_all(&shard, "a").await;
+            assert!(got == b"one.two." || got == b"one.two.three.", "{got:?}");
+            let id = shard.lookup("a").expect("a");
+            let (_, c) = shard.append(id, data_rec(b"five.")).expect("writes again");
+            c.durable().await.expect("durable");
         });
     }
 

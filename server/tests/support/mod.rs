@@ -34,6 +34,16 @@ impl Server {
     /// up to `timeout` for its listening line. Stderr is appended to `stderr_log` if given,
     /// otherwise discarded.
     pub fn spawn(args: &[&str], stderr_log: Option<&Path>, timeout: Duration) -> Server {
+        Server::spawn_with_env(args, &[], stderr_log, timeout)
+    }
+
+    /// [`Server::spawn`] with extra environment variables for the server process.
+    pub fn spawn_with_env(
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr_log: Option<&Path>,
+        timeout: Duration,
+    ) -> Server {
         let stderr = match stderr_log {
             Some(p) => Stdio::from(
                 std::fs::OpenOptions::new()
@@ -46,6 +56,7 @@ impl Server {
         };
         let mut child = Command::new(URSULA_BIN)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
