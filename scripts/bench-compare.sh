@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# Ursula against its peers, side by side, in one run on this machine (issue #5).
+#
+#   scripts/bench-compare.sh [--quick] [--out DIR] [--only SCENARIOS] [--report-only]
+#
+# Starts, one at a time on 127.0.0.1, and drives with ursula-loadgen on the compat surface:
+#   ursula        our release server, disk engine, fsync'd acks (temp data dir)
+#   ds-0.1.5      durable-streams 0.1.5 from crates.io, default `wal` durability
+#   ref-0.3.7     @durable-streams/server 0.3.7 from npm, file-backed store
+#   hello         a minimal monoio HTTP server that stores nothing (small-request ceiling)
+# and measures, in the same run, raw loopback TCP throughput and `dd oflag=direct` disk
+# bandwidth. Peers are installed (pinned) into $PEERS_DIR on first use.
+#
+# Scenarios: write-100, write-500, write-2000 (256 B appends, one writer per stream), batch,
+# read, replay (1000 clients x 200 x 1 KiB), fanout (1000 SSE subscribers, 50 events/s).
+# --quick shortens every window and shrinks replay/fanout, for a smoke run.
+#
+# Output: a table of raw numbers and ratios (ursula / each peer) on stdout and in
+# DIR/summary.md, every loadgen JSON report, and latency charts (DIR/*.svg).
+# --report-only rebuilds the charts and the summary from the reports already in DIR.
+#
+# Env: CARGO_TARGET_DIR, PEERS_DIR (default ~/.cache/ursula-peers), DURATION, WARMUP,
+#      SERVERS (default "ursula ds-0.1.5 ref-0.3.7 hello").
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ursula-target}"
+PEERS_DIR="${PEERS_DIR:-$HOME/.cache/ursula-peers}"
+BIN="$CARGO_TARGET_DIR/release"
+
+QUICK=""
+REPORT_ONLY=""
+OUT=""
+ONLY=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --quick) QUICK=1 ;;
+    --report-only) REPORT_ONLY=1 ;;
+    --out) OUT="$2"; shift ;;
+    --only) ONLY="$2"; shift ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+if [[ -n "$QUICK" ]]; then
+    DURATION="${DURATION:-2s}" WARMUP="${WARMUP:-1s}"
+    REPLAY_CLIENTS=50 FANOUT_SUBS=100 READ_PREFILL=8m DD_MIB=128 NET_SECS=1
+else
+    DURATION="${DURATION:-10s}" WARMUP="${WARMUP:-2s}"
+    REPLAY_CLIENTS=1000 FANOUT_SUBS=1000 READ_PREFILL=64m DD_MIB=1024 NET_SECS=5
+fi
+SCENARIOS="${ONLY:-write-100 write-500 write-2000 batch read replay fanout}"
+SERVERS="${SERVERS:-ursula ds-0.1.5 ref-0.3.7 hello}"
+ALL_SERVERS="ursula ds-0.1.5 ref-0.3.7 hello"
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/ursula-compare.XXXXXX")"
+OUT="${OUT:-$WORK/out}"
+mkdir -p "$OUT"
+PID=""
+cleanup() {
+    local rc=$?
+    if [[ -n "$PID" ]] && kill -0 "$PID" 2>/dev/null; then
+        kill -TERM "$PID" 2>/dev/null || true
+        sleep 0.5
+        kill -KILL "$PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK/data"
+    exit "$rc"
+}
+trap cleanup EXIT
+
+say() { printf '\n== %s\n' "$*" >&2; }
+
+# ---------------------------------------------------------------------------------------
+if [[ -z "$REPORT_ONLY" ]]; then
+say "building release binaries"
+cargo build --release -p ursula-server -p ursula-loadgen -p ursula-benches --bins >&2
+
+say "installing pinned peers into $PEERS_DIR (first run only)"
+DS_BIN="$PEERS_DIR/durable-streams-0.1.5/bin/durable-streams-server"
+if [[ ! -x "$DS_BIN" ]]; then
+    cargo install durable-streams --version 0.1.5 --locked \
+        --root "$PEERS_DIR/durable-streams-0.1.5" >&2
+fi
+REF_DIR="$PEERS_DIR/ref-0.3.7"
+if [[ ! -d "$REF_DIR/node_modules/@durable-streams/server" ]]; then
+    mkdir -p "$REF_DIR"
+    (cd "$REF_DIR" && npm install --no-audit --no-fund @durable-streams/server@0.3.7 >&2)
+fi
+cat >"$REF_DIR/start.mjs" <<'EOF'
+// The package has no CLI: start its server with the file-backed store.
+import { DurableStreamTestServer } from "@durable-streams/server";
+const [port, dataDir] = process.argv.slice(2);
+const server = new DurableStreamTestServer({ port: Number(port), host: "127.0.0.1", dataDir, longPollTimeout: 500 });
+await server.start();
+console.log(`ref listening on http://127.0.0.1:${port}`);
+EOF
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_http() { # url
+    for _ in $(seq 1 300); do
+        if curl -s -o /dev/null "$1/" 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "server at $1 did not answer" >&2
+    return 1
+}
+
+URL=""
+start_server() { # name
+    URL=""
+    rm -rf "$WORK/data" && mkdir -p "$WORK/data"
+    local log="$OUT/$1.server.log" port
+    case "$1" in
+    ursula)
+        "$BIN/ursula" server --listen 127.0.0.1:0 --data-dir "$WORK/data" --storage disk \
+            --long-poll-timeout-ms 500 >"$WORK/stdout" 2>"$log" &
+        PID=$!
+        for _ in $(seq 1 300); do
+            URL="$(sed -n 's/^ursula listening on \(http:[^ ]*\)$/\1/p' "$WORK/stdout" | head -n1)"
+            [[ -n "$URL" ]] && break
+            sleep 0.1
+        done ;;
+    hello)
+        "$BIN/hello-monoio" 127.0.0.1:0 >"$WORK/stdout" 2>"$log" &
+        PID=$!
+        for _ in $(seq 1 300); do
+            URL="$(sed -n 's/^hello-monoio listening on \(http:[^ ]*\)$/\1/p' "$WORK/stdout" | head -n1)"
+            [[ -n "$URL" ]] && break
+            sleep 0.1
+        done ;;
+    ds-0.1.5)
+        port="$(free_port)"
+        "$DS_BIN" --host 127.0.0.1 --port "$port" --data-dir "$WORK/data" \
+            --long-poll-timeout-ms 500 >"$log" 2>&1 &
+        PID=$!
+        URL="http://127.0.0.1:$port" ;;
+    ref-0.3.7)
+        port="$(free_port)"
+        (cd "$REF_DIR" && exec node start.mjs "$port" "$WORK/data") >"$log" 2>&1 &
+        PID=$!
+        URL="http://127.0.0.1:$port" ;;
+    esac
+    [[ -n "$URL" ]] || { tail "$log" >&2; return 1; }
+    wait_http "$URL"
+}
+
+stop_server() {
+    [[ -n "$PID" ]] || return 0
+    kill -TERM "$PID" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$PID" 2>/dev/null || true
+    wait "$PID" 2>/dev/null || true
+    PID=""
+}
+
+loadgen() { # server scenario
+    local server="$1" scenario="$2" args=()
+    local common=(--target "$URL" --surface compat --duration "$DURATION" --warmup "$WARMUP"
+        --json "$OUT/$server.$scenario.json" --prefix "cmp$RANDOM")
+    case "$scenario" in
+    write-*) args=(write --streams "${scenario#write-}" --payload 256) ;;
+    batch) args=(batch --connections 16 --events 100 --event-size 200) ;;
+    read) args=(read --streams 4 --prefill "$READ_PREFILL" --append-size 1m) ;;
+    replay)
+        # The reference server appends at ~100-1000/s here, so pre-filling 1000 x 200 events
+        # would take most of an hour; it replays with fewer clients (an easier load), which
+        # the summary labels.
+        local clients="$REPLAY_CLIENTS"
+        [[ "$server" == ref-* ]] && clients=$((REPLAY_CLIENTS < 100 ? REPLAY_CLIENTS : 100))
+        args=(replay --clients "$clients" --events 200 --event-size 1k) ;;
+    fanout) args=(fanout --subscribers "$FANOUT_SUBS" --rate 50) ;;
+    esac
+    say "$server: $scenario"
+    if ! "$BIN/ursula-loadgen" "${args[@]}" "${common[@]}" >"$OUT/$server.$scenario.txt" 2>&1; then
+        echo "  (failed; see $OUT/$server.$scenario.txt)" >&2
+    fi
+    grep -E '^(ops|latency|errors)' "$OUT/$server.$scenario.txt" >&2 || true
+}
+
+# ---------------------------------------------------------------------------------------
+if [[ -z "$REPORT_ONLY" ]]; then
+say "physical limits"
+DD_FILE="$WORK/dd.img"
+# dd prints "<bytes> bytes ... copied, <secs> s, <rate> <unit>"; recompute MB/s from bytes/secs.
+DD_MBS="$(dd if=/dev/zero of="$DD_FILE" bs=1M count="$DD_MIB" oflag=direct conv=fdatasync 2>&1 |
+    awk '/copied/ { print $1 / $(NF-3) / 1e6 }')"
+rm -f "$DD_FILE"
+NET_MBS="$("$BIN/loopback-tcp" "$NET_SECS" 2 | awk '{ print $3 }')"
+echo "dd oflag=direct: $DD_MBS MB/s; loopback TCP (2 connections): $NET_MBS MB/s" >&2
+printf '{"dd_mb_per_sec": %s, "loopback_mb_per_sec": %s}\n' "$DD_MBS" "$NET_MBS" >"$OUT/physical.json"
+
+for server in $SERVERS; do
+    start_server "$server"
+    for scenario in $SCENARIOS; do
+        if [[ "$server" == hello && "$scenario" != write-* ]]; then continue; fi
+        loadgen "$server" "$scenario"
+    done
+    stop_server
+done
+fi
+
+# ---------------------------------------------------------------------------------------
+for scenario in $SCENARIOS; do
+    reports=()
+    for server in $ALL_SERVERS; do
+        [[ -s "$OUT/$server.$scenario.json" ]] && reports+=("$server=$OUT/$server.$scenario.json")
+    done
+    [[ ${#reports[@]} -gt 0 ]] &&
+        "$BIN/ursula-loadgen" chart --out "$OUT/$scenario.svg" --title "$scenario latency (compat surface)" "${reports[@]}"
+done
+
+python3 - "$OUT" "$SCENARIOS" <<'EOF' | tee "$OUT/summary.md"
+import json, os, sys
+out, scenarios = sys.argv[1], sys.argv[2].split()
+servers = ["ursula", "ds-0.1.5", "ref-0.3.7", "hello"]
+phys = json.load(open(os.path.join(out, "physical.json")))
+def load(server, scenario):
+    p = os.path.join(out, f"{server}.{scenario}.json")
+    try:
+        return json.load(open(p))
+    except (OSError, ValueError):
+        return None
+def rate(r, scenario):
+    if r is None:
+        return None
+    if scenario == "read":
+        return r["mb_per_sec"]
+    if scenario == "batch":
+        return r["counters"].get("events", r["ops"]) / max(r["duration_s"], 1e-9)
+    return r["ops_per_sec"]
+unit = {"read": "MB/s", "batch": "events/s"}
+print(f"Physical limits: dd oflag=direct {phys['dd_mb_per_sec']:.0f} MB/s, loopback TCP {phys['loopback_mb_per_sec']:.0f} MB/s\n")
+print("| scenario | metric | " + " | ".join(servers) + " | ursula/ds | ursula/ref | ursula/hello |")
+print("|---|---|" + "---|" * len(servers) + "---|---|---|")
+for sc in scenarios:
+    rows = {s: load(s, sc) for s in servers}
+    for metric in ("throughput", "p50 ms", "p99 ms", "errors"):
+        vals = {}
+        for s, r in rows.items():
+            if r is None:
+                vals[s] = None
+            elif metric == "throughput":
+                vals[s] = rate(r, sc)
+            elif metric == "errors":
+                vals[s] = r["error_total"]
+            else:
+                vals[s] = r["latency"]["p50_ms" if metric == "p50 ms" else "p99_ms"]
+        def fmt(v):
+            return "–" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}")
+        def ratio(a, b):
+            if a is None or b is None or b == 0 or metric == "errors":
+                return "–"
+            return f"{a / b:.2f}x"
+        label = f"{unit.get(sc, 'ops/s')}" if metric == "throughput" else metric
+        if sc == "replay" and metric == "throughput":
+            clients = {s: (r or {}).get("parameters", {}).get("clients") for s, r in rows.items()}
+            label += " (clients: " + ", ".join(f"{s} {c}" for s, c in clients.items() if c) + ")"
+        print(f"| {sc} | {label} | " + " | ".join(fmt(vals[s]) for s in servers)
+              + f" | {ratio(vals['ursula'], vals['ds-0.1.5'])} | {ratio(vals['ursula'], vals['ref-0.3.7'])} | {ratio(vals['ursula'], vals['hello'])} |")
+EOF
+echo "reports, charts and summary in $OUT" >&2
