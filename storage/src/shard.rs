@@ -153,7 +153,18 @@ pub struct ShardStats {
     pub flushes: u64,
     pub records_flushed: u64,
     pub bytes_flushed: u64,
+    /// fdatasync calls, their summed duration, and how many took at most each bound of
+    /// [`FSYNC_BUCKETS_US`] (not cumulative; the last slot counts the slower ones).
+    pub fsyncs: u64,
+    pub fsync_nanos: u64,
+    pub fsync_buckets: [u64; FSYNC_BUCKETS_US.len() + 1],
 }
+
+/// Upper bounds, in microseconds, of the fdatasync latency buckets in [`ShardStats`].
+pub const FSYNC_BUCKETS_US: [u64; 14] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000,
+];
 
 /// A new stream and its initial content.
 pub struct NewStream {
@@ -885,9 +896,24 @@ impl Shard {
             return Err(io::Error::from_raw_os_error(libc::EIO).into());
         }
         for file in &synced {
+            let started = Instant::now();
             file.sync_data().await?;
+            self.count_fsync(started.elapsed());
         }
         Ok(())
+    }
+
+    fn count_fsync(&self, took: Duration) {
+        let mut stats = self.inner.stats.get();
+        let us = took.as_micros() as u64;
+        let slot = FSYNC_BUCKETS_US
+            .iter()
+            .position(|&bound| us <= bound)
+            .unwrap_or(FSYNC_BUCKETS_US.len());
+        stats.fsync_buckets[slot] += 1;
+        stats.fsyncs += 1;
+        stats.fsync_nanos += took.as_nanos() as u64;
+        self.inner.stats.set(stats);
     }
 
     fn complete(&self, batches: Vec<Batch>) {
