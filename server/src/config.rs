@@ -49,6 +49,18 @@ pub struct ServerArgs {
     /// answered 503 and closed.
     #[arg(long)]
     pub max_connections: Option<usize>,
+    /// Serve `/metrics`, `/healthz` and `/readyz` on this separate address instead of
+    /// exposing metrics on the main listener (health stays available there too, under
+    /// `/__ursula/`).
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log level or filter (`info`, `debug`, `ursula_server=debug,info`); overrides the
+    /// `URSULA_LOG` and `RUST_LOG` environment variables.
+    #[arg(long)]
+    pub log_level: Option<String>,
+    /// Log one line per request (at most `access_log_per_sec` lines per second per core).
+    #[arg(long)]
+    pub access_log: bool,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -74,6 +86,10 @@ pub struct FileConfig {
     pub max_connections: Option<usize>,
     /// Appended bytes each core may hold that are not yet durable (disk storage).
     pub write_budget_bytes: Option<usize>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub log_level: Option<String>,
+    pub access_log: Option<bool>,
+    pub access_log_per_sec: Option<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -95,6 +111,13 @@ pub struct Config {
     /// Open connections allowed on each core (`max_connections` split over the cores).
     pub max_connections_per_core: usize,
     pub write_budget_bytes: usize,
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log filter from the flag or file; the environment is consulted when it is absent.
+    pub log_level: Option<String>,
+    pub access_log: bool,
+    /// Most access-log lines each core writes per second; the rest are counted and the
+    /// count is reported on the next line written.
+    pub access_log_per_sec: u32,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
@@ -156,6 +179,10 @@ impl Config {
             write_budget_bytes: file
                 .write_budget_bytes
                 .unwrap_or(ursula_storage::shard::DEFAULT_WRITE_BUDGET_BYTES),
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            log_level: args.log_level.or(file.log_level),
+            access_log: args.access_log || file.access_log.unwrap_or(false),
+            access_log_per_sec: file.access_log_per_sec.unwrap_or(100),
         })
     }
 }

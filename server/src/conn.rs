@@ -14,10 +14,16 @@ use ursula_protocol::http1::{parse_request_head, BodyKind, ChunkedDecoder, HeadE
 use crate::config::MAX_BODY_BYTES;
 use crate::cores::Core;
 use crate::http::{write_head, Body, Request, Response};
+use crate::ops::{self, Listener};
 
 const READ_CHUNK: usize = 16 * 1024;
 
-pub async fn serve_connection(core: Rc<Core>, mut stream: TcpStream, _peer: SocketAddr) {
+pub async fn serve_connection(
+    core: Rc<Core>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    listener: Listener,
+) {
     let mut rbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut wbuf: Vec<u8> = Vec::with_capacity(1024);
     loop {
@@ -40,6 +46,7 @@ pub async fn serve_connection(core: Rc<Core>, mut stream: TcpStream, _peer: Sock
             Err(BodyError::Closed) => return,
         };
         let is_head = head.method == Method::Head;
+        let started = Instant::now();
         let request = Request {
             method: head.method,
             path: head.path,
@@ -47,10 +54,29 @@ pub async fn serve_connection(core: Rc<Core>, mut stream: TcpStream, _peer: Sock
             headers: head.headers,
             body,
         };
+        let method = request.method.clone();
+        let route = ops::route_label(&request.path);
+        let req_len = request.body.len();
+        let access_path = core.config.access_log.then(|| request.path.clone());
         core.inflight.set(core.inflight.get() + 1);
-        let resp = crate::handlers::dispatch(&core, request).await;
+        let resp = match ops::endpoint(listener, &request.path) {
+            Some(endpoint) => ops::handle(&core, listener, endpoint, &request).await,
+            None => crate::handlers::dispatch(&core, request).await,
+        };
+        let status = resp.status;
+        let resp_len = resp.body_len();
+        core.metrics
+            .request(route, &method, status, req_len, resp_len);
+        if let Some(path) = access_path {
+            access_log(&core, peer, &method, &path, status, resp_len, started);
+        }
         let result = match resp.body {
-            Body::Sse(_) => crate::sse::run(&core, &mut stream, &mut wbuf, resp).await,
+            Body::Sse(_) => {
+                core.metrics.sse_started();
+                let r = crate::sse::run(&core, &mut stream, &mut wbuf, resp).await;
+                core.metrics.sse_ended();
+                r
+            }
             _ => write_response(&mut stream, &mut wbuf, resp, keep_alive, is_head).await,
         };
         core.inflight.set(core.inflight.get() - 1);
@@ -59,6 +85,33 @@ pub async fn serve_connection(core: Rc<Core>, mut stream: TcpStream, _peer: Sock
             _ => return,
         }
     }
+}
+
+/// One access-log line, unless this core has already written its share this second; lines
+/// left out are counted and reported on the next line written.
+fn access_log(
+    core: &Core,
+    peer: SocketAddr,
+    method: &Method,
+    path: &str,
+    status: u16,
+    bytes: usize,
+    started: Instant,
+) {
+    let Some(suppressed) = core.access_log_permit() else {
+        return;
+    };
+    tracing::info!(
+        target: "ursula::access",
+        %peer,
+        method = method.as_str(),
+        path,
+        status,
+        bytes,
+        us = started.elapsed().as_micros() as u64,
+        suppressed,
+        "request"
+    );
 }
 
 /// Answer a connection over the core's cap without reading its request: a 503 the client

@@ -18,6 +18,7 @@ use std::time::Duration;
 use ursula_storage::{Durability, Shard, ShardConfig};
 
 use crate::config::{Config, StorageMode};
+use crate::ops::Listener;
 
 /// Work sent to another core: runs there with that core's context.
 pub type Job = Box<dyn FnOnce(Rc<Core>) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
@@ -35,6 +36,12 @@ pub struct Core {
     connections: Cell<usize>,
     /// The listening socket, shut down to end the accept loop.
     listener_fd: Cell<Option<std::os::unix::io::RawFd>>,
+    /// The admin (metrics) listener, on core 0 only.
+    admin_fd: Cell<Option<std::os::unix::io::RawFd>>,
+    /// Request counters, read by `/metrics` through a job on this core.
+    pub metrics: crate::ops::CoreMetrics,
+    /// Access-log rate limit: the current second, lines written in it, lines left out.
+    access_window: Cell<(u64, u32, u64)>,
     /// Live readers (long-poll, SSE) to wake when shutdown starts, one slot per waiting
     /// task, removed when its wait ends.
     shutdown_waiters: std::cell::RefCell<std::collections::HashMap<u64, std::task::Waker>>,
@@ -86,6 +93,28 @@ impl Core {
         x
     }
 
+    /// Open connections, and live readers (long-poll, SSE) waiting on this core.
+    pub fn load(&self) -> (usize, usize) {
+        // The expiry sweeper holds one waiter slot, except during its synchronous pass,
+        // which a job on this same thread can never observe.
+        let waiting = self.shutdown_waiters.try_borrow().map_or(0, |w| w.len());
+        (self.connections.get(), waiting.saturating_sub(1))
+    }
+
+    /// Whether an access-log line may be written now; `Some(n)` carries the number of
+    /// lines suppressed since the last one written.
+    pub fn access_log_permit(&self) -> Option<u64> {
+        let now = ursula_storage::now_ms() as u64 / 1000;
+        let (second, written, suppressed) = self.access_window.get();
+        let written = if second == now { written } else { 0 };
+        if written >= self.config.access_log_per_sec {
+            self.access_window.set((now, written, suppressed + 1));
+            return None;
+        }
+        self.access_window.set((now, written + 1, 0));
+        Some(suppressed)
+    }
+
     pub fn shutting_down(&self) -> bool {
         self.shutdown.load(Ordering::Relaxed)
     }
@@ -120,9 +149,13 @@ impl Core {
         for (_, w) in self.shutdown_waiters.borrow_mut().drain() {
             w.wake();
         }
-        if let Some(fd) = self.listener_fd.take() {
-            // SAFETY: fd is this core's listening socket, still open (the listener is owned by
-            // the accept loop, which only closes it after it has observed this shutdown).
+        for fd in [self.listener_fd.take(), self.admin_fd.take()]
+            .into_iter()
+            .flatten()
+        {
+            // SAFETY: fd is one of this core's listening sockets, still open (each listener is
+            // owned by its accept loop, which only closes it after it has observed this
+            // shutdown).
             unsafe {
                 libc::shutdown(fd, libc::SHUT_RDWR);
             }
@@ -187,6 +220,14 @@ pub fn run(config: Config) -> Result<(), String> {
     let addr = listeners[0]
         .local_addr()
         .map_err(|e| format!("listener address: {e}"))?;
+    let mut admin = match config.metrics_listen {
+        Some(a) => Some(bind_admin(a)?),
+        None => None,
+    };
+    let admin_addr = match &admin {
+        Some(l) => Some(l.local_addr().map_err(|e| format!("admin address: {e}"))?),
+        None => None,
+    };
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..config.cores)
         .map(|_| async_channel::unbounded::<Job>())
         .unzip();
@@ -199,6 +240,10 @@ pub fn run(config: Config) -> Result<(), String> {
         let peers = peers.clone();
         let shutdown = shutdown.clone();
         let ready = ready_tx.clone();
+        let listener = Listeners {
+            main: listener,
+            admin: if index == 0 { admin.take() } else { None },
+        };
         let thread = std::thread::Builder::new()
             .name(format!("ursula-core-{index}"))
             .spawn(move || {
@@ -215,9 +260,21 @@ pub fn run(config: Config) -> Result<(), String> {
             Err(_) => return Err("a core exited during start-up".into()),
         }
     }
+    crate::ops::mark_started();
     println!("ursula listening on http://{addr}");
+    if let Some(a) = admin_addr {
+        println!("ursula admin listening on http://{a}");
+    }
     tracing::info!(%addr, cores = config.cores, storage = ?config.storage, "ready");
+    // Every core has recovered and is accepting, so readiness is true from here on.
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::warn!("sd_notify READY: {e}");
+    }
+    if let Some(interval) = sd_notify::watchdog_enabled() {
+        start_watchdog(interval, peers.clone())?;
+    }
     wait_for_signal()?;
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("shutting down: no new connections, finishing requests");
     shutdown.store(true, Ordering::SeqCst);
     for p in peers.iter() {
@@ -230,6 +287,51 @@ pub fn run(config: Config) -> Result<(), String> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Send `WATCHDOG=1` every half interval, but only while every core's event loop still
+/// runs jobs: a wedged core stops the keep-alives and systemd restarts the service.
+fn start_watchdog(
+    interval: Duration,
+    peers: Arc<Vec<async_channel::Sender<Job>>>,
+) -> Result<(), String> {
+    use std::sync::atomic::AtomicU64;
+    let period = (interval / 2).max(Duration::from_millis(10));
+    let seen: Arc<Vec<AtomicU64>> = Arc::new(peers.iter().map(|_| AtomicU64::new(0)).collect());
+    std::thread::Builder::new()
+        .name("ursula-watchdog".into())
+        .spawn(move || {
+            for round in 1u64.. {
+                for (index, peer) in peers.iter().enumerate() {
+                    let seen = seen.clone();
+                    let _ = peer.try_send(Box::new(move |_core| {
+                        Box::pin(async move { seen[index].store(round, Ordering::Relaxed) })
+                    }));
+                }
+                std::thread::sleep(period);
+                // The jobs had a whole period to run; a core that missed it is stuck.
+                if seen.iter().all(|s| s.load(Ordering::Relaxed) >= round) {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                } else {
+                    tracing::warn!("a core did not answer the watchdog round; not notifying");
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("spawn watchdog thread: {e}"))
+}
+
+fn bind_admin(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    let l = std::net::TcpListener::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    l.set_nonblocking(true)
+        .map_err(|e| format!("nonblocking: {e}"))?;
+    Ok(l)
+}
+
+/// A core's listening sockets: the shared stream port, and on core 0 the admin port.
+struct Listeners {
+    main: std::net::TcpListener,
+    admin: Option<std::net::TcpListener>,
 }
 
 fn wait_for_signal() -> Result<(), String> {
@@ -334,7 +436,7 @@ fn bind_listeners(addr: SocketAddr, cores: usize) -> Result<Vec<std::net::TcpLis
 fn core_thread(
     index: usize,
     config: Arc<Config>,
-    listener: std::net::TcpListener,
+    listeners: Listeners,
     inbox: async_channel::Receiver<Job>,
     peers: Arc<Vec<async_channel::Sender<Job>>>,
     shutdown: Arc<AtomicBool>,
@@ -383,7 +485,7 @@ fn core_thread(
                 return;
             }
         };
-        let listener = match monoio::net::TcpListener::from_std(listener) {
+        let listener = match monoio::net::TcpListener::from_std(listeners.main) {
             Ok(l) => l,
             Err(e) => {
                 let _ = ready.send(Err(format!("core {index}: listener: {e}")));
@@ -391,6 +493,14 @@ fn core_thread(
             }
         };
         let listener_fd = std::os::unix::io::AsRawFd::as_raw_fd(&listener);
+        let admin = match listeners.admin.map(monoio::net::TcpListener::from_std) {
+            None => None,
+            Some(Ok(l)) => Some(l),
+            Some(Err(e)) => {
+                let _ = ready.send(Err(format!("core {index}: admin listener: {e}")));
+                return;
+            }
+        };
         let core = Rc::new(Core {
             index,
             shard,
@@ -400,6 +510,9 @@ fn core_thread(
             inflight: Cell::new(0),
             connections: Cell::new(0),
             listener_fd: Cell::new(None),
+            admin_fd: Cell::new(admin.as_ref().map(std::os::unix::io::AsRawFd::as_raw_fd)),
+            metrics: Default::default(),
+            access_window: Cell::new((0, 0, 0)),
             shutdown_waiters: std::cell::RefCell::new(std::collections::HashMap::new()),
             next_waiter: Cell::new(0),
             rng: Cell::new(
@@ -408,7 +521,14 @@ fn core_thread(
         });
         core.listener_fd.set(Some(listener_fd));
         let _ = ready.send(Ok(()));
+        let admin = admin.map(|l| {
+            let core = core.clone();
+            monoio::spawn(async move { serve_admin(core, l).await })
+        });
         serve(core, listener, inbox).await;
+        if let Some(admin) = admin {
+            admin.await;
+        }
     });
 }
 
@@ -447,7 +567,7 @@ async fn serve(
                 }
                 let slot = ConnectionSlot::take(&core);
                 monoio::spawn(async move {
-                    crate::conn::serve_connection(core, stream, peer).await;
+                    crate::conn::serve_connection(core, stream, peer, Listener::Main).await;
                     drop(slot);
                 });
             }
@@ -469,6 +589,26 @@ async fn serve(
     }
     drop(jobs);
     drop(sweeper);
+}
+
+/// The admin listener: operational endpoints only. Its connections are not counted
+/// against `max_connections`, so a scrape still works when clients use up the cap.
+async fn serve_admin(core: Rc<Core>, listener: monoio::net::TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let core = core.clone();
+                monoio::spawn(async move {
+                    crate::conn::serve_connection(core, stream, peer, Listener::Admin).await;
+                });
+            }
+            Err(_) if core.shutting_down() => break,
+            Err(e) => {
+                tracing::warn!("admin accept failed: {e}");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
 }
 
 /// Expiry is decided at request time (P§15); this pass also deletes expired streams nobody

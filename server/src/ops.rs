@@ -1,0 +1,558 @@
+//! Operational endpoints: liveness, readiness and Prometheus metrics.
+//!
+//! They live under `/__ursula/` on the main listener, because a first path segment that
+//! starts with `__` can never be a bucket (protocol.md D21), whereas `/healthz` or
+//! `/metrics` are valid bucket IDs. The optional admin listener (`metrics_listen`) serves
+//! only these endpoints and also answers the bare `/healthz`, `/readyz` and `/metrics`.
+//!
+//! Counters are plain `Cell`s owned by each core, so the request path never touches shared
+//! memory; a scrape asks every core for a snapshot through the normal cross-core hand-off
+//! and renders them with `prometheus-client`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use ursula_protocol::http1::Method;
+use ursula_storage::shard::FSYNC_BUCKETS_US;
+use ursula_storage::{DiskUsage, ShardStats};
+
+use crate::config::StorageMode;
+use crate::cores::Core;
+use crate::http::{Request, Response};
+
+/// Set once every core has recovered its shard and is accepting connections.
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+pub fn mark_started() {
+    STARTED.store(true, Ordering::SeqCst);
+}
+
+fn started() -> bool {
+    STARTED.load(Ordering::SeqCst)
+}
+
+/// Which listener a connection arrived on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    Main,
+    Admin,
+}
+
+/// The internal endpoint a path names, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Health,
+    Ready,
+    Metrics,
+}
+
+/// `Some` when the request is for an operational endpoint on this listener (or, on the
+/// admin listener, for anything at all: it serves nothing else).
+pub fn endpoint(listener: Listener, path: &str) -> Option<Option<Endpoint>> {
+    let named = |p: &str| match p {
+        "healthz" => Some(Endpoint::Health),
+        "readyz" => Some(Endpoint::Ready),
+        "metrics" => Some(Endpoint::Metrics),
+        _ => None,
+    };
+    match listener {
+        Listener::Main => path.strip_prefix("/__ursula/").map(named),
+        Listener::Admin => {
+            let rest = path.strip_prefix("/__ursula/").or(path.strip_prefix('/'));
+            Some(rest.and_then(named))
+        }
+    }
+}
+
+/// Answer an operational request.
+pub async fn handle(
+    core: &Rc<Core>,
+    listener: Listener,
+    endpoint: Option<Endpoint>,
+    req: &Request,
+) -> Response {
+    let Some(endpoint) = endpoint else {
+        return Response::error(404, "not_found", "no such resource");
+    };
+    if !matches!(req.method, Method::Get | Method::Head) {
+        return Response::error(405, "method_not_allowed", "method not allowed")
+            .header("allow", "GET, HEAD");
+    }
+    match endpoint {
+        Endpoint::Health => text(200, "ok\n"),
+        Endpoint::Ready => ready(core).await,
+        // With an admin listener, metrics stay off the (possibly public) main listener.
+        Endpoint::Metrics if listener == Listener::Main && core.config.metrics_listen.is_some() => {
+            Response::error(404, "not_found", "metrics are served on the admin listener")
+        }
+        Endpoint::Metrics => metrics(core).await,
+    }
+}
+
+fn text(status: u16, body: &str) -> Response {
+    Response::new(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .header("cache-control", "no-store")
+        .with_body(vec![Bytes::copy_from_slice(body.as_bytes())])
+}
+
+/// Ready when start-up has finished, no shutdown has begun and no shard has stopped
+/// accepting writes after a failed write or fdatasync.
+async fn ready(core: &Rc<Core>) -> Response {
+    if !started() {
+        return text(503, "starting\n").header("retry-after", "1");
+    }
+    if core.shutting_down() {
+        return text(503, "stopping\n");
+    }
+    for index in 0..core.cores() {
+        match core.on(index, |c| async move { c.shard.failure() }).await {
+            Ok(None) => {}
+            Ok(Some(_)) => return text(503, &format!("shard {index} failed\n")),
+            Err(_) => return text(503, &format!("core {index} unavailable\n")),
+        }
+    }
+    text(200, "ready\n")
+}
+
+async fn metrics(core: &Rc<Core>) -> Response {
+    let mut cores = Vec::with_capacity(core.cores());
+    for index in 0..core.cores() {
+        match core.on(index, |c| async move { snapshot(&c) }).await {
+            Ok(s) => cores.push(s),
+            Err(_) => return text(503, &format!("core {index} unavailable\n")),
+        }
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(Scrape {
+        cores,
+        ready: started() && !core.shutting_down(),
+    }));
+    let mut out = String::with_capacity(16 * 1024);
+    if prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).is_err() {
+        return text(500, "metrics encoding failed\n");
+    }
+    Response::new(200)
+        .header(
+            "content-type",
+            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        )
+        .header("cache-control", "no-store")
+        .with_body(vec![Bytes::from(out)])
+}
+
+/// The route family of a request path, for metric labels (bounded cardinality).
+pub fn route_label(path: &str) -> &'static str {
+    if path.starts_with("/v1/stream/") {
+        return "compat_stream";
+    }
+    if path.starts_with("/__") {
+        return "internal";
+    }
+    let mut segments = path.trim_start_matches('/').split('/').skip(1);
+    match (segments.next(), segments.next()) {
+        (None, _) => "bucket",
+        (Some("streams"), None) => "bucket_streams",
+        (Some(_), None) => "stream",
+        (Some(_), Some("append-batch")) => "append_batch",
+        (Some(_), Some("attrs")) => "attrs",
+        (Some(_), Some("snapshot")) => "snapshot",
+        (Some(_), Some("retention")) => "retention",
+        (Some(_), Some("bootstrap")) => "bootstrap",
+        _ => "other",
+    }
+}
+
+fn method_label(m: &Method) -> &'static str {
+    match m {
+        Method::Get => "GET",
+        Method::Head => "HEAD",
+        Method::Put => "PUT",
+        Method::Post => "POST",
+        Method::Delete => "DELETE",
+        Method::Options => "OPTIONS",
+        Method::Other(_) => "other",
+    }
+}
+
+/// One core's request counters. Only its own thread touches them.
+#[derive(Default)]
+pub struct CoreMetrics {
+    requests: RefCell<HashMap<(&'static str, &'static str, u16), u64>>,
+    append_bytes: Cell<u64>,
+    read_bytes: Cell<u64>,
+    sse_open: Cell<u64>,
+}
+
+impl CoreMetrics {
+    /// Count a finished request: its route, method and status, the body bytes of a
+    /// successful append, and the body bytes of a successful read.
+    pub fn request(
+        &self,
+        route: &'static str,
+        method: &Method,
+        status: u16,
+        req: usize,
+        resp: usize,
+    ) {
+        let method_label = method_label(method);
+        *self
+            .requests
+            .borrow_mut()
+            .entry((route, method_label, status))
+            .or_insert(0) += 1;
+        if (200..300).contains(&status) {
+            match method {
+                Method::Post => self.append_bytes.set(self.append_bytes.get() + req as u64),
+                Method::Get => self.read_bytes.set(self.read_bytes.get() + resp as u64),
+                _ => {}
+            }
+        }
+    }
+
+    pub fn sse_started(&self) {
+        self.sse_open.set(self.sse_open.get() + 1);
+    }
+
+    pub fn sse_ended(&self) {
+        self.sse_open.set(self.sse_open.get().saturating_sub(1));
+    }
+}
+
+/// Everything a scrape reports about one core and its shard.
+#[derive(Debug)]
+struct CoreSnapshot {
+    core: usize,
+    requests: Vec<((&'static str, &'static str, u16), u64)>,
+    append_bytes: u64,
+    read_bytes: u64,
+    sse_open: u64,
+    waiting_readers: usize,
+    connections: usize,
+    inflight: usize,
+    stats: ShardStats,
+    unflushed_bytes: u64,
+    disk: Option<DiskUsage>,
+    cache_bytes: usize,
+    streams: usize,
+    failed: bool,
+}
+
+fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
+    let m = &core.metrics;
+    let (connections, waiting_readers) = core.load();
+    CoreSnapshot {
+        core: core.index,
+        requests: m.requests.borrow().iter().map(|(k, v)| (*k, *v)).collect(),
+        append_bytes: m.append_bytes.get(),
+        read_bytes: m.read_bytes.get(),
+        sse_open: m.sse_open.get(),
+        waiting_readers,
+        connections,
+        inflight: core.inflight.get(),
+        stats: core.shard.stats(),
+        unflushed_bytes: core.shard.unflushed_bytes(),
+        disk: (core.config.storage == StorageMode::Disk).then(|| core.shard.disk_usage()),
+        cache_bytes: core.shard.resident_bytes(),
+        streams: core.shard.keys().len(),
+        failed: core.shard.failure().is_some(),
+    }
+}
+
+/// One scrape's data, encoded by `prometheus-client`.
+#[derive(Debug)]
+struct Scrape {
+    cores: Vec<CoreSnapshot>,
+    ready: bool,
+}
+
+/// A histogram whose buckets were counted elsewhere (by the storage shard).
+struct BucketCounts {
+    sum: f64,
+    count: u64,
+    /// Upper bound and the (non-cumulative) count of each bucket; the last is +Inf.
+    buckets: Vec<(f64, u64)>,
+}
+
+impl EncodeMetric for BucketCounts {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<NoLabelSet>(self.sum, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+fn fsync_histogram(stats: &ShardStats) -> BucketCounts {
+    let buckets = FSYNC_BUCKETS_US
+        .iter()
+        .map(|&us| us as f64 / 1e6)
+        .chain(std::iter::once(f64::INFINITY))
+        .zip(stats.fsync_buckets.iter().copied())
+        .collect();
+    BucketCounts {
+        sum: stats.fsync_nanos as f64 / 1e9,
+        count: stats.fsyncs,
+        buckets,
+    }
+}
+
+type Labels<'a> = [(&'static str, String); 1];
+
+fn per_core<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    rows: impl Iterator<Item = (usize, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut rows = rows.peekable();
+    let Some((_, first)) = rows.peek() else {
+        return Ok(());
+    };
+    let mut family = encoder.encode_descriptor(name, help, None, first.metric_type())?;
+    for (index, metric) in rows {
+        let labels: Labels = [(label, index.to_string())];
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl prometheus_client::collector::Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let cores = &self.cores;
+        let counter = |v: u64| ConstCounter::new(v);
+        let gauge = |v: u64| ConstGauge::new(v as i64);
+
+        let ready = ConstGauge::new(i64::from(self.ready));
+        ready.encode(e.encode_descriptor(
+            "ursula_ready",
+            "1 when start-up has finished and shutdown has not begun",
+            None,
+            ready.metric_type(),
+        )?)?;
+
+        // Requests by route, method and status, summed over the cores that accepted them.
+        let mut requests: HashMap<(&str, &str, u16), u64> = HashMap::new();
+        for c in cores {
+            for (k, v) in &c.requests {
+                *requests.entry(*k).or_insert(0) += v;
+            }
+        }
+        let mut requests: Vec<_> = requests.into_iter().collect();
+        requests.sort_unstable();
+        let mut family = e.encode_descriptor(
+            "ursula_http_requests",
+            "HTTP requests answered, by route family, method and status",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((route, method, status), n) in requests {
+            let labels = [
+                ("route", route.to_string()),
+                ("method", method.to_string()),
+                ("status", status.to_string()),
+            ];
+            counter(n).encode(family.encode_family(&labels)?)?;
+        }
+
+        let c = || cores.iter();
+        per_core(
+            &mut e,
+            "ursula_core_requests",
+            "HTTP requests answered by each core's connections",
+            "core",
+            c().map(|s| (s.core, counter(s.requests.iter().map(|(_, v)| v).sum()))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_append_bytes",
+            "Body bytes of successful POST requests (appends, batches)",
+            "core",
+            c().map(|s| (s.core, counter(s.append_bytes))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_read_bytes",
+            "Body bytes of successful GET responses (SSE excluded)",
+            "core",
+            c().map(|s| (s.core, counter(s.read_bytes))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_connections",
+            "Open client connections",
+            "core",
+            c().map(|s| (s.core, gauge(s.connections as u64))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_inflight_requests",
+            "Requests being processed",
+            "core",
+            c().map(|s| (s.core, gauge(s.inflight as u64))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_sse_connections",
+            "Open SSE responses",
+            "core",
+            c().map(|s| (s.core, gauge(s.sse_open))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_live_readers_waiting",
+            "Long-poll and SSE readers waiting for data on each owner core",
+            "core",
+            c().map(|s| (s.core, gauge(s.waiting_readers as u64))),
+        )?;
+
+        per_core(
+            &mut e,
+            "ursula_storage_flushes",
+            "Group commits written and fdatasync'ed",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.flushes))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_records_flushed",
+            "Log records made durable; divide by flushes for appends per fsync",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.records_flushed))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_bytes_flushed",
+            "Framed log bytes made durable",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.bytes_flushed))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_fsync_duration_seconds",
+            "fdatasync latency of the log",
+            "shard",
+            c().filter(|s| s.disk.is_some())
+                .map(|s| (s.core, fsync_histogram(&s.stats))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_unflushed_bytes",
+            "Group-commit queue depth: framed bytes not yet durable",
+            "shard",
+            c().map(|s| (s.core, gauge(s.unflushed_bytes))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_live_bytes",
+            "Bytes of data held by live streams",
+            "shard",
+            c().filter_map(|s| Some((s.core, gauge(s.disk?.live_bytes)))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_segment_bytes",
+            "Preallocated bytes of all log segment files",
+            "shard",
+            c().filter_map(|s| Some((s.core, gauge(s.disk?.segment_bytes)))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_reclaimable_bytes",
+            "Segment bytes not held by live data (reclaimed by the cleaner over time)",
+            "shard",
+            c().filter_map(|s| {
+                let d = s.disk?;
+                Some((s.core, gauge(d.segment_bytes.saturating_sub(d.live_bytes))))
+            }),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_segments",
+            "Log segment files",
+            "shard",
+            c().filter_map(|s| Some((s.core, gauge(s.disk?.segments as u64)))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_cache_bytes",
+            "Stream bytes cached in memory",
+            "shard",
+            c().map(|s| (s.core, gauge(s.cache_bytes as u64))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_streams",
+            "Streams owned by each shard",
+            "shard",
+            c().map(|s| (s.core, gauge(s.streams as u64))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_failed",
+            "1 when the shard refuses writes after a failed write or fdatasync",
+            "shard",
+            c().map(|s| (s.core, gauge(u64::from(s.failed)))),
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_only_under_reserved_prefix_on_main() {
+        assert_eq!(endpoint(Listener::Main, "/healthz"), None);
+        assert_eq!(endpoint(Listener::Main, "/metrics"), None);
+        assert_eq!(
+            endpoint(Listener::Main, "/__ursula/healthz"),
+            Some(Some(Endpoint::Health))
+        );
+        assert_eq!(endpoint(Listener::Main, "/__ursula/nope"), Some(None));
+        assert_eq!(
+            endpoint(Listener::Admin, "/metrics"),
+            Some(Some(Endpoint::Metrics))
+        );
+        assert_eq!(endpoint(Listener::Admin, "/logs/app"), Some(None));
+    }
+
+    #[test]
+    fn route_labels() {
+        assert_eq!(route_label("/v1/stream/a/b"), "compat_stream");
+        assert_eq!(route_label("/logs"), "bucket");
+        assert_eq!(route_label("/logs/streams"), "bucket_streams");
+        assert_eq!(route_label("/logs/app"), "stream");
+        assert_eq!(route_label("/logs/app/append-batch"), "append_batch");
+        assert_eq!(
+            route_label("/logs/app/snapshot/00000000000000000001"),
+            "snapshot"
+        );
+        assert_eq!(route_label("/logs/app/x/y"), "other");
+        assert_eq!(route_label("/__ursula/metrics"), "internal");
+    }
+
+    #[test]
+    fn fsync_histogram_has_every_bound_and_inf() {
+        let mut stats = ShardStats {
+            fsyncs: 3,
+            fsync_nanos: 3_000_000,
+            ..Default::default()
+        };
+        stats.fsync_buckets[4] = 3;
+        let h = fsync_histogram(&stats);
+        assert_eq!(h.buckets.len(), FSYNC_BUCKETS_US.len() + 1);
+        assert_eq!(h.buckets[4], (0.001, 3));
+        assert!(h.buckets.last().is_some_and(|b| b.0.is_infinite()));
+    }
+}
