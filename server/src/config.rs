@@ -197,6 +197,45 @@ fn load_file(path: &Path) -> Result<FileConfig, String> {
 mod tests {
     use super::*;
 
+    /// deploy/ursula.toml shows every key with its default: with its commented keys
+    /// switched on (all but those whose default depends on the host or means "off"), it
+    /// must resolve to exactly the built-in defaults.
+    #[test]
+    fn example_config_shows_the_defaults() {
+        let example = include_str!("../../deploy/ursula.toml");
+        let on: String = example
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(kv)
+                    if kv.contains(" = ")
+                        && !kv.starts_with("cores ")
+                        && !kv.starts_with("metrics_listen ")
+                        && !kv.starts_with("log_level ") =>
+                {
+                    kv
+                }
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ursula.toml");
+        std::fs::write(&path, on).expect("write");
+        let from_file = Config::resolve(ServerArgs {
+            config: Some(path),
+            cores: Some(1),
+            ..Default::default()
+        })
+        .expect("example parses");
+        let defaults = Config::resolve(ServerArgs {
+            data_dir: Some(PathBuf::from("/var/lib/ursula")),
+            cores: Some(1),
+            ..Default::default()
+        })
+        .expect("defaults");
+        assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
+    }
+
     #[test]
     fn flags_override_file_override_defaults() {
         let dir = tempfile::tempdir().expect("tempdir");
