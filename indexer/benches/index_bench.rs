@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ursula_indexer::cache::PartCache;
 use ursula_indexer::config::{Cli, Config};
 use ursula_indexer::extract::{ExtractSpec, Extractor, Outcome};
 use ursula_indexer::index::{Index, Query, Shared};
@@ -154,7 +153,14 @@ async fn query(n: usize) {
         }
         m.durable_offset = n as u64 * 100;
         m.floor_offset = 0;
-        manifest::cas(&store, &manifest::current_key(&ns), &m, None)
+        let cfg = Config::resolve(Cli {
+            store_dir: Some(dir.path().to_path_buf()),
+            cache_bytes: Some(4 << 30),
+            ..Cli::default()
+        })
+        .expect("cfg");
+        let shared = Shared::new(store.clone(), cfg, None, SourceClient::new());
+        manifest::cas(&shared.store, &manifest::current_key(&ns), &m, None)
             .await
             .expect("io")
             .expect("cas");
@@ -164,17 +170,6 @@ async fn query(n: usize) {
             t_build.elapsed(),
             bytes_total as f64 / n as f64
         );
-        let cfg = Config::resolve(Cli {
-            store_dir: Some(dir.path().to_path_buf()),
-            ..Cli::default()
-        })
-        .expect("cfg");
-        let shared = Arc::new(Shared {
-            cache: PartCache::new(store.clone(), None, 4 << 30),
-            store: store.clone(),
-            cfg,
-            source: SourceClient::new(),
-        });
         let ix = Index::open(shared, reg).await.expect("open");
         for (wname, width) in [
             ("100 ms", 100i64),

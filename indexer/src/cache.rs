@@ -1,6 +1,6 @@
 //! Bounded, disposable caches of immutable parts.
 //!
-//! * memory: opened parts (bytes + decoded footer) and decoded row groups, each held to a
+//! * memory: opened parts (bytes + decoded footer) and decoded page slices, each held to a
 //!   share of `--cache-bytes`, least recently used first out;
 //! * disk (`--cache-dir`, S3 store only): downloaded part files, so a restart does not
 //!   re-download; a worker with an empty cache rebuilds everything from the store.
@@ -21,7 +21,7 @@ pub struct PartCache {
     store: DynStore,
     disk: Option<DiskCache>,
     files: Mutex<Lru<String, Arc<PartFile>>>,
-    groups: Mutex<Lru<(String, usize), Arc<Group>>>,
+    groups: Mutex<Lru<(String, usize, usize), Arc<Group>>>,
 }
 
 impl PartCache {
@@ -42,13 +42,26 @@ impl PartCache {
         let bytes = match self.disk.as_ref().and_then(|d| d.get(key)) {
             Some(b) => b,
             None => {
-                let Some(o) = self.store.get(key).await.map_err(|e| e.to_string())? else {
+                let got = match crate::batch::pack_member(key) {
+                    Some((pack, off, len)) => self
+                        .store
+                        .get_range(&pack, off, len)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                    None => self
+                        .store
+                        .get(key)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map(|o| o.bytes),
+                };
+                let Some(bytes) = got else {
                     return Err(format!("part {key} is missing from the store"));
                 };
                 if let Some(d) = &self.disk {
-                    d.put(key, &o.bytes);
+                    d.put(key, &bytes);
                 }
-                o.bytes
+                bytes
             }
         };
         let size = bytes.len();
@@ -57,13 +70,14 @@ impl PartCache {
         Ok(file)
     }
 
-    pub async fn group(&self, key: &str, i: usize) -> Result<Arc<Group>, String> {
-        let k = (key.to_string(), i);
+    /// Page slice `s` of row group `i` of part `key`, decoded.
+    pub async fn slice(&self, key: &str, i: usize, s: usize) -> Result<Arc<Group>, String> {
+        let k = (key.to_string(), i, s);
         if let Some(g) = lock(&self.groups).get(&k) {
             return Ok(g);
         }
         let file = self.file(key).await?;
-        let g = Arc::new(file.decode_group(i)?);
+        let g = Arc::new(file.decode_slice(i, s)?);
         let size = g.approx_bytes();
         lock(&self.groups).insert(k, g.clone(), size);
         Ok(g)
@@ -163,7 +177,13 @@ impl DiskCache {
         let b = std::fs::read(self.path(key)).ok()?;
         // Content-addressed: the file name is the hash of its bytes; a torn file is
         // detected here and refetched.
-        let want = key.rsplit('/').next()?.strip_suffix(".parquet")?;
+        // (A part inside a pack ends its name with its own hash too.)
+        let want = key
+            .rsplit('/')
+            .next()?
+            .strip_suffix(".parquet")?
+            .rsplit('-')
+            .next()?;
         if blake3::hash(&b).to_hex().starts_with(want) {
             Some(Bytes::from(b))
         } else {

@@ -73,6 +73,12 @@ impl Coordinator {
                 if let Err(e) = self.purge_retired().await {
                     tracing::warn!("purge: {e}");
                 }
+                let grace = self.shared.cfg.gc_grace.as_millis() as i64;
+                match crate::batch::gc_packs(&self.shared.shards, now_ms(), grace).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!("gc: deleted {n} unreferenced packs"),
+                    Err(e) => tracing::warn!("gc packs: {e}"),
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.shared.cfg.poll_interval) => {}
@@ -151,6 +157,7 @@ impl Coordinator {
         for (id, ix) in &current {
             if next.get(id).is_none_or(|n| !Arc::ptr_eq(n, ix)) {
                 ix.stop();
+                self.shared.metrics.forget(id);
             }
         }
         *self.indexes.write().unwrap_or_else(|p| p.into_inner()) = next;
@@ -328,6 +335,17 @@ impl Coordinator {
             return Ok(());
         }
         for t in &due {
+            // The manifest and claim live in shard slots, not under the prefix.
+            for key in [
+                manifest::current_key(&t.namespace),
+                manifest::claim_key(&t.namespace),
+            ] {
+                self.shared
+                    .store
+                    .delete(&key)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
             for l in self
                 .shared
                 .store

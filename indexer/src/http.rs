@@ -47,6 +47,17 @@ pub async fn handle(
                 error(StatusCode::SERVICE_UNAVAILABLE, "catalog is not readable")
             }
         }
+        (&Method::GET, ["metrics"]) => match co.shared.metrics.render() {
+            Ok(text) => Response::builder()
+                .status(StatusCode::OK)
+                .header(
+                    http::header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )
+                .body(Full::new(Bytes::from(text)))
+                .unwrap_or_else(|_| empty(StatusCode::INTERNAL_SERVER_ERROR)),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        },
         (&Method::GET, ["v1", "indexes"]) => match co.list().await {
             Ok(regs) => json(StatusCode::OK, &regs),
             Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
@@ -70,7 +81,15 @@ pub async fn handle(
             }
         }
         (&Method::GET, ["v1", "indexes", id, "events"]) => match lookup(&co, id).await {
-            Ok(ix) => events(&ix, &query).await,
+            Ok(ix) => {
+                let started = std::time::Instant::now();
+                let r = events(&ix, &query).await;
+                co.shared
+                    .metrics
+                    .query_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                r
+            }
             Err(r) => r,
         },
         (&Method::GET, ["v1", "indexes", id, "status"]) => match lookup(&co, id).await {
@@ -85,7 +104,7 @@ pub async fn handle(
             },
             Err(r) => r,
         },
-        (_, ["livez"] | ["readyz"] | ["v1", "indexes", ..]) => {
+        (_, ["livez"] | ["readyz"] | ["metrics"] | ["v1", "indexes", ..]) => {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         }
         _ => error(StatusCode::NOT_FOUND, "not found"),

@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::batch::{Packer, Sharded, ShardedStore};
 use crate::cache::PartCache;
 use crate::config::Config;
 use crate::extract::{Extractor, Outcome, SkipKind};
 use crate::manifest::{
     self, Catalog, Manifest, PartMeta, Registration, RetiredNamespace, Skipped, Status, Versioned,
 };
+use crate::metrics::{Counting, IndexLabel, Metrics, SkipLabel};
 use crate::part::{self, Entry, Group, PartFile};
 use crate::source::{self, HeadResult, ReadResult, SourceClient};
 use crate::store::{DynStore, PutMode, StoreError};
@@ -27,10 +29,41 @@ use crate::time::{day_start, now_ms};
 
 /// Process-wide services every index uses.
 pub struct Shared {
+    /// The object store with manifests and claims kept in shards (see `batch`).
     pub store: DynStore,
+    pub shards: Arc<ShardedStore>,
+    pub packer: Arc<Packer>,
     pub cache: PartCache,
     pub cfg: Config,
     pub source: SourceClient,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Shared {
+    /// `raw`: the object store itself; `disk_cache`: where to keep downloaded parts.
+    pub fn new(
+        raw: DynStore,
+        cfg: Config,
+        disk_cache: Option<std::path::PathBuf>,
+        source: SourceClient,
+    ) -> Arc<Shared> {
+        let metrics = Metrics::new();
+        let raw: DynStore = Arc::new(Counting {
+            inner: raw,
+            metrics: metrics.clone(),
+        });
+        let shards = ShardedStore::new(raw.clone(), cfg.poll_interval);
+        let store: DynStore = Arc::new(Sharded(shards.clone()));
+        Arc::new(Shared {
+            cache: PartCache::new(store.clone(), disk_cache, cfg.cache_bytes),
+            packer: Packer::new(raw),
+            shards,
+            store,
+            cfg,
+            source,
+            metrics,
+        })
+    }
 }
 
 /// What queries see: the published manifest plus the not-yet-durable tail.
@@ -274,6 +307,7 @@ impl Index {
                 key: p.key.clone(),
                 file,
                 rg: 0,
+                slice: 0,
                 group: None,
                 row: 0,
                 lb,
@@ -437,7 +471,7 @@ impl Index {
     async fn own(self: &Arc<Self>, claim_etag: String, next_gc: &mut Instant) -> OwnerExit {
         let cfg = &self.shared.cfg;
         let mut claim = claim_etag;
-        let mut renew_at = Instant::now() + cfg.lease / 3;
+        let mut renew_at = crate::batch::aligned(cfg.lease / 3, Duration::ZERO);
         if let Err(e) = self.refresh().await {
             tracing::warn!(index = %self.reg.id, "refresh: {e}");
             return OwnerExit::Yield;
@@ -448,8 +482,18 @@ impl Index {
             let _ = self.renew_claim(&claim, true).await;
             return OwnerExit::Yield;
         }
-        let mut ing = Ingest::start(&view.manifest, &self.reg, cfg.debug_reingest);
+        let mut ing = Ingest::start(
+            &view.manifest,
+            &self.reg,
+            cfg.debug_reingest,
+            cfg.commit_interval,
+        );
         let mut last_head: Option<Instant> = None;
+        let mut source_tail = 0u64;
+        let mut caught_up = Instant::now();
+        let label = IndexLabel {
+            index: self.reg.id.clone(),
+        };
         let mut source_gone = matches!(view.manifest.status, Status::SourceGone);
         let exit = loop {
             if self.stopped() {
@@ -460,7 +504,7 @@ impl Index {
                 match self.renew_claim(&claim, false).await {
                     Some(e) => {
                         claim = e;
-                        renew_at = Instant::now() + cfg.lease / 3;
+                        renew_at = crate::batch::aligned(cfg.lease / 3, Duration::ZERO);
                     }
                     None => {
                         tracing::warn!(index = %self.reg.id, "lost the ingest claim");
@@ -504,6 +548,8 @@ impl Index {
                             }
                         }
                         ing.follow_retention(head.retained_offset, head.record_first);
+                        source_tail = source_tail.max(head.next_offset);
+                        self.record_lag(&label, &ing, source_tail, &mut caught_up);
                     }
                     Err(e) => {
                         tracing::debug!(index = %self.reg.id, "HEAD: {e}");
@@ -528,7 +574,7 @@ impl Index {
                 continue;
             }
             let deadline = ing
-                .commit_deadline(cfg)
+                .commit_deadline()
                 .unwrap_or(now + Duration::from_secs(1))
                 .min(renew_at)
                 .min(last_head.map_or(now, |t| t + Duration::from_secs(1)));
@@ -558,7 +604,11 @@ impl Index {
                     } else {
                         body
                     };
+                    let (entries0, msgs0) = (ing.entries, ing.msgs.len());
                     ing.feed(&body, &self.extractor);
+                    self.record_ingest(&ing, entries0, msgs0);
+                    source_tail = source_tail.max(next_offset.unwrap_or(ing.pos));
+                    self.record_lag(&label, &ing, source_tail, &mut caught_up);
                     if let Some(n) = next_offset {
                         if n != ing.pos {
                             tracing::debug!(index = %self.reg.id, "source next offset {n} != {}", ing.pos);
@@ -566,7 +616,11 @@ impl Index {
                     }
                     self.publish_tail(&ing);
                 }
-                Ok(ReadResult::NoData) => {}
+                Ok(ReadResult::NoData) => {
+                    // A long poll that ends empty: we are at the tail.
+                    source_tail = ing.pos;
+                    self.record_lag(&label, &ing, source_tail, &mut caught_up);
+                }
                 Ok(ReadResult::Gone) | Ok(ReadResult::NotFound) => last_head = None,
                 Err(e) => {
                     tracing::debug!(index = %self.reg.id, "read: {e}");
@@ -580,6 +634,48 @@ impl Index {
         }
         let _ = self.renew_claim(&claim, true).await;
         exit
+    }
+
+    fn record_ingest(&self, ing: &Ingest, entries0: usize, msgs0: usize) {
+        let m = &self.shared.metrics;
+        let added = ing.entries.saturating_sub(entries0);
+        if added > 0 {
+            m.events
+                .get_or_create(&IndexLabel {
+                    index: self.reg.id.clone(),
+                })
+                .inc_by(added as u64);
+        }
+        for (_, k) in ing.msgs.get(msgs0..).unwrap_or(&[]) {
+            if let Some(k) = k {
+                let reason = match k {
+                    SkipKind::Missing => "missing",
+                    SkipKind::Invalid => "invalid",
+                    SkipKind::Unparseable => "unparseable",
+                    SkipKind::Oversize => "oversize",
+                };
+                m.skipped
+                    .get_or_create(&SkipLabel {
+                        index: self.reg.id.clone(),
+                        reason,
+                    })
+                    .inc();
+            }
+        }
+    }
+
+    fn record_lag(&self, label: &IndexLabel, ing: &Ingest, tail: u64, caught_up: &mut Instant) {
+        let behind = tail.saturating_sub(ing.done);
+        if behind == 0 {
+            *caught_up = Instant::now();
+        }
+        let m = &self.shared.metrics;
+        m.lag_bytes.get_or_create(label).set(behind as i64);
+        m.lag_seconds.get_or_create(label).set(if behind == 0 {
+            0.0
+        } else {
+            caught_up.elapsed().as_secs_f64()
+        });
     }
 
     fn publish_tail(&self, ing: &Ingest) {
@@ -732,6 +828,13 @@ impl Index {
             next.parts.extend(new_parts);
             match manifest::cas(&self.shared.store, &key, &next, Some(&cur.etag)).await? {
                 Ok(etag) => {
+                    self.shared
+                        .metrics
+                        .commits
+                        .get_or_create(&IndexLabel {
+                            index: self.reg.id.clone(),
+                        })
+                        .inc();
                     ing.committed();
                     let durable = next.durable_offset;
                     let mut tail = ing.tail();
@@ -744,7 +847,16 @@ impl Index {
                     self.maybe_compact().await;
                     return Ok(true);
                 }
-                Err(()) => continue,
+                Err(()) => {
+                    self.shared
+                        .metrics
+                        .cas_conflicts
+                        .get_or_create(&IndexLabel {
+                            index: self.reg.id.clone(),
+                        })
+                        .inc();
+                    continue;
+                }
             }
         }
         Err("too many manifest conflicts".into())
@@ -789,16 +901,23 @@ impl Index {
     /// Encode, upload (create-only: content-addressed, so a 412 means already there).
     async fn write_part(&self, entries: Vec<Entry>, level: u8) -> Result<PartMeta, String> {
         let bytes = part::encode(&entries)?;
-        let key = manifest::part_key(&self.ns, &bytes);
-        match self
-            .shared
-            .store
-            .put(&key, bytes.clone(), PutMode::CreateOnly)
-            .await
-        {
-            Ok(_) | Err(StoreError::PreconditionFailed) => {}
-            Err(e) => return Err(e.to_string()),
-        }
+        // Small level-0 parts of all indexes committing together share one pack PUT;
+        // compaction outputs are large and get objects of their own.
+        let key = if level == 0 {
+            self.shared.packer.write(bytes.clone()).await?
+        } else {
+            let key = manifest::part_key(&self.ns, &bytes);
+            match self
+                .shared
+                .store
+                .put(&key, bytes.clone(), PutMode::CreateOnly)
+                .await
+            {
+                Ok(_) | Err(StoreError::PreconditionFailed) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            key
+        };
         let meta = part_meta(&key, level, &entries, bytes.len() as u64);
         self.shared.cache.prime(&key, bytes);
         Ok(meta)
@@ -957,6 +1076,10 @@ impl Index {
             return Ok(deleted);
         }
         for k in &expired {
+            // A part inside a pack goes with its pack, once no manifest names the pack.
+            if crate::batch::pack_member(k).is_some() {
+                continue;
+            }
             self.shared
                 .store
                 .delete(k)
@@ -1042,6 +1165,8 @@ struct PartCursor {
     key: String,
     file: Arc<PartFile>,
     rg: usize,
+    /// Page slice within row group `rg`.
+    slice: usize,
     group: Option<Arc<Group>>,
     row: usize,
     lb: (i64, u64),
@@ -1054,10 +1179,12 @@ impl Cursor {
             Cursor::Run(run, i) => Ok(run.get(*i).copied()),
             Cursor::Part(p) => loop {
                 if p.group.is_none() {
-                    // Row-group pruning by statistics: skip groups entirely below the
-                    // lower bound; stop at the first group starting at or after `until`.
+                    // Row-group pruning by statistics, then page pruning inside the group
+                    // by the page index: skip whatever lies entirely below the lower
+                    // bound; stop at the first group or page starting at or after `until`.
                     while p.rg < p.file.groups.len() && p.file.groups[p.rg].2 < p.lb.0 {
                         p.rg += 1;
+                        p.slice = 0;
                     }
                     let Some(&(_, min_t, _)) = p.file.groups.get(p.rg) else {
                         return Ok(None);
@@ -1065,7 +1192,19 @@ impl Cursor {
                     if min_t >= p.until {
                         return Ok(None);
                     }
-                    let g = cache.group(&p.key, p.rg).await?;
+                    let slices = &p.file.pages[p.rg];
+                    while p.slice < slices.len() && slices[p.slice].max_t < p.lb.0 {
+                        p.slice += 1;
+                    }
+                    let Some(sl) = slices.get(p.slice) else {
+                        p.rg += 1;
+                        p.slice = 0;
+                        continue;
+                    };
+                    if sl.min_t >= p.until {
+                        return Ok(None);
+                    }
+                    let g = cache.slice(&p.key, p.rg, p.slice).await?;
                     p.row = g.lower_bound(p.lb);
                     p.group = Some(g);
                 }
@@ -1073,7 +1212,11 @@ impl Cursor {
                 if p.row < g.rows() {
                     return Ok(Some(g.entry(p.row)));
                 }
-                p.rg += 1;
+                p.slice += 1;
+                if p.slice >= p.file.pages.get(p.rg).map_or(0, |v| v.len()) {
+                    p.rg += 1;
+                    p.slice = 0;
+                }
                 p.group = None;
             },
         }
@@ -1101,6 +1244,8 @@ struct Ingest {
     carry: Vec<u8>,
     /// The line in `carry` is longer than a message may be: discard it up to its LF.
     oversize: bool,
+    /// Reading resumed at a retained offset that may lie inside a message.
+    resync: bool,
     record_coordinates: bool,
     floor: u64,
     /// Sorted runs of entries of this segment, newest last.
@@ -1110,12 +1255,16 @@ struct Ingest {
     /// (offset, bytes) of each retention trim in this segment.
     trims: Vec<(u64, u64)>,
     max_span_ms: i64,
-    first_pending: Option<Instant>,
+    /// When the pending entries are due: the next wall-clock multiple of the commit
+    /// interval after they began, so every index of a worker commits in the same round
+    /// and their parts and manifests share PUTs.
+    commit_at: Option<Instant>,
+    interval: Duration,
     entries: usize,
 }
 
 impl Ingest {
-    fn start(m: &Manifest, reg: &Registration, reingest: bool) -> Ingest {
+    fn start(m: &Manifest, reg: &Registration, reingest: bool, interval: Duration) -> Ingest {
         let (start, record) = if reingest {
             (m.indexed_from_offset, reg.indexed_from_record)
         } else {
@@ -1128,13 +1277,15 @@ impl Ingest {
             pos: start,
             carry: Vec::new(),
             oversize: false,
+            resync: false,
             record_coordinates: reg.record_coordinates,
             floor: m.floor_offset,
             runs: Vec::new(),
             msgs: Vec::new(),
             trims: Vec::new(),
             max_span_ms: 0,
-            first_pending: None,
+            commit_at: None,
+            interval,
             entries: 0,
         }
     }
@@ -1146,18 +1297,16 @@ impl Ingest {
     fn commit_due(&self, cfg: &Config) -> bool {
         self.pending()
             && (self.entries >= cfg.commit_entries
-                || self
-                    .first_pending
-                    .is_some_and(|t| t.elapsed() >= cfg.commit_interval))
+                || self.commit_at.is_some_and(|t| t <= Instant::now()))
     }
 
-    fn commit_deadline(&self, cfg: &Config) -> Option<Instant> {
-        self.first_pending.map(|t| t + cfg.commit_interval)
+    fn commit_deadline(&self) -> Option<Instant> {
+        self.commit_at
     }
 
     fn mark_pending(&mut self) {
-        if self.first_pending.is_none() {
-            self.first_pending = Some(Instant::now());
+        if self.commit_at.is_none() {
+            self.commit_at = Some(crate::batch::aligned(self.interval, Duration::ZERO));
         }
     }
 
@@ -1174,6 +1323,7 @@ impl Ingest {
             self.pos = retained;
             self.carry.clear();
             self.oversize = false;
+            self.resync = true;
             if self.record_coordinates {
                 self.done_record = record_first;
             }
@@ -1208,6 +1358,15 @@ impl Ingest {
             self.pos += i as u64 + 1;
             self.done = start + len;
             self.oversize = false;
+            // The first line after a retention jump may be the tail of a message the trim
+            // cut through (a source that trims mid-line): if it does not parse, it belongs
+            // to the trimmed bytes, and reading is in step again after its LF.
+            if std::mem::take(&mut self.resync)
+                && matches!(outcome, Some(Outcome::Skip(SkipKind::Unparseable)))
+            {
+                self.trims.push((start, len));
+                continue;
+            }
             let Some(outcome) = outcome else { continue }; // blank line: not a message
             let record = self.done_record;
             if let Some(r) = &mut self.done_record {
@@ -1302,7 +1461,7 @@ impl Ingest {
         self.msgs.clear();
         self.trims.clear();
         self.max_span_ms = 0;
-        self.first_pending = None;
+        self.commit_at = None;
         self.entries = 0;
     }
 }
@@ -1314,4 +1473,68 @@ fn classify(line: &[u8], ex: &Extractor) -> Option<Outcome> {
         return None;
     }
     Some(ex.extract(line))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extract::ExtractSpec;
+
+    fn reg() -> Registration {
+        Registration {
+            id: "t".into(),
+            stream_url: "http://127.0.0.1:1/s".into(),
+            extract: ExtractSpec::captured_at(),
+            start: manifest::Start::Retained,
+            indexed_from_offset: source::offset_token(0),
+            indexed_from_record: None,
+            incarnation: None,
+            restarted_from_incarnation: None,
+            record_coordinates: false,
+        }
+    }
+
+    #[test]
+    fn retention_mid_line_resyncs_at_the_next_lf() {
+        let reg = reg();
+        let m = Manifest::initial(&reg);
+        let ex = Extractor::compile(&reg.extract).expect("extractor");
+        let mut ing = Ingest::start(&m, &reg, false, Duration::from_secs(5));
+        let l1 = b"{\"captured_at\":1000}\n";
+        let l2 = b"{\"nested\":{\"a\":1},\"captured_at\":2000}\n";
+        let l3 = b"{\"captured_at\":3000}\n";
+        ing.feed(l1, &ex);
+        // The source trims into the middle of l2 before it is read.
+        let cut = l1.len() + 12;
+        ing.follow_retention(cut as u64, None);
+        let mut rest = l2[12..].to_vec();
+        rest.extend_from_slice(l3);
+        ing.feed(&rest, &ex);
+        let all = ing.sorted_entries();
+        let times: Vec<i64> = all.iter().map(|e| e.t_ms).collect();
+        assert_eq!(times, vec![1000, 3000]);
+        assert_eq!(all[1].offset, (l1.len() + l2.len()) as u64);
+        let t = ing.tail();
+        assert_eq!(
+            t.skipped,
+            Skipped::default(),
+            "the fragment is not 'unparseable'"
+        );
+        assert_eq!(
+            t.trimmed,
+            l2.len() as u64,
+            "the whole cut message counts as trimmed"
+        );
+        assert_eq!(t.end, (l1.len() + l2.len() + l3.len()) as u64);
+        // A trim on a message boundary keeps the next message, and a bad line after the
+        // first one is counted as usual.
+        let mut ing = Ingest::start(&m, &reg, false, Duration::from_secs(5));
+        ing.follow_retention(l1.len() as u64, None);
+        let mut rest = l2.to_vec();
+        rest.extend_from_slice(b"not json\n");
+        ing.feed(&rest, &ex);
+        assert_eq!(ing.sorted_entries().len(), 1);
+        assert_eq!(ing.tail().skipped.unparseable, 1);
+        assert_eq!(ing.tail().trimmed, l1.len() as u64);
+    }
 }

@@ -7,6 +7,7 @@
 //! in-memory tail and return locators (offset + len, and record ordinals when the source
 //! has them) that callers resolve through the stream server.
 
+pub mod batch;
 pub mod cache;
 pub mod config;
 pub mod coordinator;
@@ -14,6 +15,7 @@ pub mod extract;
 pub mod http;
 pub mod index;
 pub mod manifest;
+pub mod metrics;
 pub mod part;
 pub mod source;
 pub mod store;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use clap::Parser;
 use hyper_util::rt::TokioIo;
 
-use ursula_indexer::cache::PartCache;
 use ursula_indexer::config::{Cli, Config, StoreConfig};
 use ursula_indexer::coordinator::Coordinator;
 use ursula_indexer::index::Shared;
@@ -52,12 +51,7 @@ async fn run(cfg: Config) -> Result<(), String> {
         StoreConfig::Dir(_) => None,
         StoreConfig::S3(_) => cfg.cache_dir.clone(),
     };
-    let shared = Arc::new(Shared {
-        cache: PartCache::new(store.clone(), disk_cache, cfg.cache_bytes),
-        store,
-        source: SourceClient::new(),
-        cfg: cfg.clone(),
-    });
+    let shared = Shared::new(store, cfg.clone(), disk_cache, SourceClient::new());
     let co = Coordinator::new(shared);
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::column::reader::ColumnReader;
 use parquet::data_type::Int64Type;
+use parquet::file::page_index::column_index::ColumnIndexMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::serialized_reader::ReadOptionsBuilder;
@@ -109,6 +110,17 @@ pub struct PartFile {
     reader: SerializedFileReader<Bytes>,
     /// Per row group: (rows, min t_ms, max t_ms).
     pub groups: Vec<(usize, i64, i64)>,
+    /// Per row group, its `t_ms` pages from the page index: (first row, min, max). One
+    /// slice covering the whole group when a file has no page index.
+    pub pages: Vec<Vec<Slice>>,
+}
+
+/// Rows `first..next first` of a row group and their `t_ms` bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Slice {
+    pub first_row: usize,
+    pub min_t: i64,
+    pub max_t: i64,
 }
 
 /// The decoded columns of one row group.
@@ -176,12 +188,62 @@ impl PartFile {
             };
             groups.push((rg.num_rows().max(0) as usize, min, max));
         }
-        Ok(PartFile { reader, groups })
+        let pages = (0..groups.len())
+            .map(|i| {
+                let whole = vec![Slice {
+                    first_row: 0,
+                    min_t: groups[i].1,
+                    max_t: groups[i].2,
+                }];
+                let pi = md.page_index_for_row_group(i);
+                let (Some(oi), Some(ColumnIndexMetaData::INT64(ci))) =
+                    (pi.offset_index(0), pi.column_index(0))
+                else {
+                    return whole;
+                };
+                let locs = oi.page_locations();
+                let mut out = Vec::with_capacity(locs.len());
+                for (k, loc) in locs.iter().enumerate() {
+                    let (Some(min), Some(max)) = (ci.min_value(k), ci.max_value(k)) else {
+                        return whole;
+                    };
+                    out.push(Slice {
+                        first_row: loc.first_row_index.max(0) as usize,
+                        min_t: *min,
+                        max_t: *max,
+                    });
+                }
+                if out.is_empty() || out[0].first_row != 0 {
+                    return whole;
+                }
+                out
+            })
+            .collect();
+        Ok(PartFile {
+            reader,
+            groups,
+            pages,
+        })
+    }
+
+    /// Rows of slice `s` of row group `i`: only the pages holding them are decompressed
+    /// and decoded (the offset index lets the column readers skip the others).
+    pub fn decode_slice(&self, i: usize, s: usize) -> Result<Group, String> {
+        let slices = self.pages.get(i).ok_or("no such row group")?;
+        let rows = self.groups.get(i).map(|g| g.0).unwrap_or(0);
+        let first = slices.get(s).ok_or("no such page")?.first_row.min(rows);
+        let end = slices.get(s + 1).map_or(rows, |n| n.first_row.min(rows));
+        self.decode_rows(i, first, end.max(first))
     }
 
     pub fn decode_group(&self, i: usize) -> Result<Group, String> {
-        let rg = self.reader.get_row_group(i).map_err(|e| e.to_string())?;
         let rows = self.groups.get(i).map(|g| g.0).unwrap_or(0);
+        self.decode_rows(i, 0, rows)
+    }
+
+    fn decode_rows(&self, i: usize, first: usize, end: usize) -> Result<Group, String> {
+        let rg = self.reader.get_row_group(i).map_err(|e| e.to_string())?;
+        let rows = end - first;
         let mut cols: Vec<Vec<i64>> = Vec::with_capacity(5);
         let mut record_defs: Vec<i16> = Vec::new();
         for c in 0..5 {
@@ -193,6 +255,14 @@ impl PartFile {
             }
             match rg.get_column_reader(c).map_err(|e| e.to_string())? {
                 ColumnReader::Int64ColumnReader(mut r) => {
+                    let mut skipped = 0;
+                    while skipped < first {
+                        let n = r.skip_records(first - skipped).map_err(|e| e.to_string())?;
+                        if n == 0 {
+                            break;
+                        }
+                        skipped += n;
+                    }
                     let mut got = 0;
                     while got < rows {
                         let (n, _, _) = r
@@ -282,6 +352,21 @@ mod tests {
         let g = part.decode_group(1).expect("group");
         let k = g.entry(100).key();
         assert_eq!(g.lower_bound(k), 100);
+        // Page slices: 8 per full group, bounds from the column index, and decoding one
+        // slice gives exactly its rows.
+        assert_eq!(part.pages[1].len(), ROW_GROUP_ROWS / PAGE_ROWS);
+        let mut row = 0;
+        for (i, (rows, _, _)) in part.groups.iter().enumerate() {
+            for (s, sl) in part.pages[i].iter().enumerate() {
+                let got = part.decode_slice(i, s).expect("slice");
+                assert_eq!(got.t_ms.first().copied(), Some(sl.min_t));
+                assert_eq!(got.t_ms.last().copied(), Some(sl.max_t));
+                for r in 0..got.rows() {
+                    assert_eq!(got.entry(r), entries[row + sl.first_row + r]);
+                }
+            }
+            row += rows;
+        }
         // Roughly: bytes per entry stays small.
         assert!(bytes.len() < entries.len() * 16, "{} bytes", bytes.len());
     }

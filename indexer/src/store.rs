@@ -72,6 +72,8 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn get(&self, key: &str) -> StoreResult<Option<Object>>;
     /// Read `key` unless its ETag is still `etag`.
     async fn get_if_changed(&self, key: &str, etag: Option<&str>) -> StoreResult<Fetched>;
+    /// `len` bytes of `key` from `start` (parts inside packs); `None` when the key is missing.
+    async fn get_range(&self, key: &str, start: u64, len: u64) -> StoreResult<Option<Bytes>>;
     /// Write `key`; returns the new ETag.
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> StoreResult<String>;
     async fn delete(&self, key: &str) -> StoreResult<()>;
@@ -138,6 +140,26 @@ impl ObjectStore for LocalStore {
             Some(o) if Some(o.etag.as_str()) == etag => Fetched::Unchanged,
             Some(o) => Fetched::Changed(o),
         })
+    }
+
+    async fn get_range(&self, key: &str, start: u64, len: u64) -> StoreResult<Option<Bytes>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.path(key);
+        tokio::task::spawn_blocking(move || {
+            let mut f = match std::fs::File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(io_err("open", e)),
+            };
+            f.seek(SeekFrom::Start(start))
+                .map_err(|e| io_err("seek", e))?;
+            let mut buf = vec![0u8; len as usize];
+            f.read_exact(&mut buf)
+                .map_err(|e| io_err("read range", e))?;
+            Ok(Some(Bytes::from(buf)))
+        })
+        .await
+        .map_err(|e| StoreError::Other(e.to_string()))?
     }
 
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> StoreResult<String> {
@@ -358,6 +380,39 @@ impl ObjectStore for S3Store {
                 Some(304) => Ok(Fetched::Unchanged),
                 Some(404) => Ok(Fetched::Missing),
                 _ => Err(s3_err("get", e)),
+            },
+        }
+    }
+
+    async fn get_range(&self, key: &str, start: u64, len: u64) -> StoreResult<Option<Bytes>> {
+        if len == 0 {
+            return Ok(Some(Bytes::new()));
+        }
+        let req = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .range(format!("bytes={start}-{}", start + len - 1));
+        match req.send().await {
+            Ok(out) => {
+                let body = out
+                    .body
+                    .collect()
+                    .await
+                    .map_err(|e| StoreError::Other(format!("s3 get body: {e}")))?
+                    .into_bytes();
+                if body.len() as u64 != len {
+                    return Err(StoreError::Other(format!(
+                        "s3 range get of {key}: {} bytes, wanted {len}",
+                        body.len()
+                    )));
+                }
+                Ok(Some(body))
+            }
+            Err(e) => match status_of(&e) {
+                Some(404) => Ok(None),
+                _ => Err(s3_err("get range", e)),
             },
         }
     }

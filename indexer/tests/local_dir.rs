@@ -315,6 +315,26 @@ fn register_query_paginate_resolve() {
     );
     assert!(lags[lags.len() / 2] < Duration::from_secs(1));
 
+    // Metrics: Prometheus text with this index's counters, at the tail, and the store's
+    // request counts.
+    let metric = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    wait_for(Duration::from_secs(10), "metrics", || {
+        let text = expect(&ia, "GET", "/metrics", &[], b"", 200).text();
+        let events = metric(&text, "ursula_indexer_events_indexed_total{index=\"ev\"}")?;
+        let lag = metric(&text, "ursula_indexer_ingest_lag_bytes{index=\"ev\"}")?;
+        let puts = metric(&text, "ursula_indexer_store_requests_total{op=\"put\"}")?;
+        let skipped = text.contains("ursula_indexer_events_skipped_total{index=\"ev\",reason=");
+        let queries = metric(&text, "ursula_indexer_query_seconds_count")?;
+        let commits = metric(&text, "ursula_indexer_commits_total{index=\"ev\"}")?;
+        (events >= 200.0 && lag == 0.0 && puts > 0.0 && skipped && queries > 10.0 && commits > 0.0)
+            .then_some(())
+    });
+
     // Delete.
     expect(&ia, "DELETE", "/v1/indexes/ev", &[], b"", 204);
     expect(&ia, "DELETE", "/v1/indexes/ev", &[], b"", 404);

@@ -11,6 +11,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use clap::Parser;
@@ -40,6 +41,29 @@ struct Opt {
     access_key: String,
     #[arg(long, default_value = "testsecretkey")]
     secret_key: String,
+    /// Write `GET n\nPUT n\nHEAD n\nLIST n\nDELETE n` here every 100 ms (request counts,
+    /// for measuring how many S3 requests the indexer makes).
+    #[arg(long)]
+    counts_file: Option<PathBuf>,
+}
+
+/// Requests served, by kind: GET, PUT, HEAD, LIST, DELETE.
+#[derive(Default)]
+struct Counts([AtomicU64; 5]);
+
+impl Counts {
+    fn bump(&self, i: usize) {
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self) -> String {
+        let names = ["GET", "PUT", "HEAD", "LIST", "DELETE"];
+        names
+            .iter()
+            .zip(&self.0)
+            .map(|(n, c)| format!("{n} {}\n", c.load(Ordering::Relaxed)))
+            .collect()
+    }
 }
 
 fn main() {
@@ -66,9 +90,23 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
         std::fs::create_dir_all(opt.root.join(b))?;
     }
     let fs = FileSystem::new(&opt.root).map_err(|e| format!("s3s-fs: {e:?}"))?;
+    let counts = Arc::new(Counts::default());
+    if let Some(path) = opt.counts_file.clone() {
+        let counts = counts.clone();
+        tokio::spawn(async move {
+            loop {
+                let tmp = path.with_extension("tmp");
+                if std::fs::write(&tmp, counts.render()).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        });
+    }
     let locked = Locked {
         fs,
         write: Mutex::new(()),
+        counts,
     };
     let service = {
         let mut b = S3ServiceBuilder::new(locked);
@@ -99,6 +137,7 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
 struct Locked {
     fs: FileSystem,
     write: Mutex<()>,
+    counts: Arc<Counts>,
 }
 
 #[async_trait::async_trait]
@@ -129,6 +168,7 @@ impl S3 for Locked {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
+        self.counts.bump(0);
         self.fs.get_object(req).await
     }
 
@@ -136,6 +176,7 @@ impl S3 for Locked {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
+        self.counts.bump(2);
         self.fs.head_object(req).await
     }
 
@@ -143,6 +184,7 @@ impl S3 for Locked {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        self.counts.bump(3);
         self.fs.list_objects_v2(req).await
     }
 
@@ -150,6 +192,7 @@ impl S3 for Locked {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
+        self.counts.bump(1);
         let _g = self.write.lock().await;
         self.fs.put_object(req).await
     }
@@ -166,6 +209,7 @@ impl S3 for Locked {
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        self.counts.bump(4);
         let _g = self.write.lock().await;
         self.fs.delete_object(req).await
     }

@@ -139,9 +139,14 @@ pub fn ursula(dir: &Path) -> Proc {
 pub const S3_BUCKET: &str = "idx-test";
 
 pub fn test_s3(dir: &Path) -> Proc {
+    test_s3_with(dir, &[])
+}
+
+/// The test S3 server with extra flags (e.g. `--counts-file`).
+pub fn test_s3_with(dir: &Path, extra: &[String]) -> Proc {
     let root = dir.join("s3-root");
     std::fs::create_dir_all(&root).expect("mkdir");
-    let args: Vec<String> = vec![
+    let mut args: Vec<String> = vec![
         "--listen".into(),
         "127.0.0.1:0".into(),
         "--root".into(),
@@ -149,6 +154,7 @@ pub fn test_s3(dir: &Path) -> Proc {
         "--bucket".into(),
         S3_BUCKET.into(),
     ];
+    args.extend_from_slice(extra);
     Proc::spawn(
         Path::new(TEST_S3_BIN),
         &args,
