@@ -8,10 +8,13 @@
 #   5. SIGTERM the server; it must exit 0 within 10 s
 #      then scripts/client-tests.sh: the browser telemetry example in headless
 #      Chromium, the official TypeScript and Python clients, an OTLP/JSON exporter
-#   6. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20)
+#   6. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20), then the
+#      long-mode crash test: many streams, every write kind, deletes/recreates
+#      (URSULA_CRASH_LONG_CYCLES, default 20)
 #   7. fuzz: every cargo-fuzz target for URSULA_FUZZ_SECONDS each (default 20; 0 skips)
 #
 # Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES,
+#      URSULA_CRASH_LONG_CYCLES,
 #      URSULA_FUZZ_SECONDS.
 set -euo pipefail
 
@@ -20,6 +23,7 @@ cd "$ROOT"
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ursula-target}"
 URSULA_CRASH_CYCLES="${URSULA_CRASH_CYCLES:-20}"
+URSULA_CRASH_LONG_CYCLES="${URSULA_CRASH_LONG_CYCLES:-20}"
 URSULA_FUZZ_SECONDS="${URSULA_FUZZ_SECONDS:-20}"
 URSULA_BIN="$CARGO_TARGET_DIR/release/ursula"
 
@@ -151,6 +155,9 @@ stage_done "client tests"
 banner "6/7 crash test: $URSULA_CRASH_CYCLES kill -9 / restart cycles"
 URSULA_CRASH_CYCLES="$URSULA_CRASH_CYCLES" \
     cargo test --release -p ursula-server --test crash -- --nocapture
+# About 2-3 s per cycle: ~1 min at the default 20.
+URSULA_CRASH_LONG_CYCLES="$URSULA_CRASH_LONG_CYCLES" \
+    cargo test --release -p ursula-server --test crash_long -- --nocapture
 stage_done "crash test"
 
 # ---------------------------------------------------------------------------
