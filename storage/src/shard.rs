@@ -978,8 +978,13 @@ impl Shard {
             let path = segment::segment_path(dir, index);
             let buf = Bytes::from_owner(segment::read_whole(&path)?);
             let Some(header) = SegmentHeader::decode(&buf) else {
-                if i + 1 == indexes.len() {
-                    // Crashed while creating the segment: it never held a record.
+                // A crash while the last segment was being created leaves it without records:
+                // it can go. Records behind a bad header are acknowledged data, and deleting
+                // them would lose it; an operator has to look.
+                let blank = buf
+                    .get(DATA_START as usize..)
+                    .is_none_or(|d| d.iter().all(|&b| b == 0));
+                if i + 1 == indexes.len() && blank {
                     stop_at = Some(i);
                     break;
                 }
