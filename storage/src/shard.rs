@@ -1852,6 +1852,16 @@ mod tests {
         shard.halt().await.expect("durable");
     }
 
+    /// Delete every stream of `ids` but each `k`-th (the first one kept).
+    async fn delete_all_but_every(shard: &Shard, ids: &[StreamId], k: usize) {
+        for (i, &id) in ids.iter().enumerate() {
+            if i % k != 0 {
+                let c = shard.delete(id).expect("delete");
+                c.durable().await.expect("durable");
+            }
+        }
+    }
+
     async fn read_all(shard: &Shard, key: &str) -> Vec<u8> {
         let id = shard.lookup(key).expect("stream exists");
         shard.read(id, 0, u64::MAX).await.expect("read").concat()
@@ -2165,16 +2175,7 @@ mod tests {
             let before = shard.disk_usage();
             assert!(before.segments >= 5, "{before:?}");
             // Delete 90% of the streams (keep s0 and s10).
-            for (s, &id) in ids.iter().enumerate() {
-                if s % 10 != 0 {
-                    shard
-                        .delete(id)
-                        .expect("delete")
-                        .durable()
-                        .await
-                        .expect("durable");
-                }
-            }
+            delete_all_but_every(&shard, &ids, 10).await;
             let removed = shard.clean().await.expect("clean");
             let after = shard.disk_usage();
             assert!(removed > 0);
@@ -2583,16 +2584,7 @@ mod tests {
                     c.durable().await.expect("durable");
                 }
             }
-            for (s, &id) in ids.iter().enumerate() {
-                if s % 5 != 0 {
-                    shard
-                        .delete(id)
-                        .expect("delete")
-                        .durable()
-                        .await
-                        .expect("ok");
-                }
-            }
+            delete_all_but_every(&shard, &ids, 5).await;
             let removed = shard.clean().await.expect("clean");
             assert!(
                 removed >= 2,
