@@ -61,6 +61,10 @@ pub struct ServerArgs {
     /// Log one line per request (at most `access_log_per_sec` lines per second per core).
     #[arg(long)]
     pub access_log: bool,
+    /// Bearer tokens, one per line as `read:<token>` or `write:<token>`; when set, every
+    /// request except CORS preflights and health checks needs one.
+    #[arg(long)]
+    pub auth_token_file: Option<PathBuf>,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -90,6 +94,7 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     pub access_log: Option<bool>,
     pub access_log_per_sec: Option<u32>,
+    pub auth_token_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -118,6 +123,8 @@ pub struct Config {
     /// Most access-log lines each core writes per second; the rest are counted and the
     /// count is reported on the next line written.
     pub access_log_per_sec: u32,
+    /// Accepted bearer tokens; `None`: no authentication.
+    pub auth: Option<std::sync::Arc<crate::auth::Tokens>>,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
@@ -147,7 +154,12 @@ impl Config {
         if max_connections == 0 {
             return Err("max_connections must be at least 1".to_string());
         }
+        let auth = match args.auth_token_file.or(file.auth_token_file) {
+            Some(path) => Some(std::sync::Arc::new(crate::auth::Tokens::load(&path)?)),
+            None => None,
+        };
         Ok(Config {
+            auth,
             listen: args
                 .listen
                 .or(file.listen)

@@ -59,9 +59,19 @@ pub async fn serve_connection(
         let req_len = request.body.len();
         let access_path = core.config.access_log.then(|| request.path.clone());
         core.inflight.set(core.inflight.get() + 1);
-        let resp = match ops::endpoint(listener, &request.path) {
-            Some(endpoint) => ops::handle(&core, listener, endpoint, &request).await,
-            None => crate::handlers::dispatch(&core, request).await,
+        let endpoint = ops::endpoint(listener, &request.path);
+        let denied = match (&core.config.auth, listener, endpoint) {
+            // Health checks come from load balancers and service managers without tokens;
+            // the admin listener is protected by where it is bound.
+            (None, _, _)
+            | (_, Listener::Admin, _)
+            | (_, _, Some(Some(ops::Endpoint::Health | ops::Endpoint::Ready))) => None,
+            (Some(tokens), _, _) => crate::auth::check(tokens, &request),
+        };
+        let resp = match (denied, endpoint) {
+            (Some(deny), _) => deny,
+            (None, Some(endpoint)) => ops::handle(&core, listener, endpoint, &request).await,
+            (None, None) => crate::handlers::dispatch(&core, request).await,
         };
         let status = resp.status;
         let resp_len = resp.body_len();

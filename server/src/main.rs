@@ -1,6 +1,7 @@
 //! `ursula`: the Durable Streams server.
 
 mod attrs;
+mod auth;
 mod batch;
 mod buckets;
 mod config;
