@@ -159,7 +159,12 @@ async fn query(n: usize) {
             ..Cli::default()
         })
         .expect("cfg");
-        let shared = Shared::new(store.clone(), cfg, None, SourceClient::new());
+        let shared = Shared::new(
+            store.clone(),
+            cfg,
+            None,
+            SourceClient::new().expect("client"),
+        );
         manifest::cas(&shared.store, &manifest::current_key(&ns), &m, None)
             .await
             .expect("io")

@@ -63,6 +63,10 @@ pub struct Cli {
     /// Identity of this worker in claims (default: host-pid-random).
     #[arg(long)]
     pub worker_id: Option<String>,
+    /// PEM file of extra root certificates trusted for https sources (on top of the
+    /// platform's).
+    #[arg(long)]
+    pub source_ca_file: Option<PathBuf>,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -79,6 +83,7 @@ pub struct Cli {
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub listen: Option<SocketAddr>,
+    pub source_ca_file: Option<PathBuf>,
     pub store_dir: Option<PathBuf>,
     pub s3_bucket: Option<String>,
     pub s3_prefix: Option<String>,
@@ -120,6 +125,7 @@ pub struct Config {
     pub gc_grace: Duration,
     pub gc_retain_generations: u64,
     pub worker_id: String,
+    pub source_ca_file: Option<PathBuf>,
     pub debug_time_offset_ms: i64,
     pub debug_reingest: bool,
 }
@@ -147,6 +153,7 @@ impl Config {
                 endpoint: cli.s3_endpoint.or(file.s3_endpoint),
                 region: cli.s3_region.or(file.s3_region),
                 path_style: false,
+                static_credentials: None,
             }),
             (None, dir) => StoreConfig::Dir(dir.unwrap_or_else(|| PathBuf::from("ursula-index"))),
         };
@@ -195,6 +202,7 @@ impl Config {
                 .unwrap_or(8)
                 .max(1),
             worker_id,
+            source_ca_file: cli.source_ca_file.or(file.source_ca_file),
             debug_time_offset_ms: cli.debug_time_offset_ms.unwrap_or(0),
             debug_reingest: cli.debug_reingest,
         })

@@ -51,7 +51,8 @@ async fn run(cfg: Config) -> Result<(), String> {
         StoreConfig::Dir(_) => None,
         StoreConfig::S3(_) => cfg.cache_dir.clone(),
     };
-    let shared = Shared::new(store, cfg.clone(), disk_cache, SourceClient::new());
+    let source = SourceClient::with_roots(cfg.source_ca_file.as_deref())?;
+    let shared = Shared::new(store, cfg.clone(), disk_cache, source);
     let co = Coordinator::new(shared);
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await

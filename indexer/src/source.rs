@@ -1,10 +1,12 @@
 //! The source: a stream on any Durable Streams server, read with ordinary HTTP requests
 //! (HEAD for identity and retention, offset reads with `live=long-poll` for tailing).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -13,7 +15,7 @@ pub const RECORD_EXTENSION: &str = "json-record-coordinates-v1";
 
 #[derive(Clone)]
 pub struct SourceClient {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
 }
 
 /// What a HEAD says about the stream.
@@ -55,13 +57,11 @@ pub fn canonical_url(raw: &str) -> Result<String, String> {
         .parse()
         .map_err(|_| "stream_url is not a valid URL".to_string())?;
     let scheme = uri.scheme_str().map(|s| s.to_ascii_lowercase());
-    match scheme.as_deref() {
-        Some("http") => {}
-        Some("https") => {
-            return Err("stream_url: https sources are not supported by this build".into())
-        }
-        _ => return Err("stream_url must be an absolute http URL".into()),
-    }
+    let scheme = match scheme.as_deref() {
+        Some("http") => "http",
+        Some("https") => "https",
+        _ => return Err("stream_url must be an absolute http or https URL".into()),
+    };
     if raw.contains('#') {
         return Err("stream_url must not have a fragment".into());
     }
@@ -76,7 +76,7 @@ pub fn canonical_url(raw: &str) -> Result<String, String> {
     }
     let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     Ok(format!(
-        "http://{}{}",
+        "{scheme}://{}{}",
         auth.as_str().to_ascii_lowercase(),
         pq
     ))
@@ -94,20 +94,58 @@ fn header_u64(h: &http::HeaderMap, name: &str) -> Option<u64> {
     header(h, name).and_then(|v| v.trim().parse().ok())
 }
 
-impl Default for SourceClient {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl SourceClient {
-    pub fn new() -> SourceClient {
+    /// Plain HTTP and HTTPS (rustls, the platform's root certificates).
+    pub fn new() -> Result<SourceClient, String> {
+        Self::with_roots(None)
+    }
+
+    /// Like [`SourceClient::new`], also trusting the PEM certificates in `ca_file`.
+    pub fn with_roots(ca_file: Option<&std::path::Path>) -> Result<SourceClient, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::CertificateDer;
+        let mut roots = rustls::RootCertStore::empty();
+        // A platform store that cannot be read leaves https to the extra roots only.
+        let native = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(native.certs);
+        if let Some(path) = ca_file {
+            let mut n = 0;
+            for cert in CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+            {
+                let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                n += 1;
+            }
+            if n == 0 {
+                return Err(format!("{}: no certificates", path.display()));
+            }
+        }
+        Self::build(roots)
+    }
+
+    fn build(roots: rustls::RootCertStore) -> Result<SourceClient, String> {
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
+        conn.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(conn);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
-            .build(conn);
-        SourceClient { client }
+            .build(https);
+        Ok(SourceClient { client })
     }
 
     async fn send(
@@ -239,6 +277,10 @@ mod tests {
         assert!(canonical_url("http://h/x#f").is_err());
         assert!(canonical_url("/relative").is_err());
         assert!(canonical_url("ftp://h/x").is_err());
+        assert_eq!(
+            canonical_url("https://H:8443/s").as_deref(),
+            Ok("https://h:8443/s")
+        );
     }
 
     #[test]

@@ -287,6 +287,9 @@ pub struct S3Settings {
     pub endpoint: Option<String>,
     pub region: Option<String>,
     pub path_style: bool,
+    /// (access key, secret key) instead of the standard chain: for in-process clients in
+    /// tests, which must not change the process environment under other threads.
+    pub static_credentials: Option<(String, String)>,
 }
 
 impl S3Store {
@@ -304,6 +307,15 @@ impl S3Store {
         }
         if let Some(e) = &s.endpoint {
             loader = loader.endpoint_url(e.clone());
+        }
+        if let Some((ak, sk)) = &s.static_credentials {
+            loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+                ak.clone(),
+                sk.clone(),
+                None,
+                None,
+                "static",
+            ));
         }
         let shared = loader.load().await;
         let conf = aws_sdk_s3::config::Builder::from(&shared)

@@ -74,10 +74,8 @@ fn conditional_writes_have_one_winner() {
     let dir = tempfile::tempdir().expect("tmp");
     let s3 = test_s3(dir.path());
     let rt = tokio::runtime::Runtime::new().expect("rt");
-    // SAFETY-free env setup: the S3 client reads credentials from the standard chain.
-    std::env::set_var("AWS_ACCESS_KEY_ID", "testak");
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", "testsecretkey");
-    std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+    // Credentials given to the client directly: setting them in the environment would
+    // race with other test threads (child processes get theirs through Command::env).
     rt.block_on(async {
         let s3store = S3Store::connect(&S3Settings {
             bucket: S3_BUCKET.into(),
@@ -85,6 +83,7 @@ fn conditional_writes_have_one_winner() {
             endpoint: Some(s3.url()),
             region: Some("us-east-1".into()),
             path_style: true,
+            static_credentials: Some(("testak".into(), "testsecretkey".into())),
         })
         .await;
         race(Arc::new(s3store)).await;
