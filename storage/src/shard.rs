@@ -441,7 +441,19 @@ impl Shard {
                     from,
                     to,
                 } => {
-                    let chunk = self.load(loc, chunk_len).await?;
+                    // While an earlier piece was loading, the cleaner may have moved this
+                    // chunk and deleted its old segment: take its location now. `load`
+                    // opens the file before its first await, so the file cannot go in
+                    // between.
+                    let now = self.stream(id).and_then(|s| {
+                        let c = s.chunk_at(chunk_start).filter(|c| c.start == chunk_start)?;
+                        Some((c.loc(), s.cached_chunk(chunk_start)))
+                    });
+                    let chunk = match now {
+                        Some((_, Some(cached))) => cached,
+                        Some((Some(current), None)) => self.load(current, chunk_len).await?,
+                        _ => self.load(loc, chunk_len).await?,
+                    };
                     out.push(chunk.slice(from..to));
                     let added = match self.inner.streams.borrow_mut().get_mut(&id) {
                         Some(s) => s.recache(chunk_start, &chunk),
@@ -2663,6 +2675,45 @@ mod tests {
             let id = shard.lookup("a").expect("a");
             let (_, c) = shard.append(id, data_rec(b"five.")).expect("writes again");
             c.durable().await.expect("durable");
+        });
+    }
+
+    #[test]
+    fn a_read_racing_the_cleaner_follows_moved_chunks() {
+        // Regression: a read planned its disk locations up front; when the cleaner moved a
+        // chunk and deleted its segment before the read reached it, the read failed with
+        // "No such file or directory" (found by the long crash checker).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = config(dir.path());
+        cfg.checkpoint_bytes = u64::MAX;
+        cfg.cache_bytes = 0;
+        let chunk = |i: usize| vec![(i % 251) as u8; 256 << 10];
+        block_on(async {
+            let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+            let (id, c) = shard.create(new_stream("a", b"")).expect("create");
+            c.durable().await.expect("durable");
+            for i in 0..300 {
+                let (_, c) = shard.append(id, data_rec(&chunk(i))).expect("append");
+                c.durable().await.expect("durable");
+            }
+            assert!(shard.disk_usage().segments >= 2);
+            shard.halt().await.expect("halt");
+        });
+        block_on(async {
+            let (shard, _) = Shard::open(cfg).await.expect("reopen");
+            let id = shard.lookup("a").expect("a");
+            // Move the first chunks to the head, so the read below starts with segment 3
+            // (or later) and only then reaches segment 2, which is cleaned meanwhile.
+            shard.clean_segment(1).await.expect("clean segment 1");
+            let reader = shard.clone();
+            let read = monoio::spawn(async move { reader.read(id, 0, u64::MAX).await });
+            shard.clean_segment(2).await.expect("clean segment 2");
+            let got = read
+                .await
+                .expect("the read follows the moved chunks")
+                .concat();
+            let want: Vec<u8> = (0..300).flat_map(chunk).collect();
+            assert!(got == want, "read returned other bytes");
         });
     }
 
