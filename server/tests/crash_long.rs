@@ -1166,13 +1166,7 @@ fn kill9_long_mode_many_streams_every_operation() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let (mut rng, seed) = match std::env::var("URSULA_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        Some(s) => (Rng::new(s), s),
-        None => Rng::from_time(),
-    };
+    let (mut rng, seed) = Rng::from_env_or_time();
     println!("crash_long: {cycles} cycles, seed {seed} (replay with URSULA_CRASH_SEED={seed})");
 
     let tmp = temp_dir("ursula-crash-long-");

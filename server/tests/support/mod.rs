@@ -529,6 +529,17 @@ impl Rng {
         (Rng::new(seed), seed)
     }
 
+    /// Seed from `URSULA_CRASH_SEED` when set (to replay a failure), else from the clock.
+    pub fn from_env_or_time() -> (Rng, u64) {
+        match std::env::var("URSULA_CRASH_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            Some(s) => (Rng::new(s), s),
+            None => Rng::from_time(),
+        }
+    }
+
     pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
