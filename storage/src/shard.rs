@@ -1864,6 +1864,19 @@ mod tests {
         shard.halt().await.expect("durable");
     }
 
+    /// Create empty streams `s0`, `s1`, … durably and return their ids.
+    async fn create_empty_streams(shard: &Shard, n: usize) -> Vec<StreamId> {
+        let mut ids = Vec::with_capacity(n);
+        for s in 0..n {
+            let (id, c) = shard
+                .create(new_stream(&format!("s{s}"), b""))
+                .expect("create");
+            c.durable().await.expect("durable");
+            ids.push(id);
+        }
+        ids
+    }
+
     /// Delete every stream of `ids` but each `k`-th (the first one kept).
     async fn delete_all_but_every(shard: &Shard, ids: &[StreamId], k: usize) {
         for (i, &id) in ids.iter().enumerate() {
@@ -2159,14 +2172,7 @@ mod tests {
         let per_stream = 200; // 20 x 200 x 64 KiB = 250 MiB: several segments
         let (expected_tail, seg_bytes) = block_on(async {
             let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
-            let mut ids = Vec::new();
-            for s in 0..streams {
-                let (id, c) = shard
-                    .create(new_stream(&format!("s{s}"), b""))
-                    .expect("create");
-                c.durable().await.expect("durable");
-                ids.push(id);
-            }
+            let ids = create_empty_streams(&shard, streams).await;
             for i in 0..per_stream {
                 let mut commits = Vec::new();
                 for (s, &id) in ids.iter().enumerate() {
@@ -2564,14 +2570,7 @@ mod tests {
         let (streams, per_stream) = (10usize, 300usize); // ~190 MiB: four segments
         let (lsn, want) = block_on(async {
             let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
-            let mut ids = Vec::new();
-            for s in 0..streams {
-                let (id, c) = shard
-                    .create(new_stream(&format!("s{s}"), b""))
-                    .expect("create");
-                c.durable().await.expect("durable");
-                ids.push(id);
-            }
+            let ids = create_empty_streams(&shard, streams).await;
             // A stream with no data at all: only its creation record (in segment 1) and
             // the checkpoint know it.
             let (_, c) = shard.create(new_stream("empty", b"")).expect("create");
