@@ -40,6 +40,8 @@ pub struct Core {
     admin_fd: Cell<Option<std::os::unix::io::RawFd>>,
     /// Request counters, read by `/metrics` through a job on this core.
     pub metrics: crate::ops::CoreMetrics,
+    /// Live feeds of SSE readers on this core (see `feed`).
+    pub feeds: crate::feed::Feeds,
     /// Access-log rate limit: the current second, lines written in it, lines left out.
     access_window: Cell<(u64, u32, u64)>,
     /// Live readers (long-poll, SSE) to wake when shutdown starts, one slot per waiting
@@ -512,6 +514,7 @@ fn core_thread(
             listener_fd: Cell::new(None),
             admin_fd: Cell::new(admin.as_ref().map(std::os::unix::io::AsRawFd::as_raw_fd)),
             metrics: Default::default(),
+            feeds: Default::default(),
             access_window: Cell::new((0, 0, 0)),
             shutdown_waiters: std::cell::RefCell::new(std::collections::HashMap::new()),
             next_waiter: Cell::new(0),

@@ -8,6 +8,7 @@ mod config;
 mod conn;
 mod cores;
 mod ext;
+mod feed;
 mod fork;
 mod handlers;
 mod http;

@@ -18,6 +18,7 @@ use ursula_protocol::sse::{
 use ursula_storage::StreamId;
 
 use crate::cores::Core;
+use crate::feed::{Cut, Feed, Feeds};
 use crate::handlers::{collect, cursor};
 use crate::http::{write_head, Body, Response};
 use crate::records;
@@ -157,7 +158,24 @@ pub async fn run(
     *wbuf = head;
     res?;
     let mut session = *session;
+    // Byte-range sessions follow the stream through this core's feed; record-aware ones
+    // (rare, and cut by record) step on the owner every time.
+    let subscription = session
+        .records
+        .is_none()
+        .then(|| Feeds::subscribe(core, session.owner, session.id, session.incarnation));
     loop {
+        if let Some(sub) = &subscription {
+            if let Some((bytes, done)) = step_local(core, sub.feed(), &mut session).await {
+                if !bytes.is_empty() {
+                    write_chunk(stream, wbuf, Bytes::from(bytes)).await?;
+                }
+                if done {
+                    break;
+                }
+                continue;
+            }
+        }
         let owner = session.owner;
         let stepped = core
             .on(owner, move |c| async move {
@@ -193,8 +211,60 @@ async fn write_chunk(
     crate::conn::write_parts(stream, wbuf, vec![events, Bytes::from_static(b"\r\n")]).await
 }
 
-/// Produce the next events: data + control if data is available, otherwise wait for a commit
-/// (keep-alive comment on idle). Returns the bytes and whether the response ends.
+/// One step served from this core's feed, or `None` when the session has to step on the
+/// owner instead: its first step, outside the feed's window, closed at the tail, or the feed
+/// ended. Waits for the feed to move when at the tail (keep-alive comment on idle).
+async fn step_local(
+    core: &Rc<Core>,
+    feed: &Feed,
+    sess: &mut SseSession,
+) -> Option<(Vec<u8>, bool)> {
+    if sess.first {
+        return None;
+    }
+    let keepalive = core.config.sse_keepalive;
+    let max_age = core.config.sse_max_connection;
+    loop {
+        let seen = feed.version();
+        match feed.cut(sess.offset, sess.max_bytes) {
+            Cut::Outside | Cut::AtTail { closed: true } => return None,
+            Cut::Data {
+                parts,
+                end,
+                tail,
+                closed,
+            } => {
+                let parts = if sess.mode == Mode::JsonArray {
+                    let slices: Vec<&[u8]> = parts.iter().map(|b| &b[..]).collect();
+                    vec![Bytes::from(ursula_protocol::json::render_array(&slices))]
+                } else {
+                    parts
+                };
+                let mut out = Vec::new();
+                let closed_now = render_data(core, sess, parts, end, tail, closed, &mut out);
+                return Some((out, closed_now));
+            }
+            Cut::AtTail { closed: false } => {}
+        }
+        if core.shutting_down() || sess.started.elapsed() >= max_age {
+            return Some((Vec::new(), true));
+        }
+        let wait = keepalive
+            .min(max_age.saturating_sub(sess.started.elapsed()))
+            .max(Duration::from_millis(1));
+        let waited = Instant::now();
+        core.wait_or_shutdown(feed.changed(seen), wait).await;
+        if feed.version() == seen && !core.shutting_down() && waited.elapsed() >= wait {
+            let mut out = Vec::new();
+            push_keepalive(&mut out);
+            return Some((out, false));
+        }
+    }
+}
+
+/// Produce the next events on the owner: data + control if data is available, otherwise
+/// wait for a commit (keep-alive comment on idle). Returns the bytes and whether the
+/// response ends.
 async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
     let keepalive = core.config.sse_keepalive;
     let max_age = core.config.sse_max_connection;
@@ -255,12 +325,30 @@ async fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) ->
     if let Some((rp, record)) = sess.records {
         return emit_records(core, sess, rp, record, out).await;
     }
-    let Ok((parts, mut end)) =
-        collect(core, sess.surface, sess.id, sess.offset, sess.max_bytes).await
+    let Ok((parts, end)) = collect(core, sess.surface, sess.id, sess.offset, sess.max_bytes).await
     else {
         // Unreadable data: end the response; the client reconnects from its last offset.
         return true;
     };
+    let (tail, closed) = core
+        .shard
+        .stream(sess.id)
+        .map_or((end, false), |s| (s.visible_tail, s.visible_closed));
+    render_data(core, sess, parts, end, tail, closed, out)
+}
+
+/// The data event for `parts` (`[sess.offset, end)`, shaped as `collect` returns them) and
+/// the control event after it, given the stream's `tail` and `closed` as of that data.
+/// Returns true when that control closed the stream (the response then ends).
+fn render_data(
+    core: &Rc<Core>,
+    sess: &mut SseSession,
+    parts: Vec<Bytes>,
+    mut end: u64,
+    tail: u64,
+    closed: bool,
+    out: &mut Vec<u8>,
+) -> bool {
     match sess.mode {
         Mode::JsonArray => {
             for p in &parts {
@@ -286,10 +374,6 @@ async fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) ->
         }
     }
     sess.offset = end;
-    let (tail, closed) = core
-        .shard
-        .stream(sess.id)
-        .map_or((end, false), |s| (s.visible_tail, s.visible_closed));
     let at_tail = end >= tail;
     let closed_now = at_tail && closed;
     let c = cursor(core, sess.cursor.as_deref());
