@@ -65,8 +65,7 @@ fn json_numbers(body: &str) -> Vec<u64> {
 fn last_control(body: &str) -> String {
     events(body)
         .into_iter()
-        .filter(|(k, _)| k == "control")
-        .next_back()
+        .rfind(|(k, _)| k == "control")
         .map(|(_, d)| d)
         .unwrap_or_default()
 }
