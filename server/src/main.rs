@@ -20,6 +20,11 @@ mod sse;
 
 use clap::Parser;
 
+/// Request buffers cross cores (read on the owner, written by the connection's core), a
+/// pattern glibc's per-thread arenas handle with lock traffic and consolidation passes.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use config::{Cli, Command, Config};
 
 fn main() {
