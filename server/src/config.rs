@@ -65,6 +65,12 @@ pub struct ServerArgs {
     /// request except CORS preflights and health checks needs one.
     #[arg(long)]
     pub auth_token_file: Option<PathBuf>,
+    /// PEM certificate chain (leaf first) for TLS on the main listener; needs `--tls-key`.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) matching `--tls-cert`.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -95,6 +101,8 @@ pub struct FileConfig {
     pub access_log: Option<bool>,
     pub access_log_per_sec: Option<u32>,
     pub auth_token_file: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -125,6 +133,8 @@ pub struct Config {
     pub access_log_per_sec: u32,
     /// Accepted bearer tokens; `None`: no authentication.
     pub auth: Option<std::sync::Arc<crate::auth::Tokens>>,
+    /// TLS on the main listener; `None`: plain HTTP.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
@@ -158,8 +168,17 @@ impl Config {
             Some(path) => Some(std::sync::Arc::new(crate::auth::Tokens::load(&path)?)),
             None => None,
         };
+        let tls = match (
+            args.tls_cert.or(file.tls_cert),
+            args.tls_key.or(file.tls_key),
+        ) {
+            (Some(cert), Some(key)) => Some(crate::tls::Tls::load(&cert, &key)?),
+            (None, None) => None,
+            _ => return Err("tls_cert and tls_key must be given together".to_string()),
+        };
         Ok(Config {
             auth,
+            tls,
             listen: args
                 .listen
                 .or(file.listen)
@@ -222,7 +241,8 @@ mod tests {
                     if kv.contains(" = ")
                         && !kv.starts_with("cores ")
                         && !kv.starts_with("metrics_listen ")
-                        && !kv.starts_with("log_level ") =>
+                        && !kv.starts_with("log_level ")
+                        && !kv.starts_with("tls_") =>
                 {
                     kv
                 }

@@ -18,9 +18,26 @@ use crate::ops::{self, Listener};
 
 const READ_CHUNK: usize = 16 * 1024;
 
-pub async fn serve_connection(
+/// A connection's byte stream: plain TCP, or TLS over TCP. Connection serving is generic
+/// over it, so the plain path compiles to exactly what it would be without TLS.
+pub trait Transport: AsyncReadRent + AsyncWriteRent {
+    /// Whether one `writev` sends all of its buffers. Plain TCP does, so stream data goes
+    /// out without a copy. The TLS adapter sends only the first buffer per call, each as
+    /// its own record, so for it the response is joined into one buffer first.
+    const VECTORED: bool;
+}
+
+impl Transport for TcpStream {
+    const VECTORED: bool = true;
+}
+
+impl Transport for monoio_rustls::ServerTlsStream<TcpStream> {
+    const VECTORED: bool = false;
+}
+
+pub async fn serve_connection<S: Transport>(
     core: Rc<Core>,
-    mut stream: TcpStream,
+    mut stream: S,
     peer: SocketAddr,
     listener: Listener,
 ) {
@@ -127,7 +144,7 @@ fn access_log(
 /// Answer a connection over the core's cap without reading its request: a 503 the client
 /// can act on, then close. The short drain lets the answer arrive before the close: closing
 /// with unread request bytes would reset the connection and could discard it.
-pub async fn refuse_connection(core: Rc<Core>, mut stream: TcpStream) {
+pub async fn refuse_connection<S: Transport>(core: Rc<Core>, mut stream: S) {
     let resp = close(
         Response::error(503, "unavailable", "too many connections").header("retry-after", "1"),
     );
@@ -158,7 +175,7 @@ enum HeadOutcome {
     Reject(Response),
 }
 
-async fn read_head(core: &Core, stream: &mut TcpStream, rbuf: &mut Vec<u8>) -> HeadOutcome {
+async fn read_head<S: Transport>(core: &Core, stream: &mut S, rbuf: &mut Vec<u8>) -> HeadOutcome {
     // The whole head must arrive within header_timeout of its first byte, so a client that
     // trickles header bytes cannot hold the connection.
     let mut deadline = (!rbuf.is_empty()).then(|| Instant::now() + core.config.header_timeout);
@@ -226,9 +243,9 @@ fn too_large(limit: u64) -> BodyError {
     )))
 }
 
-async fn read_body(
+async fn read_body<S: Transport>(
     core: &Core,
-    stream: &mut TcpStream,
+    stream: &mut S,
     rbuf: &mut Vec<u8>,
     head: &ursula_protocol::http1::RequestHead,
 ) -> Result<Bytes, BodyError> {
@@ -301,7 +318,7 @@ async fn read_body(
     }
 }
 
-async fn send_continue(stream: &mut TcpStream) -> Result<(), BodyError> {
+async fn send_continue<S: Transport>(stream: &mut S) -> Result<(), BodyError> {
     let (res, _) = stream
         .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
         .await;
@@ -315,7 +332,11 @@ enum ReadOutcome {
     Error,
 }
 
-async fn read_more(stream: &mut TcpStream, rbuf: &mut Vec<u8>, timeout: Duration) -> ReadOutcome {
+async fn read_more<S: Transport>(
+    stream: &mut S,
+    rbuf: &mut Vec<u8>,
+    timeout: Duration,
+) -> ReadOutcome {
     if rbuf.capacity() - rbuf.len() < READ_CHUNK / 2 {
         rbuf.reserve(READ_CHUNK);
     }
@@ -337,8 +358,8 @@ async fn read_more(stream: &mut TcpStream, rbuf: &mut Vec<u8>, timeout: Duration
 }
 
 /// Write a complete (non-SSE) response. Returns whether the connection may be reused.
-pub async fn write_response(
-    stream: &mut TcpStream,
+pub async fn write_response<S: Transport>(
+    stream: &mut S,
     wbuf: &mut Vec<u8>,
     resp: Response,
     keep_alive: bool,
@@ -356,14 +377,15 @@ pub async fn write_response(
 }
 
 /// Write `head` followed by `parts` with vectored writes; stream data is never copied.
-pub async fn write_parts(
-    stream: &mut TcpStream,
+pub async fn write_parts<S: Transport>(
+    stream: &mut S,
     head: &mut Vec<u8>,
     parts: Vec<Bytes>,
 ) -> std::io::Result<()> {
     let small: usize = parts.iter().map(|p| p.len()).sum();
-    if small <= 512 {
-        // Tiny bodies (error text, JSON brackets): one contiguous write is cheaper.
+    if small <= 512 || !S::VECTORED {
+        // Tiny bodies (error text, JSON brackets): one contiguous write is cheaper. Over
+        // TLS the bytes are copied into records anyway, and one write fills whole records.
         for p in &parts {
             head.extend_from_slice(p);
         }
