@@ -65,6 +65,10 @@ pub struct ServerArgs {
     /// request except CORS preflights and health checks needs one.
     #[arg(long)]
     pub auth_token_file: Option<PathBuf>,
+    /// Allow browser requests only from this origin (`https://app.example.com`);
+    /// repeatable. Default: any origin (`Access-Control-Allow-Origin: *`).
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
     /// PEM certificate chain (leaf first) for TLS on the main listener; needs `--tls-key`.
     #[arg(long)]
     pub tls_cert: Option<PathBuf>,
@@ -103,6 +107,7 @@ pub struct FileConfig {
     pub auth_token_file: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    pub cors_origins: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug)]
@@ -135,6 +140,8 @@ pub struct Config {
     pub auth: Option<std::sync::Arc<crate::auth::Tokens>>,
     /// TLS on the main listener; `None`: plain HTTP.
     pub tls: Option<crate::tls::Tls>,
+    /// Origins allowed by CORS; `None`: any (`*`).
+    pub cors_origins: Option<Vec<String>>,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
@@ -176,9 +183,16 @@ impl Config {
             (None, None) => None,
             _ => return Err("tls_cert and tls_key must be given together".to_string()),
         };
+        let origins = if args.cors_origins.is_empty() {
+            file.cors_origins.unwrap_or_default()
+        } else {
+            args.cors_origins
+        };
+        let cors_origins = check_origins(origins)?;
         Ok(Config {
             auth,
             tls,
+            cors_origins,
             listen: args
                 .listen
                 .or(file.listen)
@@ -216,6 +230,28 @@ impl Config {
             access_log_per_sec: file.access_log_per_sec.unwrap_or(100),
         })
     }
+}
+
+/// Check the configured origins: each is `*` or `scheme://host[:port]` as browsers send
+/// it in `Origin` (no path, no trailing slash). An empty list or one with `*` allows any.
+fn check_origins(list: Vec<String>) -> Result<Option<Vec<String>>, String> {
+    if list.is_empty() || list.iter().any(|o| o == "*") {
+        return Ok(None);
+    }
+    for o in &list {
+        let rest = o
+            .strip_prefix("https://")
+            .or_else(|| o.strip_prefix("http://"));
+        let ok = rest.is_some_and(|host| {
+            !host.is_empty() && !host.contains(['/', '?', '#', ' ', ',']) && host.is_ascii()
+        });
+        if !ok {
+            return Err(format!(
+                "invalid CORS origin {o:?}: expected scheme://host[:port] (e.g. https://app.example.com) or *"
+            ));
+        }
+    }
+    Ok(Some(list))
 }
 
 fn load_file(path: &Path) -> Result<FileConfig, String> {

@@ -47,7 +47,8 @@ pub async fn serve_connection<S: Transport>(
         let head = match read_head(&core, &mut stream, &mut rbuf).await {
             HeadOutcome::Head(h) => h,
             HeadOutcome::Closed => return,
-            HeadOutcome::Reject(resp) => {
+            HeadOutcome::Reject(mut resp) => {
+                resp.cors = cors(&core, None);
                 let _ = write_response(&mut stream, &mut wbuf, resp, false, false).await;
                 return;
             }
@@ -56,7 +57,8 @@ pub async fn serve_connection<S: Transport>(
         let keep_alive = head.keep_alive && !core.shutting_down();
         let body = match read_body(&core, &mut stream, &mut rbuf, &head).await {
             Ok(b) => b,
-            Err(BodyError::Reject(resp)) => {
+            Err(BodyError::Reject(mut resp)) => {
+                resp.cors = cors(&core, None);
                 let _ = write_response(&mut stream, &mut wbuf, resp, false, false).await;
                 return;
             }
@@ -76,6 +78,12 @@ pub async fn serve_connection<S: Transport>(
         let req_len = request.body.len();
         let access_path = core.config.access_log.then(|| request.path.clone());
         core.inflight.set(core.inflight.get() + 1);
+        let origin = core
+            .config
+            .cors_origins
+            .is_some()
+            .then(|| request.header("origin").map(str::to_string))
+            .flatten();
         let endpoint = ops::endpoint(listener, &request.path);
         let denied = match (&core.config.auth, listener, endpoint) {
             // Health checks come from load balancers and service managers without tokens;
@@ -85,11 +93,12 @@ pub async fn serve_connection<S: Transport>(
             | (_, _, Some(Some(ops::Endpoint::Health | ops::Endpoint::Ready))) => None,
             (Some(tokens), _, _) => crate::auth::check(tokens, &request),
         };
-        let resp = match (denied, endpoint) {
+        let mut resp = match (denied, endpoint) {
             (Some(deny), _) => deny,
             (None, Some(endpoint)) => ops::handle(&core, listener, endpoint, &request).await,
             (None, None) => crate::handlers::dispatch(&core, request).await,
         };
+        resp.cors = cors(&core, origin.as_deref());
         let status = resp.status;
         let resp_len = resp.body_len();
         core.metrics
@@ -112,6 +121,11 @@ pub async fn serve_connection<S: Transport>(
             _ => return,
         }
     }
+}
+
+/// The CORS headers for a request from `origin` (see `Cors`).
+fn cors(core: &Core, origin: Option<&str>) -> crate::http::Cors {
+    crate::http::Cors::decide(core.config.cors_origins.as_deref(), origin)
 }
 
 /// One access-log line, unless this core has already written its share this second; lines
@@ -145,9 +159,10 @@ fn access_log(
 /// can act on, then close. The short drain lets the answer arrive before the close: closing
 /// with unread request bytes would reset the connection and could discard it.
 pub async fn refuse_connection<S: Transport>(core: Rc<Core>, mut stream: S) {
-    let resp = close(
+    let mut resp = close(
         Response::error(503, "unavailable", "too many connections").header("retry-after", "1"),
     );
+    resp.cors = cors(&core, None);
     let mut wbuf = Vec::with_capacity(512);
     if write_response(&mut stream, &mut wbuf, resp, false, false)
         .await
