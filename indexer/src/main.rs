@@ -76,6 +76,10 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<(), 
     tokio::spawn(co.clone().run());
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("ursula-indexer listening on {scheme}://{addr}");
+    tokio::spawn(notify_ready(co.clone()));
+    if let Some(interval) = sd_notify::watchdog_enabled() {
+        tokio::spawn(watchdog(interval));
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     loop {
@@ -109,7 +113,34 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<(), 
             }
         });
     }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    tracing::info!("stopping");
     Ok(())
+}
+
+/// Tell systemd (`Type=notify`) the indexer is ready: the listener accepts already, so
+/// wait until the catalog has been read and its indexes opened. When the first read
+/// failed, the coordinator's loop keeps trying and this fires on its first success.
+async fn notify_ready(co: Arc<Coordinator>) {
+    while !co.loaded.load(std::sync::atomic::Ordering::Acquire) {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::warn!("sd_notify READY: {e}");
+    }
+}
+
+/// `WATCHDOG=1` at half the interval systemd asked for (`WatchdogSec=`), from a task on
+/// the runtime: a runtime that no longer schedules tasks stops the keep-alives and
+/// systemd restarts the service.
+async fn watchdog(interval: std::time::Duration) {
+    let period = (interval / 2).max(std::time::Duration::from_millis(10));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+    }
 }
 
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
