@@ -170,7 +170,9 @@ pub async fn run<S: crate::conn::Transport>(
         };
         session = next;
         if !bytes.is_empty() {
+            let n = bytes.len();
             write_chunk(stream, wbuf, Bytes::from(bytes)).await?;
+            core.metrics.read_bytes(n);
         }
         if done {
             break;
