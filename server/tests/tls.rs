@@ -65,7 +65,15 @@ fn https(ca: &Path, args: &[&str]) -> (u16, String, Vec<u8>) {
     split_response(&out.stdout)
 }
 
-fn split_response(raw: &[u8]) -> (u16, String, Vec<u8>) {
+fn split_response(mut raw: &[u8]) -> (u16, String, Vec<u8>) {
+    // Skip interim `100 Continue` heads.
+    while raw.starts_with(b"HTTP/1.1 100") {
+        let end = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("interim head");
+        raw = &raw[end + 4..];
+    }
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -117,8 +125,8 @@ fn curl_speaks_https_to_the_server() {
     assert!(head.contains("content-type: text/plain"), "{head}");
     assert_eq!(body, b"hello world");
 
-    // A body well over the small-write threshold, so the response goes out in parts.
-    let big: Vec<u8> = (0..200_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    // Over 1 MiB, so curl asks for `100 Continue` first, and the response is many records.
+    let big: Vec<u8> = (0..1_500_000u32).map(|i| b'a' + (i % 26) as u8).collect();
     let big_file = dir.path().join("big.txt");
     std::fs::write(&big_file, &big).expect("write body");
     let big_url = format!("{}/v1/stream/tls-big", server.base_url);
@@ -151,6 +159,22 @@ fn curl_speaks_https_to_the_server() {
     assert_eq!(status, 200);
     assert_eq!(body.len(), big.len());
     assert!(body == big, "large body read back unchanged over TLS");
+
+    // Keep-alive over TLS: two requests, one connection.
+    let ka = curl(&[
+        "--cacert",
+        cert.to_str().expect("utf-8"),
+        "-o",
+        "/dev/null",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{num_connects}\n",
+        &format!("{url}?offset=-1"),
+        &format!("{url}?offset=-1"),
+    ]);
+    assert!(ka.status.success(), "{ka:?}");
+    assert_eq!(String::from_utf8_lossy(&ka.stdout), "200 1\n200 0\n");
 
     // SSE over TLS: the catch-up data event, then the control event; the response stays
     // open (live), so curl is stopped by --max-time.
