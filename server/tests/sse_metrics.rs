@@ -67,8 +67,9 @@ fn sse_events_count_as_read_bytes() {
     s.write_all(b"GET /v1/stream/m?offset=-1&live=sse HTTP/1.1\r\nHost: t\r\n\r\n")
         .expect("send");
     let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
-    let payload = loop {
+    // Read until the body holds `controls` complete control events; returns the body.
+    let mut read_until = |controls: usize| loop {
+        let mut buf = [0u8; 4096];
         let n = s.read(&mut buf).expect("read sse");
         assert!(n > 0, "sse ended early: {}", String::from_utf8_lossy(&raw));
         raw.extend_from_slice(&buf[..n]);
@@ -77,12 +78,23 @@ fn sse_events_count_as_read_bytes() {
         };
         let payload = dechunk(&raw[head_end + 4..]);
         let text = String::from_utf8_lossy(&payload);
-        if text.contains("event: control") && text.ends_with("\n\n") {
+        if text.matches("event: control").count() >= controls && text.ends_with("\n\n") {
             break payload;
         }
     };
+    // The catch-up events, then a live one for an append made while the response is open
+    // (the two may be produced by different paths of the SSE loop).
+    let first = read_until(1);
+    assert!(String::from_utf8_lossy(&first).contains("data:hello sse\n"));
+    assert_eq!(
+        request(&addr, "POST", "/v1/stream/m", &ct, b" and more")
+            .expect("post")
+            .status,
+        204
+    );
+    let payload = read_until(2);
     let text = String::from_utf8_lossy(&payload).to_string();
-    assert!(text.contains("data:hello sse\n"), "{text}");
+    assert!(text.contains("data: and more\n"), "{text}");
 
     // Counted as the events go out, while the response is still open. Every scrape's own
     // body counts as a read too, so the expected total grows by each scrape made.
