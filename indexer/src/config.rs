@@ -67,6 +67,12 @@ pub struct Cli {
     /// platform's).
     #[arg(long)]
     pub source_ca_file: Option<PathBuf>,
+    /// PEM certificate chain (leaf first) for TLS on the listener; needs `--tls-key`.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) matching `--tls-cert`.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -101,6 +107,8 @@ pub struct FileConfig {
     pub gc_grace_ms: Option<u64>,
     pub gc_retain_generations: Option<u64>,
     pub worker_id: Option<String>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +134,8 @@ pub struct Config {
     pub gc_retain_generations: u64,
     pub worker_id: String,
     pub source_ca_file: Option<PathBuf>,
+    /// Certificate chain and key for TLS on the listener; `None`: plain HTTP.
+    pub tls: Option<(PathBuf, PathBuf)>,
     pub debug_time_offset_ms: i64,
     pub debug_reingest: bool,
 }
@@ -168,7 +178,13 @@ impl Config {
                 crate::time::now_ms() & 0xffff_ffff
             )
         });
+        let tls = match (cli.tls_cert.or(file.tls_cert), cli.tls_key.or(file.tls_key)) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err("tls_cert and tls_key must be given together".into()),
+        };
         Ok(Config {
+            tls,
             listen: cli
                 .listen
                 .or(file.listen)

@@ -19,6 +19,9 @@ pub struct Coordinator {
     catalog_etag: tokio::sync::Mutex<Option<String>>,
     /// Last CATALOG read succeeded (readiness).
     pub ready: AtomicBool,
+    /// A catalog read and the opening of its indexes (their manifests) has completed at
+    /// least once: systemd readiness.
+    pub loaded: AtomicBool,
     restarted: Arc<tokio::sync::Notify>,
 }
 
@@ -56,6 +59,7 @@ impl Coordinator {
             indexes: RwLock::new(HashMap::new()),
             catalog_etag: tokio::sync::Mutex::new(None),
             ready: AtomicBool::new(false),
+            loaded: AtomicBool::new(false),
             restarted: Arc::new(tokio::sync::Notify::new()),
         })
     }
@@ -162,6 +166,7 @@ impl Coordinator {
         }
         *self.indexes.write().unwrap_or_else(|p| p.into_inner()) = next;
         *etag = new_etag;
+        self.loaded.store(true, Ordering::Release);
         Ok(())
     }
 

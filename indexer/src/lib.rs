@@ -20,3 +20,4 @@ pub mod part;
 pub mod source;
 pub mod store;
 pub mod time;
+pub mod tls;

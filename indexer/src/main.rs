@@ -24,6 +24,17 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // A bad certificate or key is a configuration error, reported before anything starts.
+    let tls = match &cfg.tls {
+        Some((cert, key)) => match ursula_indexer::tls::load(cert, key) {
+            Ok(c) => Some(tokio_rustls::TlsAcceptor::from(c)),
+            Err(e) => {
+                eprintln!("ursula-indexer: {e}");
+                std::process::exit(2);
+            }
+        },
+        None => None,
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -34,13 +45,13 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = rt.block_on(run(cfg)) {
+    if let Err(e) = rt.block_on(run(cfg, tls)) {
         eprintln!("ursula-indexer: {e}");
         std::process::exit(1);
     }
 }
 
-async fn run(cfg: Config) -> Result<(), String> {
+async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<(), String> {
     let store: DynStore = match &cfg.store {
         StoreConfig::Dir(d) => Arc::new(LocalStore::open(d).map_err(|e| e.to_string())?),
         StoreConfig::S3(s) => Arc::new(S3Store::connect(s).await),
@@ -63,7 +74,12 @@ async fn run(cfg: Config) -> Result<(), String> {
         tracing::warn!("catalog: {e}");
     }
     tokio::spawn(co.clone().run());
-    println!("ursula-indexer listening on http://{addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("ursula-indexer listening on {scheme}://{addr}");
+    tokio::spawn(notify_ready(co.clone()));
+    if let Some(interval) = sd_notify::watchdog_enabled() {
+        tokio::spawn(watchdog(interval));
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     loop {
@@ -80,16 +96,64 @@ async fn run(cfg: Config) -> Result<(), String> {
         };
         let _ = socket.set_nodelay(true);
         let co = co.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                ursula_indexer::http::handle(co.clone(), req)
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(socket), svc)
-                .await;
+            match tls {
+                None => serve_connection(co, socket).await,
+                Some(acceptor) => {
+                    // A failed or stalled handshake only ends this connection.
+                    let accepted =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await;
+                    match accepted {
+                        Ok(Ok(stream)) => serve_connection(co, stream).await,
+                        Ok(Err(e)) => tracing::debug!("tls handshake failed: {e}"),
+                        Err(_) => tracing::debug!("tls handshake timed out"),
+                    }
+                }
+            }
         });
     }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    tracing::info!("stopping");
     Ok(())
+}
+
+/// Tell systemd (`Type=notify`) the indexer is ready: the listener accepts already, so
+/// wait until the catalog has been read and its indexes opened. When the first read
+/// failed, the coordinator's loop keeps trying and this fires on its first success.
+async fn notify_ready(co: Arc<Coordinator>) {
+    while !co.loaded.load(std::sync::atomic::Ordering::Acquire) {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::warn!("sd_notify READY: {e}");
+    }
+}
+
+/// `WATCHDOG=1` at half the interval systemd asked for (`WatchdogSec=`), from a task on
+/// the runtime: a runtime that no longer schedules tasks stops the keep-alives and
+/// systemd restarts the service.
+async fn watchdog(interval: std::time::Duration) {
+    let period = (interval / 2).max(std::time::Duration::from_millis(10));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+    }
+}
+
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serve HTTP/1.1 on one connection, plain or TLS.
+async fn serve_connection<IO>(co: Arc<Coordinator>, io: IO)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| ursula_indexer::http::handle(co.clone(), req));
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
 }
 
 /// Logs go to stderr (stdout carries only the listening line); `RUST_LOG` sets the level.

@@ -65,6 +65,16 @@ pub struct ServerArgs {
     /// request except CORS preflights and health checks needs one.
     #[arg(long)]
     pub auth_token_file: Option<PathBuf>,
+    /// Allow browser requests only from this origin (`https://app.example.com`);
+    /// repeatable. Default: any origin (`Access-Control-Allow-Origin: *`).
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+    /// PEM certificate chain (leaf first) for TLS on the main listener; needs `--tls-key`.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) matching `--tls-cert`.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -95,6 +105,9 @@ pub struct FileConfig {
     pub access_log: Option<bool>,
     pub access_log_per_sec: Option<u32>,
     pub auth_token_file: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub cors_origins: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug)]
@@ -125,6 +138,10 @@ pub struct Config {
     pub access_log_per_sec: u32,
     /// Accepted bearer tokens; `None`: no authentication.
     pub auth: Option<std::sync::Arc<crate::auth::Tokens>>,
+    /// TLS on the main listener; `None`: plain HTTP.
+    pub tls: Option<crate::tls::Tls>,
+    /// Origins allowed by CORS; `None`: any (`*`).
+    pub cors_origins: Option<Vec<String>>,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
@@ -158,8 +175,24 @@ impl Config {
             Some(path) => Some(std::sync::Arc::new(crate::auth::Tokens::load(&path)?)),
             None => None,
         };
+        let tls = match (
+            args.tls_cert.or(file.tls_cert),
+            args.tls_key.or(file.tls_key),
+        ) {
+            (Some(cert), Some(key)) => Some(crate::tls::Tls::load(&cert, &key)?),
+            (None, None) => None,
+            _ => return Err("tls_cert and tls_key must be given together".to_string()),
+        };
+        let origins = if args.cors_origins.is_empty() {
+            file.cors_origins.unwrap_or_default()
+        } else {
+            args.cors_origins
+        };
+        let cors_origins = check_origins(origins)?;
         Ok(Config {
             auth,
+            tls,
+            cors_origins,
             listen: args
                 .listen
                 .or(file.listen)
@@ -199,6 +232,28 @@ impl Config {
     }
 }
 
+/// Check the configured origins: each is `*` or `scheme://host[:port]` as browsers send
+/// it in `Origin` (no path, no trailing slash). An empty list or one with `*` allows any.
+fn check_origins(list: Vec<String>) -> Result<Option<Vec<String>>, String> {
+    if list.is_empty() || list.iter().any(|o| o == "*") {
+        return Ok(None);
+    }
+    for o in &list {
+        let rest = o
+            .strip_prefix("https://")
+            .or_else(|| o.strip_prefix("http://"));
+        let ok = rest.is_some_and(|host| {
+            !host.is_empty() && !host.contains(['/', '?', '#', ' ', ',']) && host.is_ascii()
+        });
+        if !ok {
+            return Err(format!(
+                "invalid CORS origin {o:?}: expected scheme://host[:port] (e.g. https://app.example.com) or *"
+            ));
+        }
+    }
+    Ok(Some(list))
+}
+
 fn load_file(path: &Path) -> Result<FileConfig, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
@@ -222,7 +277,8 @@ mod tests {
                     if kv.contains(" = ")
                         && !kv.starts_with("cores ")
                         && !kv.starts_with("metrics_listen ")
-                        && !kv.starts_with("log_level ") =>
+                        && !kv.starts_with("log_level ")
+                        && !kv.starts_with("tls_") =>
                 {
                     kv
                 }

@@ -18,9 +18,26 @@ use crate::ops::{self, Listener};
 
 const READ_CHUNK: usize = 16 * 1024;
 
-pub async fn serve_connection(
+/// A connection's byte stream: plain TCP, or TLS over TCP. Connection serving is generic
+/// over it, so the plain path compiles to exactly what it would be without TLS.
+pub trait Transport: AsyncReadRent + AsyncWriteRent {
+    /// Whether one `writev` sends all of its buffers. Plain TCP does, so stream data goes
+    /// out without a copy. The TLS adapter sends only the first buffer per call, each as
+    /// its own record, so for it the response is joined into one buffer first.
+    const VECTORED: bool;
+}
+
+impl Transport for TcpStream {
+    const VECTORED: bool = true;
+}
+
+impl Transport for monoio_rustls::ServerTlsStream<TcpStream> {
+    const VECTORED: bool = false;
+}
+
+pub async fn serve_connection<S: Transport>(
     core: Rc<Core>,
-    mut stream: TcpStream,
+    mut stream: S,
     peer: SocketAddr,
     listener: Listener,
 ) {
@@ -30,7 +47,8 @@ pub async fn serve_connection(
         let head = match read_head(&core, &mut stream, &mut rbuf).await {
             HeadOutcome::Head(h) => h,
             HeadOutcome::Closed => return,
-            HeadOutcome::Reject(resp) => {
+            HeadOutcome::Reject(mut resp) => {
+                resp.cors = cors(&core, None);
                 let _ = write_response(&mut stream, &mut wbuf, resp, false, false).await;
                 return;
             }
@@ -39,7 +57,8 @@ pub async fn serve_connection(
         let keep_alive = head.keep_alive && !core.shutting_down();
         let body = match read_body(&core, &mut stream, &mut rbuf, &head).await {
             Ok(b) => b,
-            Err(BodyError::Reject(resp)) => {
+            Err(BodyError::Reject(mut resp)) => {
+                resp.cors = cors(&core, None);
                 let _ = write_response(&mut stream, &mut wbuf, resp, false, false).await;
                 return;
             }
@@ -59,6 +78,12 @@ pub async fn serve_connection(
         let req_len = request.body.len();
         let access_path = core.config.access_log.then(|| request.path.clone());
         core.inflight.set(core.inflight.get() + 1);
+        let origin = core
+            .config
+            .cors_origins
+            .is_some()
+            .then(|| request.header("origin").map(str::to_string))
+            .flatten();
         let endpoint = ops::endpoint(listener, &request.path);
         let denied = match (&core.config.auth, listener, endpoint) {
             // Health checks come from load balancers and service managers without tokens;
@@ -68,11 +93,12 @@ pub async fn serve_connection(
             | (_, _, Some(Some(ops::Endpoint::Health | ops::Endpoint::Ready))) => None,
             (Some(tokens), _, _) => crate::auth::check(tokens, &request),
         };
-        let resp = match (denied, endpoint) {
+        let mut resp = match (denied, endpoint) {
             (Some(deny), _) => deny,
             (None, Some(endpoint)) => ops::handle(&core, listener, endpoint, &request).await,
             (None, None) => crate::handlers::dispatch(&core, request).await,
         };
+        resp.cors = cors(&core, origin.as_deref());
         let status = resp.status;
         let resp_len = resp.body_len();
         core.metrics
@@ -95,6 +121,11 @@ pub async fn serve_connection(
             _ => return,
         }
     }
+}
+
+/// The CORS headers for a request from `origin` (see `Cors`).
+fn cors(core: &Core, origin: Option<&str>) -> crate::http::Cors {
+    crate::http::Cors::decide(core.config.cors_origins.as_deref(), origin)
 }
 
 /// One access-log line, unless this core has already written its share this second; lines
@@ -127,10 +158,11 @@ fn access_log(
 /// Answer a connection over the core's cap without reading its request: a 503 the client
 /// can act on, then close. The short drain lets the answer arrive before the close: closing
 /// with unread request bytes would reset the connection and could discard it.
-pub async fn refuse_connection(core: Rc<Core>, mut stream: TcpStream) {
-    let resp = close(
+pub async fn refuse_connection<S: Transport>(core: Rc<Core>, mut stream: S) {
+    let mut resp = close(
         Response::error(503, "unavailable", "too many connections").header("retry-after", "1"),
     );
+    resp.cors = cors(&core, None);
     let mut wbuf = Vec::with_capacity(512);
     if write_response(&mut stream, &mut wbuf, resp, false, false)
         .await
@@ -158,7 +190,7 @@ enum HeadOutcome {
     Reject(Response),
 }
 
-async fn read_head(core: &Core, stream: &mut TcpStream, rbuf: &mut Vec<u8>) -> HeadOutcome {
+async fn read_head<S: Transport>(core: &Core, stream: &mut S, rbuf: &mut Vec<u8>) -> HeadOutcome {
     // The whole head must arrive within header_timeout of its first byte, so a client that
     // trickles header bytes cannot hold the connection.
     let mut deadline = (!rbuf.is_empty()).then(|| Instant::now() + core.config.header_timeout);
@@ -226,9 +258,9 @@ fn too_large(limit: u64) -> BodyError {
     )))
 }
 
-async fn read_body(
+async fn read_body<S: Transport>(
     core: &Core,
-    stream: &mut TcpStream,
+    stream: &mut S,
     rbuf: &mut Vec<u8>,
     head: &ursula_protocol::http1::RequestHead,
 ) -> Result<Bytes, BodyError> {
@@ -301,7 +333,7 @@ async fn read_body(
     }
 }
 
-async fn send_continue(stream: &mut TcpStream) -> Result<(), BodyError> {
+async fn send_continue<S: Transport>(stream: &mut S) -> Result<(), BodyError> {
     let (res, _) = stream
         .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
         .await;
@@ -315,7 +347,11 @@ enum ReadOutcome {
     Error,
 }
 
-async fn read_more(stream: &mut TcpStream, rbuf: &mut Vec<u8>, timeout: Duration) -> ReadOutcome {
+async fn read_more<S: Transport>(
+    stream: &mut S,
+    rbuf: &mut Vec<u8>,
+    timeout: Duration,
+) -> ReadOutcome {
     if rbuf.capacity() - rbuf.len() < READ_CHUNK / 2 {
         rbuf.reserve(READ_CHUNK);
     }
@@ -337,8 +373,8 @@ async fn read_more(stream: &mut TcpStream, rbuf: &mut Vec<u8>, timeout: Duration
 }
 
 /// Write a complete (non-SSE) response. Returns whether the connection may be reused.
-pub async fn write_response(
-    stream: &mut TcpStream,
+pub async fn write_response<S: Transport>(
+    stream: &mut S,
     wbuf: &mut Vec<u8>,
     resp: Response,
     keep_alive: bool,
@@ -356,14 +392,15 @@ pub async fn write_response(
 }
 
 /// Write `head` followed by `parts` with vectored writes; stream data is never copied.
-pub async fn write_parts(
-    stream: &mut TcpStream,
+pub async fn write_parts<S: Transport>(
+    stream: &mut S,
     head: &mut Vec<u8>,
     parts: Vec<Bytes>,
 ) -> std::io::Result<()> {
     let small: usize = parts.iter().map(|p| p.len()).sum();
-    if small <= 512 {
-        // Tiny bodies (error text, JSON brackets): one contiguous write is cheaper.
+    if small <= 512 || !S::VECTORED {
+        // Tiny bodies (error text, JSON brackets): one contiguous write is cheaper. Over
+        // TLS the bytes are copied into records anyway, and one write fills whole records.
         for p in &parts {
             head.extend_from_slice(p);
         }

@@ -263,7 +263,12 @@ pub fn run(config: Config) -> Result<(), String> {
         }
     }
     crate::ops::mark_started();
-    println!("ursula listening on http://{addr}");
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    println!("ursula listening on {scheme}://{addr}");
     if let Some(a) = admin_addr {
         println!("ursula admin listening on http://{a}");
     }
@@ -563,14 +568,34 @@ async fn serve(
             Ok((stream, peer)) => {
                 let core = core.clone();
                 if core.connections.get() >= core.config.max_connections_per_core {
-                    monoio::spawn(
-                        async move { crate::conn::refuse_connection(core, stream).await },
-                    );
+                    monoio::spawn(async move {
+                        match core.config.tls.clone() {
+                            None => crate::conn::refuse_connection(core, stream).await,
+                            Some(tls) => {
+                                let timeout = core.config.header_timeout;
+                                if let Some(s) = tls.accept(stream, peer, timeout).await {
+                                    crate::conn::refuse_connection(core, s).await;
+                                }
+                            }
+                        }
+                    });
                     continue;
                 }
                 let slot = ConnectionSlot::take(&core);
                 monoio::spawn(async move {
-                    crate::conn::serve_connection(core, stream, peer, Listener::Main).await;
+                    match core.config.tls.clone() {
+                        None => {
+                            crate::conn::serve_connection(core, stream, peer, Listener::Main).await
+                        }
+                        Some(tls) => {
+                            // The handshake counts against the connection cap (the slot is
+                            // taken) and has the request-head deadline.
+                            let timeout = core.config.header_timeout;
+                            if let Some(s) = tls.accept(stream, peer, timeout).await {
+                                crate::conn::serve_connection(core, s, peer, Listener::Main).await;
+                            }
+                        }
+                    }
                     drop(slot);
                 });
             }

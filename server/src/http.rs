@@ -37,6 +37,38 @@ pub struct Response {
     pub body: Body,
     /// Close the connection after this response.
     pub close: bool,
+    /// Which CORS headers the response carries; set by the connection from the request's
+    /// `Origin` and the configured origins.
+    pub cors: Cors,
+}
+
+/// The CORS answer to one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cors {
+    /// No origin list configured: `Access-Control-Allow-Origin: *`, as the conformance
+    /// suite expects.
+    Any,
+    /// The request's origin is in the configured list: reflected, with `Vary: Origin`.
+    Allow(String),
+    /// An origin list is configured and the request's origin is missing or not in it: no
+    /// `Access-Control-*` headers at all (preflights included), but `Vary: Origin`.
+    Deny,
+}
+
+impl Cors {
+    /// The answer for a request with `origin` under the configured `allowed` list (`None`:
+    /// any origin).
+    pub fn decide(allowed: Option<&[String]>, origin: Option<&str>) -> Cors {
+        let Some(allowed) = allowed else {
+            return Cors::Any;
+        };
+        match origin {
+            Some(o) if allowed.iter().any(|a| a.eq_ignore_ascii_case(o)) => {
+                Cors::Allow(o.to_string())
+            }
+            _ => Cors::Deny,
+        }
+    }
 }
 
 impl Response {
@@ -46,6 +78,7 @@ impl Response {
             headers: Vec::new(),
             body: Body::Empty,
             close: false,
+            cors: Cors::Any,
         }
     }
 
@@ -84,8 +117,6 @@ impl Response {
 const COMMON: &[(&str, &str)] = &[
     ("x-content-type-options", "nosniff"),
     ("cross-origin-resource-policy", "cross-origin"),
-    ("access-control-allow-origin", "*"),
-    ("access-control-expose-headers", "*"),
 ];
 
 /// Serialise the status line and headers. `head_request` suppresses the body but keeps the
@@ -95,7 +126,23 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, keep_alive: bool, head_req
     for (n, v) in COMMON {
         write_header(out, n, v);
     }
+    let origin = match &resp.cors {
+        Cors::Any => Some("*"),
+        Cors::Allow(o) => Some(o.as_str()),
+        Cors::Deny => None,
+    };
+    if let Some(origin) = origin {
+        write_header(out, "access-control-allow-origin", origin);
+        write_header(out, "access-control-expose-headers", "*");
+    }
+    if resp.cors != Cors::Any {
+        write_header(out, "vary", "origin");
+    }
     for (n, v) in &resp.headers {
+        // A refused origin gets no CORS headers, the preflight's included.
+        if origin.is_none() && n.starts_with("access-control-") {
+            continue;
+        }
         write_header(out, n, v);
     }
     match &resp.body {

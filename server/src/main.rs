@@ -17,6 +17,7 @@ mod records;
 mod routes;
 mod snapshots;
 mod sse;
+mod tls;
 
 use clap::Parser;
 

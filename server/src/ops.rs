@@ -217,6 +217,11 @@ impl CoreMetrics {
         }
     }
 
+    /// Count response body bytes written outside `request` (SSE events, as they go out).
+    pub fn read_bytes(&self, n: usize) {
+        self.read_bytes.set(self.read_bytes.get() + n as u64);
+    }
+
     pub fn sse_started(&self) {
         self.sse_open.set(self.sse_open.get() + 1);
     }
@@ -382,7 +387,7 @@ impl prometheus_client::collector::Collector for Scrape {
         per_core(
             &mut e,
             "ursula_read_bytes",
-            "Body bytes of successful GET responses (SSE excluded)",
+            "Body bytes of successful GET responses, SSE events included",
             "core",
             c().map(|s| (s.core, counter(s.read_bytes))),
         )?;

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use monoio::io::AsyncWriteRentExt;
-use monoio::net::TcpStream;
 use ursula_protocol::content_type::{is_json, sse_is_text};
 use ursula_protocol::sse::{
     push_base64_data_event, push_control_event, push_json_array_data_event, push_keepalive,
@@ -141,9 +140,9 @@ pub fn start_records(
 
 /// Drive an SSE response on the connection's core until it ends. Never reuses the
 /// connection afterwards.
-pub async fn run(
+pub async fn run<S: crate::conn::Transport>(
     core: &Rc<Core>,
-    stream: &mut TcpStream,
+    stream: &mut S,
     wbuf: &mut Vec<u8>,
     mut resp: Response,
 ) -> std::io::Result<bool> {
@@ -168,7 +167,9 @@ pub async fn run(
         if let Some(sub) = &subscription {
             if let Some((bytes, done)) = step_local(core, sub.feed(), &mut session).await {
                 if !bytes.is_empty() {
+                    let n = bytes.len();
                     write_chunk(stream, wbuf, Bytes::from(bytes)).await?;
+                    core.metrics.read_bytes(n);
                 }
                 if done {
                     break;
@@ -189,7 +190,9 @@ pub async fn run(
         };
         session = next;
         if !bytes.is_empty() {
+            let n = bytes.len();
             write_chunk(stream, wbuf, Bytes::from(bytes)).await?;
+            core.metrics.read_bytes(n);
         }
         if done {
             break;
@@ -201,8 +204,8 @@ pub async fn run(
 }
 
 /// One chunk of the chunked response: size line, the events, CRLF; one write.
-async fn write_chunk(
-    stream: &mut TcpStream,
+async fn write_chunk<S: crate::conn::Transport>(
+    stream: &mut S,
     wbuf: &mut Vec<u8>,
     events: Bytes,
 ) -> std::io::Result<()> {

@@ -96,7 +96,12 @@ impl Server {
                 );
             }
         };
-        let addr = match line.strip_prefix(LISTENING_PREFIX) {
+        // With --tls-cert the line says https://.
+        let (scheme, rest) = match line.strip_prefix(LISTENING_PREFIX) {
+            Some(a) => ("http", Some(a)),
+            None => ("https", line.strip_prefix("ursula listening on https://")),
+        };
+        let addr = match rest {
             Some(a) => a.trim_end_matches('/').to_string(),
             None => {
                 let _ = child.kill();
@@ -106,7 +111,7 @@ impl Server {
         };
         Server {
             child,
-            base_url: format!("http://{addr}"),
+            base_url: format!("{scheme}://{addr}"),
             addr,
         }
     }
