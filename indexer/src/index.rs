@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::{Packer, Sharded, ShardedStore};
 use crate::cache::PartCache;
+use crate::compact::Merge;
 use crate::config::Config;
 use crate::extract::{Extractor, Outcome, SkipKind};
 use crate::manifest::{
@@ -965,31 +966,26 @@ impl Index {
         let m = &view.manifest;
         let lo = l0.iter().map(|p| p.min_t_ms).min().unwrap_or(i64::MIN);
         let hi = l0.iter().map(|p| p.max_t_ms).max().unwrap_or(i64::MAX);
-        let mut inputs = l0;
-        inputs.extend(
-            m.parts
-                .iter()
-                .filter(|p| p.level == 1 && p.day_ms == day && p.max_t_ms >= lo && p.min_t_ms <= hi)
-                .cloned(),
-        );
-        let total: u64 = inputs.iter().map(|p| p.entries).sum();
-        if total as usize > cfg.compaction_max_entries.saturating_mul(4) {
-            return Err(format!(
-                "{total} entries to merge exceed the compaction memory bound"
-            ));
-        }
-        let mut all = Vec::with_capacity(total as usize);
-        for p in &inputs {
-            let f: Arc<PartFile> = self.shared.cache.file(&p.key).await?;
-            all.extend(f.all()?);
-        }
-        all.retain(|e| e.offset >= m.floor_offset);
-        all.sort_by_key(|e| (e.t_ms, e.offset));
-        all.dedup_by_key(|e| e.offset);
+        // Level-1 parts of a day are time-disjoint: together they are one sorted run, read
+        // one part after the other. So the merge has `l0.len() + 1` inputs however many
+        // level-1 parts it rewrites, and holds one page slice per input plus one output
+        // part (`compact::buffer_bound`), not its inputs.
+        let mut l1: Vec<PartMeta> = m
+            .parts
+            .iter()
+            .filter(|p| p.level == 1 && p.day_ms == day && p.max_t_ms >= lo && p.min_t_ms <= hi)
+            .cloned()
+            .collect();
+        l1.sort_by_key(|p| (p.min_t_ms, p.max_t_ms));
+        let mut runs: Vec<Vec<String>> = l0.iter().map(|p| vec![p.key.clone()]).collect();
+        runs.push(l1.iter().map(|p| p.key.clone()).collect());
+        let mut merge = Merge::new(runs, m.floor_offset, cfg.compaction_max_entries);
         let mut outputs = Vec::new();
-        for chunk in all.chunks(cfg.compaction_max_entries) {
-            outputs.push(self.write_part(chunk.to_vec(), 1).await?);
+        while let Some(chunk) = merge.next_chunk(&self.shared.cache).await? {
+            outputs.push(self.write_part(chunk, 1).await?);
         }
+        tracing::debug!(index = %self.reg.id, inputs = l0.len() + l1.len(), peak_rows = merge.peak_rows, "compaction merged");
+        let inputs: Vec<PartMeta> = l0.into_iter().chain(l1).collect();
         let gone: HashSet<String> = inputs.iter().map(|p| p.key.clone()).collect();
         let key = manifest::current_key(&self.ns);
         let (_, published) = manifest::update::<Manifest, ()>(&self.shared.store, &key, 8, |cur| {
