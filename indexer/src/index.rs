@@ -492,9 +492,7 @@ impl Index {
         let mut last_head: Option<Instant> = None;
         let mut source_tail = 0u64;
         let mut caught_up = Instant::now();
-        let label = IndexLabel {
-            index: self.reg.id.clone(),
-        };
+        let label = IndexLabel::of(&self.reg.id);
         let mut source_gone = matches!(view.manifest.status, Status::SourceGone);
         let exit = loop {
             if self.stopped() {
@@ -642,9 +640,7 @@ impl Index {
         let added = ing.entries.saturating_sub(entries0);
         if added > 0 {
             m.events
-                .get_or_create(&IndexLabel {
-                    index: self.reg.id.clone(),
-                })
+                .get_or_create(&IndexLabel::of(&self.reg.id))
                 .inc_by(added as u64);
         }
         for (_, k) in ing.msgs.get(msgs0..).unwrap_or(&[]) {
@@ -832,9 +828,7 @@ impl Index {
                     self.shared
                         .metrics
                         .commits
-                        .get_or_create(&IndexLabel {
-                            index: self.reg.id.clone(),
-                        })
+                        .get_or_create(&IndexLabel::of(&self.reg.id))
                         .inc();
                     ing.committed();
                     let durable = next.durable_offset;
@@ -852,9 +846,7 @@ impl Index {
                     self.shared
                         .metrics
                         .cas_conflicts
-                        .get_or_create(&IndexLabel {
-                            index: self.reg.id.clone(),
-                        })
+                        .get_or_create(&IndexLabel::of(&self.reg.id))
                         .inc();
                     continue;
                 }
