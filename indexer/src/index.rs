@@ -1161,6 +1161,16 @@ struct PartCursor {
     until: i64,
 }
 
+impl PartCursor {
+    fn next_slice(&mut self) {
+        self.slice += 1;
+        if self.slice >= self.file.pages.get(self.rg).map_or(0, |v| v.len()) {
+            self.rg += 1;
+            self.slice = 0;
+        }
+    }
+}
+
 impl Cursor {
     async fn peek(&mut self, cache: &PartCache) -> Result<Option<Entry>, String> {
         match self {
@@ -1192,6 +1202,18 @@ impl Cursor {
                     if sl.min_t >= p.until {
                         return Ok(None);
                     }
+                    // The page's times alone say where the window starts in it, or that
+                    // it starts past `until` (the common case of a narrow window over a
+                    // part that spans the day): then no other column is decoded.
+                    let times = cache.times(&p.key, p.rg, p.slice).await?;
+                    match times.get(times.partition_point(|t| *t < p.lb.0)) {
+                        Some(t) if *t >= p.until => return Ok(None),
+                        Some(_) => {}
+                        None => {
+                            p.next_slice();
+                            continue;
+                        }
+                    }
                     let g = cache.slice(&p.key, p.rg, p.slice).await?;
                     p.row = g.lower_bound(p.lb);
                     p.group = Some(g);
@@ -1200,11 +1222,7 @@ impl Cursor {
                 if p.row < g.rows() {
                     return Ok(Some(g.entry(p.row)));
                 }
-                p.slice += 1;
-                if p.slice >= p.file.pages.get(p.rg).map_or(0, |v| v.len()) {
-                    p.rg += 1;
-                    p.slice = 0;
-                }
+                p.next_slice();
                 p.group = None;
             },
         }
