@@ -1,7 +1,8 @@
 //! Bounded, disposable caches of immutable parts.
 //!
-//! * memory: opened parts (bytes + decoded footer) and decoded page slices, each held to a
-//!   share of `--cache-bytes`, least recently used first out;
+//! * memory: opened parts (bytes + decoded footer), decoded page slices and the `t_ms`
+//!   columns of page slices, each held to a share of `--cache-bytes`, least recently used
+//!   first out;
 //! * disk (`--cache-dir`, S3 store only): downloaded part files, so a restart does not
 //!   re-download; a worker with an empty cache rebuilds everything from the store.
 //!
@@ -22,6 +23,7 @@ pub struct PartCache {
     disk: Option<DiskCache>,
     files: Mutex<Lru<String, Arc<PartFile>>>,
     groups: Mutex<Lru<(String, usize, usize), Arc<Group>>>,
+    times: Mutex<Lru<(String, usize, usize), Arc<Vec<i64>>>>,
 }
 
 impl PartCache {
@@ -32,6 +34,7 @@ impl PartCache {
             disk: disk_dir.map(|d| DiskCache::new(d, budget)),
             files: Mutex::new(Lru::new(mem)),
             groups: Mutex::new(Lru::new(mem)),
+            times: Mutex::new(Lru::new(mem / 4)),
         }
     }
 
@@ -81,6 +84,19 @@ impl PartCache {
         let size = g.approx_bytes();
         lock(&self.groups).insert(k, g.clone(), size);
         Ok(g)
+    }
+
+    /// The `t_ms` column alone of page slice `s` of row group `i` of part `key`.
+    pub async fn times(&self, key: &str, i: usize, s: usize) -> Result<Arc<Vec<i64>>, String> {
+        let k = (key.to_string(), i, s);
+        if let Some(t) = lock(&self.times).get(&k) {
+            return Ok(t);
+        }
+        let file = self.file(key).await?;
+        let t = Arc::new(file.slice_times(i, s)?);
+        let size = t.len() * 8 + 64;
+        lock(&self.times).insert(k, t.clone(), size);
+        Ok(t)
     }
 
     /// Remember a part this process just wrote, so the first query does not re-read it.

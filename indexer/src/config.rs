@@ -48,10 +48,12 @@ pub struct Cli {
     /// Ingest claim lease.
     #[arg(long)]
     pub lease_ms: Option<u64>,
-    /// Level-0 parts of one day that trigger a compaction (the fan-in).
+    /// Level-0 parts of one day that trigger a compaction, and the most merged at once
+    /// (the fan-in: these plus the day's level-1 run).
     #[arg(long)]
     pub compact_parts: Option<usize>,
-    /// Maximum entries in one compaction output part.
+    /// Maximum entries in one compaction output part. With the fan-in it bounds the rows
+    /// a compaction holds: (fan-in + 1) decoded pages plus one output part.
     #[arg(long)]
     pub compaction_max_entries: Option<usize>,
     #[arg(long)]

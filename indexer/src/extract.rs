@@ -450,43 +450,26 @@ mod tests {
         );
         assert_eq!(x.extract(br#"{"captured_at":1500}"#), entry(1500, 1500));
         assert_eq!(x.extract(br#"{"captured_at":"1500"}"#), entry(1500, 1500));
-        assert_eq!(
-            x.extract(br#"{"captured_at":1.5}"#),
-            Outcome::Skip(SkipKind::Invalid)
-        );
-        assert_eq!(
-            x.extract(br#"{"captured_at":1e3}"#),
-            Outcome::Skip(SkipKind::Invalid)
-        );
-        assert_eq!(
-            x.extract(br#"{"captured_at":true}"#),
-            Outcome::Skip(SkipKind::Invalid)
-        );
-        assert_eq!(
-            x.extract(br#"{"captured_at":"soon"}"#),
-            Outcome::Skip(SkipKind::Invalid)
-        );
-        assert_eq!(
-            x.extract(br#"{"captured_at":null}"#),
-            Outcome::Skip(SkipKind::Missing)
-        );
-        assert_eq!(
-            x.extract(br#"{"captured_at":0}"#),
-            Outcome::Skip(SkipKind::Missing)
-        );
-        assert_eq!(
-            x.extract(br#"{"other":1}"#),
-            Outcome::Skip(SkipKind::Missing)
-        );
-        assert_eq!(
-            x.extract(br#"{"captured_at":"#),
-            Outcome::Skip(SkipKind::Unparseable)
-        );
-        assert_eq!(x.extract(b"\xff\xfe"), Outcome::Skip(SkipKind::Unparseable));
-        assert_eq!(
-            x.extract(br#"{"a":1} {"b":2}"#),
-            Outcome::Skip(SkipKind::Unparseable)
-        );
+        let skips: [(&[u8], SkipKind); 10] = [
+            (br#"{"captured_at":1.5}"#, SkipKind::Invalid),
+            (br#"{"captured_at":1e3}"#, SkipKind::Invalid),
+            (br#"{"captured_at":true}"#, SkipKind::Invalid),
+            (br#"{"captured_at":"soon"}"#, SkipKind::Invalid),
+            (br#"{"captured_at":null}"#, SkipKind::Missing),
+            (br#"{"captured_at":0}"#, SkipKind::Missing),
+            (br#"{"other":1}"#, SkipKind::Missing),
+            (br#"{"captured_at":"#, SkipKind::Unparseable),
+            (b"\xff\xfe", SkipKind::Unparseable),
+            (br#"{"a":1} {"b":2}"#, SkipKind::Unparseable),
+        ];
+        for (line, kind) in skips {
+            assert_eq!(
+                x.extract(line),
+                Outcome::Skip(kind),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
         // Duplicate keys: last wins.
         assert_eq!(
             x.extract(br#"{"captured_at":1,"captured_at":2}"#),

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::{Packer, Sharded, ShardedStore};
 use crate::cache::PartCache;
+use crate::compact::Merge;
 use crate::config::Config;
 use crate::extract::{Extractor, Outcome, SkipKind};
 use crate::manifest::{
@@ -491,9 +492,7 @@ impl Index {
         let mut last_head: Option<Instant> = None;
         let mut source_tail = 0u64;
         let mut caught_up = Instant::now();
-        let label = IndexLabel {
-            index: self.reg.id.clone(),
-        };
+        let label = IndexLabel::of(&self.reg.id);
         let mut source_gone = matches!(view.manifest.status, Status::SourceGone);
         let exit = loop {
             if self.stopped() {
@@ -641,9 +640,7 @@ impl Index {
         let added = ing.entries.saturating_sub(entries0);
         if added > 0 {
             m.events
-                .get_or_create(&IndexLabel {
-                    index: self.reg.id.clone(),
-                })
+                .get_or_create(&IndexLabel::of(&self.reg.id))
                 .inc_by(added as u64);
         }
         for (_, k) in ing.msgs.get(msgs0..).unwrap_or(&[]) {
@@ -831,9 +828,7 @@ impl Index {
                     self.shared
                         .metrics
                         .commits
-                        .get_or_create(&IndexLabel {
-                            index: self.reg.id.clone(),
-                        })
+                        .get_or_create(&IndexLabel::of(&self.reg.id))
                         .inc();
                     ing.committed();
                     let durable = next.durable_offset;
@@ -851,9 +846,7 @@ impl Index {
                     self.shared
                         .metrics
                         .cas_conflicts
-                        .get_or_create(&IndexLabel {
-                            index: self.reg.id.clone(),
-                        })
+                        .get_or_create(&IndexLabel::of(&self.reg.id))
                         .inc();
                     continue;
                 }
@@ -965,31 +958,26 @@ impl Index {
         let m = &view.manifest;
         let lo = l0.iter().map(|p| p.min_t_ms).min().unwrap_or(i64::MIN);
         let hi = l0.iter().map(|p| p.max_t_ms).max().unwrap_or(i64::MAX);
-        let mut inputs = l0;
-        inputs.extend(
-            m.parts
-                .iter()
-                .filter(|p| p.level == 1 && p.day_ms == day && p.max_t_ms >= lo && p.min_t_ms <= hi)
-                .cloned(),
-        );
-        let total: u64 = inputs.iter().map(|p| p.entries).sum();
-        if total as usize > cfg.compaction_max_entries.saturating_mul(4) {
-            return Err(format!(
-                "{total} entries to merge exceed the compaction memory bound"
-            ));
-        }
-        let mut all = Vec::with_capacity(total as usize);
-        for p in &inputs {
-            let f: Arc<PartFile> = self.shared.cache.file(&p.key).await?;
-            all.extend(f.all()?);
-        }
-        all.retain(|e| e.offset >= m.floor_offset);
-        all.sort_by_key(|e| (e.t_ms, e.offset));
-        all.dedup_by_key(|e| e.offset);
+        // Level-1 parts of a day are time-disjoint: together they are one sorted run, read
+        // one part after the other. So the merge has `l0.len() + 1` inputs however many
+        // level-1 parts it rewrites, and holds one page slice per input plus one output
+        // part (`compact::buffer_bound`), not its inputs.
+        let mut l1: Vec<PartMeta> = m
+            .parts
+            .iter()
+            .filter(|p| p.level == 1 && p.day_ms == day && p.max_t_ms >= lo && p.min_t_ms <= hi)
+            .cloned()
+            .collect();
+        l1.sort_by_key(|p| (p.min_t_ms, p.max_t_ms));
+        let mut runs: Vec<Vec<String>> = l0.iter().map(|p| vec![p.key.clone()]).collect();
+        runs.push(l1.iter().map(|p| p.key.clone()).collect());
+        let mut merge = Merge::new(runs, m.floor_offset, cfg.compaction_max_entries);
         let mut outputs = Vec::new();
-        for chunk in all.chunks(cfg.compaction_max_entries) {
-            outputs.push(self.write_part(chunk.to_vec(), 1).await?);
+        while let Some(chunk) = merge.next_chunk(&self.shared.cache).await? {
+            outputs.push(self.write_part(chunk, 1).await?);
         }
+        tracing::debug!(index = %self.reg.id, inputs = l0.len() + l1.len(), peak_rows = merge.peak_rows, "compaction merged");
+        let inputs: Vec<PartMeta> = l0.into_iter().chain(l1).collect();
         let gone: HashSet<String> = inputs.iter().map(|p| p.key.clone()).collect();
         let key = manifest::current_key(&self.ns);
         let (_, published) = manifest::update::<Manifest, ()>(&self.shared.store, &key, 8, |cur| {
@@ -1173,6 +1161,16 @@ struct PartCursor {
     until: i64,
 }
 
+impl PartCursor {
+    fn next_slice(&mut self) {
+        self.slice += 1;
+        if self.slice >= self.file.pages.get(self.rg).map_or(0, |v| v.len()) {
+            self.rg += 1;
+            self.slice = 0;
+        }
+    }
+}
+
 impl Cursor {
     async fn peek(&mut self, cache: &PartCache) -> Result<Option<Entry>, String> {
         match self {
@@ -1204,6 +1202,18 @@ impl Cursor {
                     if sl.min_t >= p.until {
                         return Ok(None);
                     }
+                    // The page's times alone say where the window starts in it, or that
+                    // it starts past `until` (the common case of a narrow window over a
+                    // part that spans the day): then no other column is decoded.
+                    let times = cache.times(&p.key, p.rg, p.slice).await?;
+                    match times.get(times.partition_point(|t| *t < p.lb.0)) {
+                        Some(t) if *t >= p.until => return Ok(None),
+                        Some(_) => {}
+                        None => {
+                            p.next_slice();
+                            continue;
+                        }
+                    }
                     let g = cache.slice(&p.key, p.rg, p.slice).await?;
                     p.row = g.lower_bound(p.lb);
                     p.group = Some(g);
@@ -1212,11 +1222,7 @@ impl Cursor {
                 if p.row < g.rows() {
                     return Ok(Some(g.entry(p.row)));
                 }
-                p.slice += 1;
-                if p.slice >= p.file.pages.get(p.rg).map_or(0, |v| v.len()) {
-                    p.rg += 1;
-                    p.slice = 0;
-                }
+                p.next_slice();
                 p.group = None;
             },
         }

@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod compact;
 pub mod config;
 pub mod coordinator;
 pub mod extract;

@@ -12,13 +12,21 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::store::{DynStore, Fetched, Listed, Object, ObjectStore, PutMode, StoreResult};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct IndexLabel {
     pub index: String,
+}
+
+impl IndexLabel {
+    pub fn of(index: &str) -> IndexLabel {
+        IndexLabel {
+            index: index.to_string(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,59 +54,40 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
-        let mut registry = Registry::with_prefix("ursula_indexer");
-        let m = Metrics {
-            lag_bytes: Family::default(),
-            lag_seconds: Family::default(),
-            events: Family::default(),
-            skipped: Family::default(),
-            commits: Family::default(),
-            cas_conflicts: Family::default(),
-            store_requests: Family::default(),
-            query_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 18)),
-            registry: Registry::default(),
-        };
-        registry.register(
-            "ingest_lag_bytes",
-            "Bytes between the indexed offset and the source's tail (owner only)",
-            m.lag_bytes.clone(),
-        );
-        registry.register(
-            "ingest_lag_seconds",
-            "Seconds since the index last reached the source's tail, 0 when at the tail (owner only)",
-            m.lag_seconds.clone(),
-        );
-        registry.register(
-            "events_indexed",
-            "Messages that produced an index entry",
-            m.events.clone(),
-        );
-        registry.register(
-            "events_skipped",
-            "Messages skipped, by reason",
-            m.skipped.clone(),
-        );
-        registry.register(
-            "commits",
-            "Manifest generations published by commits",
-            m.commits.clone(),
-        );
-        registry.register(
-            "cas_conflicts",
-            "Commit compare-and-swaps that lost and were retried",
-            m.cas_conflicts.clone(),
-        );
-        registry.register(
-            "store_requests",
-            "Requests sent to the object store, by operation",
-            m.store_requests.clone(),
-        );
-        registry.register(
+        let mut r = Registry::with_prefix("ursula_indexer");
+        let query_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
+        r.register(
             "query_seconds",
             "Latency of event queries (merge and decode, no HTTP)",
-            m.query_seconds.clone(),
+            query_seconds.clone(),
         );
-        Arc::new(Metrics { registry, ..m })
+        Arc::new(Metrics {
+            lag_bytes: family(
+                &mut r,
+                "ingest_lag_bytes",
+                "Bytes between the indexed offset and the source's tail (owner only)",
+            ),
+            lag_seconds: family(
+                &mut r,
+                "ingest_lag_seconds",
+                "Seconds since the index last reached the source's tail, 0 when at the tail (owner only)",
+            ),
+            events: family(&mut r, "events_indexed", "Messages that produced an index entry"),
+            skipped: family(&mut r, "events_skipped", "Messages skipped, by reason"),
+            commits: family(&mut r, "commits", "Manifest generations published by commits"),
+            cas_conflicts: family(
+                &mut r,
+                "cas_conflicts",
+                "Commit compare-and-swaps that lost and were retried",
+            ),
+            store_requests: family(
+                &mut r,
+                "store_requests",
+                "Requests sent to the object store, by operation",
+            ),
+            query_seconds,
+            registry: r,
+        })
     }
 
     pub fn render(&self) -> Result<String, String> {
@@ -110,12 +99,17 @@ impl Metrics {
 
     /// Drop the series of an index that is no longer open here.
     pub fn forget(&self, index: &str) {
-        let l = IndexLabel {
-            index: index.to_string(),
-        };
+        let l = IndexLabel::of(index);
         self.lag_bytes.remove(&l);
         self.lag_seconds.remove(&l);
     }
+}
+
+/// A new metric family registered under `name`.
+fn family<F: Metric + Clone + Default>(r: &mut Registry, name: &str, help: &str) -> F {
+    let f = F::default();
+    r.register(name, help, f.clone());
+    f
 }
 
 /// Counts every request that reaches the real store.

@@ -1,19 +1,20 @@
 //! Parquet parts: immutable files of index entries sorted by `(t_ms, offset)`.
 //!
-//! Written with the `parquet` crate's column writers (no Arrow): ZSTD, row groups of
-//! [`ROW_GROUP_ROWS`], pages of [`PAGE_ROWS`], page-level statistics, and the page index
-//! (column and offset indexes). Readers keep the decoded footer per part (parts never
-//! change) and prune whole row groups by their `t_ms` min/max before decoding any data.
+//! Written with the `parquet` crate's column writers (no Arrow): see [`writer_properties`].
+//! Readers keep the decoded footer per part (parts never change), prune whole row groups
+//! by their `t_ms` min/max and pages by the page index before decoding any data, and can
+//! decode a page's `t_ms` alone ([`PartFile::slice_times`]) to find where a window starts
+//! before paying for the other columns.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::column::reader::ColumnReader;
 use parquet::data_type::Int64Type;
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::reader::{FileReader, RowGroupReader, SerializedFileReader};
 use parquet::file::serialized_reader::ReadOptionsBuilder;
 use parquet::file::statistics::Statistics;
 use parquet::file::writer::SerializedFileWriter;
@@ -49,19 +50,36 @@ impl Entry {
     }
 }
 
+/// How parts are written: ZSTD, row groups of [`ROW_GROUP_ROWS`], pages of [`PAGE_ROWS`]
+/// with page statistics and the page index, delta-encoded, no dictionaries.
+///
+/// Times and offsets are nearly all distinct, so a dictionary does not shrink them, and a
+/// dictionary page must be decompressed and decoded in full before any page of its chunk:
+/// a query touching one 1024-row page paid for the whole row group's dictionary in every
+/// column. Delta encoding packs the sorted `t_ms` and the near-constant `len` to a few bits.
+pub fn writer_properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_dictionary_enabled(false)
+        .set_encoding(Encoding::DELTA_BINARY_PACKED)
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_data_page_row_count_limit(PAGE_ROWS)
+        .set_write_batch_size(PAGE_ROWS)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_created_by("ursula-indexer".into())
+        .build()
+}
+
 /// Encode `entries` (sorted by `(t_ms, offset)`) as one Parquet file.
 pub fn encode(entries: &[Entry]) -> Result<Bytes, String> {
+    encode_with(entries, writer_properties())
+}
+
+/// [`encode`] with other writer properties (benchmarks compare layouts with it). Parts
+/// written with any properties stay readable: readers follow each file's own metadata.
+pub fn encode_with(entries: &[Entry], props: WriterProperties) -> Result<Bytes, String> {
     let schema = Arc::new(parse_message_type(SCHEMA).map_err(|e| e.to_string())?);
-    let props = Arc::new(
-        WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::default()))
-            .set_statistics_enabled(EnabledStatistics::Page)
-            .set_data_page_row_count_limit(PAGE_ROWS)
-            .set_write_batch_size(PAGE_ROWS)
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .set_created_by("ursula-indexer".into())
-            .build(),
-    );
+    let props = Arc::new(props);
     let mut out = Vec::with_capacity(entries.len() * 8 + 1024);
     {
         let mut w =
@@ -229,16 +247,74 @@ impl PartFile {
     /// Rows of slice `s` of row group `i`: only the pages holding them are decompressed
     /// and decoded (the offset index lets the column readers skip the others).
     pub fn decode_slice(&self, i: usize, s: usize) -> Result<Group, String> {
-        let slices = self.pages.get(i).ok_or("no such row group")?;
-        let rows = self.groups.get(i).map(|g| g.0).unwrap_or(0);
-        let first = slices.get(s).ok_or("no such page")?.first_row.min(rows);
-        let end = slices.get(s + 1).map_or(rows, |n| n.first_row.min(rows));
-        self.decode_rows(i, first, end.max(first))
+        let (first, end) = self.slice_rows(i, s)?;
+        self.decode_rows(i, first, end)
     }
 
     pub fn decode_group(&self, i: usize) -> Result<Group, String> {
         let rows = self.groups.get(i).map(|g| g.0).unwrap_or(0);
         self.decode_rows(i, 0, rows)
+    }
+
+    /// Rows `first..end` of row group `i`, column `c`: (values, definition levels).
+    fn read_column(
+        &self,
+        rg: &dyn RowGroupReader,
+        c: usize,
+        first: usize,
+        end: usize,
+    ) -> Result<(Vec<i64>, Vec<i16>), String> {
+        let rows = end - first;
+        let mut values = Vec::with_capacity(rows);
+        let mut defs = Vec::with_capacity(rows);
+        if c >= rg.num_columns() {
+            return Ok((values, defs));
+        }
+        let ColumnReader::Int64ColumnReader(mut r) =
+            rg.get_column_reader(c).map_err(|e| e.to_string())?
+        else {
+            return Err("unexpected column type".into());
+        };
+        let mut skipped = 0;
+        while skipped < first {
+            let n = r.skip_records(first - skipped).map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            skipped += n;
+        }
+        let mut got = 0;
+        while got < rows {
+            let (n, _, _) = r
+                .read_records(rows - got, Some(&mut defs), None, &mut values)
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        Ok((values, defs))
+    }
+
+    fn slice_rows(&self, i: usize, s: usize) -> Result<(usize, usize), String> {
+        let slices = self.pages.get(i).ok_or("no such row group")?;
+        let rows = self.groups.get(i).map(|g| g.0).unwrap_or(0);
+        let first = slices.get(s).ok_or("no such page")?.first_row.min(rows);
+        let end = slices.get(s + 1).map_or(rows, |n| n.first_row.min(rows));
+        Ok((first, end.max(first)))
+    }
+
+    /// The `t_ms` column of slice `s` of row group `i` alone: one column to decompress, so
+    /// a query can tell where its window starts in a page (or that it starts past it)
+    /// before decoding the rest.
+    pub fn slice_times(&self, i: usize, s: usize) -> Result<Vec<i64>, String> {
+        let (first, end) = self.slice_rows(i, s)?;
+        let rg = self.reader.get_row_group(i).map_err(|e| e.to_string())?;
+        let (t, _) = self.read_column(&*rg, 0, first, end)?;
+        if t.len() != end - first {
+            return Err("page shorter than its offset index says".into());
+        }
+        Ok(t)
     }
 
     fn decode_rows(&self, i: usize, first: usize, end: usize) -> Result<Group, String> {
@@ -247,35 +323,7 @@ impl PartFile {
         let mut cols: Vec<Vec<i64>> = Vec::with_capacity(5);
         let mut record_defs: Vec<i16> = Vec::new();
         for c in 0..5 {
-            let mut values = Vec::with_capacity(rows);
-            let mut defs = Vec::with_capacity(rows);
-            if c >= rg.num_columns() {
-                cols.push(Vec::new());
-                continue;
-            }
-            match rg.get_column_reader(c).map_err(|e| e.to_string())? {
-                ColumnReader::Int64ColumnReader(mut r) => {
-                    let mut skipped = 0;
-                    while skipped < first {
-                        let n = r.skip_records(first - skipped).map_err(|e| e.to_string())?;
-                        if n == 0 {
-                            break;
-                        }
-                        skipped += n;
-                    }
-                    let mut got = 0;
-                    while got < rows {
-                        let (n, _, _) = r
-                            .read_records(rows - got, Some(&mut defs), None, &mut values)
-                            .map_err(|e| e.to_string())?;
-                        if n == 0 {
-                            break;
-                        }
-                        got += n;
-                    }
-                }
-                _ => return Err("unexpected column type".into()),
-            }
+            let (values, defs) = self.read_column(&*rg, c, first, end)?;
             if c == 4 {
                 record_defs = defs;
             }
@@ -296,11 +344,7 @@ impl PartFile {
         } else {
             vec![None; rows]
         };
-        if cols[0].len() != rows
-            || cols[1].len() != rows
-            || cols[2].len() != rows
-            || cols[3].len() != rows
-        {
+        if cols[..4].iter().any(|c| c.len() != rows) {
             return Err("row group columns disagree in length".into());
         }
         Ok(Group {
@@ -359,6 +403,7 @@ mod tests {
         for (i, (rows, _, _)) in part.groups.iter().enumerate() {
             for (s, sl) in part.pages[i].iter().enumerate() {
                 let got = part.decode_slice(i, s).expect("slice");
+                assert_eq!(part.slice_times(i, s).expect("times"), got.t_ms);
                 assert_eq!(got.t_ms.first().copied(), Some(sl.min_t));
                 assert_eq!(got.t_ms.last().copied(), Some(sl.max_t));
                 for r in 0..got.rows() {

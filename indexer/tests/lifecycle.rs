@@ -28,6 +28,26 @@ fn count(ia: &str, id: &str) -> usize {
     all_entries(ia, id, T0 - 1, T0 + 100_000, 1000, "").len()
 }
 
+/// `ursula` with a stream `/demo/{id}` of `n` events, and worker "a" on `store` with the
+/// index `id` over it, durable through the stream's tail.
+fn indexed_stream(
+    dir: &std::path::Path,
+    store: &std::path::Path,
+    id: &str,
+    n: i64,
+) -> (Proc, Proc) {
+    let u = ursula(dir);
+    let path = format!("/demo/{id}");
+    expect(&u.addr, "PUT", "/demo", &[], b"", 201);
+    expect(&u.addr, "PUT", &path, &[JSON], b"", 201);
+    append(&u.addr, &path, 0, n);
+    let ix = indexer(dir, "a", Store::Dir(store), &[]);
+    let url = format!("{}{path}", u.url());
+    assert_eq!(register(&ix.addr, id, &url, "").status, 201);
+    wait_durable(&ix.addr, id, &u.addr, &path);
+    (u, ix)
+}
+
 fn tail_of(ua: &str, path: &str) -> String {
     request(ua, "HEAD", path, &[], b"")
         .header("stream-next-offset")
@@ -38,19 +58,9 @@ fn tail_of(ua: &str, path: &str) -> String {
 #[test]
 fn retention_gap_then_recreate() {
     let dir = tempfile::tempdir().expect("tmp");
-    let u = ursula(dir.path());
     let store = dir.path().join("store");
+    let (u, ix) = indexed_stream(dir.path(), &store, "r", 10);
     let ua = u.addr.clone();
-    expect(&ua, "PUT", "/demo", &[], b"", 201);
-    expect(&ua, "PUT", "/demo/r", &[JSON], b"", 201);
-    append(&ua, "/demo/r", 0, 10);
-
-    let ix = indexer(dir.path(), "a", Store::Dir(&store), &[]);
-    assert_eq!(
-        register(&ix.addr, "r", &format!("{}/demo/r", u.url()), "").status,
-        201
-    );
-    wait_durable(&ix.addr, "r", &ua, "/demo/r");
     let inc = status(&ix.addr, "r")["source"]["incarnation"]
         .as_str()
         .map(str::to_string);
@@ -119,18 +129,9 @@ fn retention_gap_then_recreate() {
 #[test]
 fn disagreement_blocks_until_resume() {
     let dir = tempfile::tempdir().expect("tmp");
-    let u = ursula(dir.path());
     let store = dir.path().join("store");
+    let (u, a) = indexed_stream(dir.path(), &store, "d", 20);
     let ua = u.addr.clone();
-    expect(&ua, "PUT", "/demo", &[], b"", 201);
-    expect(&ua, "PUT", "/demo/d", &[JSON], b"", 201);
-    append(&ua, "/demo/d", 0, 20);
-    let a = indexer(dir.path(), "a", Store::Dir(&store), &[]);
-    assert_eq!(
-        register(&a.addr, "d", &format!("{}/demo/d", u.url()), "").status,
-        201
-    );
-    wait_durable(&a.addr, "d", &ua, "/demo/d");
     let reference = all_entries(&a.addr, "d", T0 - 1, T0 + 100_000, 1000, "");
     a.kill();
 

@@ -28,6 +28,18 @@ fn perm(i: i64, n: i64) -> i64 {
     (i * 37) % n
 }
 
+/// Append one event at `t` and time how long until a query for `[t, t + 1)` finds it.
+fn append_until_visible(ua: &str, stream: &str, ix: &str, id: &str, t: i64) -> Duration {
+    let start = Instant::now();
+    let body = format!(r#"{{"captured_at":{t}}}"#);
+    expect(ua, "POST", stream, &[JSON], body.as_bytes(), 204);
+    wait_for(Duration::from_secs(5), "the appended event", || {
+        let v = events(ix, id, &format!("from={t}&until={}", t + 1));
+        (v["entries"].as_array().map(|a| a.len()) == Some(1)).then_some(())
+    });
+    start.elapsed()
+}
+
 #[test]
 fn register_query_paginate_resolve() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -177,18 +189,11 @@ fn register_query_paginate_resolve() {
     );
 
     // Pagination pinned by `through` while new events land inside the window.
-    let first = expect(
+    let first = events(
         &ia,
-        "GET",
-        &format!(
-            "/v1/indexes/ev/events?from={T0}&until={}&limit=7",
-            T0 + 10_000
-        ),
-        &[],
-        b"",
-        200,
-    )
-    .json();
+        "ev",
+        &format!("from={T0}&until={}&limit=7", T0 + 10_000),
+    );
     let through = first["coverage"]["through"]
         .as_str()
         .map(str::to_string)
@@ -205,18 +210,14 @@ fn register_query_paginate_resolve() {
             let e = format!(r#"{{"captured_at":"{}","late":true}}"#, iso(T0 + 5));
             expect(&ua, "POST", "/demo/ev", &[JSON], e.as_bytes(), 204);
         }
-        let p = expect(
+        let p = events(
             &ia,
-            "GET",
+            "ev",
             &format!(
-                "/v1/indexes/ev/events?from={T0}&until={}&limit=7&after={a}&through={through}",
+                "from={T0}&until={}&limit=7&after={a}&through={through}",
                 T0 + 10_000
             ),
-            &[],
-            b"",
-            200,
-        )
-        .json();
+        );
         assert_eq!(p["coverage"]["through"].as_str(), Some(through.as_str()));
         paged.extend(
             p["entries"]
@@ -264,18 +265,11 @@ fn register_query_paginate_resolve() {
         );
         assert_eq!(rec.body, bytes, "record read equals the offset locator");
     }
-    let q = expect(
+    let q = events(
         &ia,
-        "GET",
-        &format!(
-            "/v1/indexes/ev/events?from={T0}&until={}&through_record=10",
-            T0 + 10_000
-        ),
-        &[],
-        b"",
-        200,
-    )
-    .json();
+        "ev",
+        &format!("from={T0}&until={}&through_record=10", T0 + 10_000),
+    );
     assert_eq!(q["entries"].as_array().map(|a| a.len()), Some(10));
     assert!(q["indexed_through_record"].as_u64().is_some());
     assert!(q["durable_through_record"].as_u64().is_some());
@@ -283,29 +277,13 @@ fn register_query_paginate_resolve() {
     // Freshness: an appended event is queryable well within a second.
     let mut lags = Vec::new();
     for k in 0..20 {
-        let t = T0 + 3_600_000 + k;
-        let start = Instant::now();
-        expect(
+        lags.push(append_until_visible(
             &ua,
-            "POST",
             "/demo/ev",
-            &[JSON],
-            format!(r#"{{"captured_at":{t}}}"#).as_bytes(),
-            204,
-        );
-        wait_for(Duration::from_secs(5), "fresh event", || {
-            let v = expect(
-                &ia,
-                "GET",
-                &format!("/v1/indexes/ev/events?from={t}&until={}", t + 1),
-                &[],
-                b"",
-                200,
-            )
-            .json();
-            (v["entries"].as_array().map(|a| a.len()) == Some(1)).then_some(())
-        });
-        lags.push(start.elapsed());
+            &ia,
+            "ev",
+            T0 + 3_600_000 + k,
+        ));
     }
     lags.sort();
     eprintln!(
@@ -543,29 +521,13 @@ fn freshness_under_load() {
     };
     let mut lags = Vec::new();
     for k in 0..200 {
-        let t = T0 + 7_200_000 + k;
-        let start = Instant::now();
-        expect(
+        lags.push(append_until_visible(
             &ua,
-            "POST",
             "/demo/f",
-            &[JSON],
-            format!(r#"{{"captured_at":{t}}}"#).as_bytes(),
-            204,
-        );
-        wait_for(Duration::from_secs(5), "probe", || {
-            let v = expect(
-                &ia,
-                "GET",
-                &format!("/v1/indexes/f/events?from={t}&until={}", t + 1),
-                &[],
-                b"",
-                200,
-            )
-            .json();
-            (v["entries"].as_array().map(|a| a.len()) == Some(1)).then_some(())
-        });
-        lags.push(start.elapsed());
+            &ia,
+            "f",
+            T0 + 7_200_000 + k,
+        ));
         std::thread::sleep(Duration::from_millis(30));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

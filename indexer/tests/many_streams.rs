@@ -1,5 +1,8 @@
-//! Measurement, not a regression test (`--ignored`): S3 requests per second for many small
-//! active indexes at a steady event rate, counted by `ursula-test-s3 --counts-file`.
+//! Measurement, not a regression test (`--ignored`): for many small indexes, idle and then
+//! at a steady event rate, S3 requests per second (counted by `ursula-test-s3
+//! --counts-file`), requests per second the workers send to the source `ursula` (from its
+//! `/metrics`), per index, and the workers' memory. Above 1 000 indexes, all but the first
+//! are registered with one CATALOG write through the library.
 //!
 //! ```text
 //! MANY_STREAMS_N=1000 MANY_STREAMS_RATE=500 MANY_STREAMS_SECS=30 \
@@ -13,9 +16,12 @@
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::*;
+use ursula_indexer::manifest::{self, Catalog};
+use ursula_indexer::store::{DynStore, S3Settings, S3Store};
 
 fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -30,6 +36,141 @@ fn counts(path: &Path) -> Vec<(String, u64)> {
         .filter_map(|l| l.split_once(' '))
         .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
         .collect()
+}
+
+/// Requests `ursula` answered, by method, from its `/metrics`.
+fn source_requests(ua: &str) -> Vec<(String, u64)> {
+    let text = get(ua, "/metrics").text();
+    let mut by_method: Vec<(String, u64)> = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("ursula_http_requests_total{") else {
+            continue;
+        };
+        let method = rest
+            .split("method=\"")
+            .nth(1)
+            .and_then(|m| m.split('"').next())
+            .unwrap_or("?");
+        let v: u64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        match by_method.iter_mut().find(|(m, _)| m == method) {
+            Some(e) => e.1 += v,
+            None => by_method.push((method.to_string(), v)),
+        }
+    }
+    by_method
+}
+
+/// `VmRSS` and `VmHWM` of a process, in MiB.
+fn memory_mib(p: &Proc) -> (u64, u64) {
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", p.child.id())).unwrap_or_default();
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (kib("VmRSS:") / 1024, kib("VmHWM:") / 1024)
+}
+
+/// Counters at the start of a measured window.
+struct Window {
+    t0: Instant,
+    s3: Vec<(String, u64)>,
+    source: Vec<(String, u64)>,
+}
+
+impl Window {
+    fn start(counts_file: &Path, ua: &str) -> Window {
+        Window {
+            t0: Instant::now(),
+            s3: counts(counts_file),
+            source: source_requests(ua),
+        }
+    }
+
+    /// Print S3 requests/s, source requests/s per index, and the workers' memory.
+    fn report(&self, what: &str, n: u64, counts_file: &Path, ua: &str, workers: &[&Proc]) {
+        let dt = self.t0.elapsed().as_secs_f64();
+        let rate = |now: &[(String, u64)], then: &[(String, u64)], k: &str| {
+            let v0 = then.iter().find(|(k0, _)| k0 == k).map_or(0, |x| x.1);
+            let v1 = now.iter().find(|(k1, _)| k1 == k).map_or(0, |x| x.1);
+            v1.saturating_sub(v0) as f64 / dt
+        };
+        eprintln!("{what}: {n} indexes, window {dt:.1} s");
+        let s3 = counts(counts_file);
+        for (k, _) in &s3 {
+            eprintln!("  S3 {k:6} {:10.1}/s", rate(&s3, &self.s3, k));
+        }
+        let source = source_requests(ua);
+        let mut total = 0.0;
+        for (m, _) in &source {
+            let r = rate(&source, &self.source, m);
+            total += r;
+            eprintln!(
+                "  source {m:6} {r:10.1}/s ({:.3}/s per index)",
+                r / n as f64
+            );
+        }
+        eprintln!(
+            "  source total {total:10.1}/s ({:.3}/s per index)",
+            total / n as f64
+        );
+        for (i, w) in workers.iter().enumerate() {
+            let (rss, hwm) = memory_mib(w);
+            eprintln!("  worker {i}: RSS {rss} MiB (peak {hwm} MiB)");
+        }
+    }
+}
+
+/// Register `s1..n` (like `s0`, already registered through the API) with one CATALOG
+/// compare-and-swap through the library: the HTTP route rewrites the whole CATALOG once
+/// per registration, which is O(n²) bytes at 10 000 indexes.
+fn bulk_register(s3_url: &str, ua: &str, n: u64) {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let store: DynStore = Arc::new(
+            S3Store::connect(&S3Settings {
+                bucket: S3_BUCKET.into(),
+                prefix: "many".into(),
+                endpoint: Some(s3_url.to_string()),
+                region: Some("us-east-1".into()),
+                path_style: true,
+                static_credentials: Some(("testak".into(), "testsecretkey".into())),
+            })
+            .await,
+        );
+        let (_, done) = manifest::update::<Catalog, ()>(&store, manifest::CATALOG_KEY, 8, |cur| {
+            let mut next = cur.cloned().ok_or("no CATALOG")?;
+            let template = next
+                .registrations
+                .iter()
+                .find(|r| r.id == "s0")
+                .cloned()
+                .ok_or("s0 is not registered")?;
+            next.registrations.retain(|r| r.id == "s0");
+            for i in 1..n {
+                let mut r = template.clone();
+                r.id = format!("s{i}");
+                r.stream_url = template
+                    .stream_url
+                    .replace("/demo/s0", &format!("/demo/s{i}"));
+                r.incarnation = request(ua, "HEAD", &format!("/demo/s{i}"), &[], b"")
+                    .header("stream-incarnation")
+                    .map(str::to_string);
+                next.registrations.push(r);
+            }
+            Ok((Some(next), ()))
+        })
+        .await
+        .expect("bulk register");
+        assert_eq!(done.map(|d| d.value.registrations.len()), Some(n as usize));
+    });
 }
 
 fn worker(dir: &Path, bin: &Path, name: &str, endpoint: &str) -> Proc {
@@ -90,7 +231,8 @@ fn many_small_streams_s3_requests() {
     }
     let a = worker(dir.path(), &bin, "a", &s3.url());
     let started = Instant::now();
-    for i in 0..n {
+    let bulk = n > 1000;
+    for i in 0..if bulk { 1 } else { n } {
         let r = register(
             &a.addr,
             &format!("s{i}"),
@@ -99,18 +241,35 @@ fn many_small_streams_s3_requests() {
         );
         assert!(r.status == 201 || r.status == 200, "register: {}", r.text());
     }
-    eprintln!("registered {n} indexes in {:?}", started.elapsed());
+    // The second worker starts before the bulk registration: a worker that starts with
+    // 10 000 indexes in CATALOG opens them all before it listens, which took over the
+    // 60 s the harness waits for the listening line on this VM.
     let b = worker(dir.path(), &bin, "b", &s3.url());
+    if bulk {
+        bulk_register(&s3.url(), &ua, n);
+    }
+    eprintln!(
+        "registered {n} indexes in {:?}{}",
+        started.elapsed(),
+        if bulk { " (one CATALOG write)" } else { "" }
+    );
+    let workers = [&a, &b];
+    // Idle: every index registered and open, no events. What the pool costs the object
+    // store and the source when nothing happens.
+    let warmup = Duration::from_secs(15);
+    std::thread::sleep(warmup);
+    let idle = Window::start(&counts_file, &ua);
+    std::thread::sleep(Duration::from_secs(secs));
+    idle.report("idle", n, &counts_file, &ua, &workers);
     // Steady load: `rate` events/s round-robin over the streams, for a warm-up of 15 s
     // and then the measured window.
-    let warmup = Duration::from_secs(15);
     let total = warmup + Duration::from_secs(secs);
     let start = Instant::now();
     let mut before = None;
     let mut sent = 0u64;
     while start.elapsed() < total {
         if before.is_none() && start.elapsed() >= warmup {
-            before = Some((Instant::now(), counts(&counts_file)));
+            before = Some(Window::start(&counts_file, &ua));
         }
         let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
         if sent >= due {
@@ -129,18 +288,13 @@ fn many_small_streams_s3_requests() {
         );
         sent += 1;
     }
-    let (t0, c0) = before.expect("measured window");
-    let c1 = counts(&counts_file);
-    let dt = t0.elapsed().as_secs_f64();
     let achieved = sent as f64 / start.elapsed().as_secs_f64();
     eprintln!(
-        "indexes {n}, events/s {achieved:.0}, window {dt:.1} s, binary {}",
+        "indexes {n}, events/s {achieved:.0}, binary {}",
         bin.display()
     );
-    for (k, v1) in &c1 {
-        let v0 = c0.iter().find(|(k0, _)| k0 == k).map_or(0, |x| x.1);
-        eprintln!("  {k:6} {:10.1}/s", (v1 - v0) as f64 / dt);
-    }
+    let active = before.expect("measured window");
+    active.report("active", n, &counts_file, &ua, &workers);
     // Sanity: the pool still indexes (the last stream written is durable soon).
     let last = format!("s{}", (sent.saturating_sub(1)) % n);
     wait_durable(&a.addr, &last, &ua, &format!("/demo/{last}"));

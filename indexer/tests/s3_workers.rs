@@ -151,30 +151,9 @@ fn two_workers_one_prefix_then_empty_cache() {
     let c = indexer(dir.path(), "c-fresh", st(), &[]);
     let on_c = all_entries(&c.addr, "w", T0 - 1, T0 + 100_000, 1000, "");
     assert_eq!(on_c, on_b);
-    let page_b = expect(
-        &b.addr,
-        "GET",
-        &format!(
-            "/v1/indexes/w/events?from={T0}&until={}&limit=10",
-            T0 + 2500
-        ),
-        &[],
-        b"",
-        200,
-    )
-    .json();
-    let page_c = expect(
-        &c.addr,
-        "GET",
-        &format!(
-            "/v1/indexes/w/events?from={T0}&until={}&limit=10",
-            T0 + 2500
-        ),
-        &[],
-        b"",
-        200,
-    )
-    .json();
+    let first_page = format!("from={T0}&until={}&limit=10", T0 + 2500);
+    let page_b = events(&b.addr, "w", &first_page);
+    let page_c = events(&c.addr, "w", &first_page);
     assert_eq!(page_b["entries"], page_c["entries"]);
     assert_eq!(page_b["next"], page_c["next"]);
     // Bytes per entry on S3 (parts only).

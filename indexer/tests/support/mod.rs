@@ -400,6 +400,19 @@ pub fn status(ix: &str, id: &str) -> sonic_rs::Value {
     .json()
 }
 
+/// `GET /v1/indexes/{id}/events?{params}`, which must answer 200.
+pub fn events(ix: &str, id: &str, params: &str) -> sonic_rs::Value {
+    expect(
+        ix,
+        "GET",
+        &format!("/v1/indexes/{id}/events?{params}"),
+        &[],
+        b"",
+        200,
+    )
+    .json()
+}
+
 /// Wait until the index is durable through the source's current tail.
 pub fn wait_durable(ix: &str, id: &str, ursula: &str, stream_path: &str) {
     let tail = request(ursula, "HEAD", stream_path, &[], b"")
