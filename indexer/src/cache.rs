@@ -18,12 +18,15 @@ use bytes::Bytes;
 use crate::part::{Group, PartFile};
 use crate::store::DynStore;
 
+/// A page of a part: (part key, row group, page).
+type PageKey = (String, usize, usize);
+
 pub struct PartCache {
     store: DynStore,
     disk: Option<DiskCache>,
     files: Mutex<Lru<String, Arc<PartFile>>>,
-    groups: Mutex<Lru<(String, usize, usize), Arc<Group>>>,
-    times: Mutex<Lru<(String, usize, usize), Arc<Vec<i64>>>>,
+    groups: Mutex<Lru<PageKey, Arc<Group>>>,
+    times: Mutex<Lru<PageKey, Arc<Vec<i64>>>>,
 }
 
 impl PartCache {
