@@ -18,7 +18,7 @@ use bytes::Bytes;
 use crate::part::{Group, PartFile};
 use crate::store::DynStore;
 
-/// A page of a part: (part key, row group, page).
+/// One slice of a part: (part key, row group, slice within the group).
 type PageKey = (String, usize, usize);
 
 pub struct PartCache {
