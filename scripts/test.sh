@@ -11,10 +11,13 @@
 #   6. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20), then the
 #      long-mode crash test: many streams, every write kind, deletes/recreates
 #      (URSULA_CRASH_LONG_CYCLES, default 20)
-#   7. fuzz: every cargo-fuzz target for URSULA_FUZZ_SECONDS each (default 20; 0 skips)
+#   7. short soak: scripts/soak.sh for URSULA_SOAK_SECONDS (default 70; 0 skips): write +
+#      fanout + read at once; fails on RSS growth, fd growth, loadgen errors, missed
+#      deliveries or write p99 drift
+#   8. fuzz: every cargo-fuzz target for URSULA_FUZZ_SECONDS each (default 20; 0 skips)
 #
 # Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES,
-#      URSULA_CRASH_LONG_CYCLES,
+#      URSULA_CRASH_LONG_CYCLES, URSULA_SOAK_SECONDS,
 #      URSULA_FUZZ_SECONDS.
 set -euo pipefail
 
@@ -24,6 +27,7 @@ cd "$ROOT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ursula-target}"
 URSULA_CRASH_CYCLES="${URSULA_CRASH_CYCLES:-20}"
 URSULA_CRASH_LONG_CYCLES="${URSULA_CRASH_LONG_CYCLES:-20}"
+URSULA_SOAK_SECONDS="${URSULA_SOAK_SECONDS:-70}"
 URSULA_FUZZ_SECONDS="${URSULA_FUZZ_SECONDS:-20}"
 URSULA_BIN="$CARGO_TARGET_DIR/release/ursula"
 
@@ -57,18 +61,18 @@ die() {
 }
 
 # ---------------------------------------------------------------------------
-banner "1/7 cargo build --release --workspace"
+banner "1/8 cargo build --release --workspace"
 cargo build --release --workspace
 [[ -x "$URSULA_BIN" ]] || die "server binary not found at $URSULA_BIN"
 stage_done "build"
 
 # ---------------------------------------------------------------------------
-banner "2/7 cargo test --workspace --release"
+banner "2/8 cargo test --workspace --release"
 cargo test --workspace --release
 stage_done "cargo test"
 
 # ---------------------------------------------------------------------------
-banner "3/7 conformance harness dependencies (npm ci)"
+banner "3/8 conformance harness dependencies (npm ci)"
 command -v node >/dev/null 2>&1 || die "node is not installed: the conformance suite needs Node.js >= 18 and npm (e.g. apt-get install nodejs npm)"
 command -v npm >/dev/null 2>&1 || die "npm is not installed: the conformance suite needs Node.js >= 18 and npm"
 echo "node $(node --version), npm $(npm --version)"
@@ -84,7 +88,7 @@ fi
 stage_done "npm ci"
 
 # ---------------------------------------------------------------------------
-banner "4/7 conformance suite against ursula (disk engine)"
+banner "4/8 conformance suite against ursula (disk engine)"
 DATA_DIR="$TMP_ROOT/data"
 mkdir -p "$DATA_DIR"
 SERVER_OUT="$TMP_ROOT/server.stdout"
@@ -124,7 +128,7 @@ fi
 stage_done "conformance"
 
 # ---------------------------------------------------------------------------
-banner "5/7 graceful shutdown (SIGTERM, exit 0 within 10 s)"
+banner "5/8 graceful shutdown (SIGTERM, exit 0 within 10 s)"
 kill -TERM "$SERVER_PID"
 exited=""
 for _ in $(seq 1 100); do
@@ -152,7 +156,7 @@ banner "client tests: the browser example in headless Chromium, TS/Python client
 stage_done "client tests"
 
 # ---------------------------------------------------------------------------
-banner "6/7 crash test: $URSULA_CRASH_CYCLES kill -9 / restart cycles"
+banner "6/8 crash test: $URSULA_CRASH_CYCLES kill -9 / restart cycles"
 URSULA_CRASH_CYCLES="$URSULA_CRASH_CYCLES" \
     cargo test --release -p ursula-server --test crash -- --nocapture
 # About 2-3 s per cycle: ~1 min at the default 20.
@@ -161,7 +165,18 @@ URSULA_CRASH_LONG_CYCLES="$URSULA_CRASH_LONG_CYCLES" \
 stage_done "crash test"
 
 # ---------------------------------------------------------------------------
-banner "7/7 fuzz: each target for ${URSULA_FUZZ_SECONDS}s"
+banner "7/8 soak: write + fanout + read for ${URSULA_SOAK_SECONDS}s"
+if [[ "$URSULA_SOAK_SECONDS" -gt 0 ]]; then
+    # soak.sh runs its own server; the bound covers setup, the 30 s fd settle and a margin.
+    timeout --kill-after=10 $((URSULA_SOAK_SECONDS + 120)) \
+        "$ROOT/scripts/soak.sh" --seconds "$URSULA_SOAK_SECONDS" || die "soak failed"
+else
+    echo "skipped (URSULA_SOAK_SECONDS=0)"
+fi
+stage_done "soak"
+
+# ---------------------------------------------------------------------------
+banner "8/8 fuzz: each target for ${URSULA_FUZZ_SECONDS}s"
 if [[ "$URSULA_FUZZ_SECONDS" -gt 0 ]]; then
     # fuzz.sh builds in its own target dir: fuzz builds use sanitizer flags.
     "$ROOT/scripts/fuzz.sh" "$URSULA_FUZZ_SECONDS"

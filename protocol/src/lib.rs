@@ -15,5 +15,6 @@ pub mod http1;
 pub mod json;
 pub mod offset;
 pub mod query;
+pub mod records;
 pub mod sse;
 pub mod time;

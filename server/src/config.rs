@@ -92,6 +92,8 @@ pub struct FileConfig {
     pub sse_keepalive_ms: Option<u64>,
     pub sse_max_connection_ms: Option<u64>,
     pub header_timeout_ms: Option<u64>,
+    pub body_timeout_ms: Option<u64>,
+    pub body_min_rate: Option<u64>,
     pub idle_timeout_ms: Option<u64>,
     pub producer_receipt_window: Option<usize>,
     pub segment_bytes: Option<u64>,
@@ -119,8 +121,12 @@ pub struct Config {
     pub long_poll_timeout: Duration,
     pub sse_keepalive: Duration,
     pub sse_max_connection: Duration,
-    /// Time allowed to send a complete request head (and each body read).
+    /// Time allowed to send a complete request head (and longest wait for any body read).
     pub header_timeout: Duration,
+    /// Time allowed for a request body after its head, before `body_min_rate` extends it.
+    pub body_timeout: Duration,
+    /// Body bytes per second that earn one more second of `body_timeout` (0: none).
+    pub body_min_rate: u64,
     /// How long an idle keep-alive connection is kept open.
     pub idle_timeout: Duration,
     pub receipt_window: usize,
@@ -211,6 +217,8 @@ impl Config {
             sse_keepalive: ms(file.sse_keepalive_ms.unwrap_or(15_000).max(10)),
             sse_max_connection: ms(file.sse_max_connection_ms.unwrap_or(60_000).max(100)),
             header_timeout: ms(file.header_timeout_ms.unwrap_or(10_000).max(10)),
+            body_timeout: ms(file.body_timeout_ms.unwrap_or(30_000).max(10)),
+            body_min_rate: file.body_min_rate.unwrap_or(16 * 1024),
             idle_timeout: ms(file.idle_timeout_ms.unwrap_or(60_000).max(10)),
             receipt_window: file.producer_receipt_window.unwrap_or(256).max(1),
             segment_bytes: file

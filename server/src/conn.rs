@@ -258,13 +258,59 @@ fn too_large(limit: u64) -> BodyError {
     )))
 }
 
+/// Most of a `Content-Length` body reserved before its bytes arrive; a larger body grows as
+/// it is received, so a client that announces 32 MiB and sends little holds little.
+const BODY_INITIAL_CAPACITY: usize = 1 << 20;
+
+/// When a request body must be complete: `body_timeout` after the head, plus a second for
+/// every `body_min_rate` bytes received, and no single read may wait longer than
+/// `header_timeout`. A client that trickles its body (one byte a second) runs out of time
+/// instead of holding its connection and buffer forever.
+struct BodyClock {
+    start: Instant,
+    base: Duration,
+    min_rate: u64,
+    gap: Duration,
+}
+
+impl BodyClock {
+    fn new(core: &Core) -> BodyClock {
+        BodyClock {
+            start: Instant::now(),
+            base: core.config.body_timeout,
+            min_rate: core.config.body_min_rate,
+            gap: core.config.header_timeout,
+        }
+    }
+
+    /// How long the next read may wait, given `received` body bytes so far; `None` once the
+    /// body is late.
+    fn next_wait(&self, received: usize) -> Option<Duration> {
+        let earned = match self.min_rate {
+            0 => Duration::ZERO,
+            rate => Duration::from_millis((received as u64).saturating_mul(1000) / rate),
+        };
+        let deadline = self.start + self.base.saturating_add(earned);
+        let left = deadline.checked_duration_since(Instant::now())?;
+        (!left.is_zero()).then(|| left.min(self.gap))
+    }
+}
+
+fn body_late() -> BodyError {
+    BodyError::Reject(close(Response::error(
+        408,
+        "request_timeout",
+        "request body not received in time",
+    )))
+}
+
 async fn read_body<S: Transport>(
     core: &Core,
     stream: &mut S,
     rbuf: &mut Vec<u8>,
     head: &ursula_protocol::http1::RequestHead,
 ) -> Result<Bytes, BodyError> {
-    let timeout = core.config.header_timeout;
+    let clock = BodyClock::new(core);
     // Snapshot publishes may carry up to 128 MiB; every other body up to 32 MiB.
     let limit = if crate::snapshots::is_snapshot_path(&head.path) {
         crate::snapshots::MAX_SNAPSHOT_BYTES
@@ -287,17 +333,22 @@ async fn read_body<S: Transport>(
                 rbuf.drain(..n);
                 return Ok(body);
             }
-            let mut body = Vec::with_capacity(n);
+            let mut body = Vec::with_capacity(n.min(BODY_INITIAL_CAPACITY).max(rbuf.len()));
             body.extend_from_slice(rbuf);
             rbuf.clear();
             while body.len() < n {
-                let want = n - body.len();
+                let wait = clock.next_wait(body.len()).ok_or_else(body_late)?;
                 let len = body.len();
+                if body.capacity() == len {
+                    // Double, up to the announced length.
+                    body.reserve_exact(len.max(READ_CHUNK).min(n - len));
+                }
+                let want = (body.capacity() - len).min(n - len);
                 let slice = body.slice_mut(len..len + want);
-                let read = monoio::time::timeout(timeout, stream.read(slice)).await;
+                let read = monoio::time::timeout(wait, stream.read(slice)).await;
                 let (res, slice) = match read {
                     Ok(r) => r,
-                    Err(_) => return Err(BodyError::Closed),
+                    Err(_) => return Err(body_late()),
                 };
                 body = slice.into_inner();
                 match res {
@@ -313,20 +364,27 @@ async fn read_body<S: Transport>(
             }
             let mut decoder = ChunkedDecoder::new();
             let mut body = Vec::new();
+            // Wire bytes of the body consumed so far (chunk framing included).
+            let mut consumed = 0usize;
             loop {
                 let (used, done) = decoder.feed(rbuf, &mut body).map_err(|why| {
                     BodyError::Reject(close(Response::error(400, "invalid_request", why)))
                 })?;
                 rbuf.drain(..used);
+                consumed += used;
                 if body.len() as u64 > limit {
                     return Err(too_large(limit));
                 }
                 if done {
                     return Ok(Bytes::from(body));
                 }
-                match read_more(stream, rbuf, timeout).await {
+                let wait = clock
+                    .next_wait(consumed + rbuf.len())
+                    .ok_or_else(body_late)?;
+                match read_more(stream, rbuf, wait).await {
                     ReadOutcome::Data => {}
-                    _ => return Err(BodyError::Closed),
+                    ReadOutcome::Timeout => return Err(body_late()),
+                    ReadOutcome::Eof | ReadOutcome::Error => return Err(BodyError::Closed),
                 }
             }
         }

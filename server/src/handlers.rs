@@ -446,9 +446,9 @@ async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> 
     };
     let close = is_closed_true(req.header("stream-closed"));
     let record_match = match (surface, req.header("stream-record-match")) {
-        (Surface::Bucketed, Some(v)) => match v.parse::<u64>() {
-            Ok(n) if v.bytes().all(|b| b.is_ascii_digit()) => Some(n),
-            _ => return bad("Stream-Record-Match must be an unsigned integer"),
+        (Surface::Bucketed, Some(v)) => match ursula_protocol::records::parse_record_match(v) {
+            Some(n) => Some(n),
+            None => return bad("Stream-Record-Match must be an unsigned integer"),
         },
         _ => None,
     };

@@ -34,94 +34,17 @@ pub fn visible_next(s: &Stream) -> u64 {
     s.visible_message_count()
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordStart {
-    At(u64),
-    Now,
-    Tail(u64),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecordParams {
-    pub start: RecordStart,
-    pub max_records: Option<u64>,
-    pub envelope: bool,
-}
+pub use ursula_protocol::records::{RecordParams, RecordStart};
 
 fn bad(why: &str) -> Response {
     Response::error(400, "invalid_request", why).header("stream-extensions", TOKEN)
 }
 
-fn parse_u64(v: &str) -> Option<u64> {
-    if v.is_empty() || v.len() > 20 || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    v.parse().ok()
-}
-
-/// The record-aware parameters of a read (§8.6), if any. `json` says whether the stream is a
-/// JSON stream (record parameters on other streams are a 400).
+/// The record-aware parameters of a read (§8.6), if any, or the `400` response. `json` says
+/// whether the stream is a JSON stream (record parameters on other streams are a 400). The
+/// parsing itself is [`ursula_protocol::records::parse_record_params`].
 pub fn parse(query: &Query, json: bool) -> Result<Option<RecordParams>, Response> {
-    let one = |k: &str| query.get_unique(k).map_err(bad);
-    let record = one("record")?;
-    let tail = one("tail_records")?;
-    let max_records = one("max_records")?;
-    let view = one("record_view")?;
-    if record.is_none() && tail.is_none() {
-        if max_records.is_some() {
-            return Err(bad("max_records needs record or tail_records"));
-        }
-        if view.is_some() {
-            return Err(bad("record_view needs record or tail_records"));
-        }
-        return Ok(None);
-    }
-    if !json {
-        return Err(bad(
-            "record coordinates are only available on application/json streams",
-        ));
-    }
-    if record.is_some() && tail.is_some() {
-        return Err(bad("record and tail_records are exclusive"));
-    }
-    if query.contains("offset") {
-        return Err(bad("a record-aware read cannot also give an offset"));
-    }
-    if query.contains("max_bytes") {
-        return Err(bad(
-            "record-aware reads are bounded by max_records, not max_bytes",
-        ));
-    }
-    let start = match (record, tail) {
-        (Some("now"), _) => RecordStart::Now,
-        (Some(r), _) => {
-            RecordStart::At(parse_u64(r).ok_or_else(|| bad("record must be an integer or now"))?)
-        }
-        (None, Some(k)) => {
-            match parse_u64(k).ok_or_else(|| bad("tail_records must be an integer >= 0"))? {
-                0 => RecordStart::Now,
-                k => RecordStart::Tail(k),
-            }
-        }
-        (None, None) => unreachable!("checked above"),
-    };
-    let max_records = match max_records {
-        Some(m) => match parse_u64(m) {
-            Some(m) if m >= 1 => Some(m),
-            _ => return Err(bad("max_records must be an integer >= 1")),
-        },
-        None => None,
-    };
-    let envelope = match view {
-        None => false,
-        Some("envelope") => true,
-        Some(_) => return Err(bad("record_view must be envelope")),
-    };
-    Ok(Some(RecordParams {
-        start,
-        max_records,
-        envelope,
-    }))
+    ursula_protocol::records::parse_record_params(query, json).map_err(bad)
 }
 
 /// Resolve a record start against the readable records, or the error response (§8.6).

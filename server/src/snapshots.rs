@@ -93,10 +93,7 @@ fn record_param(req: &Request) -> Result<u64, Response> {
         .get_unique("record")
         .map_err(bad)?
         .ok_or_else(|| bad("give an offset in the path or ?record="))?;
-    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad("record must be an unsigned integer"));
-    }
-    value.parse().map_err(|_| bad("record out of range"))
+    ursula_protocol::records::parse_record_ordinal(value).map_err(bad)
 }
 
 /// The target of a publish or retention request (§3.1 / §4.1): a path offset, or else the

@@ -148,6 +148,168 @@ fn slowloris_connections_are_closed_while_others_are_served_promptly() {
     assert!(worst < Duration::from_millis(1000), "worst {worst:?}");
 }
 
+/// Open client connections over all cores, from the `ursula_connections` gauge (the count
+/// the connection cap is enforced on; the metrics request itself is one of them).
+fn open_connections(s: &Server) -> u64 {
+    let r = expect(s, "GET", "/__ursula/metrics", &[], b"", 200);
+    r.body_str()
+        .lines()
+        .filter(|l| l.starts_with("ursula_connections{") || l.starts_with("ursula_connections "))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Request bodies trickled one byte a second, after a prompt head: with `Content-Length` and
+/// chunked. Each read arrives well within `header_timeout`, so only the body deadline
+/// (`body_timeout_ms`) can end them: every one must get a 408 and be closed soon after the
+/// deadline, its connection slot given back, nothing appended, while other clients are
+/// served at normal latency.
+#[test]
+fn trickled_request_bodies_get_408_and_give_their_connections_back() {
+    const SLOW: usize = 60;
+    let body_timeout = Duration::from_millis(2000);
+    let (s, _d) = spawn(
+        "memory",
+        &format!("body_timeout_ms = {}\n", body_timeout.as_millis()),
+        &[],
+    );
+    let p = "/v1/stream/trickle";
+    expect(&s, "PUT", p, &[("Content-Type", TEXT)], b"", 201);
+    let fixed = format!(
+        "POST {p} HTTP/1.1\r\nHost: x\r\nContent-Type: {TEXT}\r\nContent-Length: {}\r\n\r\n",
+        16 << 20
+    );
+    let chunked =
+        format!("POST {p} HTTP/1.1\r\nHost: x\r\nContent-Type: {TEXT}\r\nTransfer-Encoding: chunked\r\n\r\n");
+    // The chunked body: an endless run of one-byte chunks, sent a byte at a time.
+    let chunk_wire = b"1\r\nz\r\n";
+
+    let attack_start = Instant::now();
+    let mut slow: Vec<(Slow, bool)> = (0..SLOW)
+        .map(|i| {
+            let mut sock = TcpStream::connect(&s.addr).expect("connect");
+            let is_chunked = i % 2 == 1;
+            let head = if is_chunked { &chunked } else { &fixed };
+            sock.write_all(head.as_bytes()).expect("send head");
+            sock.set_nonblocking(true).expect("nonblocking");
+            let slow = Slow {
+                sock,
+                sent: 0,
+                closed: false,
+            };
+            (slow, is_chunked)
+        })
+        .collect();
+    let mut closed_at = vec![None; SLOW];
+    let mut next_byte = attack_start;
+    let mut latencies = Vec::new();
+    let mut appended = Vec::new();
+    let mut held = 0;
+    let mut i = 0u32;
+    while attack_start.elapsed() < body_timeout + Duration::from_secs(3) {
+        if Instant::now() >= next_byte {
+            for (k, (c, is_chunked)) in slow.iter_mut().enumerate().filter(|(_, (c, _))| !c.closed)
+            {
+                let byte = if *is_chunked {
+                    chunk_wire[c.sent % chunk_wire.len()]
+                } else {
+                    b'y'
+                };
+                if c.sock.write(&[byte]).is_ok() {
+                    c.sent += 1;
+                }
+                if server_closed(&mut c.sock) {
+                    c.closed = true;
+                    closed_at[k] = Some(attack_start.elapsed());
+                }
+            }
+            next_byte += Duration::from_secs(1);
+        }
+        if attack_start.elapsed() < body_timeout / 2 && held == 0 {
+            // The tricklers really hold connections (the count the cap is enforced on).
+            held = open_connections(&s);
+        }
+        let t0 = Instant::now();
+        let body = format!("{i},");
+        let r = request(
+            &s.addr,
+            "POST",
+            p,
+            &[("Content-Type", TEXT)],
+            body.as_bytes(),
+        )
+        .expect("append during the attack");
+        assert_eq!(r.status, 204, "{r:?}");
+        let r = request(&s.addr, "GET", &format!("{p}?offset=-1"), &[], b"").expect("read");
+        assert_eq!(r.status, 200);
+        latencies.push(t0.elapsed());
+        appended.extend_from_slice(body.as_bytes());
+        assert_eq!(
+            r.body, appended,
+            "only the normal appends are in the stream"
+        );
+        i += 1;
+        thread::sleep(Duration::from_millis(20));
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && slow.iter().any(|(c, _)| !c.closed) {
+        for (k, (c, _)) in slow.iter_mut().enumerate().filter(|(_, (c, _))| !c.closed) {
+            if server_closed(&mut c.sock) {
+                c.closed = true;
+                closed_at[k] = Some(attack_start.elapsed());
+            }
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let open: Vec<usize> = (0..SLOW).filter(|k| !slow[*k].0.closed).collect();
+    assert!(
+        open.is_empty(),
+        "{} of {SLOW} trickling connections still open {:?} after their heads (e.g. #{}, chunked: {})",
+        open.len(),
+        attack_start.elapsed(),
+        open[0],
+        slow[open[0]].1
+    );
+    assert!(
+        held >= SLOW as u64,
+        "only {held} open connections seen with {SLOW} tricklers"
+    );
+    for (k, at) in closed_at.iter().enumerate() {
+        let at = at.expect("closed");
+        // Ended by the body deadline: not before it, and within a second or so after it.
+        assert!(
+            at >= body_timeout - Duration::from_millis(200) && at <= body_timeout + Duration::from_millis(2500),
+            "trickler #{k} (chunked: {}) closed {at:?} after its head; body timeout {body_timeout:?}",
+            slow[k].1
+        );
+        assert!(slow[k].0.sent >= 1, "trickler #{k} sent no body bytes");
+    }
+    // Their slots are back: only the metrics request's own connection remains.
+    let settle = Instant::now() + Duration::from_secs(2);
+    let mut now_open = open_connections(&s);
+    while now_open > 1 && Instant::now() < settle {
+        thread::sleep(Duration::from_millis(100));
+        now_open = open_connections(&s);
+    }
+    assert_eq!(
+        now_open, 1,
+        "connections still counted after the tricklers were closed"
+    );
+    let r = expect(&s, "GET", &format!("{p}?offset=-1"), &[], b"", 200);
+    assert_eq!(r.body, appended, "no trickled body was appended");
+
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    let worst = latencies[latencies.len() - 1];
+    eprintln!(
+        "trickled bodies: {} normal round trips, median {median:?}, worst {worst:?}",
+        latencies.len()
+    );
+    assert!(latencies.len() >= 20, "too few normal requests completed");
+    assert!(median < Duration::from_millis(50), "median {median:?}");
+    assert!(worst < Duration::from_millis(1000), "worst {worst:?}");
+}
+
 fn get_on(c: &mut Raw, addr: &str) -> std::io::Result<Response> {
     c.send(format!("GET /v1/stream/cap?offset=-1 HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())?;
     c.response()

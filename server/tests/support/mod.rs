@@ -17,6 +17,13 @@ use std::time::{Duration, Instant};
 /// Path of the server binary built by cargo for this test run.
 pub const URSULA_BIN: &str = env!("CARGO_BIN_EXE_ursula");
 
+/// The binary [`Server::spawn`] starts: `URSULA_TEST_BIN` when set (a long run such as
+/// `scripts/crash-loop` points it at a private copy, so a rebuild of the shared target
+/// directory cannot swap the server under it), otherwise [`URSULA_BIN`].
+pub fn ursula_bin() -> String {
+    std::env::var("URSULA_TEST_BIN").unwrap_or_else(|_| URSULA_BIN.to_string())
+}
+
 /// Prefix of the one line the server prints on stdout once it accepts connections.
 pub const LISTENING_PREFIX: &str = "ursula listening on http://";
 
@@ -54,14 +61,15 @@ impl Server {
             ),
             None => Stdio::null(),
         };
-        let mut child = Command::new(URSULA_BIN)
+        let bin = ursula_bin();
+        let mut child = Command::new(&bin)
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {URSULA_BIN}: {e}"));
+            .unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
 
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel::<String>();
