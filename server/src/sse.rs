@@ -164,31 +164,28 @@ pub async fn run<S: crate::conn::Transport>(
         .is_none()
         .then(|| Feeds::subscribe(core, session.owner, session.id, session.incarnation));
     loop {
-        if let Some(sub) = &subscription {
-            if let Some((bytes, done)) = step_local(core, sub.feed(), &mut session).await {
-                if !bytes.is_empty() {
-                    let n = bytes.len();
-                    write_chunk(stream, wbuf, Bytes::from(bytes)).await?;
-                    core.metrics.read_bytes(n);
-                }
-                if done {
-                    break;
-                }
-                continue;
-            }
-        }
-        let owner = session.owner;
-        let stepped = core
-            .on(owner, move |c| async move {
-                let mut s = session;
-                let (bytes, done) = step(&c, &mut s).await;
-                (s, bytes, done)
-            })
-            .await;
-        let Ok((next, bytes, done)) = stepped else {
-            break;
+        let local = match &subscription {
+            Some(sub) => step_local(core, sub.feed(), &mut session).await,
+            None => None,
         };
-        session = next;
+        let (bytes, done) = match local {
+            Some(stepped) => stepped,
+            None => {
+                let owner = session.owner;
+                let stepped = core
+                    .on(owner, move |c| async move {
+                        let mut s = session;
+                        let (bytes, done) = step(&c, &mut s).await;
+                        (s, bytes, done)
+                    })
+                    .await;
+                let Ok((next, bytes, done)) = stepped else {
+                    break;
+                };
+                session = next;
+                (bytes, done)
+            }
+        };
         if !bytes.is_empty() {
             let n = bytes.len();
             write_chunk(stream, wbuf, Bytes::from(bytes)).await?;
