@@ -221,13 +221,14 @@ impl Target {
         conn: &mut Conn,
         path: &str,
         content_type: &str,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let r = conn
             .request("PUT", path, &[("Content-Type", content_type)], Body::Empty)
             .await
             .map_err(|e| format!("PUT {path}: {e}"))?;
         match r.status {
-            200 | 201 => Ok(()),
+            201 => Ok(true),
+            200 => Ok(false),
             s => Err(format!("PUT {path}: status {s}")),
         }
     }

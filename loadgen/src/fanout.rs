@@ -5,11 +5,21 @@
 //! aware). Every subscriber should receive every event published in the window; the
 //! shortfall is reported as `missed_deliveries`.
 //!
+//! The writer is open-loop: it keeps the schedule even when an append takes longer than the
+//! interval, by sending each event on whichever of its `--writer-conns` keep-alive
+//! connections is free. A closed-loop writer (one connection, each append waiting for its
+//! ack) drifts behind its schedule as soon as acks take longer than the interval, and then
+//! measures its own backlog rather than the server's delivery. Events sent on different
+//! connections may commit out of sequence order, so subscribers check each sequence number
+//! once, not their order.
+//!
 //! Events are text lines `LG <stamp> <seq>\n` on a `text/plain` stream, so the SSE data
 //! lines of one data event, joined with LF (protocol §13.3), are the stream's bytes on any
 //! server and either surface. If the server ends an SSE response early the subscriber
 //! reconnects from the last control event's `streamNextOffset` (counted as `reconnects`).
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -45,6 +55,10 @@ pub struct FanoutArgs {
     #[arg(long, default_value = "2s", value_parser = crate::common::parse_duration)]
     #[serde(serialize_with = "ser_secs")]
     pub grace: Duration,
+    /// Keep-alive connections the writer spreads its appends over, so the rate holds while
+    /// up to this many appends await their acks.
+    #[arg(long, default_value_t = 8)]
+    pub writer_conns: usize,
 }
 
 fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -207,6 +221,9 @@ pub fn run(args: &FanoutArgs, target: &Target, cores: usize) -> Result<Outcome, 
     if !(args.rate > 0.0 && args.rate <= 100_000.0) {
         return Err("--rate must be in (0, 100000]".into());
     }
+    if !(1..=256).contains(&args.writer_conns) {
+        return Err("--writer-conns must be in 1..=256".into());
+    }
     let a = args.clone();
     let t = target.clone();
     let parts = run_cores(cores, move |ctx: Ctx| {
@@ -224,9 +241,9 @@ pub fn run(args: &FanoutArgs, target: &Target, cores: usize) -> Result<Outcome, 
                 for _ in ctx.mine(a.subscribers) {
                     subs.push(Sub::open(&t, &path, "now", timeout).await?);
                 }
-                Ok((c, subs))
+                Ok(subs)
             };
-            let (conn, subs) = setup_then_sync(&ctx, setup).await?;
+            let subs = setup_then_sync(&ctx, setup).await?;
             let win = ctx.window(a.common.warmup, a.common.duration);
             let sched = Schedule::new(&win, a.rate);
             let stop = win.end + a.grace;
@@ -237,7 +254,12 @@ pub fn run(args: &FanoutArgs, target: &Target, cores: usize) -> Result<Outcome, 
             }
             if ctx.core == 0 {
                 let subscribers = a.subscribers as u64;
-                tasks.push(monoio::spawn(writer(conn, path, sched, subscribers)));
+                let next = Rc::new(Cell::new(0u64));
+                for _ in 0..a.writer_conns {
+                    let conn = Conn::new(t.addr, timeout);
+                    let w = writer(conn, path.clone(), sched, subscribers, next.clone());
+                    tasks.push(monoio::spawn(w));
+                }
             }
             let mut parts = Vec::with_capacity(tasks.len());
             for t in tasks {
@@ -263,11 +285,25 @@ pub fn run(args: &FanoutArgs, target: &Target, cores: usize) -> Result<Outcome, 
     })
 }
 
-async fn writer(mut conn: Conn, path: String, sched: Schedule, subscribers: u64) -> Stats {
+/// One of the writer's connections: claims the next unsent sequence number, waits for its
+/// due time, appends it and waits for the ack, then claims the next. While this connection
+/// waits on an ack, the others take the events that fall due.
+async fn writer(
+    mut conn: Conn,
+    path: String,
+    sched: Schedule,
+    subscribers: u64,
+    next: Rc<Cell<u64>>,
+) -> Stats {
     let mut st = Stats::default();
     let headers = [("Content-Type", "text/plain")];
     let mut body = Vec::with_capacity(64);
-    for seq in 0..sched.hi {
+    loop {
+        let seq = next.get();
+        if seq >= sched.hi {
+            break;
+        }
+        next.set(seq + 1);
         let due = sched.due(seq);
         let now = Instant::now();
         if due > now {
@@ -284,6 +320,28 @@ async fn writer(mut conn: Conn, path: String, sched: Schedule, subscribers: u64)
         crate::tail::count_publish(&mut st, &r, in_window, subscribers);
     }
     st
+}
+
+/// The sequence numbers a subscriber has received. Appends sent on different writer
+/// connections may commit out of order, so this is a set, kept small: everything below
+/// `floor` was seen, and only the numbers that arrived ahead of a gap are stored.
+#[derive(Default)]
+struct Seen {
+    floor: u64,
+    ahead: std::collections::BTreeSet<u64>,
+}
+
+impl Seen {
+    /// False when `seq` was already seen.
+    fn insert(&mut self, seq: u64) -> bool {
+        if seq < self.floor || !self.ahead.insert(seq) {
+            return false;
+        }
+        while self.ahead.remove(&self.floor) {
+            self.floor += 1;
+        }
+        true
+    }
 }
 
 /// One open SSE response.
@@ -403,9 +461,10 @@ async fn subscriber(
     let mut sse = SseParser::default();
     let mut body = Vec::with_capacity(READ_CHUNK);
     let mut events = Vec::new();
-    let mut next_seq = 0u64;
-    // Done once the last in-window event arrived (or at `stop`).
-    while next_seq < sched.hi {
+    let mut seen = Seen::default();
+    let mut in_window_left = sched.hi - sched.lo;
+    // Done once every in-window event arrived (or at `stop`).
+    while in_window_left > 0 {
         let now = Instant::now();
         if now >= stop {
             break;
@@ -440,12 +499,16 @@ async fn subscriber(
             break;
         }
         for &(ts, seq) in &events {
-            if seq < next_seq {
+            if seq >= sched.hi {
+                st.error("unexpected sequence number");
+                continue;
+            }
+            if !seen.insert(seq) {
                 st.error("duplicate delivery");
                 continue;
             }
-            next_seq = seq + 1;
             if (sched.lo..sched.hi).contains(&seq) {
+                in_window_left -= 1;
                 st.ops += 1;
                 st.bytes += line_len(ts, seq);
                 st.record(now.saturating_duration_since(unstamp(ts)));
@@ -513,6 +576,21 @@ mod tests {
             assert_eq!(p.out, b"LG 5 0\nLG 6 1\nLG 7 2\n", "cut {cut}");
             assert_eq!(p.next_offset.as_deref(), Some("00000000000000000007"));
         }
+    }
+
+    #[test]
+    fn seen_accepts_each_number_once_in_any_order() {
+        let mut s = Seen::default();
+        for seq in [1, 0, 3, 2, 5] {
+            assert!(s.insert(seq), "{seq}");
+        }
+        assert_eq!(s.floor, 4);
+        assert_eq!(s.ahead.len(), 1);
+        for seq in [0, 3, 5] {
+            assert!(!s.insert(seq), "{seq} again");
+        }
+        assert!(s.insert(4));
+        assert_eq!((s.floor, s.ahead.len()), (6, 0));
     }
 
     #[test]

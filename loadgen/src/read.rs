@@ -45,6 +45,11 @@ pub struct ReadArgs {
     /// Bytes per JSON record when `--view` is records or envelope.
     #[arg(long, default_value_t = 200)]
     pub record_size: usize,
+    /// Read a stream that already exists (from an earlier run with the same `--prefix`) as
+    /// it is, without another pre-fill: repeated short runs then measure steady reads, not
+    /// a write burst at the start of each.
+    #[arg(long)]
+    pub reuse: bool,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -104,8 +109,8 @@ pub fn run(args: &ReadArgs, target: &Target, cores: usize) -> Result<Outcome, St
                     } else {
                         "application/octet-stream"
                     };
-                    t.create_stream(&mut c, &path, ct).await?;
-                    let mut left = a.prefill;
+                    let created = t.create_stream(&mut c, &path, ct).await?;
+                    let mut left = if created || !a.reuse { a.prefill } else { 0 };
                     let mut seq = 0u64;
                     while left > 0 {
                         let n = left.min(a.append_size);
