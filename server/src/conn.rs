@@ -1,5 +1,10 @@
 //! One HTTP/1.1 connection: read a request, hand it to the owning core, write the answer,
 //! repeat (keep-alive and pipelining). Limits are enforced before bodies are read.
+//!
+//! A plain-TCP keep-alive connection whose requests keep going to streams another core
+//! owns moves to that core (after `MOVE_AFTER` such requests in a row, between requests),
+//! so its later requests skip the cross-core round trip. Clients that write one stream per
+//! connection, the common telemetry shape, end up on the right core.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -17,6 +22,9 @@ use crate::http::{write_head, Body, Request, Response};
 use crate::ops::{self, Listener};
 
 const READ_CHUNK: usize = 16 * 1024;
+/// Requests in a row for streams of one other core before the connection moves there. More
+/// than one, so a connection that alternates between cores' streams stays put.
+const MOVE_AFTER: u32 = 4;
 
 /// A connection's byte stream: plain TCP, or TLS over TCP. Connection serving is generic
 /// over it, so the plain path compiles to exactly what it would be without TLS.
@@ -25,24 +33,61 @@ pub trait Transport: AsyncReadRent + AsyncWriteRent {
     /// out without a copy. The TLS adapter sends only the first buffer per call, each as
     /// its own record, so for it the response is joined into one buffer first.
     const VECTORED: bool;
+
+    /// Give up the socket so another core can serve the connection, or get the transport
+    /// back when it can't move (TLS keeps session state on this core).
+    fn into_socket(self) -> Result<std::net::TcpStream, Self>
+    where
+        Self: Sized;
 }
 
 impl Transport for TcpStream {
     const VECTORED: bool = true;
+
+    fn into_socket(self) -> Result<std::net::TcpStream, Self> {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        // monoio's `into_raw_fd` panics if an operation still holds the descriptor. Callers
+        // move a connection only between requests, after the response was written and
+        // before the next read was submitted, so no operation is in flight.
+        let fd = self.into_raw_fd();
+        // SAFETY: `fd` is an open TCP socket we own: `into_raw_fd` released monoio's
+        // ownership without closing it, and nothing else refers to it.
+        Ok(unsafe { std::net::TcpStream::from_raw_fd(fd) })
+    }
 }
 
 impl Transport for monoio_rustls::ServerTlsStream<TcpStream> {
     const VECTORED: bool = false;
+
+    fn into_socket(self) -> Result<std::net::TcpStream, Self> {
+        Err(self)
+    }
 }
 
 pub async fn serve_connection<S: Transport>(
     core: Rc<Core>,
-    mut stream: S,
+    stream: S,
     peer: SocketAddr,
     listener: Listener,
 ) {
-    let mut rbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    serve_from(core, stream, peer, listener, Vec::with_capacity(READ_CHUNK)).await;
+}
+
+/// Serve a connection whose first `rbuf` bytes were already read (by another core, before
+/// the connection moved here).
+async fn serve_from<S: Transport>(
+    core: Rc<Core>,
+    mut stream: S,
+    peer: SocketAddr,
+    listener: Listener,
+    mut rbuf: Vec<u8>,
+) {
     let mut wbuf: Vec<u8> = Vec::with_capacity(1024);
+    // Moving needs a plain socket, another core, and a client connection (the admin
+    // listener lives on core 0 only).
+    let may_move = core.cores() > 1 && listener == Listener::Main && core.config.tls.is_none();
+    // The foreign core the last requests went to, and how many in a row.
+    let mut affinity: (usize, u32) = (core.index, 0);
     loop {
         let head = match read_head(&core, &mut stream, &mut rbuf).await {
             HeadOutcome::Head(h) => h,
@@ -72,6 +117,11 @@ pub async fn serve_connection<S: Transport>(
             query: head.query,
             headers: head.headers,
             body,
+        };
+        let owner = if may_move {
+            crate::routes::owner_of_path(&core, &request.path)
+        } else {
+            None
         };
         let method = request.method.clone();
         let route = ops::route_label(&request.path);
@@ -120,6 +170,38 @@ pub async fn serve_connection<S: Transport>(
             Ok(true) if keep_alive => {}
             _ => return,
         }
+        affinity = match owner {
+            Some(o) if o != core.index && o == affinity.0 => (o, affinity.1 + 1),
+            Some(o) if o != core.index => (o, 1),
+            _ => (core.index, 0),
+        };
+        if affinity.1 >= MOVE_AFTER && !core.shutting_down() {
+            // Between requests: the response is written and no read is pending.
+            let socket = match stream.into_socket() {
+                Ok(socket) => socket,
+                Err(s) => {
+                    stream = s;
+                    affinity = (core.index, 0);
+                    continue;
+                }
+            };
+            core.metrics.connection_moved();
+            core.adopt_on(affinity.0, socket, peer, rbuf);
+            return;
+        }
+    }
+}
+
+/// Serve a connection that another core moved here (see `Core::adopt_on`).
+pub async fn serve_moved(
+    core: Rc<Core>,
+    socket: std::net::TcpStream,
+    peer: SocketAddr,
+    rbuf: Vec<u8>,
+) {
+    match TcpStream::from_std(socket) {
+        Ok(stream) => serve_from(core, stream, peer, Listener::Main, rbuf).await,
+        Err(e) => tracing::warn!(core = core.index, "adopting a moved connection failed: {e}"),
     }
 }
 

@@ -85,6 +85,27 @@ impl Core {
         rx.await.map_err(|_| Unavailable)
     }
 
+    /// Hand a client connection (between requests, with the bytes already read past the
+    /// last one) to core `target`, which counts and serves it from then on. If that core's
+    /// queue is gone (shutdown), the job and with it the socket are dropped, which closes
+    /// the connection as shutdown would have.
+    pub fn adopt_on(
+        &self,
+        target: usize,
+        socket: std::net::TcpStream,
+        peer: SocketAddr,
+        rbuf: Vec<u8>,
+    ) {
+        let job: Job = Box::new(move |core: Rc<Core>| {
+            Box::pin(async move {
+                let slot = ConnectionSlot::take(&core);
+                crate::conn::serve_moved(core, socket, peer, rbuf).await;
+                drop(slot);
+            })
+        });
+        let _ = self.peers[target].try_send(job);
+    }
+
     /// A cheap per-core pseudo-random number (cursor jitter); not for secrets.
     pub fn random(&self) -> u64 {
         let mut x = self.rng.get();

@@ -189,6 +189,7 @@ pub struct CoreMetrics {
     append_bytes: Cell<u64>,
     read_bytes: Cell<u64>,
     sse_open: Cell<u64>,
+    moved_out: Cell<u64>,
 }
 
 impl CoreMetrics {
@@ -229,6 +230,11 @@ impl CoreMetrics {
     pub fn sse_ended(&self) {
         self.sse_open.set(self.sse_open.get().saturating_sub(1));
     }
+
+    /// A connection was handed to the core owning its stream (see `conn`).
+    pub fn connection_moved(&self) {
+        self.moved_out.set(self.moved_out.get() + 1);
+    }
 }
 
 /// Everything a scrape reports about one core and its shard.
@@ -239,6 +245,7 @@ struct CoreSnapshot {
     append_bytes: u64,
     read_bytes: u64,
     sse_open: u64,
+    moved_out: u64,
     waiting_readers: usize,
     connections: usize,
     inflight: usize,
@@ -259,6 +266,7 @@ fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
         append_bytes: m.append_bytes.get(),
         read_bytes: m.read_bytes.get(),
         sse_open: m.sse_open.get(),
+        moved_out: m.moved_out.get(),
         waiting_readers,
         connections,
         inflight: core.inflight.get(),
@@ -397,6 +405,13 @@ impl prometheus_client::collector::Collector for Scrape {
             "Open client connections",
             "core",
             c().map(|s| (s.core, gauge(s.connections as u64))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_connections_moved",
+            "Keep-alive connections this core handed to the core owning their stream",
+            "core",
+            c().map(|s| (s.core, counter(s.moved_out))),
         )?;
         per_core(
             &mut e,
