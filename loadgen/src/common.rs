@@ -50,6 +50,11 @@ pub struct Common {
     /// Stream name prefix (a per-run suffix keeps runs apart).
     #[arg(long, default_value = "lg")]
     pub prefix: String,
+    /// The per-run part of stream names (default: unique per run). Fixing it lets a later
+    /// run address the same streams, e.g. `read --reuse`, or a script delete them:
+    /// streams are named `{prefix}-{scenario}-{run-id}-{i}`.
+    #[arg(long)]
+    pub run_id: Option<String>,
     /// Write the machine-readable report to this file.
     #[arg(long)]
     #[serde(skip)]
@@ -152,6 +157,14 @@ impl Target {
         {
             return Err("--prefix must be non-empty [A-Za-z0-9_-]".into());
         }
+        if c.run_id.as_deref().is_some_and(|r| {
+            r.is_empty()
+                || !r
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        }) {
+            return Err("--run-id must be non-empty [A-Za-z0-9_-]".into());
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
@@ -161,7 +174,10 @@ impl Target {
             base: format!("http://{hostport}"),
             surface: c.surface,
             bucket: c.bucket.clone(),
-            run_id: format!("{:x}{:x}", now, std::process::id()),
+            run_id: c
+                .run_id
+                .clone()
+                .unwrap_or_else(|| format!("{:x}{:x}", now, std::process::id())),
             prefix: c.prefix.clone(),
         })
     }
@@ -457,6 +473,7 @@ mod tests {
             warmup: Duration::ZERO,
             timeout: Duration::from_secs(1),
             prefix: "lg".into(),
+            run_id: None,
             json: None,
             svg: None,
         };

@@ -45,9 +45,9 @@ pub struct ReadArgs {
     /// Bytes per JSON record when `--view` is records or envelope.
     #[arg(long, default_value_t = 200)]
     pub record_size: usize,
-    /// Read a stream that already exists (from an earlier run with the same `--prefix`) as
-    /// it is, without another pre-fill: repeated short runs then measure steady reads, not
-    /// a write burst at the start of each.
+    /// Read a stream that already exists (from an earlier run with the same `--prefix` and
+    /// `--run-id`) as it is, without another pre-fill: repeated short runs then measure
+    /// steady reads, not a write burst at the start of each.
     #[arg(long)]
     pub reuse: bool,
 }
