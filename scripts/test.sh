@@ -13,7 +13,7 @@
 #      (URSULA_CRASH_LONG_CYCLES, default 20)
 #   7. short soak: scripts/soak.sh for URSULA_SOAK_SECONDS (default 70; 0 skips): write +
 #      fanout + read at once; fails on RSS growth, fd growth, loadgen errors, missed
-#      deliveries or write p99 drift
+#      deliveries or write/fanout p99 drift
 #   8. fuzz: every cargo-fuzz target for URSULA_FUZZ_SECONDS each (default 20; 0 skips)
 #
 # Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES,

@@ -19,17 +19,26 @@ pub type StreamId = u64;
 
 /// One write operation's bytes (a PUT body, a POST body, a batch frame).
 #[derive(Clone, Debug)]
+///
+/// A stream keeps one of these in memory for every retained append, so it is packed: 40
+/// bytes, where a plain `Option<Bytes>` + `Option<DiskLoc>` layout took 88. Cached bytes
+/// live beside the table (`Stream::cached`), since most chunks are not cached.
 pub struct Chunk {
     /// Stream offset of the first byte.
     pub start: u64,
-    pub len: u32,
     /// Ordinal (index into the message index) of the first message in this chunk.
     pub first_msg: u64,
-    /// The bytes, while cached in memory.
-    data: Option<Bytes>,
-    /// Where the bytes are in the log (none in memory mode).
-    loc: Option<DiskLoc>,
+    pub len: u32,
+    /// Where the bytes are in the log, as the fields of a `DiskLoc`; `segment` is
+    /// `NOWHERE` in memory mode, where chunks only exist in the cache.
+    segment: u32,
+    record_pos: u64,
+    record_len: u32,
+    data_off: u32,
 }
+
+/// `Chunk::segment` of a chunk that is not in the log.
+const NOWHERE: u32 = u32::MAX;
 
 /// Position of a chunk's bytes inside a log record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,17 +63,48 @@ impl DiskLoc {
 }
 
 impl Chunk {
+    fn new(start: u64, len: u32, loc: Option<DiskLoc>) -> Chunk {
+        let mut c = Chunk {
+            start,
+            first_msg: 0,
+            len,
+            segment: NOWHERE,
+            record_pos: 0,
+            record_len: 0,
+            data_off: 0,
+        };
+        c.set_loc(loc);
+        c
+    }
+
     pub fn end(&self) -> u64 {
         self.start + self.len as u64
     }
 
-    pub fn is_resident(&self) -> bool {
-        self.data.is_some()
-    }
-
     /// Where the chunk's bytes are in the log (none in memory mode).
     pub(crate) fn loc(&self) -> Option<DiskLoc> {
-        self.loc
+        (self.segment != NOWHERE).then_some(DiskLoc {
+            segment: u64::from(self.segment),
+            record_pos: self.record_pos,
+            record_len: self.record_len,
+            data_off: self.data_off,
+        })
+    }
+
+    fn set_loc(&mut self, loc: Option<DiskLoc>) {
+        let Some(l) = loc else {
+            self.segment = NOWHERE;
+            return;
+        };
+        // Segment numbers count segment files, one per `segment_bytes` (>= 1 MiB) of log:
+        // 2^32 - 1 of them is an exabyte written to one shard.
+        self.segment = u32::try_from(l.segment)
+            .ok()
+            .filter(|&s| s != NOWHERE)
+            .expect("segment number below 2^32 - 1");
+        self.record_pos = l.record_pos;
+        self.record_len = l.record_len;
+        self.data_off = l.data_off;
     }
 }
 
@@ -126,6 +166,9 @@ pub struct Stream {
     pub last_stream_seq: Option<Bytes>,
     pub producers: HashMap<Box<str>, Producer>,
     chunks: Vec<Chunk>,
+    /// Bytes of the chunks cached in memory, by chunk start (all of them in memory mode).
+    /// Looked up per chunk on the read path, so a fast hash (the map is bounded by the cache).
+    cached: HashMap<u64, Bytes, foldhash::fast::FixedState>,
     /// Start offset of every retained message; ordinal `msg_base + i` starts at
     /// `msg_starts[i]`. Retention drops entries from the front and raises `msg_base`, so
     /// surviving ordinals never change.
@@ -160,6 +203,7 @@ impl Stream {
             last_stream_seq: None,
             producers: HashMap::new(),
             chunks: Vec::new(),
+            cached: HashMap::default(),
             msg_starts: Vec::new(),
             msg_base: 0,
             retained_start: 0,
@@ -200,13 +244,7 @@ impl Stream {
         let mut s = Stream::from_image(i, now_ms);
         s.chunks = chunks
             .into_iter()
-            .map(|(start, len, loc)| Chunk {
-                start,
-                len,
-                first_msg: 0,
-                data: None,
-                loc: Some(loc),
-            })
+            .map(|(start, len, loc)| Chunk::new(start, len, Some(loc)))
             .collect();
         s.msg_starts = msg_starts;
         s
@@ -301,20 +339,11 @@ impl Stream {
         let i = self.chunks.partition_point(|c| c.start < start);
         if let Some(c) = self.chunks.get_mut(i) {
             if c.start == start {
-                c.loc = Some(loc);
+                c.set_loc(Some(loc));
                 return;
             }
         }
-        self.chunks.insert(
-            i,
-            Chunk {
-                start,
-                len,
-                first_msg: 0,
-                data: None,
-                loc: Some(loc),
-            },
-        );
+        self.chunks.insert(i, Chunk::new(start, len, Some(loc)));
         let mut off = start;
         for &l in msg_lens.iter().filter(|&&l| l > 0) {
             let j = self.msg_starts.partition_point(|&m| m < off);
@@ -366,7 +395,7 @@ impl Stream {
         self.chunks
             .iter()
             .filter_map(|c| {
-                let loc = c.loc.filter(|l| l.segment == segment)?;
+                let loc = c.loc().filter(|l| l.segment == segment)?;
                 let first = c.first_msg;
                 let next = self.message_at_or_after(c.end());
                 Some((c.start, c.len, loc, self.message_lens(first, next)))
@@ -379,18 +408,14 @@ impl Stream {
         let i = self.chunks.partition_point(|c| c.start < chunk_start);
         if let Some(c) = self.chunks.get_mut(i) {
             if c.start == chunk_start {
-                c.loc = Some(loc);
+                c.set_loc(Some(loc));
             }
         }
     }
 
     /// Cached bytes of a chunk, if any.
     pub(crate) fn cached_chunk(&self, chunk_start: u64) -> Option<Bytes> {
-        let i = self.chunks.partition_point(|c| c.start < chunk_start);
-        self.chunks
-            .get(i)
-            .filter(|c| c.start == chunk_start)
-            .and_then(|c| c.data.clone())
+        self.cached.get(&chunk_start).cloned()
     }
 
     /// Apply an append to the head state. Returns the receipt it produced, if any.
@@ -412,16 +437,16 @@ impl Stream {
             if len == 0 {
                 continue;
             }
-            self.chunks.push(Chunk {
-                start: a.start + pos as u64,
-                len: len as u32,
-                first_msg: 0, // fixed below once messages are indexed
-                data: keep_data.then(|| a.data.slice(pos..pos + len)),
-                loc: loc.map(|l| DiskLoc {
-                    data_off: l.data_off + pos as u32,
-                    ..l
-                }),
+            let start = a.start + pos as u64;
+            // first_msg is set below, once the messages are indexed.
+            let loc = loc.map(|l| DiskLoc {
+                data_off: l.data_off + pos as u32,
+                ..l
             });
+            self.chunks.push(Chunk::new(start, len as u32, loc));
+            if keep_data {
+                self.cached.insert(start, a.data.slice(pos..pos + len));
+            }
             pos += len;
         }
         let first_new_chunk = self.chunks.len() - a.append_lens.iter().filter(|&&l| l > 0).count();
@@ -579,7 +604,7 @@ impl Stream {
         let mut cached = 0;
         for c in self.chunks.drain(..drop_chunks) {
             freed += c.len as u64;
-            if c.data.is_some() {
+            if self.cached.remove(&c.start).is_some() {
                 cached += c.len as usize;
             }
         }
@@ -624,7 +649,14 @@ impl Stream {
             }
             let a = (from.max(c.start) - c.start) as usize;
             let b = (to.min(c.end()) - c.start) as usize;
-            match (&c.data, c.loc) {
+            // Most reads are of data that is either all cached (live tails) or none of it
+            // (catch-up), so skip the lookup when nothing is.
+            let data = if self.cached.is_empty() {
+                None
+            } else {
+                self.cached.get(&c.start)
+            };
+            match (data, c.loc()) {
                 (Some(d), _) => out.push(Piece::Memory(d.slice(a..b))),
                 (None, Some(loc)) => out.push(Piece::Disk {
                     loc,
@@ -643,11 +675,13 @@ impl Stream {
     /// Cache a chunk's bytes again after a disk read. Returns the bytes newly cached.
     pub(crate) fn recache(&mut self, chunk_start: u64, data: &Bytes) -> usize {
         let i = self.chunks.partition_point(|c| c.start < chunk_start);
-        match self.chunks.get_mut(i) {
+        match self.chunks.get(i) {
             Some(c)
-                if c.start == chunk_start && c.data.is_none() && c.len as usize == data.len() =>
+                if c.start == chunk_start
+                    && c.len as usize == data.len()
+                    && !self.cached.contains_key(&chunk_start) =>
             {
-                c.data = Some(data.clone());
+                self.cached.insert(chunk_start, data.clone());
                 data.len()
             }
             _ => 0,
@@ -658,14 +692,13 @@ impl Stream {
     /// freed.
     pub(crate) fn evict(&mut self, chunk_start: u64) -> usize {
         let i = self.chunks.partition_point(|c| c.start < chunk_start);
-        match self.chunks.get_mut(i) {
+        match self.chunks.get(i) {
             Some(c)
                 if c.start == chunk_start
-                    && c.loc.is_some()
+                    && c.loc().is_some()
                     && c.end() <= self.visible_tail
-                    && c.data.is_some() =>
+                    && self.cached.remove(&chunk_start).is_some() =>
             {
-                c.data = None;
                 c.len as usize
             }
             _ => 0,
@@ -679,11 +712,7 @@ impl Stream {
 
     /// Bytes of this stream currently cached in memory.
     pub fn resident_bytes(&self) -> usize {
-        self.chunks
-            .iter()
-            .filter(|c| c.is_resident())
-            .map(|c| c.len as usize)
-            .sum()
+        self.cached.values().map(Bytes::len).sum()
     }
 
     /// All write operations (for copying history into a fork).
@@ -841,7 +870,30 @@ mod tests {
         };
         assert_eq!(s.chunks()[1].loc().map(|l| l.data_off), Some(97));
         assert_eq!(s.recache(0, &Bytes::from_static(b"ab\n")), 3);
+        assert_eq!(
+            s.recache(0, &Bytes::from_static(b"ab\n")),
+            0,
+            "already cached"
+        );
         assert_eq!(memory(&s.read_plan(0, 6)), b"ab\ncd\n");
+        assert_eq!(s.resident_bytes(), 6);
+        // Retention drops the cached bytes with the chunk.
+        assert_eq!(s.retain(3, 1), (3, 3));
+        assert_eq!(s.resident_bytes(), 3);
+    }
+
+    #[test]
+    fn chunk_entries_stay_packed() {
+        // One entry per retained append lives in memory: keep it at 40 bytes.
+        assert_eq!(std::mem::size_of::<Chunk>(), 40);
+        let loc = DiskLoc {
+            segment: 7,
+            record_pos: 1 << 40,
+            record_len: 300,
+            data_off: 12,
+        };
+        assert_eq!(Chunk::new(0, 1, Some(loc)).loc(), Some(loc));
+        assert_eq!(Chunk::new(0, 1, None).loc(), None);
     }
 
     #[test]
