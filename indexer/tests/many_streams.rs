@@ -40,7 +40,8 @@ fn counts(path: &Path) -> Vec<(String, u64)> {
 
 /// Requests `ursula` answered, by method, from its `/metrics`.
 fn source_requests(ua: &str) -> Vec<(String, u64)> {
-    let text = get(ua, "/metrics").text();
+    // The source's metrics live under its internal prefix (`/metrics` is a bucket).
+    let text = get(ua, "/__ursula/metrics").text();
     let mut by_method: Vec<(String, u64)> = Vec::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("ursula_http_requests_total{") else {
