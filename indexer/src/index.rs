@@ -132,6 +132,8 @@ pub struct Index {
     view: RwLock<Arc<View>>,
     stop: AtomicBool,
     stop_signal: tokio::sync::Notify,
+    /// This process has tried a compaction since the last GC (see `gc`).
+    compacted: AtomicBool,
 }
 
 /// A source long-poll in flight: `(offset it reads from, result)`.
@@ -248,6 +250,7 @@ impl Index {
             view: RwLock::new(Arc::new(view)),
             stop: AtomicBool::new(false),
             stop_signal: tokio::sync::Notify::new(),
+            compacted: AtomicBool::new(false),
         }))
     }
 
@@ -1018,6 +1021,8 @@ impl Index {
     }
 
     async fn compact(&self, day: i64, l0: Vec<PartMeta>) -> Result<(), String> {
+        // Its outputs go under `parts/`; if its publish fails they are orphans for GC.
+        self.compacted.store(true, Ordering::Relaxed);
         let cfg = &self.shared.cfg;
         let view = self.view();
         let m = &view.manifest;
@@ -1107,13 +1112,24 @@ impl Index {
             .chain(m.retired_parts.iter().map(|r| r.key.as_str()))
             .collect();
         let mut deleted = 0;
-        for l in self
-            .shared
-            .store
-            .list(&manifest::parts_prefix(&self.ns))
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        // Only compaction writes objects under `parts/` (level-0 parts live in packs), so
+        // only an index that has compacted can have orphans there. Listing every index's
+        // prefix was one LIST per index per GC interval: ~170/s at 10 000 indexes.
+        let may_have_orphans = self.compacted.swap(false, Ordering::Relaxed)
+            || m.parts.iter().any(|p| p.level > 0)
+            || m.retired_parts
+                .iter()
+                .any(|r| crate::batch::pack_member(&r.key).is_none());
+        let listed = if may_have_orphans {
+            self.shared
+                .store
+                .list(&manifest::parts_prefix(&self.ns))
+                .await
+                .map_err(|e| e.to_string())?
+        } else {
+            Vec::new()
+        };
+        for l in listed {
             let orphan =
                 !live.contains(l.key.as_str()) && l.modified_ms.is_some_and(|t| now - t >= grace);
             if orphan {
