@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use sonic_rs::JsonContainerTrait;
 use support::*;
 
 /// Requests `ursula` answered on stream routes (reads, HEADs, appends), by method.
