@@ -111,7 +111,21 @@ fn layouts() {
         .set_write_batch_size(part::PAGE_ROWS)
         .set_max_row_group_row_count(Some(part::ROW_GROUP_ROWS))
         .build();
-    for (name, props) in [("current", part::writer_properties()), ("first", first)] {
+    // The layout before this one: the current one plus ZSTD on every column.
+    let zstd = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+        .set_dictionary_enabled(false)
+        .set_encoding(parquet::basic::Encoding::DELTA_BINARY_PACKED)
+        .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Page)
+        .set_data_page_row_count_limit(part::PAGE_ROWS)
+        .set_write_batch_size(part::PAGE_ROWS)
+        .set_max_row_group_row_count(Some(part::ROW_GROUP_ROWS))
+        .build();
+    for (name, props) in [
+        ("current", part::writer_properties()),
+        ("zstd", zstd),
+        ("first", first),
+    ] {
         let bytes = part::encode_with(&entries, props).expect("encode");
         let f = part::PartFile::open(bytes.clone()).expect("open");
         let t = Instant::now();

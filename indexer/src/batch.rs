@@ -92,6 +92,9 @@ struct Op {
 
 struct Shard {
     snap: tokio::sync::Mutex<Snapshot>,
+    /// The slots of `snap` as last renewed or written, for readers that find `snap` busy
+    /// with a GET or PUT: they read this rather than queue behind the request.
+    published: Mutex<Option<Arc<BTreeMap<String, Bytes>>>>,
     queue: Mutex<Vec<Op>>,
     flushing: AtomicBool,
 }
@@ -115,6 +118,7 @@ impl ShardedStore {
                 .map(|_| {
                     Arc::new(Shard {
                         snap: tokio::sync::Mutex::new(Snapshot::default()),
+                        published: Mutex::new(None),
                         queue: Mutex::new(Vec::new()),
                         flushing: AtomicBool::new(false),
                     })
@@ -157,11 +161,26 @@ impl ShardedStore {
             }
         }
         snap.fetched = Some(Instant::now());
+        *lock(&self.shards[k].published) = Some(snap.slots.clone());
         Ok(())
     }
 
+    /// The slots of shard `k`, at most `max_age` old, or, while another task holds the
+    /// shard for a GET or PUT, as of its last renewal. Waiting instead made every reader
+    /// of a shard (10 000 following indexes poll theirs every poll interval, and a
+    /// starting worker opens them all) queue behind each renewal's round trip; a stale
+    /// read only makes a later conditional write fail, as the module doc says.
     async fn slots(&self, k: usize) -> StoreResult<Arc<BTreeMap<String, Bytes>>> {
-        let mut snap = self.shards[k].snap.lock().await;
+        let shard = &self.shards[k];
+        let mut snap = match shard.snap.try_lock() {
+            Ok(s) => s,
+            Err(_) => {
+                if let Some(s) = lock(&shard.published).clone() {
+                    return Ok(s);
+                }
+                shard.snap.lock().await
+            }
+        };
         self.renew(k, &mut snap, self.max_age).await?;
         Ok(snap.slots.clone())
     }
@@ -278,6 +297,8 @@ impl ShardedStore {
                     snap.etag = Some(etag);
                     snap.slots = Arc::new(slots);
                     snap.fetched = Some(Instant::now());
+                    // Before the writers hear of success: a read after a write sees it.
+                    *lock(&self.shards[k].published) = Some(snap.slots.clone());
                     deliver(ops, results);
                     return;
                 }

@@ -85,6 +85,10 @@ pub struct Cli {
     /// overlaps what is already durable (exercises overlap verification).
     #[arg(long, hide = true)]
     pub debug_reingest: bool,
+    /// Test-only: wait this long before opening each index, so a test can watch a worker
+    /// that listens while its indexes are still opening.
+    #[arg(long, hide = true)]
+    pub debug_open_delay_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -140,6 +144,7 @@ pub struct Config {
     pub tls: Option<(PathBuf, PathBuf)>,
     pub debug_time_offset_ms: i64,
     pub debug_reingest: bool,
+    pub debug_open_delay: Duration,
 }
 
 impl Config {
@@ -223,6 +228,7 @@ impl Config {
             source_ca_file: cli.source_ca_file.or(file.source_ca_file),
             debug_time_offset_ms: cli.debug_time_offset_ms.unwrap_or(0),
             debug_reingest: cli.debug_reingest,
+            debug_open_delay: Duration::from_millis(cli.debug_open_delay_ms.unwrap_or(0)),
         })
     }
 }

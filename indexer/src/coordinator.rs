@@ -4,8 +4,9 @@
 //! worker holds its claim, and every worker answers queries.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use crate::extract::{ExtractSpec, Extractor};
 use crate::index::{Index, Shared};
@@ -15,14 +16,47 @@ use crate::time::now_ms;
 
 pub struct Coordinator {
     pub shared: Arc<Shared>,
-    indexes: RwLock<HashMap<String, Arc<Index>>>,
+    /// Every registration in the last CATALOG read, open or still opening.
+    indexes: RwLock<HashMap<String, Arc<Slot>>>,
     catalog_etag: tokio::sync::Mutex<Option<String>>,
     /// Last CATALOG read succeeded (readiness).
     pub ready: AtomicBool,
-    /// A catalog read and the opening of its indexes (their manifests) has completed at
-    /// least once: systemd readiness.
+    /// A catalog read and an attempt to open every one of its indexes (their manifests)
+    /// have completed at least once: `/readyz` and systemd readiness.
     pub loaded: AtomicBool,
+    /// A CATALOG read has succeeded at least once.
+    catalog_read: AtomicBool,
+    /// A background pass opening the slots that are not open yet is running.
+    opening: AtomicBool,
     restarted: Arc<tokio::sync::Notify>,
+}
+
+/// How many indexes a worker opens at once. Opening is a slot read from a shared shard
+/// snapshot and, for a new index, a create-only slot write; writes issued together share
+/// one shard PUT per linger window, so opening in parallel is what makes 10 000 indexes
+/// cost ~32 PUTs instead of 10 000 sequential 30 ms linger windows.
+pub const OPEN_CONCURRENCY: usize = 256;
+
+/// How long a request for an index that is registered but not yet open waits for it
+/// before it is answered 503 with `Retry-After`.
+pub const OPEN_WAIT: Duration = Duration::from_secs(10);
+
+/// One registration and, once opened, its index. The listener answers before every index
+/// is open (a worker with 10 000 indexes would otherwise be deaf for minutes), so a slot
+/// may be registered but not open yet; a request for it opens it at once rather than
+/// waiting its turn in the background pass.
+pub struct Slot {
+    pub reg: Registration,
+    index: tokio::sync::OnceCell<Arc<Index>>,
+    /// Dropped from CATALOG (or replaced): an open still in flight stops what it opens.
+    removed: AtomicBool,
+}
+
+pub enum Lookup {
+    Open(Arc<Index>),
+    /// Registered, but opening it failed or is taking longer than [`OPEN_WAIT`].
+    Opening(String),
+    Unknown,
 }
 
 /// The body of `PUT /v1/indexes/{id}`.
@@ -60,6 +94,8 @@ impl Coordinator {
             catalog_etag: tokio::sync::Mutex::new(None),
             ready: AtomicBool::new(false),
             loaded: AtomicBool::new(false),
+            opening: AtomicBool::new(false),
+            catalog_read: AtomicBool::new(false),
             restarted: Arc::new(tokio::sync::Notify::new()),
         })
     }
@@ -72,6 +108,8 @@ impl Coordinator {
             if let Err(e) = self.sync(false).await {
                 tracing::warn!("catalog: {e}");
             }
+            // Retries indexes whose open failed, and opens what the sync added.
+            self.open_in_background();
             if std::time::Instant::now() >= next_purge {
                 next_purge = std::time::Instant::now() + self.shared.cfg.gc_interval;
                 if let Err(e) = self.purge_retired().await {
@@ -91,12 +129,121 @@ impl Coordinator {
         }
     }
 
+    /// The index `id` if it is open now.
     pub fn get(&self, id: &str) -> Option<Arc<Index>> {
+        self.slot(id).and_then(|s| s.index.get().cloned())
+    }
+
+    fn slot(&self, id: &str) -> Option<Arc<Slot>> {
         self.indexes
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
             .cloned()
+    }
+
+    /// `(open, registered)`.
+    pub fn open_counts(&self) -> (usize, usize) {
+        let map = self.indexes.read().unwrap_or_else(|p| p.into_inner());
+        let open = map.values().filter(|s| s.index.initialized()).count();
+        (open, map.len())
+    }
+
+    /// The index `id`, opening it now (ahead of the background pass) if it is registered
+    /// but not open yet, waiting at most [`OPEN_WAIT`].
+    pub async fn lookup(&self, id: &str) -> Lookup {
+        let Some(slot) = self.slot(id) else {
+            return Lookup::Unknown;
+        };
+        if let Some(ix) = slot.index.get() {
+            return Lookup::Open(ix.clone());
+        }
+        match tokio::time::timeout(OPEN_WAIT, self.open_slot(&slot)).await {
+            Ok(Ok(ix)) => Lookup::Open(ix),
+            Ok(Err(e)) => Lookup::Opening(format!("index {id} could not be opened yet: {e}")),
+            Err(_) => Lookup::Opening(format!("index {id} is still opening")),
+        }
+    }
+
+    /// Open `slot` (once: concurrent callers wait for the same open) and start its ingest
+    /// task. A failed open leaves the slot unopened for the next attempt.
+    async fn open_slot(&self, slot: &Arc<Slot>) -> Result<Arc<Index>, String> {
+        slot.index
+            .get_or_try_init(|| async {
+                let delay = self.shared.cfg.debug_open_delay;
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                let ix = Index::open(self.shared.clone(), slot.reg.clone()).await?;
+                tokio::spawn(ix.clone().run(self.restarted.clone()));
+                Ok::<_, String>(ix)
+            })
+            .await
+            .cloned()
+            .inspect(|ix| {
+                // `sync` sets `removed` before it looks at the cell, and we set the cell
+                // before we look at `removed`: whichever comes second stops the index.
+                if slot.removed.load(Ordering::SeqCst) {
+                    ix.stop();
+                }
+            })
+    }
+
+    /// Open every slot that is not open yet, [`OPEN_CONCURRENCY`] at a time, in a task of
+    /// its own (one at a time). When it has tried them all, the worker is `loaded`.
+    pub fn open_in_background(self: &Arc<Self>) {
+        if self.opening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            me.open_pending().await;
+            me.opening.store(false, Ordering::Release);
+        });
+    }
+
+    async fn open_pending(self: &Arc<Self>) {
+        let pending: Vec<Arc<Slot>> = self
+            .indexes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| !s.index.initialized())
+            .cloned()
+            .collect();
+        if !pending.is_empty() {
+            let started = std::time::Instant::now();
+            let total = pending.len();
+            let next = Arc::new(AtomicUsize::new(0));
+            let failed = Arc::new(AtomicUsize::new(0));
+            let pending = Arc::new(pending);
+            let mut workers = tokio::task::JoinSet::new();
+            for _ in 0..OPEN_CONCURRENCY.min(total) {
+                let (me, next, failed, pending) =
+                    (self.clone(), next.clone(), failed.clone(), pending.clone());
+                workers.spawn(async move {
+                    while let Some(slot) = pending.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if slot.removed.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        if let Err(e) = me.open_slot(slot).await {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(index = %slot.reg.id, "open: {e}");
+                        }
+                    }
+                });
+            }
+            while workers.join_next().await.is_some() {}
+            tracing::info!(
+                "opened {} of {total} indexes in {:?}",
+                total - failed.load(Ordering::Relaxed),
+                started.elapsed()
+            );
+        }
+        // Only after a catalog read: an empty map before one means "not read yet".
+        if self.catalog_read.load(Ordering::Acquire) {
+            self.loaded.store(true, Ordering::Release);
+        }
     }
 
     /// Bring the set of open indexes in line with CATALOG (`force`: even if unchanged).
@@ -133,40 +280,37 @@ impl Coordinator {
             Some(v) => (v.value.registrations, Some(v.etag)),
             None => (Vec::new(), None),
         };
-        let current: HashMap<String, Arc<Index>> = self
+        let current: HashMap<String, Arc<Slot>> = self
             .indexes
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        // Only bookkeeping here: opening is left to `open_in_background` and to the
+        // requests that need an index first.
         let mut next = HashMap::new();
         for reg in regs {
-            match current.get(&reg.id) {
-                Some(ix) if ix.reg == reg => {
-                    next.insert(reg.id.clone(), ix.clone());
-                }
-                _ => match Index::open(self.shared.clone(), reg.clone()).await {
-                    Ok(ix) => {
-                        tokio::spawn(ix.clone().run(self.restarted.clone()));
-                        next.insert(reg.id.clone(), ix);
-                    }
-                    Err(e) => {
-                        tracing::warn!(index = %reg.id, "open: {e}");
-                        if let Some(old) = current.get(&reg.id) {
-                            next.insert(reg.id.clone(), old.clone());
-                        }
-                    }
-                },
-            }
+            let slot = match current.get(&reg.id) {
+                Some(s) if s.reg == reg => s.clone(),
+                _ => Arc::new(Slot {
+                    reg: reg.clone(),
+                    index: tokio::sync::OnceCell::new(),
+                    removed: AtomicBool::new(false),
+                }),
+            };
+            next.insert(reg.id.clone(), slot);
         }
-        for (id, ix) in &current {
-            if next.get(id).is_none_or(|n| !Arc::ptr_eq(n, ix)) {
-                ix.stop();
+        for (id, slot) in &current {
+            if next.get(id).is_none_or(|n| !Arc::ptr_eq(n, slot)) {
+                slot.removed.store(true, Ordering::SeqCst);
+                if let Some(ix) = slot.index.get() {
+                    ix.stop();
+                }
                 self.shared.metrics.forget(id);
             }
         }
         *self.indexes.write().unwrap_or_else(|p| p.into_inner()) = next;
         *etag = new_etag;
-        self.loaded.store(true, Ordering::Release);
+        self.catalog_read.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -288,6 +432,12 @@ impl Coordinator {
         .map_err(RegisterError::Internal)?;
         let reg = result.0?;
         self.sync(true).await.map_err(RegisterError::Internal)?;
+        // Open it before answering, so the index is queryable when the client hears 201.
+        if let Some(slot) = self.slot(id) {
+            self.open_slot(&slot)
+                .await
+                .map_err(RegisterError::Internal)?;
+        }
         Ok(reg)
     }
 

@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use serde::Serialize;
 
-use crate::coordinator::{valid_id, Coordinator, RegisterBody, RegisterError};
+use crate::coordinator::{valid_id, Coordinator, Lookup, RegisterBody, RegisterError};
 use crate::index::{decode_cursor, encode_cursor, Index, Query, QueryError, View};
 use crate::manifest::{Skipped, Status};
 use crate::part::Entry;
@@ -41,10 +41,14 @@ pub async fn handle(
     let resp = match (&method, segs.as_slice()) {
         (&Method::GET, ["livez"]) => empty(StatusCode::NO_CONTENT),
         (&Method::GET, ["readyz"]) => {
-            if co.ready.load(Ordering::Relaxed) {
-                empty(StatusCode::NO_CONTENT)
+            if !co.ready.load(Ordering::Relaxed) {
+                retry_later("catalog is not readable")
+            } else if !co.loaded.load(Ordering::Acquire) {
+                // Listening already (so /livez answers), still opening the indexes.
+                let (open, total) = co.open_counts();
+                retry_later(&format!("opening indexes: {open} of {total} open"))
             } else {
-                error(StatusCode::SERVICE_UNAVAILABLE, "catalog is not readable")
+                empty(StatusCode::NO_CONTENT)
             }
         }
         (&Method::GET, ["metrics"]) => match co.shared.metrics.render() {
@@ -116,13 +120,28 @@ async fn lookup(co: &Arc<Coordinator>, id: &str) -> Result<Arc<Index>, Resp> {
     if !valid_id(id) {
         return Err(error(StatusCode::BAD_REQUEST, "invalid index id"));
     }
-    if let Some(ix) = co.get(id) {
-        return Ok(ix);
+    match co.lookup(id).await {
+        Lookup::Open(ix) => return Ok(ix),
+        Lookup::Opening(why) => return Err(retry_later(&why)),
+        Lookup::Unknown => {}
     }
     // Registered through another worker a moment ago?
     let _ = co.sync(true).await;
-    co.get(id)
-        .ok_or_else(|| error(StatusCode::NOT_FOUND, "unknown index"))
+    match co.lookup(id).await {
+        Lookup::Open(ix) => Ok(ix),
+        Lookup::Opening(why) => Err(retry_later(&why)),
+        Lookup::Unknown => Err(error(StatusCode::NOT_FOUND, "unknown index")),
+    }
+}
+
+/// 503 with `Retry-After: 1`: the request is fine, this worker cannot answer it yet.
+fn retry_later(why: &str) -> Resp {
+    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, why);
+    r.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from_static("1"),
+    );
+    r
 }
 
 async fn register(co: &Arc<Coordinator>, id: &str, ct: &str, body: &[u8]) -> Resp {

@@ -131,7 +131,27 @@ pub struct Index {
     shared: Arc<Shared>,
     view: RwLock<Arc<View>>,
     stop: AtomicBool,
+    stop_signal: tokio::sync::Notify,
+    /// This process has tried a compaction since the last GC (see `gc`).
+    compacted: AtomicBool,
 }
+
+/// A source long-poll in flight: `(offset it reads from, result)`.
+type PendingRead =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (u64, Result<ReadResult, String>)> + Send>>;
+
+/// How often an owner asks the source for `HEAD` (retention floor, incarnation, tail for
+/// the lag metric) while its long-polls come back empty. Idle indexes then cost the source
+/// about one long-poll per the source's long-poll timeout and nothing else. A recreated,
+/// deleted or trimmed stream is still noticed at once: the next read answers 404, 410,
+/// 400 (offset beyond the tail) or a tail behind ours, and each of those asks for a HEAD.
+const IDLE_HEAD_INTERVAL: Duration = Duration::from_secs(30);
+/// While reads return data (and while the source is gone or failing): once a second.
+const ACTIVE_HEAD_INTERVAL: Duration = Duration::from_secs(1);
+/// Client-side bound on one long-poll. The source ends a long-poll itself after its own
+/// timeout (ursula: `--long-poll-timeout-ms`, 1 s by default); this only guards against
+/// one that never answers.
+const LONG_POLL_CAP: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Copy)]
 pub struct Query {
@@ -229,6 +249,8 @@ impl Index {
             shared,
             view: RwLock::new(Arc::new(view)),
             stop: AtomicBool::new(false),
+            stop_signal: tokio::sync::Notify::new(),
+            compacted: AtomicBool::new(false),
         }))
     }
 
@@ -242,6 +264,16 @@ impl Index {
 
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        // Wakes the owner loop out of a long-poll (a permit is kept if it is not waiting).
+        self.stop_signal.notify_one();
+    }
+
+    /// Sleep, but wake when stopped.
+    async fn nap(&self, d: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = self.stop_signal.notified() => {}
+        }
     }
 
     fn stopped(&self) -> bool {
@@ -490,6 +522,8 @@ impl Index {
             cfg.commit_interval,
         );
         let mut last_head: Option<Instant> = None;
+        let mut head_every = ACTIVE_HEAD_INTERVAL;
+        let mut poll: Option<PendingRead> = None;
         let mut source_tail = 0u64;
         let mut caught_up = Instant::now();
         let label = IndexLabel::of(&self.reg.id);
@@ -511,7 +545,7 @@ impl Index {
                     }
                 }
             }
-            if last_head.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+            if last_head.is_none_or(|t| now.duration_since(t) >= head_every) {
                 last_head = Some(now);
                 match self.shared.source.head(&self.reg.stream_url).await {
                     Ok(HeadResult::NotFound) => {
@@ -521,7 +555,10 @@ impl Index {
                                 tracing::warn!(index = %self.reg.id, "publish source_gone: {e}");
                             }
                         }
-                        tokio::time::sleep(cfg.poll_interval).await;
+                        // Nothing to read until it answers again; ask about once a second.
+                        head_every = ACTIVE_HEAD_INTERVAL;
+                        poll = None;
+                        self.nap(cfg.poll_interval).await;
                         continue;
                     }
                     Ok(HeadResult::Ok(head)) => {
@@ -531,7 +568,7 @@ impl Index {
                                     Ok(()) => break OwnerExit::Restarted,
                                     Err(e) => {
                                         tracing::warn!(index = %self.reg.id, "restart: {e}");
-                                        tokio::time::sleep(cfg.poll_interval).await;
+                                        self.nap(cfg.poll_interval).await;
                                         continue;
                                     }
                                 }
@@ -546,7 +583,12 @@ impl Index {
                                 tracing::warn!(index = %self.reg.id, "clear source_gone: {e}");
                             }
                         }
+                        let pos = ing.pos;
                         ing.follow_retention(head.retained_offset, head.record_first);
+                        if ing.pos != pos {
+                            // Retention jumped us forward: a poll at the old offset is moot.
+                            poll = None;
+                        }
                         source_tail = source_tail.max(head.next_offset);
                         self.record_lag(&label, &ing, source_tail, &mut caught_up);
                     }
@@ -561,7 +603,7 @@ impl Index {
                     Ok(false) => break OwnerExit::Yield,
                     Err(e) => {
                         tracing::warn!(index = %self.reg.id, "commit: {e}");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        self.nap(Duration::from_millis(200)).await;
                     }
                 }
                 if Instant::now() >= *next_gc {
@@ -572,31 +614,48 @@ impl Index {
                 }
                 continue;
             }
+            // Wake for the next commit, claim renewal or HEAD, whichever is first; the
+            // long-poll stays in flight across those wake-ups. Abandoning it at each one
+            // (as before) cost the source a new request, often a new connection, about
+            // every second per index, however long the source holds a long-poll.
             let deadline = ing
                 .commit_deadline()
-                .unwrap_or(now + Duration::from_secs(1))
+                .unwrap_or(now + IDLE_HEAD_INTERVAL)
                 .min(renew_at)
-                .min(last_head.map_or(now, |t| t + Duration::from_secs(1)));
-            let wait = deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(20));
-            match self
-                .shared
-                .source
-                .read(&self.reg.stream_url, ing.pos, true, wait)
-                .await
-            {
+                .min(last_head.map_or(now, |t| t + head_every))
+                // A deadline already past must not spin the loop.
+                .max(now + Duration::from_millis(20));
+            let read = poll.get_or_insert_with(|| {
+                let (source, url, at) = (
+                    self.shared.source.clone(),
+                    self.reg.stream_url.clone(),
+                    ing.pos,
+                );
+                Box::pin(async move { (at, source.read(&url, at, true, LONG_POLL_CAP).await) })
+            });
+            let (at, result) = tokio::select! {
+                r = read => r,
+                _ = tokio::time::sleep_until(deadline.into()) => continue,
+                _ = self.stop_signal.notified() => continue,
+            };
+            poll = None;
+            if at != ing.pos {
+                // Started before a retention jump moved the read position.
+                continue;
+            }
+            match result {
                 Ok(ReadResult::Data {
                     body,
                     next_offset,
                     json_array,
                 }) => {
+                    head_every = ACTIVE_HEAD_INTERVAL;
                     let body = if json_array {
                         match source::array_to_lines(&body) {
                             Ok(b) => bytes::Bytes::from(b),
                             Err(e) => {
                                 tracing::warn!(index = %self.reg.id, "{e}");
-                                tokio::time::sleep(Duration::from_millis(200)).await;
+                                self.nap(Duration::from_millis(200)).await;
                                 continue;
                             }
                         }
@@ -615,15 +674,24 @@ impl Index {
                     }
                     self.publish_tail(&ing);
                 }
-                Ok(ReadResult::NoData) => {
-                    // A long poll that ends empty: we are at the tail.
+                Ok(ReadResult::NoData { next_offset }) => {
+                    // A long poll that ends empty: we are at the tail, and the source is
+                    // idle, so HEAD (retention, incarnation) only now and then.
+                    head_every = IDLE_HEAD_INTERVAL;
                     source_tail = ing.pos;
                     self.record_lag(&label, &ing, source_tail, &mut caught_up);
+                    if next_offset.is_some_and(|n| n < ing.pos) {
+                        // The tail is behind what we read: recreated or rewound. HEAD now.
+                        last_head = None;
+                    }
                 }
                 Ok(ReadResult::Gone) | Ok(ReadResult::NotFound) => last_head = None,
                 Err(e) => {
+                    // E.g. 400 offset beyond the tail of a recreated stream, or a source
+                    // that is down: HEAD within a second, retry the read after a pause.
                     tracing::debug!(index = %self.reg.id, "read: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    head_every = ACTIVE_HEAD_INTERVAL;
+                    self.nap(Duration::from_millis(200)).await;
                 }
             }
         };
@@ -953,6 +1021,8 @@ impl Index {
     }
 
     async fn compact(&self, day: i64, l0: Vec<PartMeta>) -> Result<(), String> {
+        // Its outputs go under `parts/`; if its publish fails they are orphans for GC.
+        self.compacted.store(true, Ordering::Relaxed);
         let cfg = &self.shared.cfg;
         let view = self.view();
         let m = &view.manifest;
@@ -1042,13 +1112,24 @@ impl Index {
             .chain(m.retired_parts.iter().map(|r| r.key.as_str()))
             .collect();
         let mut deleted = 0;
-        for l in self
-            .shared
-            .store
-            .list(&manifest::parts_prefix(&self.ns))
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        // Only compaction writes objects under `parts/` (level-0 parts live in packs), so
+        // only an index that has compacted can have orphans there. Listing every index's
+        // prefix was one LIST per index per GC interval: ~170/s at 10 000 indexes.
+        let may_have_orphans = self.compacted.swap(false, Ordering::Relaxed)
+            || m.parts.iter().any(|p| p.level > 0)
+            || m.retired_parts
+                .iter()
+                .any(|r| crate::batch::pack_member(&r.key).is_none());
+        let listed = if may_have_orphans {
+            self.shared
+                .store
+                .list(&manifest::parts_prefix(&self.ns))
+                .await
+                .map_err(|e| e.to_string())?
+        } else {
+            Vec::new()
+        };
+        for l in listed {
             let orphan =
                 !live.contains(l.key.as_str()) && l.modified_ms.is_some_and(|t| now - t >= grace);
             if orphan {

@@ -69,10 +69,13 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<(), 
         .await
         .map_err(|e| format!("bind {}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    // Open the registered indexes before announcing readiness to accept requests.
+    // Read CATALOG, then listen at once: the indexes open in the background (a request
+    // for one that is not open yet opens it first), and `/readyz` and READY=1 wait
+    // until every index has been opened.
     if let Err(e) = co.sync(true).await {
         tracing::warn!("catalog: {e}");
     }
+    co.open_in_background();
     tokio::spawn(co.clone().run());
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("ursula-indexer listening on {scheme}://{addr}");
@@ -119,8 +122,9 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<(), 
 }
 
 /// Tell systemd (`Type=notify`) the indexer is ready: the listener accepts already, so
-/// wait until the catalog has been read and its indexes opened. When the first read
-/// failed, the coordinator's loop keeps trying and this fires on its first success.
+/// wait until the catalog has been read and its indexes opened (in the background, see
+/// `Coordinator::open_in_background`). When the first read failed, the coordinator's
+/// loop keeps trying and this fires once a pass after its first success is done.
 async fn notify_ready(co: Arc<Coordinator>) {
     while !co.loaded.load(std::sync::atomic::Ordering::Acquire) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::basic::{Compression, Encoding};
 use parquet::column::reader::ColumnReader;
 use parquet::data_type::Int64Type;
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
@@ -50,16 +50,21 @@ impl Entry {
     }
 }
 
-/// How parts are written: ZSTD, row groups of [`ROW_GROUP_ROWS`], pages of [`PAGE_ROWS`]
-/// with page statistics and the page index, delta-encoded, no dictionaries.
+/// How parts are written: row groups of [`ROW_GROUP_ROWS`], pages of [`PAGE_ROWS`] with
+/// page statistics and the page index, delta-encoded, no dictionaries, not compressed.
 ///
 /// Times and offsets are nearly all distinct, so a dictionary does not shrink them, and a
 /// dictionary page must be decompressed and decoded in full before any page of its chunk:
 /// a query touching one 1024-row page paid for the whole row group's dictionary in every
 /// column. Delta encoding packs the sorted `t_ms` and the near-constant `len` to a few bits.
+///
+/// No ZSTD on top: the parquet crate makes a new decompression context for every column
+/// reader, and creating it cost ~2.5× the decompression itself (perf of `index_bench`),
+/// so a query's first look at a page (a `t_ms` probe, then five columns) was mostly
+/// context set-up; bit-packed deltas leave ZSTD little to find.
 pub fn writer_properties() -> WriterProperties {
     WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_compression(Compression::UNCOMPRESSED)
         .set_dictionary_enabled(false)
         .set_encoding(Encoding::DELTA_BINARY_PACKED)
         .set_statistics_enabled(EnabledStatistics::Page)

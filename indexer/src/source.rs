@@ -43,8 +43,11 @@ pub enum ReadResult {
         next_offset: Option<u64>,
         json_array: bool,
     },
-    /// Long-poll timed out with nothing new.
-    NoData,
+    /// Long-poll timed out with nothing new; `next_offset` is the tail the source
+    /// reported (`Stream-Next-Offset` of the 204), if any.
+    NoData {
+        next_offset: Option<u64>,
+    },
     /// Retention passed the requested offset.
     Gone,
     NotFound,
@@ -205,12 +208,18 @@ impl SourceClient {
         }
         let resp = match self.send(http::Method::GET, &full, wait).await {
             Ok(r) => r,
-            Err(e) if e.contains("timed out") && long_poll => return Ok(ReadResult::NoData),
+            Err(e) if e.contains("timed out") && long_poll => {
+                return Ok(ReadResult::NoData { next_offset: None })
+            }
             Err(e) => return Err(e),
         };
         let status = resp.status().as_u16();
         match status {
-            204 => return Ok(ReadResult::NoData),
+            204 => {
+                return Ok(ReadResult::NoData {
+                    next_offset: header_u64(resp.headers(), "stream-next-offset"),
+                })
+            }
             404 => return Ok(ReadResult::NotFound),
             410 => return Ok(ReadResult::Gone),
             200 => {}

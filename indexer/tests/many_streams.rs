@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Two workers share one prefix (the pool case: the second one follows every index it does
-//! not own). `MANY_STREAMS_INDEXER` runs another `ursula-indexer` binary (e.g. an older
+//! not own). The second one starts after every index is registered, and the time it takes
+//! to listen and to be ready (`/readyz`: every index open) is reported. `MANY_STREAMS_INDEXER` runs another `ursula-indexer` binary (e.g. an older
 //! build) for a before/after comparison.
 
 mod support;
@@ -40,7 +41,8 @@ fn counts(path: &Path) -> Vec<(String, u64)> {
 
 /// Requests `ursula` answered, by method, from its `/metrics`.
 fn source_requests(ua: &str) -> Vec<(String, u64)> {
-    let text = get(ua, "/metrics").text();
+    // The source's metrics live under its internal prefix (`/metrics` is a bucket).
+    let text = get(ua, "/__ursula/metrics").text();
     let mut by_method: Vec<(String, u64)> = Vec::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("ursula_http_requests_total{") else {
@@ -223,7 +225,9 @@ fn many_small_streams_s3_requests() {
         dir.path(),
         &["--counts-file".into(), counts_file.to_string_lossy().into()],
     );
-    let u = ursula(dir.path());
+    // Every owned index holds one long-poll open: more connections than the default
+    // 10 000 at 10 000 indexes.
+    let u = ursula_with(dir.path(), &["--max-connections", "40000"]);
     let ua = u.addr.clone();
     expect(&ua, "PUT", "/demo", &[], b"", 201);
     for i in 0..n {
@@ -241,10 +245,6 @@ fn many_small_streams_s3_requests() {
         );
         assert!(r.status == 201 || r.status == 200, "register: {}", r.text());
     }
-    // The second worker starts before the bulk registration: a worker that starts with
-    // 10 000 indexes in CATALOG opens them all before it listens, which took over the
-    // 60 s the harness waits for the listening line on this VM.
-    let b = worker(dir.path(), &bin, "b", &s3.url());
     if bulk {
         bulk_register(&s3.url(), &ua, n);
     }
@@ -252,6 +252,27 @@ fn many_small_streams_s3_requests() {
         "registered {n} indexes in {:?}{}",
         started.elapsed(),
         if bulk { " (one CATALOG write)" } else { "" }
+    );
+    // The second worker starts with every index in CATALOG: it listens at once and opens
+    // them in the background; /readyz turns 204 once all are open.
+    let b_started = Instant::now();
+    let b = worker(dir.path(), &bin, "b", &s3.url());
+    let listening = b_started.elapsed();
+    loop {
+        let r = request(&b.addr, "GET", "/readyz", &[], b"");
+        if r.status == 204 {
+            break;
+        }
+        assert!(
+            b_started.elapsed() < Duration::from_secs(600),
+            "second worker not ready: {}",
+            r.text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "second worker: listening after {listening:?}, ready (all {n} indexes open) after {:?}",
+        b_started.elapsed()
     );
     let workers = [&a, &b];
     // Idle: every index registered and open, no events. What the pool costs the object

@@ -109,6 +109,11 @@ impl Proc {
 }
 
 pub fn ursula(dir: &Path) -> Proc {
+    ursula_with(dir, &[])
+}
+
+/// The test `ursula` with extra flags (e.g. `--max-connections`).
+pub fn ursula_with(dir: &Path, extra: &[&str]) -> Proc {
     let data = dir.join("ursula-data");
     std::fs::create_dir_all(&data).expect("mkdir");
     let args: Vec<String> = [
@@ -125,6 +130,7 @@ pub fn ursula(dir: &Path) -> Proc {
         "2000",
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     Proc::spawn(
