@@ -28,13 +28,18 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000);
+    // PART_COMPRESSION=none measures queries over uncompressed parts (--part-compression).
+    let compression = match std::env::var("PART_COMPRESSION").as_deref() {
+        Ok("none") => part::PartCompression::None,
+        _ => part::PartCompression::Zstd,
+    };
     ingest();
     layouts();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(query(entries));
+    rt.block_on(query(entries, compression));
 }
 
 fn ingest() {
@@ -111,19 +116,9 @@ fn layouts() {
         .set_write_batch_size(part::PAGE_ROWS)
         .set_max_row_group_row_count(Some(part::ROW_GROUP_ROWS))
         .build();
-    // The layout before this one: the current one plus ZSTD on every column.
-    let zstd = parquet::file::properties::WriterProperties::builder()
-        .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
-        .set_dictionary_enabled(false)
-        .set_encoding(parquet::basic::Encoding::DELTA_BINARY_PACKED)
-        .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Page)
-        .set_data_page_row_count_limit(part::PAGE_ROWS)
-        .set_write_batch_size(part::PAGE_ROWS)
-        .set_max_row_group_row_count(Some(part::ROW_GROUP_ROWS))
-        .build();
     for (name, props) in [
-        ("current", part::writer_properties()),
-        ("zstd", zstd),
+        ("zstd", part::writer_properties(part::PartCompression::Zstd)),
+        ("none", part::writer_properties(part::PartCompression::None)),
         ("first", first),
     ] {
         let bytes = part::encode_with(&entries, props).expect("encode");
@@ -151,7 +146,7 @@ fn splitmix(i: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-async fn query(n: usize) {
+async fn query(n: usize, compression: part::PartCompression) {
     let dir = tempfile::tempdir().expect("tmp");
     let store: DynStore = Arc::new(LocalStore::open(dir.path()).expect("store"));
     let mut entries: Vec<Entry> = (0..n as u64)
@@ -203,7 +198,7 @@ async fn query(n: usize) {
         let mut bytes_total = 0u64;
         let mut first_bytes = None;
         for c in &chunks {
-            let bytes = part::encode(c).expect("encode");
+            let bytes = part::encode(c, compression).expect("encode");
             first_bytes.get_or_insert_with(|| bytes.clone());
             bytes_total += bytes.len() as u64;
             let key = manifest::part_key(&ns, &bytes);

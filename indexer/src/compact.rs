@@ -170,7 +170,7 @@ mod tests {
     }
 
     async fn put(store: &DynStore, name: &str, es: &[Entry]) -> String {
-        let bytes = part::encode(es).expect("encode");
+        let bytes = part::encode(es, part::PartCompression::Zstd).expect("encode");
         store
             .put(name, bytes, PutMode::Overwrite)
             .await

@@ -62,6 +62,13 @@ pub struct Cli {
     pub gc_grace_ms: Option<u64>,
     #[arg(long)]
     pub gc_retain_generations: Option<u64>,
+    /// Compression of the Parquet parts written from now on: `zstd` (default) or `none`.
+    /// Parts are delta-encoded either way, so ZSTD saves little on real data, but the
+    /// parquet crate sets up a decompression context per column reader, which dominates a
+    /// cold page's decode; `none` makes cold queries faster (docs/indexer.md). Readers
+    /// follow each part's own metadata, so the two can be mixed.
+    #[arg(long, value_enum)]
+    pub part_compression: Option<crate::part::PartCompression>,
     /// Identity of this worker in claims (default: host-pid-random).
     #[arg(long)]
     pub worker_id: Option<String>,
@@ -112,6 +119,7 @@ pub struct FileConfig {
     pub gc_interval_ms: Option<u64>,
     pub gc_grace_ms: Option<u64>,
     pub gc_retain_generations: Option<u64>,
+    pub part_compression: Option<crate::part::PartCompression>,
     pub worker_id: Option<String>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -138,6 +146,7 @@ pub struct Config {
     pub gc_interval: Duration,
     pub gc_grace: Duration,
     pub gc_retain_generations: u64,
+    pub part_compression: crate::part::PartCompression,
     pub worker_id: String,
     pub source_ca_file: Option<PathBuf>,
     /// Certificate chain and key for TLS on the listener; `None`: plain HTTP.
@@ -224,6 +233,10 @@ impl Config {
                 .or(file.gc_retain_generations)
                 .unwrap_or(8)
                 .max(1),
+            part_compression: cli
+                .part_compression
+                .or(file.part_compression)
+                .unwrap_or_default(),
             worker_id,
             source_ca_file: cli.source_ca_file.or(file.source_ca_file),
             debug_time_offset_ms: cli.debug_time_offset_ms.unwrap_or(0),
@@ -236,4 +249,34 @@ impl Config {
 fn load_file(p: &Path) -> Result<FileConfig, String> {
     let text = std::fs::read_to_string(p).map_err(|e| format!("read {}: {e}", p.display()))?;
     toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::part::PartCompression;
+
+    #[test]
+    fn part_compression_from_flag_file_or_default() {
+        let resolve = |args: &[&str]| {
+            let mut argv = vec!["ursula-indexer"];
+            argv.extend_from_slice(args);
+            Config::resolve(Cli::try_parse_from(argv).expect("parse")).map(|c| c.part_compression)
+        };
+        assert_eq!(resolve(&[]), Ok(PartCompression::Zstd));
+        assert_eq!(
+            resolve(&["--part-compression", "none"]),
+            Ok(PartCompression::None)
+        );
+        assert!(Cli::try_parse_from(["ursula-indexer", "--part-compression", "lz4"]).is_err());
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = dir.path().join("indexer.toml");
+        std::fs::write(&file, "part_compression = \"none\"\n").expect("write");
+        let file = file.to_str().expect("utf-8");
+        assert_eq!(resolve(&["--config", file]), Ok(PartCompression::None));
+        assert_eq!(
+            resolve(&["--config", file, "--part-compression", "zstd"]),
+            Ok(PartCompression::Zstd)
+        );
+    }
 }

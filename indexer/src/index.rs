@@ -961,7 +961,7 @@ impl Index {
 
     /// Encode, upload (create-only: content-addressed, so a 412 means already there).
     async fn write_part(&self, entries: Vec<Entry>, level: u8) -> Result<PartMeta, String> {
-        let bytes = part::encode(&entries)?;
+        let bytes = part::encode(&entries, self.shared.cfg.part_compression)?;
         // Small level-0 parts of all indexes committing together share one pack PUT;
         // compaction outputs are large and get objects of their own.
         let key = if level == 0 {

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use parquet::basic::{Compression, Encoding};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::column::reader::ColumnReader;
 use parquet::data_type::Int64Type;
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
@@ -58,13 +58,18 @@ impl Entry {
 /// a query touching one 1024-row page paid for the whole row group's dictionary in every
 /// column. Delta encoding packs the sorted `t_ms` and the near-constant `len` to a few bits.
 ///
-/// No ZSTD on top: the parquet crate makes a new decompression context for every column
-/// reader, and creating it cost ~2.5× the decompression itself (perf of `index_bench`),
-/// so a query's first look at a page (a `t_ms` probe, then five columns) was mostly
-/// context set-up; bit-packed deltas leave ZSTD little to find.
-pub fn writer_properties() -> WriterProperties {
+/// ZSTD on top by default (the part format); `PartCompression::None` leaves it
+/// out: the parquet crate makes a new decompression context for every column reader, and
+/// creating it cost ~2.5× the decompression itself (perf of `index_bench`), so a query's
+/// first look at a page (a `t_ms` probe, then five columns) was mostly context set-up,
+/// while bit-packed deltas leave ZSTD little to find.
+pub fn writer_properties(compression: PartCompression) -> WriterProperties {
+    let compression = match compression {
+        PartCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
+        PartCompression::None => Compression::UNCOMPRESSED,
+    };
     WriterProperties::builder()
-        .set_compression(Compression::UNCOMPRESSED)
+        .set_compression(compression)
         .set_dictionary_enabled(false)
         .set_encoding(Encoding::DELTA_BINARY_PACKED)
         .set_statistics_enabled(EnabledStatistics::Page)
@@ -75,9 +80,18 @@ pub fn writer_properties() -> WriterProperties {
         .build()
 }
 
+/// How the column data of new parts is compressed (`--part-compression`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PartCompression {
+    #[default]
+    Zstd,
+    None,
+}
+
 /// Encode `entries` (sorted by `(t_ms, offset)`) as one Parquet file.
-pub fn encode(entries: &[Entry]) -> Result<Bytes, String> {
-    encode_with(entries, writer_properties())
+pub fn encode(entries: &[Entry], compression: PartCompression) -> Result<Bytes, String> {
+    encode_with(entries, writer_properties(compression))
 }
 
 /// [`encode`] with other writer properties (benchmarks compare layouts with it). Parts
@@ -381,6 +395,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn compression_is_what_was_asked_and_both_read_back() {
+        let entries: Vec<Entry> = (0..5_000u64)
+            .map(|i| Entry {
+                t_ms: 1_000 + i as i64,
+                t_end_ms: 1_000 + i as i64,
+                offset: i * 10,
+                len: 10,
+                record: None,
+            })
+            .collect();
+        for (c, want) in [
+            (
+                PartCompression::Zstd,
+                Compression::ZSTD(ZstdLevel::default()),
+            ),
+            (PartCompression::None, Compression::UNCOMPRESSED),
+        ] {
+            let part = PartFile::open(encode(&entries, c).expect("encode")).expect("open");
+            let md = part.reader.metadata();
+            assert_eq!(md.row_group(0).column(0).compression(), want, "{c:?}");
+            assert_eq!(part.all().expect("all"), entries, "{c:?}");
+        }
+    }
+
+    #[test]
     fn round_trip_with_stats_and_page_index() {
         let mut entries: Vec<Entry> = (0..20_000u64)
             .map(|i| Entry {
@@ -392,7 +431,7 @@ mod tests {
             })
             .collect();
         entries.sort_by_key(|e| e.key());
-        let bytes = encode(&entries).expect("encode");
+        let bytes = encode(&entries, PartCompression::Zstd).expect("encode");
         let part = PartFile::open(bytes.clone()).expect("open");
         assert_eq!(part.groups.len(), 3);
         assert!(part.has_page_index());
