@@ -174,39 +174,34 @@ warm_s = max(slice_s, samples[-1][0] // 4 if samples else 0)
 warm = [s for s in samples if s[0] >= warm_s]
 write_reports = [json.load(open(p)) for p in sorted(glob.glob(f"{work}/write.*.json"))]
 quiet = [l.split() for l in open(f"{work}/quiet") if l.strip()]
+
+def check_rss(base, end, appends, what, where):
+    """RSS may grow 10% plus INDEX_BYTES_PER_APPEND for each of `appends` (default 0)."""
+    index_kib = appends * INDEX_BYTES_PER_APPEND / 1024
+    grew = end - base
+    print(f"{what}: {100 * grew / base:+.1f}%; ~{appends:.0f} appends since, "
+          f"{1024 * grew / max(appends, 1):.0f} B of growth per append; "
+          f"allowed: 10% + {INDEX_BYTES_PER_APPEND} B per append = {base * 0.10 + index_kib:.0f} KiB")
+    if grew > base * 0.10 + index_kib:
+        fail.append(f"RSS grew {grew} KiB ({100 * grew / base:.1f}%){where}, more than 10% plus "
+                    f"{INDEX_BYTES_PER_APPEND} B for each of ~{appends:.0f} appends ({index_kib:.0f} KiB)")
+
 if len(quiet) >= 2:
     # Short run: RSS with the load stopped, after round 1 and after the last round; the
     # appends allowed for are those of the rounds after the first.
     rss = [int(q[q.index("RSS") + 1]) for q in quiet]
-    base, end = rss[0], rss[-1]
     later = [json.load(open(p)) for p in sorted(glob.glob(f"{work}/write.r*.json"))
              if not p.split("/")[-1].startswith("write.r1.")]
-    appends = sum(r["ops"] for r in later)
-    index_kib = appends * INDEX_BYTES_PER_APPEND / 1024
-    grew = end - base
-    print(f"RSS with the load stopped: after round 1 {base} KiB, after round {len(quiet)} {end} KiB: "
-          f"{100 * grew / base:+.1f}%; {appends} appends since, {1024 * grew / max(appends, 1):.0f} B of growth "
-          f"per append; allowed: 10% + {INDEX_BYTES_PER_APPEND} B per append = {base * 0.10 + index_kib:.0f} KiB")
-    if grew > base * 0.10 + index_kib:
-        fail.append(f"RSS grew {grew} KiB ({100 * grew / base:.1f}%) between identical rounds, more than 10% plus "
-                    f"{INDEX_BYTES_PER_APPEND} B for each of {appends} appends ({index_kib:.0f} KiB)")
+    check_rss(rss[0], rss[-1], sum(r["ops"] for r in later),
+              f"RSS with the load stopped: after round 1 {rss[0]} KiB, after round {len(quiet)} {rss[-1]} KiB",
+              " between identical rounds")
 elif len(warm) >= 2:
-    base, end = warm[0][1], warm[-1][1]
     peak = max(s[1] for s in warm)
-    # The engine keeps ~100 B of metadata per retained append (its chunk list and message
-    # index), so an append-only load grows RSS by design. That share is allowed for,
-    # estimated from the write scenario's appends after the warm-up; anything beyond it
-    # and 10% is a leak.
+    # Appends after the warm-up, estimated from the write scenario's share of the run.
     run_s = max(samples[-1][0], 1)
     appends = sum(r["ops"] for r in write_reports) * max(run_s - warm_s, 0) / run_s
-    index_kib = appends * INDEX_BYTES_PER_APPEND / 1024
-    grew = end - base
-    print(f"RSS after warm-up {base} KiB, at the end {end} KiB (peak {peak} KiB): {100 * grew / base:+.1f}%; "
-          f"~{appends:.0f} appends after warm-up, {1024 * grew / max(appends, 1):.0f} B of growth per append; "
-          f"allowed: 10% + {INDEX_BYTES_PER_APPEND} B per append = {base * 0.10 + index_kib:.0f} KiB")
-    if grew > base * 0.10 + index_kib:
-        fail.append(f"RSS grew {grew} KiB ({100 * grew / base:.1f}%), more than 10% plus "
-                    f"{INDEX_BYTES_PER_APPEND} B for each of ~{appends:.0f} appends ({index_kib:.0f} KiB)")
+    check_rss(warm[0][1], warm[-1][1], appends,
+              f"RSS after warm-up {warm[0][1]} KiB, at the end {warm[-1][1]} KiB (peak {peak} KiB)", "")
 else:
     fail.append("too few samples after warm-up")
 print(f"fds before the load {fds_before}, after {fds_after}")

@@ -118,11 +118,6 @@ async fn serve_from<S: Transport>(
             headers: head.headers,
             body,
         };
-        let owner = if may_move {
-            crate::routes::owner_of_path(&core, &request.path)
-        } else {
-            None
-        };
         let method = request.method.clone();
         let route = ops::route_label(&request.path);
         let req_len = request.body.len();
@@ -143,9 +138,11 @@ async fn serve_from<S: Transport>(
             | (_, _, Some(Some(ops::Endpoint::Health | ops::Endpoint::Ready))) => None,
             (Some(tokens), _, _) => crate::auth::check(tokens, &request),
         };
-        let mut resp = match (denied, endpoint) {
-            (Some(deny), _) => deny,
-            (None, Some(endpoint)) => ops::handle(&core, listener, endpoint, &request).await,
+        let (mut resp, owner) = match (denied, endpoint) {
+            (Some(deny), _) => (deny, None),
+            (None, Some(endpoint)) => {
+                (ops::handle(&core, listener, endpoint, &request).await, None)
+            }
             (None, None) => crate::handlers::dispatch(&core, request).await,
         };
         resp.cors = cors(&core, origin.as_deref());
@@ -170,7 +167,7 @@ async fn serve_from<S: Transport>(
             Ok(true) if keep_alive => {}
             _ => return,
         }
-        affinity = match owner {
+        affinity = match owner.filter(|_| may_move) {
             Some(o) if o != core.index && o == affinity.0 => (o, affinity.1 + 1),
             Some(o) if o != core.index => (o, 1),
             _ => (core.index, 0),

@@ -30,44 +30,47 @@ use crate::routes::{route, Route, Surface};
 
 const JSON: &str = "application/json";
 
-/// Entry point for every request, on the core that accepted the connection.
-pub async fn dispatch(core: &Rc<Core>, req: Request) -> Response {
+/// Entry point for every request, on the core that accepted the connection. Also returns
+/// the core that owns the addressed stream when the request was handed to one owner (the
+/// connection uses it to follow its stream, see `conn`).
+pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Response, Option<usize>) {
     if req.method == Method::Options {
-        return preflight();
+        return (preflight(), None);
     }
     if req
         .header("content-encoding")
         .is_some_and(|v| !v.eq_ignore_ascii_case("identity"))
     {
-        return Response::error(
+        let resp = Response::error(
             415,
             "unsupported_encoding",
             "request bodies must not be compressed",
         );
+        return (resp, None);
     }
-    match route(&req.path) {
+    let resp = match route(&req.path) {
         Route::Stream { surface, key } => {
             let owner = core.owner_of(&key);
-            match core
+            let resp = core
                 .on(owner, move |c| async move {
                     stream_request(&c, surface, key, req).await
                 })
                 .await
-            {
-                Ok(resp) => resp,
-                Err(_) => unavailable(),
-            }
+                .unwrap_or_else(|_| unavailable());
+            return (resp, Some(owner));
         }
         Route::Bucket(b) | Route::BucketStreams(b) => crate::buckets::handle(core, b, req).await,
         Route::AppendBatch(key) => crate::batch::dispatch(core, key, req).await,
         Route::Attrs(key) => crate::attrs::dispatch(core, key, req).await,
         Route::Resource { key, resource } => {
             let owner = core.owner_of(&key);
-            core.on(owner, move |c| async move {
-                crate::snapshots::handle(&c, &key, resource, req).await
-            })
-            .await
-            .unwrap_or_else(|_| unavailable())
+            let resp = core
+                .on(owner, move |c| async move {
+                    crate::snapshots::handle(&c, &key, resource, req).await
+                })
+                .await
+                .unwrap_or_else(|_| unavailable());
+            return (resp, Some(owner));
         }
         Route::StreamResource => Response::error(404, "not_found", "no such resource"),
         Route::NotFound => Response::error(404, "not_found", "no such resource"),
@@ -77,7 +80,8 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> Response {
             "invalid_bucket_id",
             "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
         ),
-    }
+    };
+    (resp, None)
 }
 
 fn preflight() -> Response {

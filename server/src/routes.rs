@@ -49,15 +49,6 @@ pub fn bucket_key(bucket: &str) -> String {
     format!("k/{bucket}")
 }
 
-/// The core owning the stream `raw_path` addresses, for requests `dispatch` hands to one
-/// owner; `None` for everything else.
-pub fn owner_of_path(core: &crate::cores::Core, raw_path: &str) -> Option<usize> {
-    match route(raw_path) {
-        Route::Stream { key, .. } | Route::Resource { key, .. } => Some(core.owner_of(&key)),
-        _ => None,
-    }
-}
-
 pub fn route(raw_path: &str) -> Route {
     if let Some(rest) = raw_path.strip_prefix("/v1/stream/") {
         return match compat_id(rest) {
