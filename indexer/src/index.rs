@@ -132,8 +132,9 @@ pub struct Index {
     view: RwLock<Arc<View>>,
     stop: AtomicBool,
     stop_signal: tokio::sync::Notify,
-    /// This process has tried a compaction since the last GC (see `gc`).
-    compacted: AtomicBool,
+    /// `parts/` may hold uploads no manifest names (see `gc`): a compaction was tried
+    /// since the last listing, or the last listing found some still inside the grace window.
+    orphans_possible: AtomicBool,
 }
 
 /// A source long-poll in flight: `(offset it reads from, result)`.
@@ -230,6 +231,9 @@ impl Index {
             }
         };
         current.value.validate(&reg)?;
+        // A compaction that is due now may have been under way when the previous owner
+        // died, leaving its outputs unpublished under `parts/`: list once to find them.
+        let orphans_possible = compaction_due(&current.value, shared.cfg.compact_parts);
         let spec = reg.extract.clone();
         let extractor = Extractor::compile(&spec)?.with_skew(shared.cfg.debug_time_offset_ms);
         let durable = current.value.durable_offset;
@@ -250,7 +254,7 @@ impl Index {
             view: RwLock::new(Arc::new(view)),
             stop: AtomicBool::new(false),
             stop_signal: tokio::sync::Notify::new(),
-            compacted: AtomicBool::new(false),
+            orphans_possible: AtomicBool::new(orphans_possible),
         }))
     }
 
@@ -606,15 +610,18 @@ impl Index {
                         self.nap(Duration::from_millis(200)).await;
                     }
                 }
-                if Instant::now() >= *next_gc {
-                    *next_gc = Instant::now() + cfg.gc_interval;
-                    if let Err(e) = self.gc().await {
-                        tracing::warn!(index = %self.reg.id, "gc: {e}");
-                    }
-                }
                 continue;
             }
-            // Wake for the next commit, claim renewal or HEAD, whichever is first; the
+            if Instant::now() >= *next_gc {
+                // On a timer rather than after commits, so an index that went idle still
+                // finishes a compaction a previous owner left due and collects its garbage.
+                *next_gc = Instant::now() + cfg.gc_interval;
+                self.maybe_compact().await;
+                if let Err(e) = self.gc().await {
+                    tracing::warn!(index = %self.reg.id, "gc: {e}");
+                }
+            }
+            // Wake for the next commit, claim renewal, HEAD or upkeep, whichever is first; the
             // long-poll stays in flight across those wake-ups. Abandoning it at each one
             // (as before) cost the source a new request, often a new connection, about
             // every second per index, however long the source holds a long-poll.
@@ -622,6 +629,7 @@ impl Index {
                 .commit_deadline()
                 .unwrap_or(now + IDLE_HEAD_INTERVAL)
                 .min(renew_at)
+                .min(*next_gc)
                 .min(last_head.map_or(now, |t| t + head_every))
                 // A deadline already past must not spin the loop.
                 .max(now + Duration::from_millis(20));
@@ -1022,7 +1030,7 @@ impl Index {
 
     async fn compact(&self, day: i64, l0: Vec<PartMeta>) -> Result<(), String> {
         // Its outputs go under `parts/`; if its publish fails they are orphans for GC.
-        self.compacted.store(true, Ordering::Relaxed);
+        self.orphans_possible.store(true, Ordering::Relaxed);
         let cfg = &self.shared.cfg;
         let view = self.view();
         let m = &view.manifest;
@@ -1115,7 +1123,7 @@ impl Index {
         // Only compaction writes objects under `parts/` (level-0 parts live in packs), so
         // only an index that has compacted can have orphans there. Listing every index's
         // prefix was one LIST per index per GC interval: ~170/s at 10 000 indexes.
-        let may_have_orphans = self.compacted.swap(false, Ordering::Relaxed)
+        let may_have_orphans = self.orphans_possible.swap(false, Ordering::Relaxed)
             || m.parts.iter().any(|p| p.level > 0)
             || m.retired_parts
                 .iter()
@@ -1130,16 +1138,20 @@ impl Index {
             Vec::new()
         };
         for l in listed {
-            let orphan =
-                !live.contains(l.key.as_str()) && l.modified_ms.is_some_and(|t| now - t >= grace);
-            if orphan {
-                self.shared
-                    .store
-                    .delete(&l.key)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                deleted += 1;
+            if live.contains(l.key.as_str()) {
+                continue;
             }
+            if l.modified_ms.is_none_or(|t| now - t < grace) {
+                // Perhaps an upload whose publish is still in flight: look again next time.
+                self.orphans_possible.store(true, Ordering::Relaxed);
+                continue;
+            }
+            self.shared
+                .store
+                .delete(&l.key)
+                .await
+                .map_err(|e| e.to_string())?;
+            deleted += 1;
         }
         if expired.is_empty() {
             return Ok(deleted);
@@ -1171,6 +1183,16 @@ impl Index {
         self.refresh().await?;
         Ok(deleted)
     }
+}
+
+/// Whether some day of `m` has enough level-0 parts for [`Index::maybe_compact`] to merge.
+fn compaction_due(m: &Manifest, compact_parts: usize) -> bool {
+    let mut per_day: std::collections::HashMap<i64, usize> = std::collections::HashMap::new();
+    m.parts.iter().filter(|p| p.level == 0).any(|p| {
+        let n = per_day.entry(p.day_ms).or_default();
+        *n += 1;
+        *n >= compact_parts
+    })
 }
 
 fn lower_bound(q: &Query, max_span_ms: i64) -> (i64, u64) {

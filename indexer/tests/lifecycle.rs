@@ -216,6 +216,132 @@ fn read_manifest(store: &std::path::Path) -> Option<sonic_rs::Value> {
     None
 }
 
+/// The one index's namespace, from its manifest slot key (`indexes/{ns}/CURRENT`).
+fn namespace(store: &std::path::Path) -> Option<String> {
+    for ent in std::fs::read_dir(store.join("shards")).ok()?.flatten() {
+        let Ok(bytes) = std::fs::read(ent.path()) else {
+            continue;
+        };
+        let Ok(doc) = sonic_rs::from_slice::<sonic_rs::Value>(&bytes) else {
+            continue;
+        };
+        for (k, _) in doc["slots"].as_object()?.iter() {
+            if let Some(ns) = k
+                .strip_prefix("indexes/")
+                .and_then(|r| r.strip_suffix("/CURRENT"))
+            {
+                return Some(ns.to_string());
+            }
+        }
+    }
+    None
+}
+
+fn levels(m: &sonic_rs::Value) -> Vec<u64> {
+    m["parts"]
+        .as_array()
+        .map(|ps| ps.iter().filter_map(|p| p["level"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// An owner killed in the middle of its index's first compaction leaves the outputs it
+/// uploaded under `parts/`, named by no manifest. The next owner must find them although
+/// the index never compacted before and receives no new events: it finishes the compaction
+/// that is still due, and GC deletes the orphan once past the grace window.
+#[test]
+fn a_dead_owners_unpublished_compaction_is_collected_while_the_index_is_idle() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let u = ursula(dir.path());
+    let store = dir.path().join("store");
+    let ua = u.addr.clone();
+    expect(&ua, "PUT", "/demo", &[], b"", 201);
+    expect(&ua, "PUT", "/demo/c", &[JSON], b"", 201);
+    // First owner: level-0 parts of 40 entries, and compaction out of reach.
+    let a = indexer(
+        dir.path(),
+        "a",
+        Store::Dir(&store),
+        &["--commit-entries", "40", "--compact-parts", "100"],
+    );
+    assert_eq!(
+        register(&a.addr, "c", &format!("{}/demo/c", u.url()), "").status,
+        201
+    );
+    for k in 0..4 {
+        append(&ua, "/demo/c", k * 50, 50);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_durable(&a.addr, "c", &ua, "/demo/c");
+    let all = all_entries(&a.addr, "c", T0 - 1, T0 + 100_000, 1000, "");
+    assert_eq!(all.len(), 200);
+    let before = read_manifest(&store).expect("manifest");
+    let l0 = levels(&before);
+    assert!(
+        l0.len() >= 3 && l0.iter().all(|l| *l == 0),
+        "level-0 parts only: {l0:?}"
+    );
+    // Killed (SIGKILL) with its claim held, as if mid-compaction: an output it uploaded
+    // but never published, old enough to be past any grace window.
+    drop(a);
+    let ns = namespace(&store).expect("namespace");
+    let parts_dir = store.join("indexes").join(&ns).join("parts");
+    std::fs::create_dir_all(&parts_dir).expect("mkdir parts");
+    let orphan = parts_dir.join(format!("{}.parquet", "0".repeat(32)));
+    std::fs::write(&orphan, b"an unpublished compaction output").expect("write orphan");
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&orphan)
+        .and_then(|f| f.set_modified(hour_ago))
+        .expect("age the orphan");
+    // The next owner, with compaction now due (3 parts) and nothing new to index.
+    let b = indexer(
+        dir.path(),
+        "b",
+        Store::Dir(&store),
+        &[
+            "--compact-parts",
+            "3",
+            "--gc-interval-ms",
+            "200",
+            "--gc-grace-ms",
+            "1500",
+            "--gc-retain-generations",
+            "1",
+        ],
+    );
+    wait_for(Duration::from_secs(30), "orphan collected", || {
+        (!orphan.exists()).then_some(())
+    });
+    let after = read_manifest(&store).expect("manifest");
+    assert!(
+        levels(&after).contains(&1),
+        "the due compaction ran while idle: {:?}",
+        levels(&after)
+    );
+    assert_eq!(
+        after["durable_offset"], before["durable_offset"],
+        "no new events were indexed"
+    );
+    // Every object left under parts/ is one the manifest names.
+    let named: Vec<String> = after["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .chain(after["retired_parts"].as_array().expect("retired").iter())
+        .filter_map(|p| p["key"].as_str().map(str::to_string))
+        .collect();
+    for ent in std::fs::read_dir(&parts_dir).expect("ls parts").flatten() {
+        let key = format!("indexes/{ns}/parts/{}", ent.file_name().to_string_lossy());
+        assert!(named.contains(&key), "{key} is named by the manifest");
+    }
+    assert_eq!(
+        all_entries(&b.addr, "c", T0 - 1, T0 + 100_000, 1000, ""),
+        all,
+        "answers unchanged"
+    );
+}
+
 #[test]
 fn compaction_keeps_answers_and_gc_reclaims() {
     let dir = tempfile::tempdir().expect("tmp");
