@@ -450,15 +450,19 @@ impl Stream {
             pos += len;
         }
         let first_new_chunk = self.chunks.len() - a.append_lens.iter().filter(|&&l| l > 0).count();
+        let first_new_msg = self.msg_starts.len();
         let mut off = a.start;
         // A message is never empty; a zero length would index a phantom record.
         for &len in a.msg_lens.iter().filter(|&&l| l > 0) {
             self.msg_starts.push(off);
             off += len as u64;
         }
+        // Every older message starts before `a.start`, so only the new ones are searched:
+        // a search of the whole (long, cold) index cost ~2% of an append's server CPU.
+        let new_msgs = &self.msg_starts[first_new_msg..];
         for chunk in &mut self.chunks[first_new_chunk..] {
-            chunk.first_msg =
-                self.msg_base + self.msg_starts.partition_point(|&s| s < chunk.start) as u64;
+            let i = first_new_msg + new_msgs.partition_point(|&s| s < chunk.start);
+            chunk.first_msg = self.msg_base + i as u64;
         }
         self.tail = a.start + a.data.len() as u64;
         if a.close {
