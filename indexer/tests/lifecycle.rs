@@ -198,8 +198,9 @@ fn disagreement_blocks_until_resume() {
     assert_eq!(count(&a.addr, "d"), 25);
 }
 
-/// The one index's manifest, from its slot in the manifest shards (`shards/NN.json`).
-fn read_manifest(store: &std::path::Path) -> Option<sonic_rs::Value> {
+/// The one index's manifest slot in the manifest shards (`shards/NN.json`): its namespace
+/// (from the key `indexes/{ns}/CURRENT`) and the manifest.
+fn manifest_slot(store: &std::path::Path) -> Option<(String, sonic_rs::Value)> {
     for ent in std::fs::read_dir(store.join("shards")).ok()?.flatten() {
         let Ok(bytes) = std::fs::read(ent.path()) else {
             continue;
@@ -208,33 +209,50 @@ fn read_manifest(store: &std::path::Path) -> Option<sonic_rs::Value> {
             continue;
         };
         for (k, v) in doc["slots"].as_object()?.iter() {
-            if k.ends_with("/CURRENT") {
-                return sonic_rs::from_str(v.as_str()?).ok();
+            if let Some(ns) = k
+                .strip_prefix("indexes/")
+                .and_then(|r| r.strip_suffix("/CURRENT"))
+            {
+                return Some((ns.to_string(), sonic_rs::from_str(v.as_str()?).ok()?));
             }
         }
     }
     None
 }
 
-/// The one index's namespace, from its manifest slot key (`indexes/{ns}/CURRENT`).
-fn namespace(store: &std::path::Path) -> Option<String> {
-    for ent in std::fs::read_dir(store.join("shards")).ok()?.flatten() {
-        let Ok(bytes) = std::fs::read(ent.path()) else {
-            continue;
-        };
-        let Ok(doc) = sonic_rs::from_slice::<sonic_rs::Value>(&bytes) else {
-            continue;
-        };
-        for (k, _) in doc["slots"].as_object()?.iter() {
-            if let Some(ns) = k
-                .strip_prefix("indexes/")
-                .and_then(|r| r.strip_suffix("/CURRENT"))
-            {
-                return Some(ns.to_string());
-            }
-        }
+fn read_manifest(store: &std::path::Path) -> Option<sonic_rs::Value> {
+    manifest_slot(store).map(|(_, m)| m)
+}
+
+/// Every part key the manifest names, live or retired.
+fn named_keys(m: &sonic_rs::Value) -> Option<Vec<String>> {
+    Some(
+        m["parts"]
+            .as_array()?
+            .iter()
+            .chain(m["retired_parts"].as_array()?.iter())
+            .filter_map(|p| p["key"].as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
+/// Create the stream `/demo/c`, register index `c` on it with worker `ix`, append
+/// `batches` x 50 events, wait until all are durable, and return every entry.
+fn fill_c(ix: &str, u: &Proc, batches: i64, pause: Duration) -> Vec<sonic_rs::Value> {
+    expect(&u.addr, "PUT", "/demo", &[], b"", 201);
+    expect(&u.addr, "PUT", "/demo/c", &[JSON], b"", 201);
+    assert_eq!(
+        register(ix, "c", &format!("{}/demo/c", u.url()), "").status,
+        201
+    );
+    for k in 0..batches {
+        append(&u.addr, "/demo/c", k * 50, 50);
+        std::thread::sleep(pause);
     }
-    None
+    wait_durable(ix, "c", &u.addr, "/demo/c");
+    let all = all_entries(ix, "c", T0 - 1, T0 + 100_000, 1000, "");
+    assert_eq!(all.len() as i64, batches * 50);
+    all
 }
 
 fn levels(m: &sonic_rs::Value) -> Vec<u64> {
@@ -253,9 +271,6 @@ fn a_dead_owners_unpublished_compaction_is_collected_while_the_index_is_idle() {
     let dir = tempfile::tempdir().expect("tmp");
     let u = ursula(dir.path());
     let store = dir.path().join("store");
-    let ua = u.addr.clone();
-    expect(&ua, "PUT", "/demo", &[], b"", 201);
-    expect(&ua, "PUT", "/demo/c", &[JSON], b"", 201);
     // First owner: level-0 parts of 40 entries, and compaction out of reach.
     let a = indexer(
         dir.path(),
@@ -263,17 +278,7 @@ fn a_dead_owners_unpublished_compaction_is_collected_while_the_index_is_idle() {
         Store::Dir(&store),
         &["--commit-entries", "40", "--compact-parts", "100"],
     );
-    assert_eq!(
-        register(&a.addr, "c", &format!("{}/demo/c", u.url()), "").status,
-        201
-    );
-    for k in 0..4 {
-        append(&ua, "/demo/c", k * 50, 50);
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    wait_durable(&a.addr, "c", &ua, "/demo/c");
-    let all = all_entries(&a.addr, "c", T0 - 1, T0 + 100_000, 1000, "");
-    assert_eq!(all.len(), 200);
+    let all = fill_c(&a.addr, &u, 4, Duration::from_millis(100));
     let before = read_manifest(&store).expect("manifest");
     let l0 = levels(&before);
     assert!(
@@ -283,7 +288,7 @@ fn a_dead_owners_unpublished_compaction_is_collected_while_the_index_is_idle() {
     // Killed (SIGKILL) with its claim held, as if mid-compaction: an output it uploaded
     // but never published, old enough to be past any grace window.
     drop(a);
-    let ns = namespace(&store).expect("namespace");
+    let (ns, _) = manifest_slot(&store).expect("manifest slot");
     let parts_dir = store.join("indexes").join(&ns).join("parts");
     std::fs::create_dir_all(&parts_dir).expect("mkdir parts");
     let orphan = parts_dir.join(format!("{}.parquet", "0".repeat(32)));
@@ -324,13 +329,7 @@ fn a_dead_owners_unpublished_compaction_is_collected_while_the_index_is_idle() {
         "no new events were indexed"
     );
     // Every object left under parts/ is one the manifest names.
-    let named: Vec<String> = after["parts"]
-        .as_array()
-        .expect("parts")
-        .iter()
-        .chain(after["retired_parts"].as_array().expect("retired").iter())
-        .filter_map(|p| p["key"].as_str().map(str::to_string))
-        .collect();
+    let named = named_keys(&after).expect("part lists");
     for ent in std::fs::read_dir(&parts_dir).expect("ls parts").flatten() {
         let key = format!("indexes/{ns}/parts/{}", ent.file_name().to_string_lossy());
         assert!(named.contains(&key), "{key} is named by the manifest");
@@ -347,9 +346,6 @@ fn compaction_keeps_answers_and_gc_reclaims() {
     let dir = tempfile::tempdir().expect("tmp");
     let u = ursula(dir.path());
     let store = dir.path().join("store");
-    let ua = u.addr.clone();
-    expect(&ua, "PUT", "/demo", &[], b"", 201);
-    expect(&ua, "PUT", "/demo/c", &[JSON], b"", 201);
     let flags = [
         "--commit-entries",
         "40",
@@ -365,17 +361,7 @@ fn compaction_keeps_answers_and_gc_reclaims() {
         "1",
     ];
     let a = indexer(dir.path(), "a", Store::Dir(&store), &flags);
-    assert_eq!(
-        register(&a.addr, "c", &format!("{}/demo/c", u.url()), "").status,
-        201
-    );
-    for k in 0..30 {
-        append(&ua, "/demo/c", k * 50, 50);
-        std::thread::sleep(Duration::from_millis(30));
-    }
-    wait_durable(&a.addr, "c", &ua, "/demo/c");
-    let all = all_entries(&a.addr, "c", T0 - 1, T0 + 100_000, 1000, "");
-    assert_eq!(all.len(), 1500);
+    let all = fill_c(&a.addr, &u, 30, Duration::from_millis(30));
     let mut offs: Vec<&str> = all.iter().filter_map(|e| e["offset"].as_str()).collect();
     offs.sort();
     offs.dedup();
@@ -409,13 +395,7 @@ fn compaction_keeps_answers_and_gc_reclaims() {
     // Level-0 parts live in packs (`packs/<hash>.pack`), compaction outputs under the
     // namespace; both kinds are counted.
     wait_for(Duration::from_secs(30), "gc", || {
-        let m = read_manifest(&store)?;
-        let keys: Vec<String> = m["parts"]
-            .as_array()?
-            .iter()
-            .chain(m["retired_parts"].as_array()?.iter())
-            .filter_map(|p| p["key"].as_str().map(str::to_string))
-            .collect();
+        let keys = named_keys(&read_manifest(&store)?)?;
         let own = keys.iter().filter(|k| !k.starts_with("packs/")).count();
         let mut packs: Vec<String> = keys
             .iter()
