@@ -21,4 +21,3 @@ pub mod part;
 pub mod source;
 pub mod store;
 pub mod time;
-pub mod tls;

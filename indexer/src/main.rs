@@ -26,7 +26,7 @@ fn main() {
     };
     // A bad certificate or key is a configuration error, reported before anything starts.
     let tls = match &cfg.tls {
-        Some((cert, key)) => match ursula_indexer::tls::load(cert, key) {
+        Some((cert, key)) => match ursula_tls::server_config(cert, key) {
             Ok(c) => Some(tokio_rustls::TlsAcceptor::from(c)),
             Err(e) => {
                 eprintln!("ursula-indexer: {e}");
