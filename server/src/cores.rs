@@ -11,7 +11,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -30,6 +30,8 @@ pub struct Core {
     pub config: Arc<Config>,
     peers: Arc<Vec<async_channel::Sender<Job>>>,
     pub shutdown: Arc<AtomicBool>,
+    /// Cores still finishing their requests after shutdown started (see `serve`).
+    draining: Arc<AtomicUsize>,
     /// Requests being processed on this core (for graceful shutdown).
     pub inflight: Cell<usize>,
     /// Open client connections on this core, against `max_connections_per_core`.
@@ -256,12 +258,13 @@ pub fn run(config: Config) -> Result<(), String> {
         .unzip();
     let peers = Arc::new(senders);
     let shutdown = Arc::new(AtomicBool::new(false));
+    let draining = Arc::new(AtomicUsize::new(config.cores));
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let mut threads = Vec::new();
     for (index, (listener, inbox)) in listeners.into_iter().zip(receivers).enumerate() {
         let config = config.clone();
         let peers = peers.clone();
-        let shutdown = shutdown.clone();
+        let shutdown = (shutdown.clone(), draining.clone());
         let ready = ready_tx.clone();
         let listener = Listeners {
             main: listener,
@@ -467,7 +470,7 @@ fn core_thread(
     listeners: Listeners,
     inbox: async_channel::Receiver<Job>,
     peers: Arc<Vec<async_channel::Sender<Job>>>,
-    shutdown: Arc<AtomicBool>,
+    (shutdown, draining): (Arc<AtomicBool>, Arc<AtomicUsize>),
     ready: mpsc::Sender<Result<(), String>>,
 ) {
     if let Err(e) = monoio::utils::bind_to_cpu_set([index % num_cpus()]) {
@@ -535,6 +538,7 @@ fn core_thread(
             config,
             peers,
             shutdown,
+            draining,
             inflight: Cell::new(0),
             connections: Cell::new(0),
             listener_fd: Cell::new(None),
@@ -572,6 +576,7 @@ async fn serve(
 ) {
     let jobs = {
         let core = core.clone();
+        let inbox = inbox.clone();
         monoio::spawn(async move {
             while let Ok(job) = inbox.recv().await {
                 monoio::spawn(job(core.clone()));
@@ -628,11 +633,23 @@ async fn serve(
         }
     }
     drop(listener);
-    // Finish what is in flight (long-polls end within their timeout, SSE at the next event).
+    // Finish what is in flight (live readers are woken by the shutdown and end at once).
     let deadline = std::time::Instant::now() + Duration::from_secs(8);
     while core.inflight.get() > 0 && std::time::Instant::now() < deadline {
         monoio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Another core's requests may still need this one (a request handed to the stream's
+    // owner, an SSE session stepping there), so keep running jobs until every core is
+    // done. A job queued to a core that had stopped polling would never answer, and its
+    // caller would hold its core for the whole deadline.
+    core.draining.fetch_sub(1, Ordering::SeqCst);
+    while core.draining.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // From here a job sent to this core fails at once, and one already queued is dropped
+    // with its reply channel, so its caller gets an error rather than no answer.
+    inbox.close();
+    while inbox.try_recv().is_ok() {}
     if let Err(e) = core.shard.shutdown().await {
         tracing::error!(core = core.index, "final flush failed: {e}");
     }

@@ -474,3 +474,70 @@ fn sigterm_answers_waiting_long_poll_and_exits_zero() {
     assert_eq!(r.status, 204, "{r:?}");
     assert_eq!(r.next_offset(), Some(3));
 }
+
+/// An SSE session idle at the tail ends promptly on SIGTERM wherever it runs. A session on
+/// a core that does not own its stream may step on the owner once its feed ends, and the
+/// owner, with nothing of its own in flight, must still answer then: before, it had
+/// stopped running jobs, and the session's core waited out the whole 8 s drain deadline.
+/// Which core accepts the connection, and whether the feed ends before the session wakes,
+/// are up to the kernel and the wake order, so the case is tried several times.
+#[test]
+fn sigterm_ends_an_idle_sse_session_promptly_on_any_core() {
+    use std::io::Write;
+    for round in 0..8 {
+        let dir = temp_dir("ursula-sse-shutdown");
+        let data = dir.path().join("data");
+        let s = Server::spawn(
+            &[
+                "server",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--storage",
+                "memory",
+                "--cores",
+                "2",
+            ],
+            None,
+            Duration::from_secs(60),
+        );
+        let p = "/v1/stream/sse";
+        ok(
+            request(&s.addr, "PUT", p, &[("Content-Type", "text/plain")], b"abc"),
+            201,
+            "create",
+        );
+        let mut sock = std::net::TcpStream::connect(&s.addr).unwrap();
+        sock.write_all(
+            format!("GET {p}?offset=-1&live=sse HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let reader = thread::spawn(move || {
+            let mut got = Vec::new();
+            let _ = sock.read_to_end(&mut got);
+            got
+        });
+        // The session has sent its catch-up and waits at the tail.
+        thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        let st = s
+            .sigterm(Duration::from_secs(10))
+            .expect("server must exit after SIGTERM");
+        let took = t0.elapsed();
+        assert!(st.success(), "round {round}: exit status {st:?}");
+        assert!(
+            took < Duration::from_secs(3),
+            "round {round}: exit took {took:?} with one idle SSE session"
+        );
+        let got = String::from_utf8_lossy(&reader.join().unwrap()).into_owned();
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(got.contains("data:abc"), "catch-up delivered: {got}");
+        assert!(
+            got.ends_with("0\r\n\r\n"),
+            "the response ends cleanly: {got:?}"
+        );
+    }
+}
