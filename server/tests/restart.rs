@@ -487,21 +487,7 @@ fn sigterm_ends_an_idle_sse_session_promptly_on_any_core() {
     for round in 0..8 {
         let dir = temp_dir("ursula-sse-shutdown");
         let data = dir.path().join("data");
-        let s = Server::spawn(
-            &[
-                "server",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                data.to_str().unwrap(),
-                "--storage",
-                "memory",
-                "--cores",
-                "2",
-            ],
-            None,
-            Duration::from_secs(60),
-        );
+        let s = Server::spawn_standard(&data, "memory", CORES, &[], None);
         let p = "/v1/stream/sse";
         ok(
             request(&s.addr, "PUT", p, &[("Content-Type", "text/plain")], b"abc"),
