@@ -264,7 +264,7 @@ pub fn run(config: Config) -> Result<(), String> {
     for (index, (listener, inbox)) in listeners.into_iter().zip(receivers).enumerate() {
         let config = config.clone();
         let peers = peers.clone();
-        let shutdown = (shutdown.clone(), draining.clone());
+        let stopping = (shutdown.clone(), draining.clone());
         let ready = ready_tx.clone();
         let listener = Listeners {
             main: listener,
@@ -273,7 +273,7 @@ pub fn run(config: Config) -> Result<(), String> {
         let thread = std::thread::Builder::new()
             .name(format!("ursula-core-{index}"))
             .spawn(move || {
-                core_thread(index, config, listener, inbox, peers, shutdown, ready);
+                core_thread(index, config, listener, inbox, peers, stopping, ready);
             })
             .map_err(|e| format!("spawn core thread: {e}"))?;
         threads.push(thread);

@@ -17,12 +17,13 @@ use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, Sna
 /// Shard-local stream identifier; never reused while the process runs.
 pub type StreamId = u64;
 
-/// One write operation's bytes (a PUT body, a POST body, a batch frame).
-#[derive(Clone, Debug)]
+/// One append's bytes in a stream (a PUT body, a POST body, a batch frame): where they
+/// start, their first message, and where they are in the log.
 ///
 /// A stream keeps one of these in memory for every retained append, so it is packed: 40
 /// bytes, where a plain `Option<Bytes>` + `Option<DiskLoc>` layout took 88. Cached bytes
 /// live beside the table (`Stream::cached`), since most chunks are not cached.
+#[derive(Clone, Debug)]
 pub struct Chunk {
     /// Stream offset of the first byte.
     pub start: u64,
@@ -696,17 +697,14 @@ impl Stream {
     /// freed.
     pub(crate) fn evict(&mut self, chunk_start: u64) -> usize {
         let i = self.chunks.partition_point(|c| c.start < chunk_start);
-        match self.chunks.get(i) {
-            Some(c)
-                if c.start == chunk_start
-                    && c.loc().is_some()
-                    && c.end() <= self.visible_tail
-                    && self.cached.remove(&chunk_start).is_some() =>
-            {
-                c.len as usize
-            }
-            _ => 0,
+        // Only bytes that are also in the log and already visible can be dropped.
+        let evictable = self.chunks.get(i).is_some_and(|c| {
+            c.start == chunk_start && c.loc().is_some() && c.end() <= self.visible_tail
+        });
+        if !evictable {
+            return 0;
         }
+        self.cached.remove(&chunk_start).map_or(0, |b| b.len())
     }
 
     /// Whether the chunk starting at `chunk_start` is still waiting for its flush.
