@@ -233,7 +233,7 @@ impl Index {
         current.value.validate(&reg)?;
         // A compaction that is due now may have been under way when the previous owner
         // died, leaving its outputs unpublished under `parts/`: list once to find them.
-        let orphans_possible = compaction_due(&current.value, shared.cfg.compact_parts);
+        let orphans_possible = due_compaction(&current.value, shared.cfg.compact_parts).is_some();
         let spec = reg.extract.clone();
         let extractor = Extractor::compile(&spec)?.with_skew(shared.cfg.debug_time_offset_ms);
         let durable = current.value.durable_offset;
@@ -1000,31 +1000,12 @@ impl Index {
     /// into a new sorted run of level-1 parts split at `--compaction-max-entries`. Level-1
     /// parts of a day therefore never overlap in time, so manifest pruning keeps working.
     async fn maybe_compact(&self) {
-        let cfg = &self.shared.cfg;
         let view = self.view();
-        let m = &view.manifest;
-        let mut days: Vec<i64> = m
-            .parts
-            .iter()
-            .filter(|p| p.level == 0)
-            .map(|p| p.day_ms)
-            .collect();
-        days.sort_unstable();
-        days.dedup();
-        for day in days {
-            let l0: Vec<&PartMeta> = m
-                .parts
-                .iter()
-                .filter(|p| p.level == 0 && p.day_ms == day)
-                .collect();
-            if l0.len() < cfg.compact_parts {
-                continue;
-            }
-            let inputs: Vec<PartMeta> = l0.into_iter().take(cfg.compact_parts).cloned().collect();
+        // At most one merge per call keeps commits cheap.
+        if let Some((day, inputs)) = due_compaction(&view.manifest, self.shared.cfg.compact_parts) {
             if let Err(e) = self.compact(day, inputs).await {
                 tracing::warn!(index = %self.reg.id, "compaction: {e}");
             }
-            return; // at most one merge per commit keeps commits cheap
         }
     }
 
@@ -1185,13 +1166,21 @@ impl Index {
     }
 }
 
-/// Whether some day of `m` has enough level-0 parts for [`Index::maybe_compact`] to merge.
-fn compaction_due(m: &Manifest, compact_parts: usize) -> bool {
-    let mut per_day: std::collections::HashMap<i64, usize> = std::collections::HashMap::new();
-    m.parts.iter().filter(|p| p.level == 0).any(|p| {
-        let n = per_day.entry(p.day_ms).or_default();
-        *n += 1;
-        *n >= compact_parts
+/// The merge that is due in `m`, if any: the earliest day with at least `compact_parts`
+/// level-0 parts, and the first `compact_parts` of them.
+fn due_compaction(m: &Manifest, compact_parts: usize) -> Option<(i64, Vec<PartMeta>)> {
+    let mut days: Vec<i64> = m
+        .parts
+        .iter()
+        .filter(|p| p.level == 0)
+        .map(|p| p.day_ms)
+        .collect();
+    days.sort_unstable();
+    days.dedup();
+    days.into_iter().find_map(|day| {
+        let l0 = m.parts.iter().filter(|p| p.level == 0 && p.day_ms == day);
+        (l0.clone().count() >= compact_parts)
+            .then(|| (day, l0.take(compact_parts).cloned().collect()))
     })
 }
 
