@@ -88,6 +88,8 @@ pub const MIN_SEGMENT_BYTES: u64 =
     (crate::record::MAX_PAYLOAD + crate::record::FRAME_HEADER) as u64 + 2 * DATA_START;
 /// Standard size of a write batch buffer; bigger batches get a one-off buffer.
 const BATCH_BUF_BYTES: usize = 1 << 20;
+/// Most bytes of write buffers a shard keeps for reuse between group commits.
+const POOLED_BUF_BYTES: usize = 32 << 20;
 
 #[derive(Debug)]
 pub enum StorageError {
@@ -893,9 +895,10 @@ impl Shard {
             };
             let mut buf = batch.buf.take().ok_or_else(missing)?;
             let len = buf.len();
-            // The buffer is zero past its length, so padding to the block boundary writes
-            // zeros; the next batch rewrites this partial block with more records.
+            // Pad to the block boundary with zeros (a recycled buffer holds old bytes there);
+            // the next batch rewrites this partial block with more records.
             buf.set_len(align_up(len));
+            buf.as_mut_full()[len..align_up(len)].fill(0);
             let (res, mut buf) = file.write_all_at(buf, batch.base).await;
             buf.set_len(len);
             batch.buf = Some(buf);
@@ -1086,7 +1089,7 @@ impl Shard {
         let next_lsn = expected.unwrap_or(1);
         self.inner.next_lsn.set(next_lsn);
         self.inner.durable_lsn.set(next_lsn - 1);
-        let pool = BufPool::new(BATCH_BUF_BYTES, 4);
+        let pool = BufPool::new(BATCH_BUF_BYTES, 4, POOLED_BUF_BYTES);
         let mut log = Log {
             dir: dir.to_path_buf(),
             shard: cfg.shard,
