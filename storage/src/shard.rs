@@ -57,7 +57,9 @@ pub struct ShardConfig {
     /// with [`StorageError::Busy`] instead of growing the write queue without bound.
     pub write_budget_bytes: usize,
     /// Log bytes written after which the next upkeep round writes a checkpoint; bounds
-    /// how much log a restart replays.
+    /// how much log a restart replays. The interval also grows to
+    /// [`CHECKPOINT_LOG_RATIO`] times the last checkpoint's size, so a large index does not
+    /// spend the disk and the core rewriting itself.
     pub checkpoint_bytes: u64,
     /// Fault injection for tests: the flush after this many successful ones fails as if
     /// fdatasync had returned EIO (its data was written, its durability is unknown).
@@ -83,6 +85,8 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 128 << 20;
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
 pub const DEFAULT_WRITE_BUDGET_BYTES: usize = 256 << 20;
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
+/// Least log bytes between checkpoints, as a multiple of the last checkpoint's size.
+pub const CHECKPOINT_LOG_RATIO: u64 = 4;
 /// A segment must hold the largest record.
 pub const MIN_SEGMENT_BYTES: u64 =
     (crate::record::MAX_PAYLOAD + crate::record::FRAME_HEADER) as u64 + 2 * DATA_START;
@@ -218,6 +222,8 @@ struct Inner {
     /// Framed bytes logged since start, and that count when the last checkpoint was taken.
     logged_bytes: Cell<u64>,
     checkpointed_at: Cell<u64>,
+    /// Size of the last checkpoint written, in bytes.
+    checkpoint_size: Cell<u64>,
     /// Segment where replay from the durable checkpoint starts. Only segments before it
     /// may be deleted: a record in a later one (a deletion, say) is needed on top of the
     /// checkpoint, and the cleaner does not carry deletions forward.
@@ -259,6 +265,7 @@ impl Shard {
             upkeep_busy: Cell::new(false),
             logged_bytes: Cell::new(0),
             checkpointed_at: Cell::new(0),
+            checkpoint_size: Cell::new(0),
             checkpoint_segment: Cell::new(None),
             dead_blobs: RefCell::new(Vec::new()),
             memory_blobs: RefCell::new(HashMap::new()),
@@ -1191,6 +1198,7 @@ impl Shard {
         self.inner.last_incarnation.set(inc);
         self.inner.blob_counter.set(pos.blob_counter);
         self.inner.checkpoint_segment.set(Some(pos.segment));
+        self.inner.checkpoint_size.set(file.len() as u64);
         tracing::info!(
             shard = self.inner.cfg.shard,
             lsn = pos.lsn,
@@ -1342,13 +1350,30 @@ impl Shard {
             if let Err(e) = self.clean().await {
                 tracing::warn!(shard = self.inner.cfg.shard, "log cleaning failed: {e}");
             }
-            let since = self.inner.logged_bytes.get() - self.inner.checkpointed_at.get();
-            if since >= self.inner.cfg.checkpoint_bytes {
+            if self.checkpoint_due() {
                 if let Err(e) = self.checkpoint().await {
                     tracing::warn!(shard = self.inner.cfg.shard, "checkpoint failed: {e}");
                 }
             }
         }
+    }
+
+    /// Whether enough log was written since the last checkpoint to write the next one:
+    /// `checkpoint_bytes`, or [`CHECKPOINT_LOG_RATIO`] times the last checkpoint's size if
+    /// that is more. A checkpoint holds every stream's chunk table and message index, so
+    /// it grows with the retained data; at a fixed interval, a shard ingesting millions
+    /// of small events a second rewrote a ~100 MB checkpoint every second, and throughput
+    /// fell by a third as it grew. The ratio keeps checkpoint writes at most a quarter of
+    /// the log's, and a restart replays at most that many times the checkpoint it loads.
+    fn checkpoint_due(&self) -> bool {
+        let since = self.inner.logged_bytes.get() - self.inner.checkpointed_at.get();
+        let interval = self.inner.cfg.checkpoint_bytes.max(
+            self.inner
+                .checkpoint_size
+                .get()
+                .saturating_mul(CHECKPOINT_LOG_RATIO),
+        );
+        since >= interval
     }
 
     /// Write a checkpoint of every stream at the current head of the log, so the next start
@@ -1413,6 +1438,7 @@ impl Shard {
         std::fs::rename(&tmp, checkpoint::path(dir))?;
         segment::sync_dir(dir)?;
         self.inner.checkpointed_at.set(logged);
+        self.inner.checkpoint_size.set(bytes as u64);
         self.inner.checkpoint_segment.set(Some(pos.segment));
         tracing::debug!(
             shard = self.inner.cfg.shard,
@@ -2438,6 +2464,49 @@ mod tests {
             data: Bytes::from(data),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_checkpoint_interval_grows_with_the_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = config(dir.path());
+        cfg.checkpoint_bytes = 1;
+        block_on(async {
+            let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+            let (a, c) = shard.create(new_stream("a", b"")).expect("create");
+            c.durable().await.expect("durable");
+            let msgs: Vec<String> = (0..2000).map(|i| format!("{{\"n\":{i}}}\n")).collect();
+            let msgs: Vec<&str> = msgs.iter().map(String::as_str).collect();
+            let append = |rec| {
+                let (_, c) = shard.append(a, rec).expect("append");
+                c.durable()
+            };
+            append(json_rec(&msgs)).await.expect("durable");
+            assert!(shard.checkpoint_due());
+            assert!(shard.checkpoint().await.expect("checkpoint"));
+            let size = shard.inner.checkpoint_size.get();
+            assert!(size > 2000, "the index of 2000 messages is in it: {size}");
+
+            // Less than four checkpoints' worth of log since: not yet, though well over
+            // checkpoint_bytes.
+            let logged = |shard: &Shard| shard.inner.logged_bytes.get();
+            let since = |shard: &Shard| logged(shard) - shard.inner.checkpointed_at.get();
+            while since(&shard) + 200 < CHECKPOINT_LOG_RATIO * size {
+                append(data_rec(&[b'x'; 100])).await.expect("durable");
+                assert!(!shard.checkpoint_due(), "due after {} bytes", since(&shard));
+            }
+            while since(&shard) < CHECKPOINT_LOG_RATIO * size {
+                append(data_rec(b"x")).await.expect("durable");
+            }
+            assert!(shard.checkpoint_due());
+            shard.shutdown().await.expect("shutdown");
+
+            // A restart knows the size of the checkpoint it loaded.
+            let (shard, _) = Shard::open(cfg).await.expect("reopen");
+            assert!(shard.inner.checkpoint_size.get() > 2000);
+            assert!(!shard.checkpoint_due());
+            shard.shutdown().await.expect("shutdown");
+        });
     }
 
     #[test]
