@@ -90,7 +90,8 @@ pub const CHECKPOINT_LOG_RATIO: u64 = 4;
 /// A segment must hold the largest record.
 pub const MIN_SEGMENT_BYTES: u64 =
     (crate::record::MAX_PAYLOAD + crate::record::FRAME_HEADER) as u64 + 2 * DATA_START;
-/// Standard size of a write batch buffer; bigger batches get a one-off buffer.
+/// Standard size of a write batch buffer; a batch that outgrows it takes a bigger one from
+/// the pool (up to `POOLED_BUF_BYTES` of them are kept).
 const BATCH_BUF_BYTES: usize = 1 << 20;
 /// Most bytes of write buffers a shard keeps for reuse between group commits.
 const POOLED_BUF_BYTES: usize = 32 << 20;
@@ -2489,8 +2490,8 @@ mod tests {
 
             // Less than four checkpoints' worth of log since: not yet, though well over
             // checkpoint_bytes.
-            let logged = |shard: &Shard| shard.inner.logged_bytes.get();
-            let since = |shard: &Shard| logged(shard) - shard.inner.checkpointed_at.get();
+            let since =
+                |shard: &Shard| shard.inner.logged_bytes.get() - shard.inner.checkpointed_at.get();
             while since(&shard) + 200 < CHECKPOINT_LOG_RATIO * size {
                 append(data_rec(&[b'x'; 100])).await.expect("durable");
                 assert!(!shard.checkpoint_due(), "due after {} bytes", since(&shard));
