@@ -6,6 +6,7 @@
 //! CRC-checked, and a torn or corrupt tail is cut off. See `docs/architecture.md`.
 
 pub mod aligned;
+mod cache;
 mod checkpoint;
 pub mod record;
 pub mod segment;

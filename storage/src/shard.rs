@@ -208,7 +208,8 @@ struct Inner {
     flusher: RefCell<Option<Waker>>,
     stopping: Cell<bool>,
     stats: Cell<ShardStats>,
-    /// Cached chunk bytes, and the order in which to evict them (oldest first).
+    /// Cached bytes, and the cached runs by age (stream, run start), oldest first: the
+    /// order in which to evict them.
     resident_bytes: Cell<usize>,
     evict_queue: RefCell<VecDeque<(StreamId, u64)>>,
     /// Read handles of segment files, opened on first cold read.
@@ -436,7 +437,7 @@ impl Shard {
     /// Cached data comes from memory; the rest is read from the log with direct I/O, its
     /// record checksum verified, and cached again.
     pub async fn read(&self, id: StreamId, from: u64, to: u64) -> Result<Vec<Bytes>, StorageError> {
-        let plan = match self.stream(id) {
+        let plan = match self.inner.streams.borrow_mut().get_mut(&id) {
             Some(s) => s.read_plan(from, to),
             None => return Ok(Vec::new()),
         };
@@ -457,7 +458,7 @@ impl Shard {
                     // between.
                     let now = self.stream(id).and_then(|s| {
                         let c = s.chunk_at(chunk_start).filter(|c| c.start == chunk_start)?;
-                        Some((c.loc(), s.cached_chunk(chunk_start)))
+                        Some((c.loc(), s.cached_chunk(chunk_start, chunk_len)))
                     });
                     let chunk = match now {
                         Some((_, Some(cached))) => cached,
@@ -470,7 +471,7 @@ impl Shard {
                         None => 0,
                     };
                     if added > 0 {
-                        self.track_resident(id, chunk_start, added);
+                        self.track_resident(id, added);
                     }
                 }
             }
@@ -663,40 +664,49 @@ impl Shard {
         Ok(file)
     }
 
-    /// Account for the chunks an append just cached, then trim the cache.
+    /// Account for the bytes an append just cached, then trim the cache.
     fn cached(&self, id: StreamId, a: &AppendRec) {
         if self.memory() {
+            // Nothing is evicted in memory mode: the cache is the only copy.
+            if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                s.take_fresh_cache_runs();
+            }
             return;
         }
-        let mut pos = a.start;
-        for &len in a.append_lens.iter().filter(|&&l| l > 0) {
-            self.track_resident(id, pos, len as usize);
-            pos += len as u64;
-        }
+        self.track_resident(id, a.data.len());
         self.evict_over_budget();
     }
 
-    fn track_resident(&self, id: StreamId, chunk_start: u64, len: usize) {
+    /// Count `len` newly cached bytes of stream `id`, and queue its new runs for eviction.
+    fn track_resident(&self, id: StreamId, len: usize) {
         self.inner
             .resident_bytes
             .set(self.inner.resident_bytes.get() + len);
-        self.inner
-            .evict_queue
-            .borrow_mut()
-            .push_back((id, chunk_start));
+        let fresh = match self.inner.streams.borrow_mut().get_mut(&id) {
+            Some(s) => s.take_fresh_cache_runs(),
+            None => return,
+        };
+        let mut queue = self.inner.evict_queue.borrow_mut();
+        queue.extend(fresh.into_iter().map(|start| (id, start)));
     }
 
-    /// Drop the oldest durable cached chunks until the cache fits its budget.
+    /// Drop the oldest durable cached runs until the cache fits its budget. A run still
+    /// waiting for its flush goes to the back of the queue: a stream's open block can stay
+    /// unflushed for as long as appends keep arriving, and must not hold up the rest.
     fn evict_over_budget(&self) {
         let budget = self.inner.cfg.cache_bytes;
         let mut queue = self.inner.evict_queue.borrow_mut();
         let mut streams = self.inner.streams.borrow_mut();
-        while self.inner.resident_bytes.get() > budget {
-            let Some(&(id, start)) = queue.front() else {
+        let mut pending_seen = 0;
+        while self.inner.resident_bytes.get() > budget && pending_seen < queue.len() {
+            let Some((id, start)) = queue.pop_front() else {
                 break;
             };
             match streams.get_mut(&id) {
-                Some(s) if s.chunk_pending(start) => break,
+                Some(s) if s.cache_pending(start) => {
+                    queue.push_back((id, start));
+                    pending_seen += 1;
+                }
                 Some(s) => {
                     let freed = s.evict(start);
                     self.inner
@@ -705,7 +715,6 @@ impl Shard {
                 }
                 None => {}
             }
-            queue.pop_front();
         }
     }
 
@@ -1513,7 +1522,7 @@ impl Shard {
             };
             last_lsn = self.log_record(&Record::Image(image), None)?.0;
             for (start, len, loc, msg_lens) in chunks {
-                let cached = self.stream(id).and_then(|s| s.cached_chunk(start));
+                let cached = self.stream(id).and_then(|s| s.cached_chunk(start, len));
                 let data = match cached {
                     Some(d) => d,
                     None => self.load(loc, len).await?,
@@ -2274,8 +2283,11 @@ mod tests {
         // segment that still had queued records, failing the shard.
         let dir = tempfile::tempdir().expect("tempdir");
         let big = vec![3u8; 30 << 20];
+        // No periodic checkpoint: the reopen must scan every segment the flush wrote.
+        let mut cfg = config(dir.path());
+        cfg.checkpoint_bytes = u64::MAX;
         block_on(async {
-            let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+            let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
             let (id, c) = shard.create(new_stream("a", b"")).expect("create");
             c.durable().await.expect("durable");
             let commits: Vec<Commit> = (0..5)
@@ -2292,7 +2304,7 @@ mod tests {
             stop_without_checkpoint(&shard).await;
         });
         block_on(async {
-            let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
+            let (shard, report) = Shard::open(cfg).await.expect("reopen");
             assert!(report.segments >= 3);
             assert_eq!(read_all(&shard, "a").await.len(), 5 * big.len());
         });

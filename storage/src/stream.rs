@@ -12,6 +12,7 @@ use std::task::Waker;
 
 use bytes::Bytes;
 
+use crate::cache::{Span, StreamCache};
 use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, SnapshotMeta};
 
 /// Shard-local stream identifier; never reused while the process runs.
@@ -22,7 +23,8 @@ pub type StreamId = u64;
 ///
 /// A stream keeps one of these in memory for every retained append, so it is packed: 40
 /// bytes, where a plain `Option<Bytes>` + `Option<DiskLoc>` layout took 88. Cached bytes
-/// live beside the table (`Stream::cached`), since most chunks are not cached.
+/// live beside the table (`Stream::cache`), packed into blocks, since most chunks are not
+/// cached.
 #[derive(Clone, Debug)]
 pub struct Chunk {
     /// Stream offset of the first byte.
@@ -167,9 +169,8 @@ pub struct Stream {
     pub last_stream_seq: Option<Bytes>,
     pub producers: HashMap<Box<str>, Producer>,
     chunks: Vec<Chunk>,
-    /// Bytes of the chunks cached in memory, by chunk start (all of them in memory mode).
-    /// Looked up per chunk on the read path, so a fast hash (the map is bounded by the cache).
-    cached: HashMap<u64, Bytes, foldhash::fast::FixedState>,
+    /// Bytes of the chunks cached in memory (all of them in memory mode).
+    cache: StreamCache,
     /// Start offset of every retained message; ordinal `msg_base + i` starts at
     /// `msg_starts[i]`. Retention drops entries from the front and raises `msg_base`, so
     /// surviving ordinals never change.
@@ -204,7 +205,7 @@ impl Stream {
             last_stream_seq: None,
             producers: HashMap::new(),
             chunks: Vec::new(),
-            cached: HashMap::default(),
+            cache: StreamCache::default(),
             msg_starts: Vec::new(),
             msg_base: 0,
             retained_start: 0,
@@ -415,8 +416,8 @@ impl Stream {
     }
 
     /// Cached bytes of a chunk, if any.
-    pub(crate) fn cached_chunk(&self, chunk_start: u64) -> Option<Bytes> {
-        self.cached.get(&chunk_start).cloned()
+    pub(crate) fn cached_chunk(&self, chunk_start: u64, chunk_len: u32) -> Option<Bytes> {
+        self.cache.get(chunk_start, chunk_len as usize)
     }
 
     /// Apply an append to the head state. Returns the receipt it produced, if any.
@@ -446,7 +447,8 @@ impl Stream {
             });
             self.chunks.push(Chunk::new(start, len as u32, loc));
             if keep_data {
-                self.cached.insert(start, a.data.slice(pos..pos + len));
+                self.cache
+                    .insert_append(start, &a.data.slice(pos..pos + len));
             }
             pos += len;
         }
@@ -605,14 +607,8 @@ impl Stream {
     /// Returns the data bytes and cached bytes freed.
     fn trim_index(&mut self, offset: u64) -> (u64, usize) {
         let drop_chunks = self.chunks.partition_point(|c| c.end() <= offset);
-        let mut freed = 0;
-        let mut cached = 0;
-        for c in self.chunks.drain(..drop_chunks) {
-            freed += c.len as u64;
-            if self.cached.remove(&c.start).is_some() {
-                cached += c.len as usize;
-            }
-        }
+        let freed = self.chunks.drain(..drop_chunks).map(|c| c.len as u64).sum();
+        let cached = self.cache.trim(offset);
         let drop_msgs = self.msg_starts.partition_point(|&m| m < offset);
         self.msg_starts.drain(..drop_msgs);
         self.msg_base += drop_msgs as u64;
@@ -639,41 +635,33 @@ impl Stream {
         self.chunks.get(i).filter(|c| c.start <= offset)
     }
 
-    /// How to read `[from, to)` (clamped to the visible tail): memory slices for cached
-    /// chunks, disk locations for the rest. Use [`crate::Shard::read`] to execute it.
-    pub fn read_plan(&self, from: u64, to: u64) -> Vec<Piece> {
+    /// How to read `[from, to)` (clamped to the visible tail): memory slices of cached
+    /// runs, disk locations for the rest. Use [`crate::Shard::read`] to execute it. Takes
+    /// `&mut self` because a read that reaches into the block small appends are being
+    /// packed into seals it.
+    pub fn read_plan(&mut self, from: u64, to: u64) -> Vec<Piece> {
         let to = to.min(self.visible_tail);
         let mut out = Vec::new();
-        if from >= to {
-            return out;
-        }
-        let mut i = self.chunks.partition_point(|c| c.end() <= from);
-        while let Some(c) = self.chunks.get(i) {
-            if c.start >= to {
-                break;
+        let chunks = &self.chunks;
+        self.cache.walk(from, to, |span| match span {
+            Span::Cached(b) => out.push(Piece::Memory(b)),
+            Span::Missing { start, end } => {
+                // Runs cover whole chunks, so an uncached range is whole chunks, except at
+                // its ends where the read starts or stops inside one.
+                let mut i = chunks.partition_point(|c| c.end() <= start);
+                while let Some(c) = chunks.get(i).filter(|c| c.start < end) {
+                    let loc = c.loc().expect("a chunk is either cached or on disk");
+                    out.push(Piece::Disk {
+                        loc,
+                        chunk_start: c.start,
+                        chunk_len: c.len,
+                        from: (start.max(c.start) - c.start) as usize,
+                        to: (end.min(c.end()) - c.start) as usize,
+                    });
+                    i += 1;
+                }
             }
-            let a = (from.max(c.start) - c.start) as usize;
-            let b = (to.min(c.end()) - c.start) as usize;
-            // Most reads are of data that is either all cached (live tails) or none of it
-            // (catch-up), so skip the lookup when nothing is.
-            let data = if self.cached.is_empty() {
-                None
-            } else {
-                self.cached.get(&c.start)
-            };
-            match (data, c.loc()) {
-                (Some(d), _) => out.push(Piece::Memory(d.slice(a..b))),
-                (None, Some(loc)) => out.push(Piece::Disk {
-                    loc,
-                    chunk_start: c.start,
-                    chunk_len: c.len,
-                    from: a,
-                    to: b,
-                }),
-                (None, None) => unreachable!("a chunk is either cached or on disk"),
-            }
-            i += 1;
-        }
+        });
         out
     }
 
@@ -684,37 +672,41 @@ impl Stream {
             Some(c)
                 if c.start == chunk_start
                     && c.len as usize == data.len()
-                    && !self.cached.contains_key(&chunk_start) =>
+                    && self.cache.insert_loaded(chunk_start, data) =>
             {
-                self.cached.insert(chunk_start, data.clone());
                 data.len()
             }
             _ => 0,
         }
     }
 
-    /// Drop a durable chunk's cached bytes (they stay readable from disk). Returns the bytes
-    /// freed.
-    pub(crate) fn evict(&mut self, chunk_start: u64) -> usize {
-        let i = self.chunks.partition_point(|c| c.start < chunk_start);
-        // Only bytes that are also in the log and already visible can be dropped.
-        let evictable = self.chunks.get(i).is_some_and(|c| {
-            c.start == chunk_start && c.loc().is_some() && c.end() <= self.visible_tail
-        });
-        if !evictable {
-            return 0;
-        }
-        self.cached.remove(&chunk_start).map_or(0, |b| b.len())
+    /// Drop the cached run that starts at `start` if it is durable, visible and in the log
+    /// (it stays readable from disk). Returns the bytes freed.
+    pub(crate) fn evict(&mut self, start: u64) -> usize {
+        let visible = self.visible_tail;
+        let chunks = &self.chunks;
+        self.cache.evict(start, |from, to| {
+            let i = chunks.partition_point(|c| c.start < from);
+            to <= visible && chunks.get(i).is_some_and(|c| c.loc().is_some())
+        })
     }
 
-    /// Whether the chunk starting at `chunk_start` is still waiting for its flush.
-    pub(crate) fn chunk_pending(&self, chunk_start: u64) -> bool {
-        chunk_start >= self.visible_tail
+    /// Whether the cached run starting at `start` still holds bytes waiting for their flush
+    /// (such a run cannot be evicted yet).
+    pub(crate) fn cache_pending(&self, start: u64) -> bool {
+        self.cache
+            .end_of(start)
+            .is_some_and(|end| end > self.visible_tail)
+    }
+
+    /// Starts of the cached runs created since the last call, for the shard's eviction order.
+    pub(crate) fn take_fresh_cache_runs(&mut self) -> Vec<u64> {
+        self.cache.take_fresh()
     }
 
     /// Bytes of this stream currently cached in memory.
     pub fn resident_bytes(&self) -> usize {
-        self.cached.values().map(Bytes::len).sum()
+        self.cache.len()
     }
 
     /// All write operations (for copying history into a fork).
@@ -853,8 +845,10 @@ mod tests {
         s.apply_append(&a, 1, 0, Some(loc), true);
         assert_eq!(s.evict(0), 0, "not durable yet");
         s.make_visible(6, false);
-        assert_eq!(s.evict(0), 3);
+        // Both small appends were packed into one cached run, which goes as a whole.
+        assert_eq!(s.evict(0), 6);
         assert_eq!(s.evict(0), 0, "already evicted");
+        assert_eq!(s.recache(3, &Bytes::from_static(b"cd\n")), 3);
         let plan = s.read_plan(1, 6);
         assert!(matches!(
             plan[0],
@@ -867,9 +861,7 @@ mod tests {
             }
         ));
         assert!(matches!(&plan[1], Piece::Memory(b) if &b[..] == b"cd\n"));
-        let Piece::Disk { .. } = plan[0] else {
-            unreachable!()
-        };
+        assert_eq!(plan.len(), 2);
         assert_eq!(s.chunks()[1].loc().map(|l| l.data_off), Some(97));
         assert_eq!(s.recache(0, &Bytes::from_static(b"ab\n")), 3);
         assert_eq!(
