@@ -458,6 +458,20 @@ impl prometheus_client::collector::Collector for Scrape {
         )?;
         per_core(
             &mut e,
+            "ursula_storage_disk_reads",
+            "Direct-I/O reads of evicted stream data (neighbouring records share one)",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.disk_reads))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_disk_read_bytes",
+            "Bytes those reads transferred, gaps between wanted records included",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.disk_read_bytes))),
+        )?;
+        per_core(
+            &mut e,
             "ursula_storage_fsync_duration_seconds",
             "fdatasync latency of the log",
             "shard",

@@ -8,6 +8,7 @@
 pub mod aligned;
 mod cache;
 mod checkpoint;
+mod readback;
 pub mod record;
 pub mod segment;
 pub mod shard;

@@ -665,18 +665,19 @@ impl Stream {
         out
     }
 
-    /// Cache a chunk's bytes again after a disk read. Returns the bytes newly cached.
-    pub(crate) fn recache(&mut self, chunk_start: u64, data: &Bytes) -> usize {
-        let i = self.chunks.partition_point(|c| c.start < chunk_start);
-        match self.chunks.get(i) {
-            Some(c)
-                if c.start == chunk_start
-                    && c.len as usize == data.len()
-                    && self.cache.insert_loaded(chunk_start, data) =>
-            {
-                data.len()
-            }
-            _ => 0,
+    /// Cache the bytes of whole chunks again after a disk read: `data` holds the chunks
+    /// from `start` on, back to back. Returns the bytes newly cached (none if the range does
+    /// not begin and end at chunk boundaries, or some of it is cached already).
+    pub(crate) fn recache(&mut self, start: u64, data: &Bytes) -> usize {
+        let end = start + data.len() as u64;
+        let first = self.chunks.partition_point(|c| c.start < start);
+        let last = self.chunks.partition_point(|c| c.end() < end);
+        let whole = self.chunks.get(first).is_some_and(|c| c.start == start)
+            && self.chunks.get(last).is_some_and(|c| c.end() == end);
+        if whole && self.cache.insert_loaded(start, data) {
+            data.len()
+        } else {
+            0
         }
     }
 
