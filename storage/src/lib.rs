@@ -27,3 +27,17 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }
+
+#[cfg(test)]
+mod test_support {
+    use std::future::Future;
+
+    /// Run `f` to completion on a fresh io_uring (or fallback) runtime with timers.
+    pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .enable_timer()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+}

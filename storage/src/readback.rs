@@ -122,6 +122,7 @@ pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::block_on;
 
     fn part(segment: u64, record_pos: u64, record_len: u32) -> Part {
         Part {
@@ -137,14 +138,6 @@ mod tests {
             from: 0,
             to: 0,
         }
-    }
-
-    fn block_on<F: Future>(f: F) -> F::Output {
-        monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("runtime")
-            .block_on(f)
     }
 
     fn span(first: Part) -> Span {

@@ -524,18 +524,7 @@ impl Shard {
             let loc = part.loc;
             let at = (loc.record_pos - buf_pos) as usize;
             if verified != Some(loc.record_pos) {
-                let framed = decode_at(buf, at).map_err(|e| {
-                    StorageError::Corrupt(format!(
-                        "segment {} position {}: {e:?}",
-                        loc.segment, loc.record_pos
-                    ))
-                })?;
-                if framed.len != loc.record_len as usize {
-                    return Err(StorageError::Corrupt(format!(
-                        "segment {} position {}: record length changed",
-                        loc.segment, loc.record_pos
-                    )));
-                }
+                verify_record(buf, at, loc)?;
                 verified = Some(loc.record_pos);
             }
             let data = at + loc.data_off as usize;
@@ -728,18 +717,7 @@ impl Shard {
         res?;
         let bytes = Bytes::from_owner(buf);
         let at = loc.record_pos as usize - start;
-        let framed = decode_at(&bytes, at).map_err(|e| {
-            StorageError::Corrupt(format!(
-                "segment {} position {}: {e:?}",
-                loc.segment, loc.record_pos
-            ))
-        })?;
-        if framed.len != loc.record_len as usize {
-            return Err(StorageError::Corrupt(format!(
-                "segment {} position {}: record length changed",
-                loc.segment, loc.record_pos
-            )));
-        }
+        verify_record(&bytes, at, loc)?;
         let data_start = at + loc.data_off as usize;
         Ok(bytes.slice(data_start..data_start + len as usize))
     }
@@ -1955,18 +1933,29 @@ impl Log {
     }
 }
 
+/// Check the record that `loc` names, found at `at` in `buf`: its checksum, and that it is
+/// still the record the chunk table points at (same framed length).
+fn verify_record(buf: &Bytes, at: usize, loc: DiskLoc) -> Result<(), StorageError> {
+    let framed = decode_at(buf, at).map_err(|e| {
+        StorageError::Corrupt(format!(
+            "segment {} position {}: {e:?}",
+            loc.segment, loc.record_pos
+        ))
+    })?;
+    if framed.len != loc.record_len as usize {
+        return Err(StorageError::Corrupt(format!(
+            "segment {} position {}: record length changed",
+            loc.segment, loc.record_pos
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::record::ProducerStamp;
-
-    fn block_on<F: Future>(f: F) -> F::Output {
-        monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-            .enable_timer()
-            .build()
-            .expect("runtime")
-            .block_on(f)
-    }
+    use crate::test_support::block_on;
 
     fn config(dir: &Path) -> ShardConfig {
         let mut cfg = ShardConfig::new(0, Durability::Disk(dir.to_path_buf()));
