@@ -21,7 +21,11 @@ pub(crate) const PACK_MAX: usize = 8 << 10;
 /// stream's open block (grown by doubling from `BLOCK_MIN`) stays small next to the cache.
 pub(crate) const BLOCK_MAX: usize = 64 << 10;
 
-const BLOCK_MIN: usize = 4 << 10;
+/// Smallest open block. Blocks start at the first append's size rounded up to a power of
+/// two, so an open block larger than this is never more than half empty: a server with
+/// 100k streams that each received one small append holds about that much, not 100k
+/// whole blocks.
+const BLOCK_MIN: usize = 256;
 
 #[derive(Default)]
 pub(crate) struct StreamCache {
@@ -73,8 +77,10 @@ impl StreamCache {
                 self.open = BytesMut::with_capacity(data.len().max(BLOCK_MIN).next_power_of_two());
             }
         } else if self.open.capacity() - self.open.len() < data.len() {
-            // Powers of two from BLOCK_MIN up to BLOCK_MAX: one doubling always fits.
-            let cap = (self.open.capacity() * 2).clamp(BLOCK_MIN, BLOCK_MAX);
+            // Capacities stay powers of two up to BLOCK_MAX, which the block's new length
+            // does not exceed (checked above).
+            let need = (self.open.len() + data.len()).next_power_of_two();
+            let cap = (self.open.capacity() * 2).max(need).min(BLOCK_MAX);
             self.open.reserve(cap - self.open.len());
         }
         self.open.extend_from_slice(data);
@@ -373,6 +379,23 @@ mod tests {
     }
 
     #[test]
+    fn open_blocks_grow_in_powers_of_two_and_stay_at_least_half_full() {
+        let mut c = StreamCache::default();
+        let mut pos = 0;
+        for len in [100, 300, 8000, 20, 5000, 8192, 8192, 8192, 8192, 8192, 8192] {
+            c.insert_append(pos, &filled(1, len));
+            pos += len as u64;
+            let cap = c.open.capacity();
+            assert!(cap.is_power_of_two() && cap <= BLOCK_MAX, "capacity {cap}");
+            assert!(
+                c.open.len() * 2 > cap || cap == BLOCK_MIN,
+                "{} bytes in {cap}",
+                c.open.len()
+            );
+        }
+    }
+
+    #[test]
     fn a_sparse_block_is_copied_on_seal_and_a_full_one_is_frozen_in_place() {
         let mut c = StreamCache::default();
         c.insert_append(0, &filled(1, 10));
@@ -382,7 +405,7 @@ mod tests {
         assert_ne!(
             run.as_ptr(),
             block,
-            "10 bytes of a 4 KiB block are copied out"
+            "10 bytes of a 256-byte block are copied out"
         );
         assert_eq!(run.len(), 10);
         assert_eq!(c.open.capacity(), 0, "the block itself is released");
