@@ -43,7 +43,7 @@ pub(crate) struct StreamCache {
 }
 
 /// One step of a read over cached and uncached ranges (see [`StreamCache::walk`]).
-pub(crate) enum Span {
+pub(crate) enum Extent {
     Cached(Bytes),
     /// `[start, end)` is not cached.
     Missing {
@@ -116,7 +116,7 @@ impl StreamCache {
 
     /// Walk `[from, to)` in order, as slices of cached runs and the ranges between them
     /// that are not cached. Seals the open block first if the range reaches into it.
-    pub(crate) fn walk(&mut self, from: u64, to: u64, mut visit: impl FnMut(Span)) {
+    pub(crate) fn walk(&mut self, from: u64, to: u64, mut visit: impl FnMut(Extent)) {
         if from >= to {
             return;
         }
@@ -130,17 +130,17 @@ impl StreamCache {
         let mut pos = from;
         for (&s, b) in self.runs.range(first..to) {
             if s > pos {
-                visit(Span::Missing { start: pos, end: s });
+                visit(Extent::Missing { start: pos, end: s });
                 pos = s;
             }
             let end = (s + b.len() as u64).min(to);
-            visit(Span::Cached(
+            visit(Extent::Cached(
                 b.slice((pos - s) as usize..(end - s) as usize),
             ));
             pos = end;
         }
         if pos < to {
-            visit(Span::Missing {
+            visit(Extent::Missing {
                 start: pos,
                 end: to,
             });
@@ -199,9 +199,10 @@ impl StreamCache {
         self.len
     }
 
-    /// Starts of the runs created since the last call, oldest first.
-    pub(crate) fn take_fresh(&mut self) -> Vec<u64> {
-        std::mem::take(&mut self.fresh)
+    /// Starts of the runs created since the last call, oldest first. Drained rather than
+    /// taken, so the list keeps its allocation across appends.
+    pub(crate) fn drain_fresh(&mut self) -> std::vec::Drain<'_, u64> {
+        self.fresh.drain(..)
     }
 
     /// Turn the open block into a run. A block with much unused capacity is copied into an
@@ -239,8 +240,8 @@ mod tests {
     fn collect(c: &mut StreamCache, from: u64, to: u64) -> Vec<(bool, Vec<u8>, u64, u64)> {
         let mut out = Vec::new();
         c.walk(from, to, |s| match s {
-            Span::Cached(b) => out.push((true, b.to_vec(), 0, 0)),
-            Span::Missing { start, end } => out.push((false, Vec::new(), start, end)),
+            Extent::Cached(b) => out.push((true, b.to_vec(), 0, 0)),
+            Extent::Missing { start, end } => out.push((false, Vec::new(), start, end)),
         });
         out
     }
@@ -261,7 +262,7 @@ mod tests {
             pos += 1000;
         }
         assert_eq!(c.len(), 50_000);
-        assert_eq!(c.take_fresh(), vec![0], "one block");
+        assert_eq!(c.drain_fresh().collect::<Vec<_>>(), vec![0], "one block");
         let pieces = collect(&mut c, 0, pos);
         assert_eq!(pieces.len(), 1);
         assert_eq!(pieces[0].1, want);
@@ -290,7 +291,7 @@ mod tests {
         want.extend_from_slice(&tail);
         pos += 10;
         let blocks = (100 << 10) / BLOCK_MAX as u64;
-        let fresh = c.take_fresh();
+        let fresh = c.drain_fresh().collect::<Vec<_>>();
         assert_eq!(fresh[..2], [0, BLOCK_MAX as u64]);
         assert_eq!(
             fresh.len() as u64,
@@ -319,7 +320,7 @@ mod tests {
         c.insert_append(0, &filled(1, 100));
         assert_eq!(collect(&mut c, 0, 100).len(), 1);
         c.insert_append(100, &filled(2, 100));
-        assert_eq!(c.take_fresh(), vec![0, 100]);
+        assert_eq!(c.drain_fresh().collect::<Vec<_>>(), vec![0, 100]);
         let pieces = collect(&mut c, 50, 200);
         assert_eq!(pieces.len(), 2);
         assert_eq!(pieces.concat_bytes(), [vec![1; 50], vec![2; 100]].concat());
@@ -327,7 +328,7 @@ mod tests {
         c.insert_append(200, &filled(3, 100));
         collect(&mut c, 0, 200);
         c.insert_append(300, &filled(4, 100));
-        assert_eq!(c.take_fresh(), vec![200]);
+        assert_eq!(c.drain_fresh().collect::<Vec<_>>(), vec![200]);
         assert_eq!(collect(&mut c, 200, 400).len(), 1);
     }
 

@@ -84,12 +84,22 @@ impl Span {
 
     /// Read the span. Returns the bytes and the segment position of their first byte.
     pub(crate) async fn read(&self) -> std::io::Result<(Bytes, u64)> {
-        let start = align_down(self.start as usize);
-        let buf = AlignedBuf::with_capacity(self.read_len() as usize);
-        let (res, buf) = self.file.read_exact_at(buf, start as u64).await;
-        res?;
-        Ok((Bytes::from_owner(buf), start as u64))
+        read_aligned(&self.file, self.start, self.end).await
     }
+}
+
+/// Read segment bytes `[start, end)` widened to whole blocks, as direct I/O requires.
+/// Returns the bytes and the segment position of their first byte.
+pub(crate) async fn read_aligned(
+    file: &monoio::fs::File,
+    start: u64,
+    end: u64,
+) -> std::io::Result<(Bytes, u64)> {
+    let from = align_down(start as usize);
+    let buf = AlignedBuf::with_capacity(align_up(end as usize) - from);
+    let (res, buf) = file.read_exact_at(buf, from as u64).await;
+    res?;
+    Ok((Bytes::from_owner(buf), from as u64))
 }
 
 /// Run `futures` concurrently on this core; their outputs in order.

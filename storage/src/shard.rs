@@ -710,13 +710,9 @@ impl Shard {
     /// Read one chunk's bytes from its log record.
     async fn load(&self, loc: DiskLoc, len: u32) -> Result<Bytes, StorageError> {
         let file = self.reader(loc.segment)?;
-        let start = align_down(loc.record_pos as usize);
-        let end = align_up(loc.record_pos as usize + loc.record_len as usize);
-        let buf = AlignedBuf::with_capacity(end - start);
-        let (res, buf) = file.read_exact_at(buf, start as u64).await;
-        res?;
-        let bytes = Bytes::from_owner(buf);
-        let at = loc.record_pos as usize - start;
+        let record_end = loc.record_pos + u64::from(loc.record_len);
+        let (bytes, start) = readback::read_aligned(&file, loc.record_pos, record_end).await?;
+        let at = (loc.record_pos - start) as usize;
         verify_record(&bytes, at, loc)?;
         let data_start = at + loc.data_off as usize;
         Ok(bytes.slice(data_start..data_start + len as usize))
@@ -744,7 +740,7 @@ impl Shard {
         if self.memory() {
             // Nothing is evicted in memory mode: the cache is the only copy.
             if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
-                s.take_fresh_cache_runs();
+                s.drain_fresh_cache_runs();
             }
             return;
         }
@@ -757,12 +753,10 @@ impl Shard {
         self.inner
             .resident_bytes
             .set(self.inner.resident_bytes.get() + len);
-        let fresh = match self.inner.streams.borrow_mut().get_mut(&id) {
-            Some(s) => s.take_fresh_cache_runs(),
-            None => return,
-        };
-        let mut queue = self.inner.evict_queue.borrow_mut();
-        queue.extend(fresh.into_iter().map(|start| (id, start)));
+        if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+            let mut queue = self.inner.evict_queue.borrow_mut();
+            queue.extend(s.drain_fresh_cache_runs().map(|start| (id, start)));
+        }
     }
 
     /// Drop the oldest durable cached runs until the cache fits its budget. A run still

@@ -12,7 +12,7 @@ use std::task::Waker;
 
 use bytes::Bytes;
 
-use crate::cache::{Span, StreamCache};
+use crate::cache::{Extent, StreamCache};
 use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, SnapshotMeta};
 
 /// Shard-local stream identifier; never reused while the process runs.
@@ -644,8 +644,8 @@ impl Stream {
         let mut out = Vec::new();
         let chunks = &self.chunks;
         self.cache.walk(from, to, |span| match span {
-            Span::Cached(b) => out.push(Piece::Memory(b)),
-            Span::Missing { start, end } => {
+            Extent::Cached(b) => out.push(Piece::Memory(b)),
+            Extent::Missing { start, end } => {
                 // Runs cover whole chunks, so an uncached range is whole chunks, except at
                 // its ends where the read starts or stops inside one.
                 let mut i = chunks.partition_point(|c| c.end() <= start);
@@ -701,8 +701,8 @@ impl Stream {
     }
 
     /// Starts of the cached runs created since the last call, for the shard's eviction order.
-    pub(crate) fn take_fresh_cache_runs(&mut self) -> Vec<u64> {
-        self.cache.take_fresh()
+    pub(crate) fn drain_fresh_cache_runs(&mut self) -> std::vec::Drain<'_, u64> {
+        self.cache.drain_fresh()
     }
 
     /// Bytes of this stream currently cached in memory.
