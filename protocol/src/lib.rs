@@ -4,7 +4,8 @@
 //! (apart from reading the wall clock in [`time`]). Section references (`P§n`) point
 //! at `protocol.md`.
 
-#![forbid(unsafe_code)]
+// One audited exception: the prefetch hint in `json` (see its SAFETY comment).
+#![deny(unsafe_code)]
 
 pub mod batch;
 pub mod content_type;
