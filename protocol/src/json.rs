@@ -55,11 +55,57 @@ pub enum JsonError {
 pub fn canonicalize(body: &[u8], allow_empty_array: bool) -> Result<Canonical, JsonError> {
     // UTF-8 is checked per string (`Scanner::string`): non-ASCII bytes anywhere else are
     // grammar errors, and quotes and backslashes never occur inside a multi-byte sequence.
-    let out = Scanner::new(body).run()?;
+    let out = match Scanner::<true>::new(body).run() {
+        Ok(out) => out,
+        Err(Stop::Invalid) => return Err(JsonError::Invalid),
+        // Only the in-place scan stops for whitespace.
+        Err(Stop::NotCompact) => return Err(JsonError::Invalid),
+    };
     if out.message_lens.is_empty() && !allow_empty_array {
         return Err(JsonError::EmptyArray);
     }
     Ok(out)
+}
+
+/// Canonical messages left in the body they came from: `body[range]` holds them, in order,
+/// each `message_lens[i]` bytes including its LF.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InPlace {
+    pub range: std::ops::Range<usize>,
+    pub message_lens: Vec<u32>,
+}
+
+/// [`canonicalize`] without a copy, for the common telemetry body: a top-level array with
+/// no whitespace inside it (whitespace before `[` and after `]` is fine). Its canonical
+/// form is the body itself with the brackets dropped and each depth-1 `,` and the closing
+/// `]` turned into LF, so only those bytes are rewritten.
+///
+/// `Ok(None)` means the body is not such an array: run [`canonicalize`] instead (which
+/// also gives the error if the body is invalid after all). An `Err` is the same verdict
+/// [`canonicalize`] would give. `body` is changed only on `Ok(Some(_))`.
+pub fn canonicalize_in_place(
+    body: &mut [u8],
+    allow_empty_array: bool,
+) -> Result<Option<InPlace>, JsonError> {
+    let mut scan = Scanner::<false>::new(body);
+    let (start, lens) = match scan.run() {
+        Ok(out) => (scan.compact_start, out.message_lens),
+        Err(Stop::NotCompact) => return Ok(None),
+        Err(Stop::Invalid) => return Err(JsonError::Invalid),
+    };
+    if lens.is_empty() && !allow_empty_array {
+        return Err(JsonError::EmptyArray);
+    }
+    let mut end = start;
+    for &len in &lens {
+        end += len as usize;
+        // The message's separator: `,` between elements, `]` after the last one.
+        body[end - 1] = b'\n';
+    }
+    Ok(Some(InPlace {
+        range: start..end,
+        message_lens: lens,
+    }))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,12 +124,32 @@ enum Expect {
     Done,
 }
 
-struct Scanner<'a> {
+/// Why a scan stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Invalid,
+    /// The in-place scan (`EMIT = false`) met what it cannot rewrite in place.
+    NotCompact,
+}
+
+impl From<JsonError> for Stop {
+    fn from(_: JsonError) -> Stop {
+        Stop::Invalid
+    }
+}
+
+/// The grammar check, fused with minification into `out` when `EMIT`. Without `EMIT` it
+/// only validates and measures messages, and accepts only what [`canonicalize_in_place`]
+/// can rewrite: a top-level array with no whitespace inside.
+struct Scanner<'a, const EMIT: bool> {
     b: &'a [u8],
     i: usize,
     out: Vec<u8>,
     lens: Vec<u32>,
+    /// Where the current message starts: in `out` when `EMIT`, in `b` otherwise.
     msg_start: usize,
+    /// Without `EMIT`: the index in `b` just after the top-level `[`.
+    compact_start: usize,
     /// Open containers, `b'['` or `b'{'`, outermost first.
     stack: Vec<u8>,
     /// Top-level value is an array whose elements become the messages.
@@ -173,26 +239,46 @@ fn skip_plain_words(b: &[u8], mut i: usize) -> (usize, bool) {
     (i, high & HIGHS != 0)
 }
 
-impl<'a> Scanner<'a> {
+impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
     fn new(b: &'a [u8]) -> Self {
         Scanner {
             b,
             i: 0,
-            out: Vec::with_capacity(b.len() + 1),
+            out: if EMIT {
+                Vec::with_capacity(b.len() + 1)
+            } else {
+                Vec::new()
+            },
             lens: Vec::new(),
             msg_start: 0,
+            compact_start: 0,
             stack: Vec::new(),
             flatten: false,
         }
     }
 
-    fn run(mut self) -> Result<Canonical, JsonError> {
-        const BAD: Result<Canonical, JsonError> = Err(JsonError::Invalid);
+    fn emit(&mut self, c: u8) {
+        if EMIT {
+            self.out.push(c);
+        }
+    }
+
+    fn emit_slice(&mut self, from: usize, to: usize) {
+        if EMIT {
+            self.out.extend_from_slice(&self.b[from..to]);
+        }
+    }
+
+    fn run(&mut self) -> Result<Canonical, Stop> {
+        const BAD: Result<Canonical, Stop> = Err(Stop::Invalid);
         let mut expect = Expect::Value;
         let n = self.b.len();
         while self.i < n {
             let c = self.b[self.i];
             if is_ws(c) {
+                if !EMIT && !self.stack.is_empty() {
+                    return Err(Stop::NotCompact);
+                }
                 self.i += 1;
                 continue;
             }
@@ -202,8 +288,13 @@ impl<'a> Scanner<'a> {
                     if self.stack.is_empty() && c == b'[' {
                         // The outer array's brackets belong to no message.
                         self.flatten = true;
+                        self.msg_start = if EMIT { 0 } else { self.i + 1 };
+                        self.compact_start = self.i + 1;
+                    } else if !EMIT && self.stack.is_empty() {
+                        // A lone value needs a byte more (its LF) than the body has.
+                        return Err(Stop::NotCompact);
                     } else {
-                        self.out.push(c);
+                        self.emit(c);
                     }
                     self.stack.push(c);
                     if self.stack.len() > MAX_DEPTH {
@@ -223,7 +314,7 @@ impl<'a> Scanner<'a> {
                         return BAD;
                     }
                     if !(self.flatten && self.stack.is_empty()) {
-                        self.out.push(c);
+                        self.emit(c);
                     }
                     self.i += 1;
                     self.value_done()?
@@ -231,7 +322,7 @@ impl<'a> Scanner<'a> {
                 (Expect::CommaOrEnd, b',') => {
                     // Depth-1 commas of the outer array separate messages.
                     if !(self.flatten && self.stack.len() == 1) {
-                        self.out.push(b',');
+                        self.emit(b',');
                     }
                     self.i += 1;
                     if self.stack.last() == Some(&b'{') {
@@ -241,7 +332,7 @@ impl<'a> Scanner<'a> {
                     }
                 }
                 (Expect::Colon, b':') => {
-                    self.out.push(b':');
+                    self.emit(b':');
                     self.i += 1;
                     Expect::Value
                 }
@@ -250,6 +341,9 @@ impl<'a> Scanner<'a> {
                     Expect::Colon
                 }
                 (Expect::Value | Expect::ValueOrEnd, _) => {
+                    if !EMIT && self.stack.is_empty() {
+                        return Err(Stop::NotCompact);
+                    }
                     match c {
                         b'"' => self.string()?,
                         b'-' | b'0'..=b'9' => self.number()?,
@@ -267,8 +361,8 @@ impl<'a> Scanner<'a> {
             return BAD;
         }
         Ok(Canonical {
-            bytes: self.out,
-            message_lens: self.lens,
+            bytes: std::mem::take(&mut self.out),
+            message_lens: std::mem::take(&mut self.lens),
         })
     }
 
@@ -276,11 +370,17 @@ impl<'a> Scanner<'a> {
     fn value_done(&mut self) -> Result<Expect, JsonError> {
         let depth = self.stack.len();
         if (self.flatten && depth == 1) || (!self.flatten && depth == 0) {
-            self.out.push(b'\n');
-            let len =
-                u32::try_from(self.out.len() - self.msg_start).map_err(|_| JsonError::Invalid)?;
+            // Without `EMIT` the message ends at the separator after the value, which
+            // becomes its LF; whitespace there has already stopped the scan.
+            let end = if EMIT {
+                self.out.push(b'\n');
+                self.out.len()
+            } else {
+                self.i + 1
+            };
+            let len = u32::try_from(end - self.msg_start).map_err(|_| JsonError::Invalid)?;
             self.lens.push(len);
-            self.msg_start = self.out.len();
+            self.msg_start = end;
         }
         Ok(if depth == 0 {
             Expect::Done
@@ -327,7 +427,7 @@ impl<'a> Scanner<'a> {
         if non_ascii && simdutf8::basic::from_utf8(&b[start..i]).is_err() {
             return Err(JsonError::Invalid);
         }
-        self.out.extend_from_slice(&b[start..i]);
+        self.emit_slice(start, i);
         self.i = i;
         Ok(())
     }
@@ -369,7 +469,7 @@ impl<'a> Scanner<'a> {
                 return Err(JsonError::Invalid);
             }
         }
-        self.out.extend_from_slice(&b[start..i]);
+        self.emit_slice(start, i);
         self.i = i;
         Ok(())
     }
@@ -378,7 +478,7 @@ impl<'a> Scanner<'a> {
         if !self.b[self.i..].starts_with(word) {
             return Err(JsonError::Invalid);
         }
-        self.out.extend_from_slice(word);
+        self.emit_slice(self.i, self.i + word.len());
         self.i += word.len();
         Ok(())
     }
@@ -781,6 +881,121 @@ mod tests {
         assert!(
             valid > 100,
             "the generator should hit valid JSON sometimes ({valid})"
+        );
+    }
+
+    /// `canonicalize_in_place` on a copy of `body`: the canonical bytes when it rewrote the
+    /// body, checked against `canonicalize`.
+    fn in_place(body: &[u8], allow_empty: bool) -> Result<Option<Vec<u8>>, JsonError> {
+        let mut b = body.to_vec();
+        let got = canonicalize_in_place(&mut b, allow_empty)?;
+        let Some(got) = got else {
+            assert_eq!(b, body, "a declined body is left as it was");
+            return Ok(None);
+        };
+        let want = canonicalize(body, allow_empty).expect("in place accepted it");
+        assert_eq!(&b[got.range.clone()], want.bytes.as_slice());
+        assert_eq!(got.message_lens, want.message_lens);
+        Ok(Some(b[got.range].to_vec()))
+    }
+
+    #[test]
+    fn in_place_rewrites_compact_arrays() {
+        let ok = |body: &str, want: &str| {
+            assert_eq!(
+                in_place(body.as_bytes(), true),
+                Ok(Some(want.as_bytes().to_vec())),
+                "{body}"
+            );
+        };
+        ok(
+            r#"[1,"a",{"b":[2,3]},null]"#,
+            "1\n\"a\"\n{\"b\":[2,3]}\nnull\n",
+        );
+        ok(
+            " \r\n[{\"s\":\"x y, z]\"},[]] \n",
+            "{\"s\":\"x y, z]\"}\n[]\n",
+        );
+        ok("[\"\\\",\"]", "\"\\\",\"\n");
+        ok("[]", "");
+        ok("[[[1]]]", "[[1]]\n");
+    }
+
+    #[test]
+    fn in_place_declines_what_needs_copying() {
+        for body in [
+            "{\"a\":1}",
+            "1",
+            "\"x\"",
+            "[1, 2]",
+            "[ 1]",
+            "[1 ]",
+            "[{\"a\" :1}]",
+            "[{\"a\":[1,\n2]}]",
+        ] {
+            assert_eq!(in_place(body.as_bytes(), true), Ok(None), "{body:?}");
+            assert!(canonicalize(body.as_bytes(), true).is_ok(), "{body:?}");
+        }
+    }
+
+    #[test]
+    fn in_place_errors_are_canonicalize_errors() {
+        assert_eq!(in_place(b"[]", false), Err(JsonError::EmptyArray));
+        for body in [
+            &b"["[..],
+            b"[1,]",
+            b"[1]]",
+            b"[1]x",
+            b"[01]",
+            b"[\"\x01\"]",
+            b"[\"\xff\"]",
+            b"[1,2",
+            b"[{\"a\"}]",
+        ] {
+            assert_eq!(in_place(body, true), Err(JsonError::Invalid), "{body:?}");
+            assert_eq!(
+                canonicalize(body, true),
+                Err(JsonError::Invalid),
+                "{body:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn in_place_agrees_with_canonicalize_on_random_inputs() {
+        const ALPHABET: &[u8] = b"[]{}\",:0123456789-.e tfrualsn\\x";
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut buf = Vec::new();
+        let mut rewritten = 0;
+        for _ in 0..300_000 {
+            buf.clear();
+            buf.push(b'[');
+            for _ in 0..(next() % 14) {
+                buf.push(ALPHABET[(next() % ALPHABET.len() as u64) as usize]);
+            }
+            buf.push(b']');
+            // `in_place` checks a rewrite against `canonicalize`; here the verdicts.
+            let allow_empty = next() % 2 == 0;
+            match in_place(&buf, allow_empty) {
+                Ok(Some(_)) => rewritten += 1,
+                Ok(None) => {}
+                Err(e) => assert_eq!(
+                    canonicalize(&buf, allow_empty).err(),
+                    Some(e),
+                    "{:?}",
+                    String::from_utf8_lossy(&buf)
+                ),
+            }
+        }
+        assert!(
+            rewritten > 1000,
+            "the generator should hit valid arrays ({rewritten})"
         );
     }
 

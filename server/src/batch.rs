@@ -275,7 +275,7 @@ async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     let json = is_json(&request_type);
     let mut payloads = Vec::with_capacity(frames.len());
     for f in &frames {
-        match payload(json, f, false) {
+        match payload(json, f.clone(), false) {
             Ok(p) => payloads.push(p),
             Err(resp) => return resp,
         }

@@ -148,7 +148,7 @@ async fn build(
         return Response::error(409, "stream_exists", "stream was created concurrently");
     }
     let json = is_json(&inherited.content_type);
-    let own = match payload(json, &req.body, true) {
+    let own = match payload(json, req.body.clone(), true) {
         Ok(p) => p,
         Err(r) => return r,
     };

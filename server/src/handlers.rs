@@ -104,7 +104,7 @@ async fn stream_request(core: &Rc<Core>, surface: Surface, key: String, req: Req
     }
     match req.method {
         Method::Put => create(core, surface, &key, &req).await,
-        Method::Post => append(core, surface, &key, &req).await,
+        Method::Post => append(core, surface, &key, req).await,
         Method::Get => read(core, surface, &key, &req).await,
         Method::Head => head(core, surface, &key),
         Method::Delete => delete(core, &key).await,
@@ -230,7 +230,7 @@ pub struct Payload {
     pub msg_lens: Vec<u32>,
 }
 
-pub fn payload(json: bool, body: &Bytes, allow_empty_array: bool) -> Result<Payload, Response> {
+pub fn payload(json: bool, body: Bytes, allow_empty_array: bool) -> Result<Payload, Response> {
     if body.is_empty() {
         return Ok(Payload {
             data: Bytes::new(),
@@ -238,26 +238,47 @@ pub fn payload(json: bool, body: &Bytes, allow_empty_array: bool) -> Result<Payl
         });
     }
     if !json {
+        let len = body.len() as u32;
         return Ok(Payload {
-            data: body.clone(),
-            msg_lens: vec![body.len() as u32],
+            data: body,
+            msg_lens: vec![len],
         });
     }
-    match ursula_protocol::json::canonicalize(body, allow_empty_array) {
+    // A body no one else holds (a request's own, not a frame of an append batch) that is
+    // a compact array becomes its own canonical form, saving a copy of every byte: the
+    // usual shape of a large telemetry batch.
+    let body = match body.try_into_mut() {
+        Ok(mut owned) => {
+            match ursula_protocol::json::canonicalize_in_place(&mut owned, allow_empty_array) {
+                Ok(Some(c)) => {
+                    return Ok(Payload {
+                        data: owned.freeze().slice(c.range),
+                        msg_lens: c.message_lens,
+                    })
+                }
+                Ok(None) => owned.freeze(),
+                Err(e) => return Err(json_error(e)),
+            }
+        }
+        Err(shared) => shared,
+    };
+    match ursula_protocol::json::canonicalize(&body, allow_empty_array) {
         Ok(c) => Ok(Payload {
             data: Bytes::from(c.bytes),
             msg_lens: c.message_lens,
         }),
-        Err(ursula_protocol::json::JsonError::EmptyArray) => Err(Response::error(
-            400,
-            "empty_json_array",
-            "an append of [] adds nothing",
-        )),
-        Err(_) => Err(Response::error(
-            400,
-            "invalid_json",
-            "body is not a single JSON text",
-        )),
+        Err(e) => Err(json_error(e)),
+    }
+}
+
+fn json_error(e: ursula_protocol::json::JsonError) -> Response {
+    match e {
+        ursula_protocol::json::JsonError::EmptyArray => {
+            Response::error(400, "empty_json_array", "an append of [] adds nothing")
+        }
+        ursula_protocol::json::JsonError::Invalid => {
+            Response::error(400, "invalid_json", "body is not a single JSON text")
+        }
     }
 }
 
@@ -335,7 +356,7 @@ async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> 
         return crate::fork::create(core, key, req, fork, content_type, lifetime, closed).await;
     }
     let content_type = content_type.unwrap_or_else(|| "application/octet-stream".into());
-    let body = match payload(is_json(&content_type), &req.body, true) {
+    let body = match payload(is_json(&content_type), req.body.clone(), true) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -434,7 +455,7 @@ fn check_producer(core: &Rc<Core>, id: StreamId, p: &ProducerHeaders) -> Produce
     }
 }
 
-async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Response {
+async fn append(core: &Rc<Core>, surface: Surface, key: &str, mut req: Request) -> Response {
     // 2. header syntax
     let producer = match parse_producer(
         req.header("producer-id"),
@@ -483,7 +504,7 @@ async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> 
         let Ok(ct) = normalize(ct) else {
             return bad("invalid Content-Type");
         };
-        body = match payload(is_json(&ct), &req.body, false) {
+        body = match payload(is_json(&ct), std::mem::take(&mut req.body), false) {
             Ok(p) => p,
             Err(r) => return r,
         };
@@ -1210,4 +1231,55 @@ async fn record_catch_up(
             parts
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(p: Result<Payload, Response>) -> Payload {
+        match p {
+            Ok(p) => p,
+            Err(r) => panic!("refused with {}", r.status),
+        }
+    }
+
+    #[test]
+    fn a_compact_array_body_becomes_its_own_payload() {
+        let body = Bytes::from(br#"[{"a":1},"b",[2]]"#.to_vec());
+        let start = body.as_ptr() as usize;
+        let p = ok(payload(true, body, false));
+        assert_eq!(&p.data[..], b"{\"a\":1}\n\"b\"\n[2]\n");
+        assert_eq!(p.msg_lens, vec![8, 4, 4]);
+        // Rewritten where it arrived: the payload starts just after the `[`.
+        assert_eq!(p.data.as_ptr() as usize, start + 1);
+    }
+
+    #[test]
+    fn shared_or_spaced_bodies_take_the_copying_path_to_the_same_payload() {
+        let body = Bytes::from(br#"[{"a":1},"b",[2]]"#.to_vec());
+        let held = body.clone();
+        let p = ok(payload(true, body, false));
+        assert_eq!(&p.data[..], b"{\"a\":1}\n\"b\"\n[2]\n");
+        assert_eq!(
+            &held[..],
+            br#"[{"a":1},"b",[2]]"#,
+            "a shared body is not touched"
+        );
+
+        let spaced = Bytes::from(br#"[ {"a": 1}, "b", [2] ]"#.to_vec());
+        let p = ok(payload(true, spaced, false));
+        assert_eq!(&p.data[..], b"{\"a\":1}\n\"b\"\n[2]\n");
+        assert_eq!(p.msg_lens, vec![8, 4, 4]);
+    }
+
+    #[test]
+    fn invalid_and_empty_json_bodies_are_refused() {
+        for (body, status) in [(&b"[1,]"[..], 400), (b"[]", 400), (b"[1", 400)] {
+            let r = payload(true, Bytes::from(body.to_vec()), false).err();
+            assert_eq!(r.map(|r| r.status), Some(status), "{body:?}");
+        }
+        let empty_put = ok(payload(true, Bytes::from_static(b"[]"), true));
+        assert!(empty_put.data.is_empty() && empty_put.msg_lens.is_empty());
+    }
 }
