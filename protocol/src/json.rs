@@ -851,16 +851,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn agrees_with_sonic_on_random_inputs() {
-        const ALPHABET: &[u8] = b"[]{}\",:0123456789-+.eE tfrualsn\\/u\n\tAx";
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
+    /// A small deterministic generator (xorshift64) for the random-input tests.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
             seed
-        };
+        }
+    }
+
+    #[test]
+    fn agrees_with_sonic_on_random_inputs() {
+        const ALPHABET: &[u8] = b"[]{}\",:0123456789-+.eE tfrualsn\\/u\n\tAx";
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15u64);
         let mut buf = Vec::new();
         let mut valid = 0;
         for _ in 0..300_000 {
@@ -964,13 +968,7 @@ mod tests {
     #[test]
     fn in_place_agrees_with_canonicalize_on_random_inputs() {
         const ALPHABET: &[u8] = b"[]{}\",:0123456789-.e tfrualsn\\x";
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1Du64);
         let mut buf = Vec::new();
         let mut rewritten = 0;
         for _ in 0..300_000 {
