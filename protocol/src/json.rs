@@ -55,12 +55,10 @@ pub enum JsonError {
 pub fn canonicalize(body: &[u8], allow_empty_array: bool) -> Result<Canonical, JsonError> {
     // UTF-8 is checked per string (`Scanner::string`): non-ASCII bytes anywhere else are
     // grammar errors, and quotes and backslashes never occur inside a multi-byte sequence.
-    let out = match Scanner::<true>::new(body).run() {
-        Ok(out) => out,
-        Err(Stop::Invalid) => return Err(JsonError::Invalid),
-        // Only the in-place scan stops for whitespace.
-        Err(Stop::NotCompact) => return Err(JsonError::Invalid),
-    };
+    // An emitting scan only ever stops with `Stop::Invalid`.
+    let out = Scanner::<true>::new(body)
+        .run()
+        .map_err(|_| JsonError::Invalid)?;
     if out.message_lens.is_empty() && !allow_empty_array {
         return Err(JsonError::EmptyArray);
     }
