@@ -85,12 +85,14 @@ pub fn canonicalize_in_place(
     body: &mut [u8],
     allow_empty_array: bool,
 ) -> Result<Option<InPlace>, JsonError> {
-    let mut scan = Scanner::<false>::new(body);
-    let (start, lens) = match scan.run() {
-        Ok(out) => (scan.compact_start, out.message_lens),
+    let lens = match Scanner::<false>::new(body).run() {
+        Ok(out) => out.message_lens,
         Err(Stop::NotCompact) => return Ok(None),
         Err(Stop::Invalid) => return Err(JsonError::Invalid),
     };
+    // The scan accepted a top-level array, so the first byte that is not whitespace is
+    // its `[`; the messages start right after it.
+    let start = body.iter().position(|&c| !is_ws(c)).map_or(0, |at| at + 1);
     if lens.is_empty() && !allow_empty_array {
         return Err(JsonError::EmptyArray);
     }
@@ -146,8 +148,6 @@ struct Scanner<'a, const EMIT: bool> {
     lens: Vec<u32>,
     /// Where the current message starts: in `out` when `EMIT`, in `b` otherwise.
     msg_start: usize,
-    /// Without `EMIT`: the index in `b` just after the top-level `[`.
-    compact_start: usize,
     /// Open containers, `b'['` or `b'{'`, outermost first.
     stack: Vec<u8>,
     /// Top-level value is an array whose elements become the messages.
@@ -189,7 +189,7 @@ fn prefetch(b: &[u8], at: usize) {
 /// whether a skipped byte was non-ASCII. String bodies are most of a telemetry event's
 /// bytes; a byte-at-a-time loop plus a separate UTF-8 pass over them were half of a large
 /// JSON batch's server CPU.
-fn skip_plain_words(b: &[u8], mut i: usize) -> (usize, bool) {
+fn skip_plain(b: &[u8], mut i: usize) -> (usize, bool) {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
     const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
@@ -249,7 +249,6 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
             },
             lens: Vec::new(),
             msg_start: 0,
-            compact_start: 0,
             stack: Vec::new(),
             flatten: false,
         }
@@ -267,7 +266,7 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
         }
     }
 
-    fn run(&mut self) -> Result<Canonical, Stop> {
+    fn run(mut self) -> Result<Canonical, Stop> {
         const BAD: Result<Canonical, Stop> = Err(Stop::Invalid);
         let mut expect = Expect::Value;
         let n = self.b.len();
@@ -287,7 +286,6 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
                         // The outer array's brackets belong to no message.
                         self.flatten = true;
                         self.msg_start = if EMIT { 0 } else { self.i + 1 };
-                        self.compact_start = self.i + 1;
                     } else if !EMIT && self.stack.is_empty() {
                         // A lone value needs a byte more (its LF) than the body has.
                         return Err(Stop::NotCompact);
@@ -359,8 +357,8 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
             return BAD;
         }
         Ok(Canonical {
-            bytes: std::mem::take(&mut self.out),
-            message_lens: std::mem::take(&mut self.lens),
+            bytes: self.out,
+            message_lens: self.lens,
         })
     }
 
@@ -394,7 +392,7 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
         let mut i = self.i + 1;
         let mut non_ascii = false;
         loop {
-            let (at, high) = skip_plain_words(b, i);
+            let (at, high) = skip_plain(b, i);
             i = at;
             non_ascii |= high;
             // Plain run: everything but quote, backslash and control characters.
