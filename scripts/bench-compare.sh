@@ -8,6 +8,7 @@
 #   ds-0.1.5      durable-streams 0.1.5 from crates.io, default `wal` durability
 #   ref-0.3.7     @durable-streams/server 0.3.7 from npm, file-backed store
 #   hello         a minimal monoio HTTP server that stores nothing (small-request ceiling)
+#   hello-streams a minimal in-memory streams server (the read, replay and fanout ceiling)
 # and measures, in the same run, raw loopback TCP throughput and `dd oflag=direct` disk
 # bandwidth. Peers are installed (pinned) into $PEERS_DIR on first use.
 #
@@ -22,7 +23,7 @@
 # --report-only rebuilds the charts and the summary from the reports already in DIR.
 #
 # Env: CARGO_TARGET_DIR, PEERS_DIR (default ~/.cache/ursula-peers), DURATION, WARMUP,
-#      SERVERS (default "ursula ds-0.1.5 ref-0.3.7 hello").
+#      SERVERS (default "ursula ds-0.1.5 ref-0.3.7 hello hello-streams").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,8 +56,8 @@ else
     REPLAY_CLIENTS=1000 FANOUT_SUBS=1000 READ_PREFILL=64m DD_MIB=1024 NET_SECS=5
 fi
 SCENARIOS="${ONLY:-write-100 write-500 write-2000 batch batch-small read replay fanout}"
-SERVERS="${SERVERS:-ursula ds-0.1.5 ref-0.3.7 hello}"
-ALL_SERVERS="ursula ds-0.1.5 ref-0.3.7 hello"
+SERVERS="${SERVERS:-ursula ds-0.1.5 ref-0.3.7 hello hello-streams}"
+ALL_SERVERS="ursula ds-0.1.5 ref-0.3.7 hello hello-streams"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ursula-compare.XXXXXX")"
 OUT="${OUT:-$WORK/out}"
@@ -128,11 +129,13 @@ start_server() { # name
             [[ -n "$URL" ]] && break
             sleep 0.1
         done ;;
-    hello)
-        "$BIN/hello-monoio" 127.0.0.1:0 >"$WORK/stdout" 2>"$log" &
+    hello | hello-streams)
+        local bin="hello-monoio"
+        [[ "$1" == hello-streams ]] && bin="hello-streams"
+        "$BIN/$bin" 127.0.0.1:0 >"$WORK/stdout" 2>"$log" &
         PID=$!
         for _ in $(seq 1 300); do
-            URL="$(sed -n 's/^hello-monoio listening on \(http:[^ ]*\)$/\1/p' "$WORK/stdout" | head -n1)"
+            URL="$(sed -n "s/^$bin listening on \(http:[^ ]*\)\$/\1/p" "$WORK/stdout" | head -n1)"
             [[ -n "$URL" ]] && break
             sleep 0.1
         done ;;
@@ -201,7 +204,12 @@ printf '{"dd_mb_per_sec": %s, "loopback_mb_per_sec": %s}\n' "$DD_MBS" "$NET_MBS"
 for server in $SERVERS; do
     start_server "$server"
     for scenario in $SCENARIOS; do
+        # Each ceiling runs only what it can serve: hello answers writes and stores nothing;
+        # hello-streams stores in memory and serves the reading scenarios.
         if [[ "$server" == hello && "$scenario" != write-* ]]; then continue; fi
+        if [[ "$server" == hello-streams && ! "$scenario" =~ ^(read|replay|fanout)$ ]]; then
+            continue
+        fi
         loadgen "$server" "$scenario"
     done
     stop_server
@@ -229,6 +237,9 @@ def load(server, scenario):
         return json.load(open(p))
     except (OSError, ValueError):
         return None
+def ceiling(scenario):
+    # The "hello" column is the ceiling that serves the scenario.
+    return "hello-streams" if scenario in ("read", "replay", "fanout") else "hello"
 def rate(r, scenario):
     if r is None:
         return None
@@ -240,7 +251,7 @@ print(f"Physical limits: dd oflag=direct {phys['dd_mb_per_sec']:.0f} MB/s, loopb
 print("| scenario | metric | " + " | ".join(servers) + " | ursula/ds | ursula/ref | ursula/hello |")
 print("|---|---|" + "---|" * len(servers) + "---|---|---|")
 for sc in scenarios:
-    rows = {s: load(s, sc) for s in servers}
+    rows = {s: load(ceiling(sc) if s == "hello" else s, sc) for s in servers}
     for metric in ("throughput", "p50 ms", "p99 ms", "errors"):
         vals = {}
         for s, r in rows.items():
@@ -268,6 +279,7 @@ limits = {"batch": ("dd oflag=direct", phys["dd_mb_per_sec"]),
           "read": ("loopback TCP", phys["loopback_mb_per_sec"])}
 notes = [f"- ursula {sc}: {rate(load('ursula', sc), sc):,.0f} MB/s = {100 * rate(load('ursula', sc), sc) / lim:.0f}% of {name}"
          for sc, (name, lim) in limits.items() if sc in scenarios and load("ursula", sc) and lim]
+print("\nhello: hello-monoio for the write scenarios, hello-streams (in memory) for read, replay and fanout; neither runs batch")
 if notes:
     print()
     print("\n".join(notes))
