@@ -174,6 +174,7 @@ impl Core {
         for (_, w) in self.shutdown_waiters.borrow_mut().drain() {
             w.wake();
         }
+        self.feeds.notify_all();
         for fd in [self.listener_fd.take(), self.admin_fd.take()]
             .into_iter()
             .flatten()

@@ -82,6 +82,16 @@ impl Feeds {
     }
 }
 
+impl Feeds {
+    /// Wake every session waiting on this core's feeds (shutdown: they end at their next
+    /// look at the core).
+    pub fn notify_all(&self) {
+        for feed in self.live.borrow().values() {
+            feed.notify();
+        }
+    }
+}
+
 impl Subscription {
     pub fn feed(&self) -> &Feed {
         &self.feed

@@ -4,11 +4,15 @@
 //! runs on the owner core and returns the bytes of the next events, so socket and stream
 //! each stay on their own core.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use monoio::io::AsyncWriteRentExt;
+use monoio::time::Sleep;
 use ursula_protocol::content_type::{is_json, sse_is_text};
 use ursula_protocol::sse::{
     push_base64_data_event, push_control_event, push_json_array_data_event, push_keepalive,
@@ -163,9 +167,12 @@ pub async fn run<S: crate::conn::Transport>(
         .records
         .is_none()
         .then(|| Feeds::subscribe(core, session.owner, session.id, session.incarnation));
+    // One keep-alive timer for the session, re-armed only when it fires: a timer per wait
+    // would be a timer-wheel insert and removal for every event delivered.
+    let mut tick = Box::pin(monoio::time::sleep_until(next_tick(core, &session)));
     loop {
         let local = match &subscription {
-            Some(sub) => step_local(core, sub.feed(), &mut session).await,
+            Some(sub) => step_local(core, sub.feed(), &mut session, &mut tick).await,
             None => None,
         };
         let (bytes, done) = match local {
@@ -211,18 +218,35 @@ async fn write_chunk<S: crate::conn::Transport>(
     crate::conn::write_parts(stream, wbuf, vec![events, Bytes::from_static(b"\r\n")]).await
 }
 
+/// When the session's keep-alive timer fires next: one keep-alive interval from now, or the
+/// end of its maximum age if that is sooner.
+fn next_tick(core: &Core, sess: &SseSession) -> monoio::time::Instant {
+    let left = core
+        .config
+        .sse_max_connection
+        .saturating_sub(sess.started.elapsed());
+    monoio::time::Instant::now()
+        + core
+            .config
+            .sse_keepalive
+            .min(left)
+            .max(Duration::from_millis(1))
+}
+
 /// One step served from this core's feed, or `None` when the session has to step on the
 /// owner instead: its first step, outside the feed's window, closed at the tail, or the feed
-/// ended. Waits for the feed to move when at the tail (keep-alive comment on idle).
+/// ended. Waits for the feed to move when at the tail; a keep-alive comment goes out when
+/// `tick` fires during such a wait, so a busy stream also carries one per interval.
+/// Shutdown wakes the wait through the feed (`Feeds::notify_all`).
 async fn step_local(
     core: &Rc<Core>,
     feed: &Feed,
     sess: &mut SseSession,
+    tick: &mut Pin<Box<Sleep>>,
 ) -> Option<(Vec<u8>, bool)> {
     if sess.first {
         return None;
     }
-    let keepalive = core.config.sse_keepalive;
     let max_age = core.config.sse_max_connection;
     loop {
         let seen = feed.version();
@@ -249,15 +273,22 @@ async fn step_local(
         if core.shutting_down() || sess.started.elapsed() >= max_age {
             return Some((Vec::new(), true));
         }
-        let wait = keepalive
-            .min(max_age.saturating_sub(sess.started.elapsed()))
-            .max(Duration::from_millis(1));
-        let waited = Instant::now();
-        core.wait_or_shutdown(feed.changed(seen), wait).await;
-        if feed.version() == seen && !core.shutting_down() && waited.elapsed() >= wait {
-            let mut out = Vec::new();
-            push_keepalive(&mut out);
-            return Some((out, false));
+        let mut changed = std::pin::pin!(feed.changed(seen));
+        let ticked = std::future::poll_fn(|cx| {
+            if changed.as_mut().poll(cx).is_ready() {
+                Poll::Ready(false)
+            } else {
+                tick.as_mut().poll(cx).map(|()| true)
+            }
+        })
+        .await;
+        if ticked {
+            tick.as_mut().reset(next_tick(core, sess));
+            if feed.version() == seen && !core.shutting_down() {
+                let mut out = Vec::new();
+                push_keepalive(&mut out);
+                return Some((out, false));
+            }
         }
     }
 }
