@@ -118,12 +118,16 @@ impl Core {
         x
     }
 
-    /// Open connections, and live readers (long-poll, SSE) waiting on this core.
+    /// Open connections, and live readers (long-poll, SSE) waiting on this core: on a
+    /// stream it owns, or at the tail of one of its feeds.
     pub fn load(&self) -> (usize, usize) {
         // The expiry sweeper holds one waiter slot, except during its synchronous pass,
         // which a job on this same thread can never observe.
         let waiting = self.shutdown_waiters.try_borrow().map_or(0, |w| w.len());
-        (self.connections.get(), waiting.saturating_sub(1))
+        (
+            self.connections.get(),
+            waiting.saturating_sub(1) + self.feeds.waiting(),
+        )
     }
 
     /// Whether an access-log line may be written now; `Some(n)` carries the number of
@@ -588,6 +592,10 @@ async fn serve(
         let core = core.clone();
         monoio::spawn(async move { sweep_expired(core).await })
     };
+    let heartbeat = {
+        let core = core.clone();
+        monoio::spawn(async move { heartbeat(core).await })
+    };
     // One accept is always pending and never cancelled: dropping an io_uring accept that
     // already completed would lose that connection. Shutdown ends it via stop_accepting().
     loop {
@@ -656,6 +664,7 @@ async fn serve(
     }
     drop(jobs);
     drop(sweeper);
+    drop(heartbeat);
 }
 
 /// The admin listener: operational endpoints only. Its connections are not counted
@@ -688,6 +697,22 @@ async fn sweep_expired(core: Rc<Core>) {
             // find() deletes the stream if it has expired.
             let _ = crate::handlers::find(&core, &key);
         }
+    }
+}
+
+/// How often each core's heartbeat timer is due.
+const HEARTBEAT: Duration = Duration::from_millis(10);
+
+/// Records how late this core runs a timer that is due every `HEARTBEAT`: the time its event
+/// loop spent away from its timers, in one long task or with the thread not scheduled. A
+/// stall anywhere on the core shows here (`ursula_core_loop_lag_seconds`), however brief the
+/// requests around it were.
+async fn heartbeat(core: Rc<Core>) {
+    while !core.shutting_down() {
+        let due = std::time::Instant::now() + HEARTBEAT;
+        monoio::time::sleep(HEARTBEAT).await;
+        core.metrics
+            .loop_lag(std::time::Instant::now().saturating_duration_since(due));
     }
 }
 

@@ -90,6 +90,15 @@ impl Feeds {
             feed.notify();
         }
     }
+
+    /// Sessions waiting at the tail of one of this core's feeds.
+    pub fn waiting(&self) -> usize {
+        self.live
+            .borrow()
+            .values()
+            .map(|f| f.waiters.borrow().len())
+            .sum()
+    }
 }
 
 impl Subscription {

@@ -190,6 +190,21 @@ pub struct CoreMetrics {
     read_bytes: Cell<u64>,
     sse_open: Cell<u64>,
     moved_out: Cell<u64>,
+    loop_lag: RefCell<LoopLag>,
+}
+
+/// Upper bounds (microseconds) of the event-loop lag histogram's buckets; +Inf follows.
+pub const LOOP_LAG_BUCKETS_US: [u64; 8] = [
+    1_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+];
+
+/// How late the core's heartbeat timer ran, over the core's life (see `cores::heartbeat`).
+#[derive(Default, Clone, Copy, Debug)]
+struct LoopLag {
+    buckets: [u64; LOOP_LAG_BUCKETS_US.len() + 1],
+    count: u64,
+    sum_nanos: u64,
+    max_nanos: u64,
 }
 
 impl CoreMetrics {
@@ -235,6 +250,21 @@ impl CoreMetrics {
     pub fn connection_moved(&self) {
         self.moved_out.set(self.moved_out.get() + 1);
     }
+
+    /// The heartbeat timer ran `lag` after it was due.
+    pub fn loop_lag(&self, lag: std::time::Duration) {
+        let us = lag.as_micros();
+        let bucket = LOOP_LAG_BUCKETS_US
+            .iter()
+            .position(|&b| us <= u128::from(b))
+            .unwrap_or(LOOP_LAG_BUCKETS_US.len());
+        let nanos = u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX);
+        let mut l = self.loop_lag.borrow_mut();
+        l.buckets[bucket] += 1;
+        l.count += 1;
+        l.sum_nanos = l.sum_nanos.saturating_add(nanos);
+        l.max_nanos = l.max_nanos.max(nanos);
+    }
 }
 
 /// Everything a scrape reports about one core and its shard.
@@ -246,6 +276,7 @@ struct CoreSnapshot {
     read_bytes: u64,
     sse_open: u64,
     moved_out: u64,
+    loop_lag: LoopLag,
     waiting_readers: usize,
     connections: usize,
     inflight: usize,
@@ -267,6 +298,7 @@ fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
         read_bytes: m.read_bytes.get(),
         sse_open: m.sse_open.get(),
         moved_out: m.moved_out.get(),
+        loop_lag: *m.loop_lag.borrow(),
         waiting_readers,
         connections,
         inflight: core.inflight.get(),
@@ -301,6 +333,20 @@ impl EncodeMetric for BucketCounts {
 
     fn metric_type(&self) -> MetricType {
         MetricType::Histogram
+    }
+}
+
+fn loop_lag_histogram(lag: &LoopLag) -> BucketCounts {
+    let buckets = LOOP_LAG_BUCKETS_US
+        .iter()
+        .map(|&us| us as f64 / 1e6)
+        .chain(std::iter::once(f64::INFINITY))
+        .zip(lag.buckets.iter().copied())
+        .collect();
+    BucketCounts {
+        sum: lag.sum_nanos as f64 / 1e9,
+        count: lag.count,
+        buckets,
     }
 }
 
@@ -426,6 +472,21 @@ impl prometheus_client::collector::Collector for Scrape {
             "Open SSE responses",
             "core",
             c().map(|s| (s.core, gauge(s.sse_open))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_core_loop_lag_seconds",
+            "How late each core's 10 ms heartbeat timer ran: time the event loop spent away \
+             from its timers (a long task, or the thread not scheduled)",
+            "core",
+            c().map(|s| (s.core, loop_lag_histogram(&s.loop_lag))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_core_loop_lag_max_seconds",
+            "The longest heartbeat lag since the core started",
+            "core",
+            c().map(|s| (s.core, ConstGauge::new(s.loop_lag.max_nanos as f64 / 1e9))),
         )?;
         per_core(
             &mut e,
@@ -574,6 +635,24 @@ mod tests {
         );
         assert_eq!(route_label("/logs/app/x/y"), "other");
         assert_eq!(route_label("/__ursula/metrics"), "internal");
+    }
+
+    #[test]
+    fn loop_lag_lands_in_its_bucket() {
+        let m = CoreMetrics::default();
+        m.loop_lag(std::time::Duration::from_micros(300));
+        m.loop_lag(std::time::Duration::from_millis(1));
+        m.loop_lag(std::time::Duration::from_millis(30));
+        m.loop_lag(std::time::Duration::from_secs(3));
+        let l = *m.loop_lag.borrow();
+        assert_eq!(l.buckets[0], 2, "1 ms is inside the first bucket's bound");
+        assert_eq!(l.buckets[4], 1, "30 ms is in (25, 50] ms");
+        assert_eq!(l.buckets[LOOP_LAG_BUCKETS_US.len()], 1, "3 s is in +Inf");
+        assert_eq!(l.count, 4);
+        assert_eq!(l.max_nanos, 3_000_000_000);
+        let h = loop_lag_histogram(&l);
+        assert_eq!(h.buckets.len(), LOOP_LAG_BUCKETS_US.len() + 1);
+        assert!((h.sum - 3.0313).abs() < 1e-9);
     }
 
     #[test]

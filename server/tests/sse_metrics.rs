@@ -116,3 +116,36 @@ fn sse_events_count_as_read_bytes() {
     }
     drop(s);
 }
+
+#[test]
+fn every_core_reports_its_event_loop_lag() {
+    let dir = temp_dir("ursula-loop-lag");
+    let server = Server::spawn_standard(dir.path(), "memory", 2, &[], None);
+    // The heartbeat is due every 10 ms; give each core a few.
+    std::thread::sleep(Duration::from_millis(300));
+    let r = request(&server.addr, "GET", "/__ursula/metrics", &[], b"").expect("metrics");
+    assert_eq!(r.status, 200);
+    let text = r.body_str();
+    for core in 0..2 {
+        let count = text
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "ursula_core_loop_lag_seconds_count{{core=\"{core}\"}}"
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no loop-lag count for core {core} in:\n{text}"));
+        assert!(count >= 5, "core {core}: {count} heartbeats in 300 ms");
+        let max = text
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "ursula_core_loop_lag_max_seconds{{core=\"{core}\"}}"
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no loop-lag max for core {core}"));
+        assert!((0.0..60.0).contains(&max), "core {core}: max lag {max} s");
+    }
+}
