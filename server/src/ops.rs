@@ -336,32 +336,34 @@ impl EncodeMetric for BucketCounts {
     }
 }
 
-fn loop_lag_histogram(lag: &LoopLag) -> BucketCounts {
-    let buckets = LOOP_LAG_BUCKETS_US
-        .iter()
-        .map(|&us| us as f64 / 1e6)
-        .chain(std::iter::once(f64::INFINITY))
-        .zip(lag.buckets.iter().copied())
-        .collect();
-    BucketCounts {
-        sum: lag.sum_nanos as f64 / 1e9,
-        count: lag.count,
-        buckets,
+impl BucketCounts {
+    /// Buckets with upper bounds `bounds_us` (microseconds) then +Inf, and their counts.
+    fn from_micros(bounds_us: &[u64], counts: &[u64], sum_nanos: u64, count: u64) -> Self {
+        let buckets = bounds_us
+            .iter()
+            .map(|&us| us as f64 / 1e6)
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(counts.iter().copied())
+            .collect();
+        BucketCounts {
+            sum: sum_nanos as f64 / 1e9,
+            count,
+            buckets,
+        }
     }
 }
 
+fn loop_lag_histogram(lag: &LoopLag) -> BucketCounts {
+    BucketCounts::from_micros(&LOOP_LAG_BUCKETS_US, &lag.buckets, lag.sum_nanos, lag.count)
+}
+
 fn fsync_histogram(stats: &ShardStats) -> BucketCounts {
-    let buckets = FSYNC_BUCKETS_US
-        .iter()
-        .map(|&us| us as f64 / 1e6)
-        .chain(std::iter::once(f64::INFINITY))
-        .zip(stats.fsync_buckets.iter().copied())
-        .collect();
-    BucketCounts {
-        sum: stats.fsync_nanos as f64 / 1e9,
-        count: stats.fsyncs,
-        buckets,
-    }
+    BucketCounts::from_micros(
+        &FSYNC_BUCKETS_US,
+        &stats.fsync_buckets,
+        stats.fsync_nanos,
+        stats.fsyncs,
+    )
 }
 
 type Labels<'a> = [(&'static str, String); 1];

@@ -6,61 +6,22 @@
 //! Usage: hello-monoio [ADDR] [CORES]   (default 127.0.0.1:0 and all cores); prints
 //! `hello-monoio listening on http://ADDR` once every core is accepting.
 
-use std::net::SocketAddr;
-
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
-use monoio::net::{ListenerOpts, TcpListener, TcpStream};
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
 
 const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let addr: SocketAddr = match args.next().unwrap_or_else(|| "127.0.0.1:0".into()).parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("hello-monoio: bad address: {e}");
-            std::process::exit(2);
-        }
-    };
-    let cores = args
-        .next()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    // Bind the first listener here to learn the port, then give every core its own
-    // SO_REUSEPORT listener on it.
-    let opts = ListenerOpts::new().reuse_port(true).reuse_addr(true);
-    let first = std::net::TcpListener::bind(addr).expect("bind");
-    let bound = first.local_addr().expect("local addr");
-    drop(first);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut threads = Vec::new();
-    for core in 0..cores {
-        let tx = tx.clone();
-        threads.push(std::thread::spawn(move || {
-            let _ = monoio::utils::bind_to_cpu_set([core]);
-            let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-                .with_entries(1024)
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = TcpListener::bind_with_config(bound, &opts).expect("bind core");
-                let _ = tx.send(());
-                loop {
-                    if let Ok((stream, _)) = listener.accept().await {
-                        let _ = stream.set_nodelay(true);
-                        monoio::spawn(serve(stream));
-                    }
+    ursula_benches::CeilingArgs::parse("hello-monoio").serve_on_every_core(
+        |_, listener| async move {
+            loop {
+                if let Ok((stream, _)) = listener.accept().await {
+                    let _ = stream.set_nodelay(true);
+                    monoio::spawn(serve(stream));
                 }
-            });
-        }));
-    }
-    for _ in 0..cores {
-        let _ = rx.recv();
-    }
-    println!("hello-monoio listening on http://{bound}");
-    for t in threads {
-        let _ = t.join();
-    }
+            }
+        },
+    );
 }
 
 async fn serve(mut stream: TcpStream) {
@@ -97,13 +58,8 @@ async fn serve(mut stream: TcpStream) {
                 return;
             }
         }
-        let (res, got) = stream.read(std::mem::take(&mut spare)).await;
-        buf.extend_from_slice(&got);
-        spare = got;
-        spare.clear();
-        match res {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        if !ursula_benches::read_more(&mut stream, &mut buf, &mut spare).await {
+            return;
         }
     }
 }

@@ -15,78 +15,45 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
 use bytes::Bytes;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
-use monoio::net::{ListenerOpts, TcpListener, TcpStream};
+use monoio::io::{AsyncWriteRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
 
 /// The most one catch-up read returns, as in the protocol.
 const MAX_READ: usize = 8 << 20;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let addr: SocketAddr = match args.next().unwrap_or_else(|| "127.0.0.1:0".into()).parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("hello-streams: bad address: {e}");
-            std::process::exit(2);
-        }
-    };
-    let cores = args
-        .next()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let opts = ListenerOpts::new().reuse_port(true).reuse_addr(true);
-    let first = std::net::TcpListener::bind(addr).expect("bind");
-    let bound = first.local_addr().expect("local addr");
-    drop(first);
+    let args = ursula_benches::CeilingArgs::parse("hello-streams");
     let (inboxes, receivers): (Vec<_>, Vec<_>) =
-        (0..cores).map(|_| async_channel::unbounded()).unzip();
+        (0..args.cores).map(|_| async_channel::unbounded()).unzip();
     let shared = Arc::new(Shared {
         streams: Mutex::new(HashMap::new()),
         inboxes,
         subscribers: AtomicUsize::new(0),
     });
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut threads = Vec::new();
-    for (index, inbox) in receivers.into_iter().enumerate() {
-        let (tx, shared) = (tx.clone(), shared.clone());
-        threads.push(std::thread::spawn(move || {
-            let _ = monoio::utils::bind_to_cpu_set([index]);
-            let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-                .with_entries(1024)
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let core = Rc::new(Core {
-                    index,
-                    shared,
-                    live: RefCell::new(HashMap::new()),
-                });
-                monoio::spawn(deliver_from_other_cores(core.clone(), inbox));
-                let listener = TcpListener::bind_with_config(bound, &opts).expect("bind core");
-                let _ = tx.send(());
-                loop {
-                    if let Ok((stream, _)) = listener.accept().await {
-                        let _ = stream.set_nodelay(true);
-                        monoio::spawn(serve(core.clone(), stream));
-                    }
-                }
+    let receivers = Arc::new(receivers);
+    args.serve_on_every_core(move |index, listener| {
+        let (shared, inbox) = (shared.clone(), receivers[index].clone());
+        async move {
+            let core = Rc::new(Core {
+                index,
+                shared,
+                live: RefCell::new(HashMap::new()),
             });
-        }));
-    }
-    for _ in 0..cores {
-        let _ = rx.recv();
-    }
-    println!("hello-streams listening on http://{bound}");
-    for t in threads {
-        let _ = t.join();
-    }
+            monoio::spawn(deliver_from_other_cores(core.clone(), inbox));
+            loop {
+                if let Ok((stream, _)) = listener.accept().await {
+                    let _ = stream.set_nodelay(true);
+                    monoio::spawn(serve(core.clone(), stream));
+                }
+            }
+        }
+    });
 }
 
 /// State every core sees.
@@ -223,13 +190,8 @@ async fn serve(core: Rc<Core>, mut stream: TcpStream) {
                 }
             }
         }
-        let (res, got) = stream.read(std::mem::take(&mut spare)).await;
-        buf.extend_from_slice(&got);
-        spare = got;
-        spare.clear();
-        match res {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        if !ursula_benches::read_more(&mut stream, &mut buf, &mut spare).await {
+            return;
         }
     }
 }
