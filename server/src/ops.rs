@@ -521,6 +521,13 @@ impl prometheus_client::collector::Collector for Scrape {
         )?;
         per_core(
             &mut e,
+            "ursula_storage_spare_segments",
+            "Segments that began as a zero-filled spare prepared while the log filled slowly",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.spare_segments))),
+        )?;
+        per_core(
+            &mut e,
             "ursula_storage_disk_reads",
             "Direct-I/O reads of evicted stream data (neighbouring records share one)",
             "shard",
