@@ -95,10 +95,7 @@ pub fn open_direct(path: &Path, create: bool) -> io::Result<File> {
 pub fn create_segment(dir: &Path, header: SegmentHeader, size: u64) -> io::Result<File> {
     let path = segment_path(dir, header.index);
     let file = open_direct(&path, true)?;
-    // SAFETY: fd is a valid open file; fallocate only reads its scalar arguments.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
-    if rc != 0 {
-        let err = io::Error::last_os_error();
+    if let Err(err) = reserve(&file, size) {
         drop(file);
         let _ = std::fs::remove_file(&path);
         return Err(err);
@@ -145,11 +142,7 @@ pub fn prepare_spare(dir: &Path, size: u64) -> io::Result<()> {
 fn zero_fill(path: &Path, size: u64) -> io::Result<()> {
     let file = open_direct(path, true)?;
     // Reserve the whole size first: contiguous blocks, and a full disk fails here.
-    // SAFETY: fd is a valid open file; fallocate only reads its scalar arguments.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    reserve(&file, size)?;
     let zeros = {
         let mut b = AlignedBuf::with_capacity(1 << 20);
         b.set_len(1 << 20);
@@ -189,6 +182,16 @@ pub fn adopt_spare(dir: &Path, header: SegmentHeader, size: u64) -> io::Result<F
     std::fs::rename(&spare, segment_path(dir, header.index))?;
     sync_dir(dir)?;
     Ok(file)
+}
+
+/// Allocate `size` bytes for `file` (`fallocate`, mode 0).
+fn reserve(file: &File, size: u64) -> io::Result<()> {
+    // SAFETY: fd is a valid open file; fallocate only reads its scalar arguments.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 pub fn write_all_at_blocking(file: &File, buf: &[u8], pos: u64) -> io::Result<()> {
