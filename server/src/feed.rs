@@ -80,9 +80,7 @@ impl Feeds {
         feed.subscribers.set(feed.subscribers.get() + 1);
         Subscription { feed }
     }
-}
 
-impl Feeds {
     /// Wake every session waiting on this core's feeds (shutdown: they end at their next
     /// look at the core).
     pub fn notify_all(&self) {

@@ -100,10 +100,7 @@ pub fn create_segment(dir: &Path, header: SegmentHeader, size: u64) -> io::Resul
         let _ = std::fs::remove_file(&path);
         return Err(err);
     }
-    let mut block = AlignedBuf::with_capacity(BLOCK);
-    block.set_len(BLOCK);
-    header.encode(block.as_mut_full());
-    write_all_at_blocking(&file, block.as_slice(), 0)?;
+    write_header(&file, header)?;
     file.sync_all()?;
     sync_dir(dir)?;
     Ok(file)
@@ -124,19 +121,22 @@ pub fn spare_path(dir: &Path) -> PathBuf {
 /// records written into a spare overwrite initialised blocks instead (+8% appends/s at
 /// 100 writers, docs/benchmarks.md, session 9). Blocking: runs on a helper thread.
 pub fn prepare_spare(dir: &Path, size: u64) -> io::Result<()> {
-    let path = spare_path(dir);
-    match std::fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let result = zero_fill(&path, size);
+    remove_spare(dir)?;
+    let result = zero_fill(&spare_path(dir), size);
     if result.is_err() {
         // Give the space back (a full disk is the likely cause); the log carries on with
         // segments made by `create_segment`.
-        let _ = std::fs::remove_file(&path);
+        let _ = remove_spare(dir);
     }
     result
+}
+
+/// Remove the spare segment, if there is one.
+pub fn remove_spare(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_file(spare_path(dir)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn zero_fill(path: &Path, size: u64) -> io::Result<()> {
@@ -174,14 +174,19 @@ pub fn adopt_spare(dir: &Path, header: SegmentHeader, size: u64) -> io::Result<F
     if file.metadata()?.len() != size {
         return Err(io::Error::other("spare segment has the wrong size"));
     }
-    let mut block = AlignedBuf::with_capacity(BLOCK);
-    block.set_len(BLOCK);
-    header.encode(block.as_mut_full());
-    write_all_at_blocking(&file, block.as_slice(), 0)?;
+    write_header(&file, header)?;
     file.sync_data()?;
     std::fs::rename(&spare, segment_path(dir, header.index))?;
     sync_dir(dir)?;
     Ok(file)
+}
+
+/// Write the header block of a segment.
+fn write_header(file: &File, header: SegmentHeader) -> io::Result<()> {
+    let mut block = AlignedBuf::with_capacity(BLOCK);
+    block.set_len(BLOCK);
+    header.encode(block.as_mut_full());
+    write_all_at_blocking(file, block.as_slice(), 0)
 }
 
 /// Allocate `size` bytes for `file` (`fallocate`, mode 0).

@@ -1209,11 +1209,7 @@ impl Shard {
         };
         // A spare left by an earlier run may be half written; the next slow roll makes a
         // new one.
-        match std::fs::remove_file(segment::spare_path(dir)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e.into()),
-        }
+        segment::remove_spare(dir)?;
         match tail {
             Some((index, end, contents)) => {
                 report.dropped_bytes = zero_stale_tail(dir, index, end, &contents)?;
@@ -1942,7 +1938,7 @@ impl Log {
             segment::adopt_spare(&self.dir, header, self.segment_bytes)
                 .inspect_err(|e| {
                     tracing::warn!(shard = self.shard, "spare segment not used: {e}");
-                    let _ = std::fs::remove_file(segment::spare_path(&self.dir));
+                    let _ = segment::remove_spare(&self.dir);
                 })
                 .ok()
         } else {
