@@ -113,17 +113,17 @@ async fn deliver_from_other_cores(core: Rc<Core>, inbox: async_channel::Receiver
     }
 }
 
-/// One parsed request; the body is the bytes after the head.
-struct Request {
-    method: String,
-    path: String,
-    query: String,
-    content_type: String,
+/// One parsed request, borrowed from the read buffer; the body is the bytes after the head.
+struct Request<'a> {
+    method: &'a str,
+    path: &'a str,
+    query: &'a str,
+    content_type: &'a str,
     head_len: usize,
     body_len: usize,
 }
 
-fn parse(buf: &[u8]) -> Result<Option<Request>, ()> {
+fn parse(buf: &[u8]) -> Result<Option<Request<'_>>, ()> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(buf) {
@@ -136,16 +136,16 @@ fn parse(buf: &[u8]) -> Result<Option<Request>, ()> {
             .iter()
             .find(|h| h.name.eq_ignore_ascii_case(name))
             .and_then(|h| std::str::from_utf8(h.value).ok())
-            .map(|v| v.trim().to_string())
+            .map(str::trim)
     };
     let body_len = header("content-length").map_or(Ok(0), |v| v.parse().map_err(|_| ()))?;
     let content_type = header("content-type").unwrap_or_default();
     let target = req.path.ok_or(())?;
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     Ok(Some(Request {
-        method: req.method.ok_or(())?.to_string(),
-        path: path.to_string(),
-        query: query.to_string(),
+        method: req.method.ok_or(())?,
+        path,
+        query,
         content_type,
         head_len,
         body_len,
@@ -172,8 +172,8 @@ async fn serve(core: Rc<Core>, mut stream: TcpStream) {
             if buf.len() < end {
                 break;
             }
-            if req.method == "GET" && param(&req.query, "live") == Some("sse") {
-                return live(core, stream, req.path).await;
+            if req.method == "GET" && param(req.query, "live") == Some("sse") {
+                return live(core, stream, req.path.to_string()).await;
             }
             let mut response = answer(&core, &req, &buf[req.head_len..end]);
             buf.drain(..end);
@@ -200,21 +200,23 @@ async fn serve(core: Rc<Core>, mut stream: TcpStream) {
 fn answer(core: &Core, req: &Request, body: &[u8]) -> Response {
     let shared = &core.shared;
     let mut streams = shared.streams.lock().unwrap_or_else(|e| e.into_inner());
-    match req.method.as_str() {
+    match req.method {
         "PUT" => {
-            let created = !streams.contains_key(&req.path);
-            let s = streams.entry(req.path.clone()).or_insert_with(|| Stream {
-                content_type: req.content_type.clone(),
-                data: Vec::new(),
-                frozen: None,
-            });
+            let created = !streams.contains_key(req.path);
+            let s = streams
+                .entry(req.path.to_string())
+                .or_insert_with(|| Stream {
+                    content_type: req.content_type.to_string(),
+                    data: Vec::new(),
+                    frozen: None,
+                });
             s.data.extend_from_slice(body);
             s.frozen = None;
             let status = if created { "201 Created" } else { "200 OK" };
             Response::head(status, s.data.len(), "")
         }
         "POST" => {
-            let Some(s) = streams.get_mut(&req.path) else {
+            let Some(s) = streams.get_mut(req.path) else {
                 return Response::head("404 Not Found", 0, "");
             };
             s.data.extend_from_slice(body);
@@ -225,28 +227,28 @@ fn answer(core: &Core, req: &Request, body: &[u8]) -> Response {
                 let frame = sse_frame(body);
                 for (i, inbox) in shared.inboxes.iter().enumerate() {
                     if i == core.index {
-                        core.deliver(&req.path, &frame);
+                        core.deliver(req.path, &frame);
                     } else {
-                        let _ = inbox.try_send((req.path.clone(), frame.clone()));
+                        let _ = inbox.try_send((req.path.to_string(), frame.clone()));
                     }
                 }
             }
             Response::head("204 No Content", len, "")
         }
-        "HEAD" => match streams.get(&req.path) {
+        "HEAD" => match streams.get(req.path) {
             Some(s) => Response::head("200 OK", s.data.len(), ""),
             None => Response::head("404 Not Found", 0, ""),
         },
-        "DELETE" => match streams.remove(&req.path) {
+        "DELETE" => match streams.remove(req.path) {
             Some(_) => Response::head("204 No Content", 0, ""),
             None => Response::head("404 Not Found", 0, ""),
         },
         "GET" => {
-            let Some(s) = streams.get_mut(&req.path) else {
+            let Some(s) = streams.get_mut(req.path) else {
                 return Response::head("404 Not Found", 0, "");
             };
             let len = s.data.len();
-            let from = match param(&req.query, "offset") {
+            let from = match param(req.query, "offset") {
                 None | Some("-1") => 0,
                 Some("now") => len,
                 Some(o) => match o.parse::<usize>() {
