@@ -126,26 +126,17 @@ fn every_core_reports_its_event_loop_lag() {
     let r = request(&server.addr, "GET", "/__ursula/metrics", &[], b"").expect("metrics");
     assert_eq!(r.status, 200);
     let text = r.body_str();
+    // The value of `family{core="N"}` in the scrape.
+    let per_core = |family: &str, core: usize| -> f64 {
+        let prefix = format!("{family}{{core=\"{core}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {family} for core {core} in:\n{text}"))
+    };
     for core in 0..2 {
-        let count = text
-            .lines()
-            .find(|l| {
-                l.starts_with(&format!(
-                    "ursula_core_loop_lag_seconds_count{{core=\"{core}\"}}"
-                ))
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no loop-lag count for core {core} in:\n{text}"));
-        assert!(count >= 5, "core {core}: {count} heartbeats in 300 ms");
-        let max = text
-            .lines()
-            .find(|l| {
-                l.starts_with(&format!(
-                    "ursula_core_loop_lag_max_seconds{{core=\"{core}\"}}"
-                ))
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no loop-lag max for core {core}"));
+        let count = per_core("ursula_core_loop_lag_seconds_count", core);
+        assert!(count >= 5.0, "core {core}: {count} heartbeats in 300 ms");
+        let max = per_core("ursula_core_loop_lag_max_seconds", core);
         assert!((0.0..60.0).contains(&max), "core {core}: max lag {max} s");
     }
 }
