@@ -528,6 +528,13 @@ impl prometheus_client::collector::Collector for Scrape {
         )?;
         per_core(
             &mut e,
+            "ursula_storage_zeroed_ahead_bytes",
+            "Zeros written just ahead of the records while the log fills slowly",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.zeroed_ahead_bytes))),
+        )?;
+        per_core(
+            &mut e,
             "ursula_storage_disk_reads",
             "Direct-I/O reads of evicted stream data (neighbouring records share one)",
             "shard",

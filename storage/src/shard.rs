@@ -70,6 +70,10 @@ pub struct ShardConfig {
     /// log filling near the disk's bandwidth cannot afford; the default, 2 s, means below
     /// 64 MB/s per shard at 128 MiB segments. `Duration::MAX` turns spares off.
     pub spare_fill_time: Duration,
+    /// Zeros are written just ahead of the records (see `Log::zero_ahead`) while the log
+    /// fills slower than this many bytes per second; 0 turns that off. Like spares, zeroing
+    /// writes every block twice, so the default, 64 MB/s, is a small share of a disk.
+    pub zero_ahead_below: u64,
 }
 
 impl ShardConfig {
@@ -84,6 +88,7 @@ impl ShardConfig {
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             fail_fsync_after: None,
             spare_fill_time: Duration::from_secs(2),
+            zero_ahead_below: 64_000_000,
         }
     }
 }
@@ -102,6 +107,9 @@ pub const MIN_SEGMENT_BYTES: u64 =
 const BATCH_BUF_BYTES: usize = 1 << 20;
 /// Most bytes of write buffers a shard keeps for reuse between group commits.
 const POOLED_BUF_BYTES: usize = 32 << 20;
+/// How many bytes ahead of the records a slowly filling segment is zeroed at a time (see
+/// `Log::zero_ahead`).
+const ZERO_AHEAD_BYTES: u64 = 1 << 20;
 
 #[derive(Debug)]
 pub enum StorageError {
@@ -178,6 +186,8 @@ pub struct ShardStats {
     pub disk_read_bytes: u64,
     /// Segments that began as a zero-filled spare (see `segment::prepare_spare`).
     pub spare_segments: u64,
+    /// Zeros written ahead of the records in slowly filling segments (see `Log::zero_ahead`).
+    pub zeroed_ahead_bytes: u64,
 }
 
 /// Upper bounds, in microseconds, of the fdatasync latency buckets in [`ShardStats`].
@@ -316,6 +326,13 @@ impl Shard {
             .try_borrow()
             .ok()
             .and_then(|l| l.as_ref().map(|l| l.spares_adopted))
+            .unwrap_or(0);
+        stats.zeroed_ahead_bytes = self
+            .inner
+            .log
+            .try_borrow()
+            .ok()
+            .and_then(|l| l.as_ref().map(|l| l.zeroed_bytes))
             .unwrap_or(0);
         stats
     }
@@ -988,6 +1005,7 @@ impl Shard {
     }
 
     async fn flush(&self, batches: &mut [Batch]) -> Result<(), StorageError> {
+        self.finish_zeroing_under(batches).await;
         let mut synced: Vec<Rc<monoio::fs::File>> = Vec::new();
         for batch in batches.iter_mut() {
             let file = {
@@ -1009,6 +1027,13 @@ impl Shard {
                 synced.push(file);
             }
         }
+        if let Some(last) = batches.last() {
+            let end = last.base + last.buf.as_ref().map_or(0, |b| b.len()) as u64;
+            let mut log = self.inner.log.borrow_mut();
+            if let Some(log) = log.as_mut() {
+                log.zero_ahead(last.seg, end);
+            }
+        }
         if self.inner.cfg.fail_fsync_after == Some(self.inner.stats.get().flushes) {
             return Err(io::Error::from_raw_os_error(libc::EIO).into());
         }
@@ -1018,6 +1043,41 @@ impl Shard {
             self.count_fsync(started.elapsed());
         }
         Ok(())
+    }
+
+    /// Wait for the zeros being written ahead of the records if `batches` reach them (or
+    /// belong to a later segment), so no data write races a zero write to the same blocks.
+    /// Usually they were written long ago, and this only takes the buffer back.
+    async fn finish_zeroing_under(&self, batches: &[Batch]) {
+        let reached = |z: &Zeroing| {
+            batches.iter().any(|b| {
+                let end = b.base + align_up(b.buf.as_ref().map_or(0, |b| b.len())) as u64;
+                b.seg != z.seg || end > z.from
+            })
+        };
+        let zeroing = {
+            let mut log = self.inner.log.borrow_mut();
+            let Some(log) = log.as_mut() else { return };
+            match log.zeroing.take() {
+                Some(z) if reached(&z) => z,
+                other => {
+                    log.zeroing = other;
+                    return;
+                }
+            }
+        };
+        let (res, zeros) = zeroing.write.await;
+        if let Err(e) = res {
+            // Only an optimisation failed: the data writes convert the blocks themselves,
+            // and report any disk error on their own.
+            tracing::warn!(
+                shard = self.inner.cfg.shard,
+                "writing zeros ahead failed: {e}"
+            );
+        }
+        if let Some(log) = self.inner.log.borrow_mut().as_mut() {
+            log.zeros = Some(zeros);
+        }
     }
 
     fn count_fsync(&self, took: Duration) {
@@ -1206,6 +1266,13 @@ impl Shard {
             rolled_at: Instant::now(),
             spare_fill_time: cfg.spare_fill_time,
             spares_adopted: 0,
+            zero_ahead_below: cfg.zero_ahead_below,
+            ahead_end: DATA_START,
+            ahead_moved_at: Instant::now(),
+            ahead_moved_end: DATA_START,
+            zeros: None,
+            zeroing: None,
+            zeroed_bytes: 0,
         };
         // A spare left by an earlier run may be half written; the next slow roll makes a
         // new one.
@@ -1218,6 +1285,8 @@ impl Shard {
                     .insert(index, Rc::new(monoio::fs::File::from_std(file)?));
                 log.write_seg = index;
                 log.write_end = end;
+                log.ahead_end = end;
+                log.ahead_moved_end = end;
                 let base = align_down(end as usize);
                 log.start_batch(index, base as u64, &contents[base..end as usize]);
             }
@@ -1814,6 +1883,27 @@ struct Log {
     spare_fill_time: Duration,
     /// Segments made from a spare.
     spares_adopted: u64,
+    /// The active segment's blocks below this position hold records or zeros, or were
+    /// left to the data writes because the log filled fast (see `zero_ahead`).
+    ahead_end: u64,
+    /// When `ahead_end` last moved, and where the records ended then: how fast the log fills.
+    ahead_moved_at: Instant,
+    ahead_moved_end: u64,
+    /// `ShardConfig::zero_ahead_below`.
+    zero_ahead_below: u64,
+    /// `ZERO_AHEAD_BYTES` of zeros; `None` while lent to the kernel.
+    zeros: Option<AlignedBuf>,
+    /// The zero write in flight, if any.
+    zeroing: Option<Zeroing>,
+    /// Bytes of zeros written ahead of the records.
+    zeroed_bytes: u64,
+}
+
+/// Zeros being written to `[from, ..)` of segment `seg`, ahead of the records.
+struct Zeroing {
+    seg: u64,
+    from: u64,
+    write: monoio::task::JoinHandle<(io::Result<()>, AlignedBuf)>,
 }
 
 /// Records bound for one contiguous, block-aligned range of one segment.
@@ -1944,13 +2034,18 @@ impl Log {
         } else {
             None
         };
-        let file = match adopted {
+        let (file, ahead_end) = match adopted {
             Some(file) => {
                 self.spares_adopted += 1;
-                file
+                (file, self.segment_bytes)
             }
-            None => segment::create_segment(&self.dir, header, self.segment_bytes)?,
+            None => (
+                segment::create_segment(&self.dir, header, self.segment_bytes)?,
+                DATA_START,
+            ),
         };
+        self.ahead_end = ahead_end;
+        self.ahead_moved_end = DATA_START;
         let file = Rc::new(monoio::fs::File::from_std(file)?);
         // Older handles are dropped after their last batch is flushed (see complete()).
         self.files.insert(seg, file);
@@ -1995,6 +2090,55 @@ impl Log {
             .into_iter()
             .filter(|b| !b.effects.is_empty())
             .collect()
+    }
+
+    /// After a flush that ended at `end` of segment `seg`: start writing zeros over the
+    /// blocks the next records will land on, if the log fills slowly.
+    ///
+    /// Segments are reserved with `fallocate`, so ext4 marks their extents unwritten. An
+    /// O_DIRECT write to unwritten blocks cannot be issued without blocking (io_uring hands it
+    /// to a kernel worker thread), and it changes extent metadata that the next fdatasync
+    /// must write out. At a slow fill every small group commit would pay both; zeroing the
+    /// next `ZERO_AHEAD_BYTES` in one write pays once for all the commits that land there.
+    /// The zero write runs beside the commits; `Shard::finish_zeroing_under` makes a flush
+    /// wait for it only if the records catch up with it. At a fast fill the commits are
+    /// large, the conversions already few, and writing every block twice would cost
+    /// bandwidth, so the blocks are left to the data writes.
+    fn zero_ahead(&mut self, seg: u64, end: u64) {
+        // Move on when the records reach the middle of the zeroed range, so the next commits
+        // keep landing on zeros.
+        if seg != self.write_seg
+            || end + ZERO_AHEAD_BYTES / 2 <= self.ahead_end
+            || self.zeroing.is_some()
+        {
+            return;
+        }
+        let from = self.ahead_end.max(align_up(end as usize) as u64);
+        let to = (from + ZERO_AHEAD_BYTES).min(self.segment_bytes);
+        // How fast the records came since the last decision (a large flush can jump far).
+        let filled = (end - self.ahead_moved_end.min(end)) as f64;
+        let slow = self.zero_ahead_below > 0
+            && filled <= self.ahead_moved_at.elapsed().as_secs_f64() * self.zero_ahead_below as f64;
+        self.ahead_end = to;
+        self.ahead_moved_at = Instant::now();
+        self.ahead_moved_end = end;
+        let Some(file) = self.files.get(&seg).cloned() else {
+            return;
+        };
+        if !slow || from >= to {
+            return;
+        }
+        let mut zeros = self
+            .zeros
+            .take()
+            .unwrap_or_else(|| AlignedBuf::with_capacity(ZERO_AHEAD_BYTES as usize));
+        zeros.set_len((to - from) as usize);
+        self.zeroed_bytes += to - from;
+        let write = monoio::spawn(async move {
+            let (res, zeros) = file.write_all_at(zeros, from).await;
+            (res.map(|_| ()), zeros)
+        });
+        self.zeroing = Some(Zeroing { seg, from, write });
     }
 
     /// The write handle of segment `seg` (created when the log rolled into it).
@@ -2306,6 +2450,94 @@ mod tests {
     }
 
     /// Whether the shard is still preparing a spare segment.
+    /// Appends in concurrent groups, some large enough to land on zeros still being
+    /// written, must read back exactly after a restart: no zero write ever lands on records.
+    #[test]
+    fn zeros_written_ahead_never_overwrite_records() {
+        for zero_ahead_below in [u64::MAX, 0] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut cfg = config(dir.path());
+            cfg.spare_fill_time = Duration::MAX;
+            // u64::MAX: every crossing counts as a slow fill; 0: never zero.
+            cfg.zero_ahead_below = zero_ahead_below;
+            let mut expected = Vec::new();
+            block_on(async {
+                let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+                let (id, c) = shard.create(new_stream("a", b"")).expect("create");
+                c.durable().await.expect("durable");
+                for round in 0..120u32 {
+                    let mut commits = Vec::new();
+                    for i in 0..16u32 {
+                        // Every 10th round begins with 2 MiB, which reaches past the zeros
+                        // started by the previous flush.
+                        let len = if round % 10 == 9 && i == 0 {
+                            2 << 20
+                        } else {
+                            3000
+                        };
+                        let data: Vec<u8> =
+                            (0..len).map(|b| (b as u32 ^ round ^ i) as u8).collect();
+                        expected.extend_from_slice(&data);
+                        let (_, c) = shard.append(id, data_rec(&data)).expect("append");
+                        commits.push(c);
+                    }
+                    for c in commits {
+                        c.durable().await.expect("durable");
+                    }
+                }
+                let zeroed = shard.stats().zeroed_ahead_bytes;
+                if zero_ahead_below == 0 {
+                    assert_eq!(zeroed, 0);
+                } else {
+                    // The zeroed ranges cover the log, less what large appends skipped.
+                    assert!(zeroed >= 8 << 20, "zeroed only {zeroed} bytes");
+                }
+                stop_without_checkpoint(&shard).await;
+            });
+            block_on(async {
+                let (shard, report) = Shard::open(cfg.clone()).await.expect("reopen");
+                assert_eq!(report.dropped_bytes, 0);
+                assert!(
+                    read_all(&shard, "a").await == expected,
+                    "data read back intact"
+                );
+            });
+        }
+    }
+
+    /// A flush waits for a zero write still in flight only when its records reach it.
+    #[test]
+    fn a_flush_waits_only_for_zeros_it_reaches() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = config(dir.path());
+        cfg.zero_ahead_below = 0; // the log starts none of its own
+        block_on(async {
+            let (shard, _) = Shard::open(cfg).await.expect("open");
+            let (id, c) = shard.create(new_stream("a", b"")).expect("create");
+            c.durable().await.expect("durable");
+            for (gap, reached) in [(8u64 << 20, false), (0, true)] {
+                let (seg, from) = {
+                    let log = shard.inner.log.borrow();
+                    let log = log.as_ref().expect("log");
+                    (log.write_seg, align_up(log.write_end as usize) as u64 + gap)
+                };
+                // Stands in for a zero write that the disk is slow to finish.
+                let done = Rc::new(Cell::new(false));
+                let finished = done.clone();
+                let write = monoio::spawn(async move {
+                    monoio::time::sleep(Duration::from_millis(300)).await;
+                    finished.set(true);
+                    (Ok(()), AlignedBuf::with_capacity(crate::aligned::BLOCK))
+                });
+                let zeroing = Zeroing { seg, from, write };
+                shard.inner.log.borrow_mut().as_mut().expect("log").zeroing = Some(zeroing);
+                let (_, c) = shard.append(id, data_rec(&[7u8; 8192])).expect("append");
+                c.durable().await.expect("durable");
+                assert_eq!(done.get(), reached, "gap {gap}");
+            }
+        });
+    }
+
     fn spare_pending(shard: &Shard) -> bool {
         shard
             .inner
