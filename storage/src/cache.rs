@@ -35,6 +35,9 @@ pub(crate) struct StreamCache {
     /// `[open_start, open_start + open.len())`.
     open: BytesMut,
     open_start: u64,
+    /// The last block filled up to `BLOCK_MAX`: the stream is busy, so the next block
+    /// starts at full size instead of growing by doubling (each step a realloc and a copy).
+    busy: bool,
     /// Bytes cached, sealed and open.
     len: usize,
     /// Starts of runs (and open blocks) created since the shard last took them, for its
@@ -68,13 +71,15 @@ impl StreamCache {
         let open_end = self.open_start + self.open.len() as u64;
         if !self.open.is_empty() && (open_end != start || self.open.len() + data.len() > BLOCK_MAX)
         {
+            self.busy = self.open.len() + data.len() > BLOCK_MAX;
             self.seal();
         }
         if self.open.is_empty() {
             self.open_start = start;
             self.fresh.push(start);
-            if self.open.capacity() < data.len() {
-                self.open = BytesMut::with_capacity(data.len().max(BLOCK_MIN).next_power_of_two());
+            let first = if self.busy { BLOCK_MAX } else { BLOCK_MIN };
+            if self.open.capacity() < data.len().max(first) {
+                self.open = BytesMut::with_capacity(data.len().max(first).next_power_of_two());
             }
         } else if self.open.capacity() - self.open.len() < data.len() {
             // Capacities stay powers of two up to BLOCK_MAX, which the block's new length
