@@ -93,7 +93,9 @@ pub fn normalize(v: &str) -> Result<String, ()> {
 
 /// The `type/subtype` part of a content type (before any `;`), trimmed, original case.
 pub fn media_type(v: &str) -> &str {
-    v.split(';').next().unwrap_or("").trim()
+    // ';' is ASCII, so the cut is a char boundary. HTTP whitespace is ASCII too.
+    let end = memchr::memchr(b';', v.as_bytes()).unwrap_or(v.len());
+    v[..end].trim_ascii()
 }
 
 /// Media-type equality used for append/create/fork matching: parameters ignored,

@@ -258,9 +258,10 @@ fn split_target(target: &str, method: &Method) -> Result<(String, String), HeadE
         return Err(HeadError::Bad("invalid request target"));
     };
     // Fragments are never sent by clients; if present they are not part of the query.
-    let rest = rest.split('#').next().unwrap_or(rest);
-    Ok(match rest.split_once('?') {
-        Some((p, q)) => (p.to_owned(), q.to_owned()),
+    // '#' and '?' are ASCII: the cuts are char boundaries.
+    let rest = &rest[..memchr::memchr(b'#', rest.as_bytes()).unwrap_or(rest.len())];
+    Ok(match memchr::memchr(b'?', rest.as_bytes()) {
+        Some(i) => (rest[..i].to_owned(), rest[i + 1..].to_owned()),
         None => (rest.to_owned(), String::new()),
     })
 }
@@ -534,14 +535,29 @@ pub fn write_status_line(out: &mut Vec<u8>, status: u16) {
 /// Appends `name: value\r\n`. CR, LF and NUL in either part are replaced by spaces so
 /// that a value echoed from client input can never inject headers or split responses.
 pub fn write_header(out: &mut Vec<u8>, name: &str, value: &str) {
+    out.reserve(name.len() + value.len() + 4);
     push_field(out, name.as_bytes());
     out.extend_from_slice(b": ");
     push_field(out, value.as_bytes());
     out.extend_from_slice(b"\r\n");
 }
 
+/// Appends `name: value\r\n` for a header that is all our own constants and numbers,
+/// which never hold CR, LF or NUL: no check needed.
+pub fn write_known_header(out: &mut Vec<u8>, name: &str, value: &str) {
+    debug_assert!(!(name.bytes().chain(value.bytes())).any(|c| matches!(c, b'\r' | b'\n' | 0)));
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
 fn push_field(out: &mut Vec<u8>, b: &[u8]) {
-    if b.iter().any(|&c| matches!(c, b'\r' | b'\n' | 0)) {
+    // Every response writes several headers. CR, LF and NUL are all <= b'\r'; a fold
+    // without an early exit is vectorised, where a byte loop that stops at the first
+    // match is not (~100 instructions per field, callgrind).
+    let suspect = b.iter().fold(false, |seen, &c| seen | (c <= b'\r'));
+    if suspect && b.iter().any(|&c| matches!(c, b'\r' | b'\n' | 0)) {
         out.extend(b.iter().map(|&c| {
             if matches!(c, b'\r' | b'\n' | 0) {
                 b' '

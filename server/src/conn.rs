@@ -392,15 +392,18 @@ async fn read_body<S: Transport>(
     head: &ursula_protocol::http1::RequestHead,
 ) -> Result<Bytes, BodyError> {
     let clock = BodyClock::new(core);
-    // Snapshot publishes may carry up to 128 MiB; every other body up to 32 MiB.
-    let limit = if crate::snapshots::is_snapshot_path(&head.path) {
-        crate::snapshots::MAX_SNAPSHOT_BYTES
-    } else {
-        MAX_BODY_BYTES
+    // Snapshot publishes may carry up to 128 MiB; every other body up to 32 MiB. The path
+    // is only looked at for bodies that could be over 32 MiB.
+    let limit = || {
+        if crate::snapshots::is_snapshot_path(&head.path) {
+            crate::snapshots::MAX_SNAPSHOT_BYTES
+        } else {
+            MAX_BODY_BYTES
+        }
     };
     match head.body {
         BodyKind::None => Ok(Bytes::new()),
-        BodyKind::Length(n) if n > limit => Err(too_large(limit)),
+        BodyKind::Length(n) if n > MAX_BODY_BYTES && n > limit() => Err(too_large(limit())),
         BodyKind::Length(0) => Ok(Bytes::new()),
         BodyKind::Length(n) => {
             let n = n as usize;
@@ -443,6 +446,7 @@ async fn read_body<S: Transport>(
             if head.expect_continue && rbuf.is_empty() {
                 send_continue(stream).await?;
             }
+            let limit = limit();
             let mut decoder = ChunkedDecoder::new();
             let mut body = Vec::new();
             // Wire bytes of the body consumed so far (chunk framing included).

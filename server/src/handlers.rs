@@ -102,12 +102,14 @@ async fn stream_request(core: &Rc<Core>, surface: Surface, key: String, req: Req
             return resp;
         }
     }
+    // Reads (long-poll, SSE) and creates hold large futures; boxed, they no longer size
+    // the future of every append, which is moved several times per request.
     match req.method {
-        Method::Put => create(core, surface, &key, &req).await,
+        Method::Put => Box::pin(create(core, surface, &key, &req)).await,
         Method::Post => append(core, surface, &key, req).await,
-        Method::Get => read(core, surface, &key, &req).await,
+        Method::Get => Box::pin(read(core, surface, &key, &req)).await,
         Method::Head => head(core, surface, &key),
-        Method::Delete => delete(core, &key).await,
+        Method::Delete => Box::pin(delete(core, &key)).await,
         _ => Response::error(405, "method_not_allowed", "method not allowed")
             .header("allow", "GET, HEAD, POST, PUT, DELETE, OPTIONS"),
     }
