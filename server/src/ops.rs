@@ -185,7 +185,8 @@ fn method_label(m: &Method) -> &'static str {
 /// One core's request counters. Only its own thread touches them.
 #[derive(Default)]
 pub struct CoreMetrics {
-    /// Counted on every request; labels are static, so the fast unkeyed-quality hasher is fine.
+    /// Counted on every request. The labels are the server's own constants, so the fast
+    /// hasher cannot be steered by clients.
     requests: RefCell<HashMap<(&'static str, &'static str, u16), u64, foldhash::fast::RandomState>>,
     append_bytes: Cell<u64>,
     read_bytes: Cell<u64>,

@@ -326,20 +326,14 @@ impl Shard {
 
     pub fn stats(&self) -> ShardStats {
         let mut stats = self.inner.stats.get();
-        stats.spare_segments = self
-            .inner
-            .log
-            .try_borrow()
-            .ok()
-            .and_then(|l| l.as_ref().map(|l| l.spares_adopted))
-            .unwrap_or(0);
-        stats.zeroed_ahead_bytes = self
-            .inner
-            .log
-            .try_borrow()
-            .ok()
-            .and_then(|l| l.as_ref().map(|l| l.zeroed_bytes))
-            .unwrap_or(0);
+        // The log counts these itself; it is never borrowed across an await, so a caller on
+        // this thread always gets it.
+        if let Ok(log) = self.inner.log.try_borrow() {
+            if let Some(log) = log.as_ref() {
+                stats.spare_segments = log.spares_adopted;
+                stats.zeroed_ahead_bytes = log.zeroed_bytes;
+            }
+        }
         stats
     }
 
