@@ -93,9 +93,9 @@ pub fn normalize(v: &str) -> Result<String, ()> {
 
 /// The `type/subtype` part of a content type (before any `;`), trimmed, original case.
 pub fn media_type(v: &str) -> &str {
-    // ';' is ASCII, so the cut is a char boundary. HTTP whitespace is ASCII too.
+    // ';' is ASCII, so the cut is a char boundary. Trimmed like `normalize` trims.
     let end = memchr::memchr(b';', v.as_bytes()).unwrap_or(v.len());
-    v[..end].trim_ascii()
+    v[..end].trim()
 }
 
 /// Media-type equality used for append/create/fork matching: parameters ignored,
@@ -194,6 +194,12 @@ mod tests {
     fn media_type_matching() {
         assert_eq!(media_type(" text/plain ; charset=utf-8"), "text/plain");
         assert_eq!(media_type("application/json"), "application/json");
+        // Trimmed as `normalize` trims, vertical tab included (found by fuzz/query_headers).
+        assert_eq!(media_type("text/plain\u{b}\u{b}"), "text/plain");
+        assert!(same_media_type(
+            &normalize("a/b\u{b}").expect("valid"),
+            "a/b\u{b}"
+        ));
         assert!(same_media_type(
             "application/json; charset=utf-8",
             "APPLICATION/JSON"
