@@ -2449,7 +2449,6 @@ mod tests {
         });
     }
 
-    /// Whether the shard is still preparing a spare segment.
     /// Appends in concurrent groups, some large enough to land on zeros still being
     /// written, must read back exactly after a restart: no zero write ever lands on records.
     #[test]
@@ -2538,6 +2537,7 @@ mod tests {
         });
     }
 
+    /// Whether the shard is still preparing a spare segment.
     fn spare_pending(shard: &Shard) -> bool {
         shard
             .inner
