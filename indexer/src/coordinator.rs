@@ -29,6 +29,11 @@ pub struct Coordinator {
     /// A background pass opening the slots that are not open yet is running.
     opening: AtomicBool,
     restarted: Arc<tokio::sync::Notify>,
+    /// The ingest task of every index this worker opened; [`Coordinator::shutdown`] waits
+    /// for them so that a stopping worker commits its tail and hands its claims back.
+    ingest_tasks: std::sync::Mutex<tokio::task::JoinSet<()>>,
+    /// Set by [`Coordinator::shutdown`]: an index opened after it stops at once.
+    shutting_down: AtomicBool,
 }
 
 /// How many indexes a worker opens at once. Opening is a slot read from a shared shard
@@ -97,7 +102,39 @@ impl Coordinator {
             opening: AtomicBool::new(false),
             catalog_read: AtomicBool::new(false),
             restarted: Arc::new(tokio::sync::Notify::new()),
+            ingest_tasks: std::sync::Mutex::new(tokio::task::JoinSet::new()),
+            shutting_down: AtomicBool::new(false),
         })
+    }
+
+    /// Stop every index's ingest task and wait (at most `timeout`) until each has
+    /// committed what it indexed in memory and released its ingest claim, so that a worker
+    /// started next on the same store claims at once instead of waiting out the lease.
+    /// Returns how many tasks ended within the time (and how many were running).
+    pub async fn shutdown(&self, timeout: Duration) -> (usize, usize) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let slots: Vec<Arc<Slot>> = self
+            .indexes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for ix in slots.iter().filter_map(|s| s.index.get()) {
+            ix.stop();
+        }
+        let mut tasks = std::mem::take(&mut *self.lock_tasks());
+        let running = tasks.len();
+        let mut ended = 0;
+        let deadline = tokio::time::Instant::now() + timeout;
+        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, tasks.join_next()).await {
+            ended += 1;
+        }
+        (ended, running)
+    }
+
+    fn lock_tasks(&self) -> std::sync::MutexGuard<'_, tokio::task::JoinSet<()>> {
+        self.ingest_tasks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Background loop: re-read CATALOG every poll interval (or at once after a restart)
@@ -175,7 +212,10 @@ impl Coordinator {
                     tokio::time::sleep(delay).await;
                 }
                 let ix = Index::open(self.shared.clone(), slot.reg.clone()).await?;
-                tokio::spawn(ix.clone().run(self.restarted.clone()));
+                let mut tasks = self.lock_tasks();
+                // Reap the tasks of indexes that ended (restarted or unregistered).
+                while tasks.try_join_next().is_some() {}
+                tasks.spawn(ix.clone().run(self.restarted.clone()));
                 Ok::<_, String>(ix)
             })
             .await
@@ -183,7 +223,8 @@ impl Coordinator {
             .inspect(|ix| {
                 // `sync` sets `removed` before it looks at the cell, and we set the cell
                 // before we look at `removed`: whichever comes second stops the index.
-                if slot.removed.load(Ordering::SeqCst) {
+                if slot.removed.load(Ordering::SeqCst) || self.shutting_down.load(Ordering::SeqCst)
+                {
                     ix.stop();
                 }
             })

@@ -117,7 +117,16 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<(), 
         });
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    tracing::info!("stopping");
+    tracing::info!("stopping: committing indexed tails and releasing ingest claims");
+    let (ended, running) = co.shutdown(SHUTDOWN_TIMEOUT).await;
+    if ended < running {
+        tracing::warn!(
+            "stopped {ended} of {running} ingest tasks within {SHUTDOWN_TIMEOUT:?}; the rest \
+             are claimed again once their lease runs out"
+        );
+    } else {
+        tracing::info!("stopped {running} ingest tasks");
+    }
     Ok(())
 }
 
@@ -149,6 +158,10 @@ async fn watchdog(interval: std::time::Duration) {
 
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a stopping worker waits for its ingest tasks to commit and release their
+/// claims; under systemd's default `TimeoutStopSec` (90 s) with room to spare.
+const SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Serve HTTP/1.1 on one connection, plain or TLS.
 async fn serve_connection<IO>(co: Arc<Coordinator>, io: IO)
 where
@@ -161,11 +174,14 @@ where
 }
 
 /// Logs go to stderr (stdout carries only the listening line); `RUST_LOG` sets the level.
+/// Coloured only on a terminal: a file, a pipe or journald gets plain lines.
 fn init_logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
