@@ -358,7 +358,7 @@ fn start_watchdog(
 }
 
 fn bind_admin(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
-    let l = std::net::TcpListener::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    let l = bind_exclusive(addr)?;
     l.set_nonblocking(true)
         .map_err(|e| format!("nonblocking: {e}"))?;
     Ok(l)
@@ -434,13 +434,50 @@ fn lock_data_dir(config: &Config) -> Result<std::fs::File, String> {
     Ok(file)
 }
 
+/// How long a start waits for a port that is still in use. After a `kill -9` under load
+/// the kernel keeps the dead process's listening socket for about 2 s while it tears down
+/// its io_uring (the socket even accepts connections nobody answers), so a supervisor
+/// restarting at once would otherwise lose that start. A port held by a live server is
+/// still refused, only later.
+const BIND_RETRY: Duration = Duration::from_secs(10);
+
+/// A plain (not `SO_REUSEPORT`) bind of `addr`, retried while the address is in use for at
+/// most [`BIND_RETRY`].
+fn bind_exclusive(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    let started = std::time::Instant::now();
+    let mut warned = false;
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(l) => {
+                if warned {
+                    tracing::info!("bound {addr} after {:?}", started.elapsed());
+                }
+                return Ok(l);
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < BIND_RETRY =>
+            {
+                if !warned {
+                    warned = true;
+                    tracing::warn!(
+                        "bind {addr}: {e}; retrying for up to {BIND_RETRY:?} (the socket of a \
+                         process that just died lingers while the kernel closes it)"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(format!("bind {addr}: {e}")),
+        }
+    }
+}
+
 fn bind_listeners(addr: SocketAddr, cores: usize) -> Result<Vec<std::net::TcpListener>, String> {
     use socket2::{Domain, Protocol, Socket, Type};
     // Our per-core listeners share the port through SO_REUSEPORT, which would also let us
     // join a port another server holds and silently split its traffic. A plain bind first
     // proves the port is free.
     if addr.port() != 0 {
-        std::net::TcpListener::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+        drop(bind_exclusive(addr)?);
     }
     let mut out = Vec::with_capacity(cores);
     let mut addr = addr;
