@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Ursula against its peers, side by side, in one run on this machine (issue #5).
+# Ursula against its peers and ceilings, side by side, in one run on this machine
+# (method and current results: docs/benchmarks.md).
 #
 #   scripts/bench-compare.sh [--quick] [--out DIR] [--only SCENARIOS] [--report-only]
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real clients against real processes (issue #7, "browser telemetry" and "real clients"):
+# Real clients against real processes: the browser example and the published clients:
 #   1. the browser telemetry example (examples/browser-telemetry) in headless Chromium
 #   2. the official TypeScript client @durable-streams/client
 #   3. the Python client durable-streams (PyPI)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Soak test: the release server under write + fanout + read at once, for a while, watching
-# for leaks and drift (issue #8).
+# for leaks and drift.
 #
 #   scripts/soak.sh [--seconds N]        (default 600; CI runs a short one)
 #

@@ -672,7 +672,7 @@ impl Prealloc {
     fn label(self) -> &'static str {
         match self {
             Prealloc::Extend => "(a) extend on every write",
-            Prealloc::Fallocate => "(b) fallocate (unwritten extents; engine today)",
+            Prealloc::Fallocate => "(b) fallocate (unwritten extents, as a new segment)",
             Prealloc::Zeroed => "(c) zero-filled preallocated",
         }
     }

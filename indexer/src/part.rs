@@ -58,7 +58,7 @@ impl Entry {
 /// a query touching one 1024-row page paid for the whole row group's dictionary in every
 /// column. Delta encoding packs the sorted `t_ms` and the near-constant `len` to a few bits.
 ///
-/// ZSTD on top by default (the part format); `PartCompression::None` leaves it
+/// ZSTD on top by default (the spec's part format); `PartCompression::None` leaves it
 /// out: the parquet crate makes a new decompression context for every column reader, and
 /// creating it cost ~2.5× the decompression itself (perf of `index_bench`), so a query's
 /// first look at a page (a `t_ms` probe, then five columns) was mostly context set-up,

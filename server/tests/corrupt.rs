@@ -1,4 +1,4 @@
-//! Torn and corrupt data on disk (issue #8), through the real binary: a segment cut
+//! Torn and corrupt data on disk, through the real binary: a segment cut
 //! mid-record, a byte flipped inside a record's data and inside a record header, a damaged
 //! segment header, and a removed last segment. The server must start, keep exactly the
 //! records before the damage, say in its log what it dropped, and never serve a corrupt

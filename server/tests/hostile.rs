@@ -1,4 +1,4 @@
-//! Hostile clients (issue #8): requests a careless or malicious client might send. Each one
+//! Hostile clients: requests a careless or malicious client might send. Each one
 //! must get its precise 4xx with a short plain-text reason, and must change nothing: the
 //! target stream keeps its bytes and tail, and no stream is created. Framing cases that
 //! `http_edges.rs` already covers (CL+TE, two Content-Lengths, `gzip, chunked`, 431 with

@@ -1,4 +1,4 @@
-//! Overload (issue #8): slowloris clients, the connection cap and write backpressure. The
+//! Overload: slowloris clients, the connection cap and write backpressure. The
 //! server must shed what it cannot take with a clear answer while it keeps serving others,
 //! and must never lose an append it acknowledged.
 

@@ -119,7 +119,7 @@ pub fn spare_path(dir: &Path) -> PathBuf {
 /// An `fallocate`d extent starts unwritten, and ext4 converts it after each O_DIRECT
 /// write that first lands on it, a metadata change every group commit then waits for;
 /// records written into a spare overwrite initialised blocks instead (+8% appends/s at
-/// 100 writers, docs/benchmarks.md, session 9). Blocking: runs on a helper thread.
+/// 100 writers, docs/benchmarks.md). Blocking: runs on a helper thread.
 pub fn prepare_spare(dir: &Path, size: u64) -> io::Result<()> {
     remove_spare(dir)?;
     let result = zero_fill(&spare_path(dir), size);
