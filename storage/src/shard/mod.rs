@@ -41,6 +41,8 @@ mod catalog;
 mod checkpointing;
 mod cleaner;
 mod commit;
+#[cfg(test)]
+mod model_tests;
 mod read;
 mod recovery;
 #[cfg(test)]

@@ -196,7 +196,7 @@ impl Shard {
         // Segments before a checkpoint were not read; what the cleaner must preserve from
         // them is the stream data, found through the chunk tables.
         for s in self.inner.streams.borrow().values() {
-            for loc in s.chunks().iter().filter_map(|c| c.loc()) {
+            for loc in s.chunks().filter_map(|c| c.loc()) {
                 if kept.binary_search(&loc.segment).is_err() {
                     return Err(StorageError::Failed(format!(
                         "stream {} has data in segment {}, which is missing",
