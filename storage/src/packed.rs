@@ -13,21 +13,58 @@
 //! re-encoding, so every block keeps exactly `BLOCK` entries and position arithmetic stays
 //! a division.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::LocalKey;
+
 /// Entries per frozen block: a lookup decodes at most this many.
 pub(crate) const BLOCK: usize = 64;
 
 /// An entry that can be stored as a delta from the entry before it.
-pub(crate) trait Delta: Copy {
+pub(crate) trait Delta: Copy + 'static {
     /// Append `self` as a delta from `prev`.
     fn put(&self, prev: &Self, out: &mut Vec<u8>);
     /// Read the entry after `prev` at `*at`, advancing `*at`.
     fn get(prev: &Self, buf: &[u8], at: &mut usize) -> Self;
+    /// This thread's last decoded block of this entry type (see [`Memo`]).
+    fn memo() -> &'static LocalKey<RefCell<Memo<Self>>>;
+}
+
+/// The last block a thread decoded for a lookup, so that lookups walking one block in
+/// order (a read response counting its records, a read and the recache after it) decode
+/// it once rather than once per entry. One per thread and entry type, not per table, so
+/// it costs no memory per stream.
+pub(crate) struct Memo<T> {
+    /// `Packed::stamp` of the table the block belongs to (0: none yet).
+    stamp: u64,
+    block: usize,
+    entries: Vec<T>,
+}
+
+impl<T> Default for Memo<T> {
+    fn default() -> Self {
+        Memo {
+            stamp: 0,
+            block: 0,
+            entries: Vec::new(),
+        }
+    }
+}
+
+/// Stamps identify a table's frozen blocks as they are: every table starts with a fresh
+/// one and takes another whenever its blocks change or move. A clone shares its stamp with
+/// identical blocks, so a memo is never stale.
+fn fresh_stamp() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A sorted table of `T`, newest entries unpacked.
 #[derive(Clone, Debug)]
 pub(crate) struct Packed<T: Delta> {
     frozen: Vec<Block<T>>,
+    /// Identifies the frozen blocks as they are now (see [`fresh_stamp`]).
+    stamp: u64,
     /// Entries at the front of the first block that were dropped: below `BLOCK`, and 0
     /// while there are no blocks.
     skip: usize,
@@ -45,6 +82,7 @@ impl<T: Delta> Default for Packed<T> {
     fn default() -> Self {
         Packed {
             frozen: Vec::new(),
+            stamp: fresh_stamp(),
             skip: 0,
             tail: Vec::new(),
         }
@@ -57,6 +95,7 @@ impl<T: Delta> Packed<T> {
     pub(crate) fn from_entries(entries: Vec<T>) -> Self {
         Packed {
             frozen: Vec::new(),
+            stamp: fresh_stamp(),
             skip: 0,
             tail: entries,
         }
@@ -97,6 +136,8 @@ impl<T: Delta> Packed<T> {
                 rest: scratch.as_slice().into(),
             });
         }
+        // Blocks were only added: those a memo may hold are unchanged and keep their
+        // positions, so the stamp stays.
         self.tail.drain(..groups * BLOCK);
         // A table loaded whole (recovery) would otherwise keep its unpacked capacity.
         if self.tail.capacity() > 4 * BLOCK {
@@ -111,7 +152,22 @@ impl<T: Delta> Packed<T> {
         if p >= frozen {
             return self.tail.get(p - frozen).copied();
         }
-        decode(&self.frozen[p / BLOCK]).nth(p % BLOCK)
+        Some(self.with_block(p / BLOCK, |entries| entries[p % BLOCK]))
+    }
+
+    /// Run `f` on the decoded entries of frozen block `b`, decoding it unless this thread's
+    /// memo holds it already.
+    fn with_block<R>(&self, b: usize, f: impl FnOnce(&[T]) -> R) -> R {
+        T::memo().with(|memo| {
+            let mut memo = memo.borrow_mut();
+            if memo.stamp != self.stamp || memo.block != b || memo.entries.is_empty() {
+                memo.entries.clear();
+                memo.entries.extend(decode(&self.frozen[b]));
+                memo.stamp = self.stamp;
+                memo.block = b;
+            }
+            f(&memo.entries)
+        })
     }
 
     /// The number of leading entries for which `pred` holds, which must be true for a
@@ -130,7 +186,7 @@ impl<T: Delta> Packed<T> {
                 0
             }
         } else {
-            let inside = decode(&self.frozen[b - 1]).take_while(|e| pred(e)).count();
+            let inside = self.with_block(b - 1, |entries| entries.partition_point(&mut pred));
             if inside < BLOCK || b < self.frozen.len() {
                 (b - 1) * BLOCK + inside
             } else {
@@ -174,7 +230,10 @@ impl<T: Delta> Packed<T> {
         }
         self.skip += n;
         let whole = (self.skip / BLOCK).min(self.frozen.len());
-        self.frozen.drain(..whole);
+        if whole > 0 {
+            self.frozen.drain(..whole);
+            self.stamp = fresh_stamp();
+        }
         self.skip -= whole * BLOCK;
         if self.frozen.is_empty() {
             self.tail.drain(..self.skip);
@@ -201,6 +260,7 @@ impl<T: Delta> Packed<T> {
             }
             return;
         }
+        self.stamp = fresh_stamp();
         let blk = &mut self.frozen[p / BLOCK];
         let mut entries: Vec<T> = decode(blk).collect();
         change(&mut entries[p % BLOCK]);
@@ -234,6 +294,7 @@ impl<T: Delta> Packed<T> {
         }
         unpacked.append(&mut self.tail);
         self.frozen.truncate(from);
+        self.stamp = fresh_stamp();
         if from == 0 {
             // The dropped entries of the first block were decoded too.
             unpacked.drain(..self.skip);
@@ -345,6 +406,11 @@ impl Delta for u64 {
 
     fn get(prev: &u64, buf: &[u8], at: &mut usize) -> u64 {
         prev.wrapping_add(get_varint(buf, at))
+    }
+
+    fn memo() -> &'static LocalKey<RefCell<Memo<u64>>> {
+        thread_local!(static MEMO: RefCell<Memo<u64>> = RefCell::new(Memo::default()));
+        &MEMO
     }
 }
 
@@ -498,6 +564,27 @@ mod tests {
         );
         assert_eq!(t.unpacked().len(), 6);
         assert_eq!(t.get(0), Some(4));
+    }
+
+    #[test]
+    fn lookups_never_see_a_stale_block() {
+        let mut a: Packed<u64> = Packed::from_entries((0..(3 * BLOCK as u64)).collect());
+        a.freeze(0);
+        let b = a.clone();
+        assert_eq!(a.get(5), Some(5), "decodes block 0 of a (and b)");
+        a.update(6, |e| *e += 1000 - 6);
+        a.update(7, |e| *e += 1000 - 6);
+        assert_eq!(a.get(6), Some(1000));
+        assert_eq!(b.get(6), Some(6), "the clone keeps its own blocks");
+        assert_eq!(a.get(7), Some(1001));
+        let mut c = b.clone();
+        c.drop_front(BLOCK, |_| {});
+        assert_eq!(c.get(0), Some(BLOCK as u64), "blocks moved");
+        assert_eq!(b.get(0), Some(0));
+        assert_eq!(c.partition_point(|&m| m < BLOCK as u64 + 3), 3);
+        c.insert(1, BLOCK as u64);
+        assert_eq!(c.get(1), Some(BLOCK as u64));
+        assert_eq!(c.get(2), Some(BLOCK as u64 + 1));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::task::Waker;
 use bytes::Bytes;
 
 use crate::cache::{Extent, StreamCache};
-use crate::packed::{get_signed, get_varint, put_signed, put_varint, Delta, Packed};
+use crate::packed::{get_signed, get_varint, put_signed, put_varint, Delta, Memo, Packed};
 use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, SnapshotMeta};
 
 /// Shard-local stream identifier; never reused while the process runs.
@@ -69,6 +69,11 @@ impl Delta for Chunk {
             record_len: get_varint(buf, at) as u32,
             data_off: get_varint(buf, at) as u32,
         }
+    }
+
+    fn memo() -> &'static std::thread::LocalKey<RefCell<Memo<Chunk>>> {
+        thread_local!(static MEMO: RefCell<Memo<Chunk>> = RefCell::new(Memo::default()));
+        &MEMO
     }
 }
 
