@@ -78,10 +78,9 @@ pub(crate) fn encode<'a>(
     for s in streams {
         count += 1;
         Record::Image(s.image()).encode(0, &mut body);
-        let chunks = s.chunks();
-        put_varint(&mut body, chunks.len() as u64);
+        put_varint(&mut body, s.chunk_count() as u64);
         let mut expected = 0u64;
-        for c in chunks {
+        for c in s.chunks() {
             // Disk shards always know where a chunk is; a zero location cannot pass the
             // tiling check on load, so a broken invariant surfaces there.
             let loc = c.loc().unwrap_or(DiskLoc {
@@ -98,10 +97,9 @@ pub(crate) fn encode<'a>(
             put_varint(&mut body, loc.data_off as u64);
             expected = c.end();
         }
-        let starts = s.message_starts();
-        put_varint(&mut body, starts.len() as u64);
+        put_varint(&mut body, s.retained_messages() as u64);
         let mut prev = 0u64;
-        for &m in starts {
+        for m in s.message_starts() {
             put_varint(&mut body, m.wrapping_sub(prev));
             prev = m;
         }
@@ -317,11 +315,10 @@ mod tests {
         assert_eq!(saved.image, s.image());
         let want: Vec<_> = s
             .chunks()
-            .iter()
             .map(|c| (c.start, c.len, c.loc().expect("disk")))
             .collect();
         assert_eq!(saved.chunks, want);
-        assert_eq!(saved.msg_starts, s.message_starts());
+        assert_eq!(saved.msg_starts, s.message_starts().collect::<Vec<_>>());
         assert_eq!(saved.msg_starts, vec![0, 3, 7, 307, 308, 309]);
     }
 

@@ -13,6 +13,7 @@ use std::task::Waker;
 use bytes::Bytes;
 
 use crate::cache::{Extent, StreamCache};
+use crate::packed::{get_signed, get_varint, put_signed, put_varint, Delta, Memo, Packed};
 use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, SnapshotMeta};
 
 /// Shard-local stream identifier; never reused while the process runs.
@@ -21,11 +22,11 @@ pub type StreamId = u64;
 /// One append's bytes in a stream (a PUT body, a POST body, a batch frame): where they
 /// start, their first message, and where they are in the log.
 ///
-/// A stream keeps one of these in memory for every retained append, so it is packed: 40
-/// bytes, where a plain `Option<Bytes>` + `Option<DiskLoc>` layout took 88. Cached bytes
-/// live beside the table (`Stream::cache`), packed into blocks, since most chunks are not
-/// cached.
-#[derive(Clone, Debug)]
+/// A stream keeps one of these for every retained append. The newest are held as they are,
+/// in 40 bytes (a plain `Option<Bytes>` + `Option<DiskLoc>` layout took 88); older ones are
+/// frozen into delta-encoded blocks of about 12 bytes per chunk (`crate::packed`). Cached
+/// bytes live beside the table (`Stream::cache`), since most chunks are not cached.
+#[derive(Clone, Copy, Debug)]
 pub struct Chunk {
     /// Stream offset of the first byte.
     pub start: u64,
@@ -38,6 +39,42 @@ pub struct Chunk {
     record_pos: u64,
     record_len: u32,
     data_off: u32,
+}
+
+/// A chunk as a delta from the one before it in its stream: its start from the previous
+/// end (0 while they tile), its location from the previous location (a stream's records sit
+/// close together in a segment, but a relocated one may lie anywhere).
+impl Delta for Chunk {
+    fn put(&self, prev: &Chunk, out: &mut Vec<u8>) {
+        put_signed(out, self.start.wrapping_sub(prev.end()) as i64);
+        put_varint(out, u64::from(self.len));
+        put_signed(out, self.first_msg.wrapping_sub(prev.first_msg) as i64);
+        put_signed(
+            out,
+            i64::from(self.segment.wrapping_sub(prev.segment) as i32),
+        );
+        put_signed(out, self.record_pos.wrapping_sub(prev.record_pos) as i64);
+        put_varint(out, u64::from(self.record_len));
+        put_varint(out, u64::from(self.data_off));
+    }
+
+    fn get(prev: &Chunk, buf: &[u8], at: &mut usize) -> Chunk {
+        let start = prev.end().wrapping_add(get_signed(buf, at) as u64);
+        Chunk {
+            start,
+            len: get_varint(buf, at) as u32,
+            first_msg: prev.first_msg.wrapping_add(get_signed(buf, at) as u64),
+            segment: prev.segment.wrapping_add(get_signed(buf, at) as i32 as u32),
+            record_pos: prev.record_pos.wrapping_add(get_signed(buf, at) as u64),
+            record_len: get_varint(buf, at) as u32,
+            data_off: get_varint(buf, at) as u32,
+        }
+    }
+
+    fn memo() -> &'static std::thread::LocalKey<RefCell<Memo<Chunk>>> {
+        thread_local!(static MEMO: RefCell<Memo<Chunk>> = RefCell::new(Memo::default()));
+        &MEMO
+    }
 }
 
 /// `Chunk::segment` of a chunk that is not in the log.
@@ -168,13 +205,13 @@ pub struct Stream {
     pub visible_closed: bool,
     pub last_stream_seq: Option<Bytes>,
     pub producers: HashMap<Box<str>, Producer>,
-    chunks: Vec<Chunk>,
+    chunks: Packed<Chunk>,
     /// Bytes of the chunks cached in memory (all of them in memory mode).
     cache: StreamCache,
     /// Start offset of every retained message; ordinal `msg_base + i` starts at
     /// `msg_starts[i]`. Retention drops entries from the front and raises `msg_base`, so
     /// surviving ordinals never change.
-    msg_starts: Vec<u64>,
+    msg_starts: Packed<u64>,
     msg_base: u64,
     /// First readable offset (retention point); everything before it is gone.
     pub retained_start: u64,
@@ -204,9 +241,9 @@ impl Stream {
             visible_closed: false,
             last_stream_seq: None,
             producers: HashMap::new(),
-            chunks: Vec::new(),
+            chunks: Packed::default(),
             cache: StreamCache::default(),
-            msg_starts: Vec::new(),
+            msg_starts: Packed::default(),
             msg_base: 0,
             retained_start: 0,
             snapshot: None,
@@ -244,17 +281,24 @@ impl Stream {
         now_ms: i64,
     ) -> Stream {
         let mut s = Stream::from_image(i, now_ms);
-        s.chunks = chunks
-            .into_iter()
-            .map(|(start, len, loc)| Chunk::new(start, len, Some(loc)))
-            .collect();
-        s.msg_starts = msg_starts;
+        s.chunks = Packed::from_entries(
+            chunks
+                .into_iter()
+                .map(|(start, len, loc)| Chunk::new(start, len, Some(loc)))
+                .collect(),
+        );
+        s.msg_starts = Packed::from_entries(msg_starts);
         s
     }
 
     /// Start offsets of the retained messages (ordinal `first_message() + i` at index i).
-    pub(crate) fn message_starts(&self) -> &[u64] {
-        &self.msg_starts
+    pub(crate) fn message_starts(&self) -> impl Iterator<Item = u64> + '_ {
+        self.msg_starts.iter()
+    }
+
+    /// Number of retained messages.
+    pub(crate) fn retained_messages(&self) -> usize {
+        self.msg_starts.len()
     }
 
     /// Take the metadata of an image (replay: it is the state as of the image's LSN).
@@ -339,17 +383,15 @@ impl Stream {
         loc: DiskLoc,
     ) {
         let i = self.chunks.partition_point(|c| c.start < start);
-        if let Some(c) = self.chunks.get_mut(i) {
-            if c.start == start {
-                c.set_loc(Some(loc));
-                return;
-            }
+        if self.chunks.get(i).is_some_and(|c| c.start == start) {
+            self.chunks.update(i, |c| c.set_loc(Some(loc)));
+            return;
         }
         self.chunks.insert(i, Chunk::new(start, len, Some(loc)));
         let mut off = start;
         for &l in msg_lens.iter().filter(|&&l| l > 0) {
             let j = self.msg_starts.partition_point(|&m| m < off);
-            if self.msg_starts.get(j) != Some(&off) {
+            if self.msg_starts.get(j) != Some(off) {
                 self.msg_starts.insert(j, off);
             }
             off += l as u64;
@@ -364,20 +406,23 @@ impl Stream {
         let base = self.msg_base;
         self.trim_index(self.retained_start);
         self.msg_base = base;
-        let mut ok = self
-            .chunks
+        let mut chunks: Vec<Chunk> = self.chunks.iter().collect();
+        let mut ok = chunks
             .first()
             .map_or(self.tail <= self.retained_start, |c| {
                 c.start <= self.retained_start
             });
-        let mut expected = self.chunks.first().map_or(self.tail, |c| c.start);
-        for c in &mut self.chunks {
+        let mut expected = chunks.first().map_or(self.tail, |c| c.start);
+        for c in &mut chunks {
             if c.start != expected {
                 ok = false;
             }
             expected = c.end();
             c.first_msg = self.msg_base + self.msg_starts.partition_point(|&m| m < c.start) as u64;
         }
+        self.chunks = Packed::from_entries(chunks);
+        self.chunks.freeze(0);
+        self.msg_starts.freeze(0);
         if expected != self.tail {
             ok = false;
         }
@@ -408,10 +453,8 @@ impl Stream {
     /// Point a chunk at its relocated copy.
     pub(crate) fn relocate(&mut self, chunk_start: u64, loc: DiskLoc) {
         let i = self.chunks.partition_point(|c| c.start < chunk_start);
-        if let Some(c) = self.chunks.get_mut(i) {
-            if c.start == chunk_start {
-                c.set_loc(Some(loc));
-            }
+        if self.chunks.get(i).is_some_and(|c| c.start == chunk_start) {
+            self.chunks.update(i, |c| c.set_loc(Some(loc)));
         }
     }
 
@@ -433,6 +476,9 @@ impl Stream {
     ) -> Receipt {
         debug_assert_eq!(a.start, self.tail, "appends must be contiguous");
         let record_start = self.message_count();
+        // Older entries are settled: pack them, so the new ones below stay unpacked.
+        self.chunks.freeze(0);
+        self.msg_starts.freeze(0);
         let mut pos = 0usize;
         for &len in &a.append_lens {
             let len = len as usize;
@@ -452,18 +498,23 @@ impl Stream {
             }
             pos += len;
         }
-        let first_new_chunk = self.chunks.len() - a.append_lens.iter().filter(|&&l| l > 0).count();
+        let new_chunks = a.append_lens.iter().filter(|&&l| l > 0).count();
         let first_new_msg = self.msg_starts.len();
         let mut off = a.start;
+        let mut new_msg_count = 0;
         // A message is never empty; a zero length would index a phantom record.
         for &len in a.msg_lens.iter().filter(|&&l| l > 0) {
             self.msg_starts.push(off);
             off += len as u64;
+            new_msg_count += 1;
         }
         // Every older message starts before `a.start`, so only the new ones are searched:
         // a search of the whole (long, cold) index cost ~2% of an append's server CPU.
-        let new_msgs = &self.msg_starts[first_new_msg..];
-        for chunk in &mut self.chunks[first_new_chunk..] {
+        let unpacked = self.msg_starts.unpacked();
+        let new_msgs = &unpacked[unpacked.len() - new_msg_count..];
+        let unpacked = self.chunks.unpacked_mut();
+        let first_new_chunk = unpacked.len() - new_chunks;
+        for chunk in &mut unpacked[first_new_chunk..] {
             let i = first_new_msg + new_msgs.partition_point(|&s| s < chunk.start);
             chunk.first_msg = self.msg_base + i as u64;
         }
@@ -561,8 +612,8 @@ impl Stream {
     /// trimmed or future ordinals.
     pub fn message_start(&self, ordinal: u64) -> Option<u64> {
         let i = ordinal.checked_sub(self.msg_base)?;
-        match self.msg_starts.get(i as usize) {
-            Some(&s) => Some(s),
+        match self.msg_starts.get(usize::try_from(i).ok()?) {
+            Some(s) => Some(s),
             None if i == self.msg_starts.len() as u64 => Some(self.tail),
             None => None,
         }
@@ -585,7 +636,10 @@ impl Stream {
         // ends grow with e, so count the candidates e in (start, limit) that fit.
         let lo = (start - self.msg_base + 1) as usize;
         let hi = (limit - self.msg_base) as usize;
-        let fit = self.msg_starts[lo..hi].partition_point(|&m| m <= max_end) as u64;
+        // The starts are sorted, so those in [lo, hi) that fit are the overlap of that
+        // range with the prefix of all starts that fit.
+        let all_fit = self.msg_starts.partition_point(|&m| m <= max_end);
+        let fit = (all_fit.clamp(lo, hi) - lo) as u64;
         let mut end = start + fit;
         if fit == (hi - lo) as u64 && self.message_start(limit).is_some_and(|o| o <= max_end) {
             end = limit;
@@ -600,17 +654,23 @@ impl Stream {
 
     /// Whether `offset` is a message boundary (a message start or the tail).
     pub fn is_message_boundary(&self, offset: u64) -> bool {
-        offset == self.tail || self.msg_starts.binary_search(&offset).is_ok()
+        offset == self.tail
+            || self
+                .msg_starts
+                .get(self.msg_starts.partition_point(|&m| m < offset))
+                == Some(offset)
     }
 
     /// Drop chunks that end at or before `offset` and messages that start before it.
     /// Returns the data bytes and cached bytes freed.
     fn trim_index(&mut self, offset: u64) -> (u64, usize) {
         let drop_chunks = self.chunks.partition_point(|c| c.end() <= offset);
-        let freed = self.chunks.drain(..drop_chunks).map(|c| c.len as u64).sum();
+        let mut freed = 0;
+        self.chunks
+            .drop_front(drop_chunks, |c| freed += u64::from(c.len));
         let cached = self.cache.trim(offset);
         let drop_msgs = self.msg_starts.partition_point(|&m| m < offset);
-        self.msg_starts.drain(..drop_msgs);
+        self.msg_starts.drop_front(drop_msgs, |_| {});
         self.msg_base += drop_msgs as u64;
         (freed, cached)
     }
@@ -630,7 +690,7 @@ impl Stream {
     }
 
     /// The write operation that starts at or contains `offset` (None at or past the tail).
-    pub fn chunk_at(&self, offset: u64) -> Option<&Chunk> {
+    pub fn chunk_at(&self, offset: u64) -> Option<Chunk> {
         let i = self.chunks.partition_point(|c| c.end() <= offset);
         self.chunks.get(i).filter(|c| c.start <= offset)
     }
@@ -648,8 +708,8 @@ impl Stream {
             Extent::Missing { start, end } => {
                 // Runs cover whole chunks, so an uncached range is whole chunks, except at
                 // its ends where the read starts or stops inside one.
-                let mut i = chunks.partition_point(|c| c.end() <= start);
-                while let Some(c) = chunks.get(i).filter(|c| c.start < end) {
+                let first = chunks.partition_point(|c| c.end() <= start);
+                for c in chunks.iter_from(first).take_while(|c| c.start < end) {
                     let loc = c.loc().expect("a chunk is either cached or on disk");
                     out.push(Piece::Disk {
                         loc,
@@ -658,7 +718,6 @@ impl Stream {
                         from: (start.max(c.start) - c.start) as usize,
                         to: (end.min(c.end()) - c.start) as usize,
                     });
-                    i += 1;
                 }
             }
         });
@@ -711,19 +770,40 @@ impl Stream {
     }
 
     /// All write operations (for copying history into a fork).
-    pub fn chunks(&self) -> &[Chunk] {
-        &self.chunks
+    pub fn chunks(&self) -> impl Iterator<Item = Chunk> + '_ {
+        self.chunks.iter()
     }
 
-    /// Message lengths of the messages in `[from_msg, to_msg)` (retained ordinals).
+    /// Number of retained write operations.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Message lengths of the messages in `[from_msg, to_msg)` (retained ordinals); the
+    /// ordinal one past the last message, if in range, counts as an empty message.
     pub fn message_lens(&self, from_msg: u64, to_msg: u64) -> Vec<u32> {
-        (from_msg.max(self.msg_base)..to_msg)
-            .filter_map(|i| {
-                let s = self.message_start(i)?;
-                let e = self.message_start(i + 1).unwrap_or(self.tail);
-                Some((e - s) as u32)
-            })
-            .collect()
+        let count = self.message_count();
+        let from = from_msg.max(self.msg_base);
+        let mut out = Vec::new();
+        if from >= to_msg || from > count {
+            return out;
+        }
+        let mut starts = self.msg_starts.iter_from((from - self.msg_base) as usize);
+        let mut start = starts.next().unwrap_or(self.tail);
+        for _ in from..to_msg.min(count) {
+            let next = starts.next().unwrap_or(self.tail);
+            out.push((next - start) as u32);
+            start = next;
+        }
+        if to_msg > count {
+            out.push(0);
+        }
+        out
+    }
+
+    /// Heap bytes of the chunk table and message index.
+    pub fn index_heap_bytes(&self) -> usize {
+        self.chunks.heap_bytes() + self.msg_starts.heap_bytes()
     }
 }
 
@@ -863,7 +943,10 @@ mod tests {
         ));
         assert!(matches!(&plan[1], Piece::Memory(b) if &b[..] == b"cd\n"));
         assert_eq!(plan.len(), 2);
-        assert_eq!(s.chunks()[1].loc().map(|l| l.data_off), Some(97));
+        assert_eq!(
+            s.chunks().nth(1).and_then(|c| c.loc()).map(|l| l.data_off),
+            Some(97)
+        );
         assert_eq!(s.recache(0, &Bytes::from_static(b"ab\n")), 3);
         assert_eq!(
             s.recache(0, &Bytes::from_static(b"ab\n")),
@@ -879,7 +962,7 @@ mod tests {
 
     #[test]
     fn chunk_entries_stay_packed() {
-        // One entry per retained append lives in memory: keep it at 40 bytes.
+        // The newest entries of every stream stay unpacked: keep them at 40 bytes.
         assert_eq!(std::mem::size_of::<Chunk>(), 40);
         let loc = DiskLoc {
             segment: 7,
@@ -889,6 +972,59 @@ mod tests {
         };
         assert_eq!(Chunk::new(0, 1, Some(loc)).loc(), Some(loc));
         assert_eq!(Chunk::new(0, 1, None).loc(), None);
+    }
+
+    #[test]
+    fn packed_history_costs_a_few_bytes_per_append_and_reads_the_same() {
+        let mut s = stream();
+        let n = 10_000u64;
+        for i in 0..n {
+            let a = AppendRec {
+                id: 1,
+                start: s.tail,
+                append_lens: vec![100],
+                msg_lens: vec![60, 40],
+                data: Bytes::from(vec![b'x'; 100]),
+                ..Default::default()
+            };
+            // Records of 1,000 interleaved streams: each 300 KB after the last.
+            let loc = DiskLoc {
+                segment: 3 + i / 400,
+                record_pos: 4096 + (i % 400) * 300_000,
+                record_len: 160,
+                data_off: 60,
+            };
+            s.apply_append(&a, 1, 0, Some(loc), false);
+        }
+        s.make_visible(s.tail, false);
+        let per_append = s.index_heap_bytes() as u64 / n;
+        assert!(per_append <= 20, "{per_append} bytes per append");
+        for i in [0, 1, 63, 64, 65, 4_999, n - 65, n - 64, n - 1] {
+            let c = s.chunk_at(i * 100 + 7).expect("chunk");
+            assert_eq!((c.start, c.len, c.first_msg), (i * 100, 100, 2 * i));
+            let loc = c.loc().expect("on disk");
+            assert_eq!(loc.segment, 3 + i / 400);
+            assert_eq!(loc.record_pos, 4096 + (i % 400) * 300_000);
+            assert_eq!(s.message_start(2 * i + 1), Some(i * 100 + 60));
+            assert_eq!(s.message_at_or_after(i * 100 + 1), 2 * i + 1);
+        }
+        let plan = s.read_plan(64 * 100 - 10, 66 * 100);
+        let starts: Vec<u64> = plan
+            .iter()
+            .map(|p| match p {
+                Piece::Disk { chunk_start, .. } => *chunk_start,
+                Piece::Memory(_) => panic!("nothing is cached"),
+            })
+            .collect();
+        assert_eq!(starts, vec![6300, 6400, 6500]);
+        // Retention into the middle of a block keeps every surviving position.
+        assert_eq!(s.retain(100 * 100, 200), (100 * 100, 0));
+        assert_eq!(s.chunk_count(), (n - 100) as usize);
+        assert_eq!(s.chunks().next().map(|c| c.start), Some(100 * 100));
+        assert_eq!(s.message_start(199), None);
+        assert_eq!(s.message_start(200), Some(100 * 100));
+        assert_eq!(s.message_start(2 * n), Some(s.tail));
+        assert_eq!(s.data_bytes(), (n - 100) * 100);
     }
 
     #[test]

@@ -1,0 +1,143 @@
+//! Reclaiming space: live-data accounting and the cleaner that rewrites the oldest
+//! segment's live chunks at the head and deletes it.
+
+use super::*;
+
+impl Shard {
+    pub(super) fn add_live(&self, bytes: u64) {
+        self.inner
+            .live_bytes
+            .set(self.inner.live_bytes.get() + bytes);
+    }
+
+    /// Segment files and the bytes they occupy (preallocated size), and live data bytes.
+    pub fn disk_usage(&self) -> DiskUsage {
+        let segments = self.inner.segments.borrow().len();
+        DiskUsage {
+            segments,
+            segment_bytes: segments as u64 * self.segment_bytes(),
+            live_bytes: self.inner.live_bytes.get(),
+        }
+    }
+
+    pub(super) fn segment_bytes(&self) -> u64 {
+        self.inner
+            .log
+            .borrow()
+            .as_ref()
+            .map_or(self.inner.cfg.segment_bytes, |l| l.segment_bytes)
+    }
+
+    /// Reclaim space: while the segment files take more than twice the live data (plus the
+    /// segment being written), move the live content of the oldest segment to the head of
+    /// the log and delete it. A segment is only deleted once a checkpoint covers it.
+    /// Returns the number of segments removed.
+    pub async fn clean(&self) -> Result<usize, StorageError> {
+        if self.inner.upkeep_busy.replace(true) {
+            return Ok(0);
+        }
+        let result = self.clean_while_wasteful().await;
+        self.inner.upkeep_busy.set(false);
+        result
+    }
+
+    pub(super) async fn clean_while_wasteful(&self) -> Result<usize, StorageError> {
+        let mut removed = 0;
+        loop {
+            let write_seg = match self.inner.log.borrow().as_ref() {
+                Some(l) => l.write_seg,
+                None => return Ok(removed),
+            };
+            let Some(oldest) = self.inner.segments.borrow().keys().next().copied() else {
+                return Ok(removed);
+            };
+            let usage = self.disk_usage();
+            let seg = self.segment_bytes();
+            if oldest >= write_seg || usage.segment_bytes <= 2 * usage.live_bytes + seg {
+                return Ok(removed);
+            }
+            if self
+                .inner
+                .checkpoint_segment
+                .get()
+                .is_none_or(|c| oldest >= c)
+            {
+                self.write_checkpoint().await?;
+            }
+            self.clean_segment(oldest).await?;
+            removed += 1;
+        }
+    }
+
+    /// Rewrite what is still needed from `segment` (an image of every live stream with
+    /// records there, and its chunks stored there) at the head, then delete the file.
+    pub(super) async fn clean_segment(&self, segment: u64) -> Result<(), StorageError> {
+        // Everything in older segments must be durable before we rely on rewriting it.
+        self.commit(self.inner.next_lsn.get() - 1).durable().await?;
+        let ids: Vec<StreamId> = self
+            .inner
+            .segments
+            .borrow()
+            .get(&segment)
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default();
+        let mut moves = Vec::new();
+        let mut last_lsn = 0;
+        for id in ids {
+            let (image, chunks) = match self.stream(id) {
+                Some(s) => (s.image(), s.chunks_in_segment(segment)),
+                None => continue,
+            };
+            last_lsn = self.log_record(&Record::Image(image), None)?.0;
+            for (start, len, loc, msg_lens) in chunks {
+                let cached = self.stream(id).and_then(|s| s.cached_chunk(start, len));
+                let data = match cached {
+                    Some(d) => d,
+                    None => self.load(loc, len).await?,
+                };
+                if self.stream(id).is_none() {
+                    break;
+                }
+                let rec = Record::Relocate(AppendRec {
+                    id,
+                    start,
+                    append_lens: vec![len],
+                    msg_lens,
+                    data,
+                    ..Default::default()
+                });
+                let (lsn, at) = self.log_record(&rec, None)?;
+                if let Some(at) = at {
+                    moves.push((id, start, at.with_data(len as usize)));
+                }
+                last_lsn = lsn;
+            }
+        }
+        if last_lsn > 0 {
+            self.commit(last_lsn).durable().await?;
+        }
+        for (id, start, loc) in moves {
+            if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                s.relocate(start, loc);
+            }
+        }
+        self.inner.segments.borrow_mut().remove(&segment);
+        self.inner.readers.borrow_mut().remove(&segment);
+        if let Some(log) = self.inner.log.borrow_mut().as_mut() {
+            log.files.remove(&segment);
+            std::fs::remove_file(segment_path(&log.dir, segment))?;
+            segment::sync_dir(&log.dir)?;
+        }
+        tracing::debug!(shard = self.inner.cfg.shard, segment, "segment reclaimed");
+        Ok(())
+    }
+}
+
+/// Space taken by a shard's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskUsage {
+    pub segments: usize,
+    /// Preallocated bytes of all segment files.
+    pub segment_bytes: u64,
+    pub live_bytes: u64,
+}

@@ -1,0 +1,279 @@
+//! Group commit: LSNs, the write budget, the flusher task that writes and fdatasyncs whole
+//! batches, and the [`Commit`] a writer waits on.
+
+use super::*;
+
+impl Shard {
+    /// Framed bytes written to the log but not yet durable.
+    pub fn unflushed_bytes(&self) -> u64 {
+        self.inner.queued_bytes.get() + self.inner.flushing_bytes.get()
+    }
+
+    /// Refuse a client write while the unflushed bytes are at the budget. An empty queue
+    /// admits any size, so a record larger than the budget still makes progress.
+    pub(super) fn admit(&self, data_len: usize) -> Result<(), StorageError> {
+        let unflushed = self.unflushed_bytes();
+        if unflushed > 0 && unflushed + data_len as u64 > self.inner.cfg.write_budget_bytes as u64 {
+            return Err(StorageError::Busy);
+        }
+        Ok(())
+    }
+
+    pub(super) fn commit(&self, lsn: u64) -> Commit {
+        Commit {
+            inner: self.inner.clone(),
+            lsn,
+        }
+    }
+
+    pub(super) fn make_visible(&self, id: StreamId, tail: u64, closed: bool) {
+        if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+            s.make_visible(tail, closed);
+        }
+    }
+
+    /// Assign an LSN and queue the record for the next flush (memory: durable at once).
+    /// Returns the LSN and, on disk, where the record will be.
+    pub(super) fn log_record(
+        &self,
+        record: &Record,
+        create_effect: Option<(StreamId, u64, bool)>,
+    ) -> Result<(u64, Option<DiskLoc>), StorageError> {
+        if let Some(why) = self.inner.failed.borrow().as_ref() {
+            return Err(StorageError::Failed(why.clone()));
+        }
+        let lsn = self.inner.next_lsn.get();
+        let mut loc = None;
+        if let Some(log) = self.inner.log.borrow_mut().as_mut() {
+            let at = log.enqueue(record, lsn, create_effect)?;
+            self.inner
+                .queued_bytes
+                .set(self.inner.queued_bytes.get() + at.record_len as u64);
+            self.inner
+                .logged_bytes
+                .set(self.inner.logged_bytes.get() + at.record_len as u64);
+            self.inner
+                .segments
+                .borrow_mut()
+                .entry(at.segment)
+                .or_default()
+                .insert(record.stream_id());
+            loc = Some(at);
+            self.wake_flusher();
+        }
+        self.inner.next_lsn.set(lsn + 1);
+        if self.memory() {
+            self.inner.durable_lsn.set(lsn);
+        }
+        Ok((lsn, loc))
+    }
+
+    pub(super) fn set_effect_tail(&self, lsn: u64, id: StreamId, tail: u64, closed: bool) {
+        if let Some(log) = self.inner.log.borrow_mut().as_mut() {
+            log.set_effect(lsn, id, tail, closed);
+        }
+    }
+
+    pub(super) fn wake_flusher(&self) {
+        if let Some(w) = self.inner.flusher.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    pub(super) async fn run_flusher(self) {
+        loop {
+            poll_fn(|cx| {
+                let ready = self.inner.stopping.get()
+                    || self
+                        .inner
+                        .log
+                        .borrow()
+                        .as_ref()
+                        .is_some_and(|l| l.has_pending());
+                if ready {
+                    Poll::Ready(())
+                } else {
+                    *self.inner.flusher.borrow_mut() = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            })
+            .await;
+            let batches = match self.inner.log.borrow_mut().as_mut() {
+                Some(log) => log.take_batches(),
+                None => return,
+            };
+            if batches.is_empty() {
+                if self.inner.stopping.get() {
+                    return;
+                }
+                continue;
+            }
+            // take_batches() took every queued record.
+            self.inner
+                .flushing_bytes
+                .set(self.inner.queued_bytes.replace(0));
+            let mut batches = batches;
+            let flushed = self.flush(&mut batches).await;
+            self.inner.flushing_bytes.set(0);
+            match flushed {
+                Ok(()) => self.complete(batches),
+                Err(e) => self.fail(format!("log write failed: {e}")),
+            }
+        }
+    }
+
+    pub(super) async fn flush(&self, batches: &mut [Batch]) -> Result<(), StorageError> {
+        self.finish_zeroing_under(batches).await;
+        let mut synced: Vec<Rc<monoio::fs::File>> = Vec::new();
+        for batch in batches.iter_mut() {
+            let file = {
+                let mut log = self.inner.log.borrow_mut();
+                let log = log.as_mut().ok_or_else(missing)?;
+                log.file_for(batch.seg)?
+            };
+            let mut buf = batch.buf.take().ok_or_else(missing)?;
+            let len = buf.len();
+            // Pad to the block boundary with zeros (a recycled buffer holds old bytes there);
+            // the next batch rewrites this partial block with more records.
+            buf.set_len(align_up(len));
+            buf.as_mut_full()[len..align_up(len)].fill(0);
+            let (res, mut buf) = file.write_all_at(buf, batch.base).await;
+            buf.set_len(len);
+            batch.buf = Some(buf);
+            res?;
+            if !synced.iter().any(|f| Rc::ptr_eq(f, &file)) {
+                synced.push(file);
+            }
+        }
+        if let Some(last) = batches.last() {
+            let end = last.base + last.buf.as_ref().map_or(0, |b| b.len()) as u64;
+            let mut log = self.inner.log.borrow_mut();
+            if let Some(log) = log.as_mut() {
+                log.zero_ahead(last.seg, end);
+            }
+        }
+        if self.inner.cfg.fail_fsync_after == Some(self.inner.stats.get().flushes) {
+            return Err(io::Error::from_raw_os_error(libc::EIO).into());
+        }
+        for file in &synced {
+            let started = Instant::now();
+            file.sync_data().await?;
+            self.count_fsync(started.elapsed());
+        }
+        Ok(())
+    }
+
+    /// Wait for the zeros being written ahead of the records if `batches` reach them (or
+    /// belong to a later segment), so no data write races a zero write to the same blocks.
+    /// Usually they were written long ago, and this only takes the buffer back.
+    pub(super) async fn finish_zeroing_under(&self, batches: &[Batch]) {
+        let reached = |z: &Zeroing| {
+            batches.iter().any(|b| {
+                let end = b.base + align_up(b.buf.as_ref().map_or(0, |b| b.len())) as u64;
+                b.seg != z.seg || end > z.from
+            })
+        };
+        let zeroing = {
+            let mut log = self.inner.log.borrow_mut();
+            let Some(log) = log.as_mut() else { return };
+            match log.zeroing.take() {
+                Some(z) if reached(&z) => z,
+                other => {
+                    log.zeroing = other;
+                    return;
+                }
+            }
+        };
+        let (res, zeros) = zeroing.write.await;
+        if let Err(e) = res {
+            // Only an optimisation failed: the data writes convert the blocks themselves,
+            // and report any disk error on their own.
+            tracing::warn!(
+                shard = self.inner.cfg.shard,
+                "writing zeros ahead failed: {e}"
+            );
+        }
+        if let Some(log) = self.inner.log.borrow_mut().as_mut() {
+            log.zeros = Some(zeros);
+        }
+    }
+
+    pub(super) fn count_fsync(&self, took: Duration) {
+        let mut stats = self.inner.stats.get();
+        let us = took.as_micros() as u64;
+        let slot = FSYNC_BUCKETS_US
+            .iter()
+            .position(|&bound| us <= bound)
+            .unwrap_or(FSYNC_BUCKETS_US.len());
+        stats.fsync_buckets[slot] += 1;
+        stats.fsyncs += 1;
+        stats.fsync_nanos += took.as_nanos() as u64;
+        self.inner.stats.set(stats);
+    }
+
+    pub(super) fn complete(&self, batches: Vec<Batch>) {
+        let mut stats = self.inner.stats.get();
+        stats.flushes += 1;
+        for batch in batches {
+            stats.records_flushed += batch.effects.len() as u64;
+            stats.bytes_flushed += batch.buf.as_ref().map_or(0, |b| b.len()) as u64;
+            for e in &batch.effects {
+                if let Some((id, tail, closed)) = e.visible {
+                    self.make_visible(id, tail, closed);
+                }
+                self.inner.durable_lsn.set(e.lsn);
+            }
+            if let Some(log) = self.inner.log.borrow_mut().as_mut() {
+                if let Some(buf) = batch.buf {
+                    log.pool.give(buf);
+                }
+            }
+        }
+        if let Some(log) = self.inner.log.borrow_mut().as_mut() {
+            // Sealed segments with nothing left to write no longer need a write handle.
+            let oldest_queued = log.batches.front().map_or(log.write_seg, |b| b.seg);
+            log.files.retain(|&k, _| k >= oldest_queued);
+        }
+        self.inner.stats.set(stats);
+        for w in self.inner.commit_waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
+        self.evict_over_budget();
+    }
+
+    pub(super) fn fail(&self, why: String) {
+        tracing::error!(
+            shard = self.inner.cfg.shard,
+            "{why}; refusing further writes"
+        );
+        *self.inner.failed.borrow_mut() = Some(why);
+        for w in self.inner.commit_waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+}
+
+/// Resolves when an accepted change is durable (or the shard has failed).
+pub struct Commit {
+    inner: Rc<Inner>,
+    lsn: u64,
+}
+
+impl Commit {
+    pub async fn durable(self) -> Result<(), StorageError> {
+        poll_fn(|cx| {
+            if self.inner.durable_lsn.get() >= self.lsn {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(why) = self.inner.failed.borrow().as_ref() {
+                return Poll::Ready(Err(StorageError::Failed(why.clone())));
+            }
+            self.inner
+                .commit_waiters
+                .borrow_mut()
+                .push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+}

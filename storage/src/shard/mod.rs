@@ -1,0 +1,444 @@
+//! A shard: the streams one core owns, and the log that makes their changes durable.
+//!
+//! ```text
+//!  request task ──create/append/delete──▶ head state (Stream)      (synchronous, in order)
+//!        │                                 │
+//!        │                                 └─ record encoded into the open batch buffer
+//!        ▼                                                    │
+//!  Commit::durable().await ◀── wake ── flusher task ◀─────────┘
+//!                                       write_all_at (O_DIRECT, 4 KiB-aligned)
+//!                                       fdatasync
+//!                                       visible watermarks advance, readers woken
+//! ```
+//!
+//! While one flush is in flight every new record goes into the next batch, so a single
+//! fdatasync covers everything that arrived during the previous one (group commit). All of a
+//! shard lives on one thread: `Rc`/`RefCell`, no locks. Callers must not hold a `Ref` from
+//! [`Shard::stream`] across a call that mutates the shard.
+
+use std::cell::{Cell, Ref, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::future::{poll_fn, Future};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
+use crate::checkpoint;
+use crate::readback::{self, Part, Span, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
+use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
+use crate::segment::segment_path;
+use crate::segment::{self, SegmentHeader, DATA_START};
+use crate::stream::{DiskLoc, Piece, Receipt, Stream, StreamId};
+
+mod blobs;
+mod cache_budget;
+mod catalog;
+mod checkpointing;
+mod cleaner;
+mod commit;
+#[cfg(test)]
+mod model_tests;
+mod read;
+mod recovery;
+#[cfg(test)]
+mod tests;
+mod upkeep;
+mod writer;
+
+pub use cleaner::DiskUsage;
+pub use commit::Commit;
+use writer::{Batch, Log, Zeroing};
+
+/// Maps looked up on every append (several times each): foldhash instead of std's SipHash,
+/// which took ~7% of an append's user-space instructions. Seeds are random per map, so
+/// stream keys chosen by clients still cannot be aimed at one bucket.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
+
+/// Where a shard keeps its data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Segment files under this directory; acknowledged after fdatasync.
+    Disk(PathBuf),
+    /// Process memory only: acknowledged at once, lost on exit.
+    Memory,
+}
+
+#[derive(Clone, Debug)]
+pub struct ShardConfig {
+    pub shard: u32,
+    pub durability: Durability,
+    /// Size of each preallocated segment file.
+    pub segment_bytes: u64,
+    /// Producer receipts kept per (stream, producer).
+    pub receipt_window: usize,
+    /// Stream bytes kept in memory for reads; older durable data is read from disk.
+    pub cache_bytes: usize,
+    /// Framed bytes of appends and creates that may wait for their flush; more are refused
+    /// with [`StorageError::Busy`] instead of growing the write queue without bound.
+    pub write_budget_bytes: usize,
+    /// Log bytes written after which the next upkeep round writes a checkpoint; bounds
+    /// how much log a restart replays. The interval also grows to
+    /// [`CHECKPOINT_LOG_RATIO`] times the last checkpoint's size, so a large index does not
+    /// spend the disk and the core rewriting itself.
+    pub checkpoint_bytes: u64,
+    /// Fault injection for tests: the flush after this many successful ones fails as if
+    /// fdatasync had returned EIO (its data was written, its durability is unknown).
+    pub fail_fsync_after: Option<u64>,
+    /// A segment that took at least this long to fill is followed by a zero-filled spare
+    /// (see `segment::prepare_spare`). Zeroing writes every segment a second time, which a
+    /// log filling near the disk's bandwidth cannot afford; the default, 2 s, means below
+    /// 64 MB/s per shard at 128 MiB segments. `Duration::MAX` turns spares off.
+    pub spare_fill_time: Duration,
+    /// Zeros are written just ahead of the records (see `Log::zero_ahead`) while the log
+    /// fills slower than this many bytes per second; 0 turns that off. Like spares, zeroing
+    /// writes every block twice, so the default, 64 MB/s, is a small share of a disk.
+    pub zero_ahead_below: u64,
+}
+
+impl ShardConfig {
+    pub fn new(shard: u32, durability: Durability) -> ShardConfig {
+        ShardConfig {
+            shard,
+            durability,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            receipt_window: 256,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            write_budget_bytes: DEFAULT_WRITE_BUDGET_BYTES,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            fail_fsync_after: None,
+            spare_fill_time: Duration::from_secs(2),
+            zero_ahead_below: 64_000_000,
+        }
+    }
+}
+
+pub const DEFAULT_SEGMENT_BYTES: u64 = 128 << 20;
+pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
+pub const DEFAULT_WRITE_BUDGET_BYTES: usize = 256 << 20;
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
+/// Least log bytes between checkpoints, as a multiple of the last checkpoint's size.
+pub const CHECKPOINT_LOG_RATIO: u64 = 4;
+/// A segment must hold the largest record.
+pub const MIN_SEGMENT_BYTES: u64 =
+    (crate::record::MAX_PAYLOAD + crate::record::FRAME_HEADER) as u64 + 2 * DATA_START;
+/// Standard size of a write batch buffer; a batch that outgrows it takes a bigger one from
+/// the pool (up to `POOLED_BUF_BYTES` of them are kept).
+const BATCH_BUF_BYTES: usize = 1 << 20;
+/// Most bytes of write buffers a shard keeps for reuse between group commits.
+const POOLED_BUF_BYTES: usize = 32 << 20;
+/// How many bytes ahead of the records a slowly filling segment is zeroed at a time (see
+/// `Log::zero_ahead`).
+const ZERO_AHEAD_BYTES: u64 = 1 << 20;
+
+#[derive(Debug)]
+pub enum StorageError {
+    /// The disk is full: nothing was changed.
+    NoSpace,
+    /// A record larger than a segment can hold.
+    TooLarge,
+    /// A record read back from disk failed its checksum.
+    Corrupt(String),
+    /// The write queue holds its budget of unflushed bytes; nothing was changed and the
+    /// caller may retry once the queue drains.
+    Busy,
+    /// An earlier write or fdatasync failed; the shard accepts no more writes until restart
+    /// because it can no longer tell what reached the disk.
+    Failed(String),
+    Io(io::Error),
+}
+
+impl std::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StorageError::NoSpace => write!(f, "no space left on device"),
+            StorageError::TooLarge => write!(f, "record larger than a segment"),
+            StorageError::Busy => write!(f, "write queue full"),
+            StorageError::Corrupt(what) => write!(f, "corrupt data on disk: {what}"),
+            StorageError::Failed(why) => write!(f, "storage failed earlier: {why}"),
+            StorageError::Io(e) => write!(f, "i/o error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StorageError {}
+
+impl From<io::Error> for StorageError {
+    fn from(e: io::Error) -> Self {
+        if e.raw_os_error() == Some(libc::ENOSPC) {
+            StorageError::NoSpace
+        } else {
+            StorageError::Io(e)
+        }
+    }
+}
+
+/// What recovery found.
+#[derive(Debug, Default, Clone)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    pub records: u64,
+    pub log_bytes: u64,
+    pub streams: usize,
+    /// Bytes after the last valid record that were discarded (torn or corrupt tail).
+    pub dropped_bytes: u64,
+    /// Segments deleted because they only held records after a break in the log.
+    pub orphan_segments: usize,
+    /// LSN of the checkpoint recovery started from (0: none, the whole log was replayed).
+    pub checkpoint_lsn: u64,
+    pub elapsed: Duration,
+}
+
+/// Counters for benchmarks and metrics.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ShardStats {
+    pub flushes: u64,
+    pub records_flushed: u64,
+    pub bytes_flushed: u64,
+    /// fdatasync calls, their summed duration, and how many took at most each bound of
+    /// [`FSYNC_BUCKETS_US`] (not cumulative; the last slot counts the slower ones).
+    pub fsyncs: u64,
+    pub fsync_nanos: u64,
+    pub fsync_buckets: [u64; FSYNC_BUCKETS_US.len() + 1],
+    /// Direct-I/O reads of evicted data for readers, and the bytes they transferred
+    /// (neighbouring records share a read; see `readback`).
+    pub disk_reads: u64,
+    pub disk_read_bytes: u64,
+    /// Segments that began as a zero-filled spare (see `segment::prepare_spare`).
+    pub spare_segments: u64,
+    /// Zeros written ahead of the records in slowly filling segments (see `Log::zero_ahead`).
+    pub zeroed_ahead_bytes: u64,
+}
+
+/// Upper bounds, in microseconds, of the fdatasync latency buckets in [`ShardStats`].
+pub const FSYNC_BUCKETS_US: [u64; 14] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000,
+];
+
+/// A new stream and its initial content.
+pub struct NewStream {
+    pub key: Box<str>,
+    pub incarnation: u64,
+    pub created_ms: i64,
+    pub content_type: Box<str>,
+    pub lifetime: Lifetime,
+    pub ext: Bytes,
+    /// Initial data and closure; `id` and `start` are filled in by the shard.
+    pub initial: AppendRec,
+}
+
+#[derive(Clone)]
+pub struct Shard {
+    inner: Rc<Inner>,
+}
+
+struct Inner {
+    cfg: ShardConfig,
+    streams: RefCell<FastMap<StreamId, Stream>>,
+    keys: RefCell<FastMap<Box<str>, StreamId>>,
+    next_id: Cell<StreamId>,
+    last_incarnation: Cell<u64>,
+    log: RefCell<Option<Log>>,
+    next_lsn: Cell<u64>,
+    durable_lsn: Cell<u64>,
+    /// Framed bytes queued since the flusher last took the batches, and those it is
+    /// writing now: what [`ShardConfig::write_budget_bytes`] bounds.
+    queued_bytes: Cell<u64>,
+    flushing_bytes: Cell<u64>,
+    failed: RefCell<Option<String>>,
+    commit_waiters: RefCell<Vec<Waker>>,
+    flusher: RefCell<Option<Waker>>,
+    stopping: Cell<bool>,
+    stats: Cell<ShardStats>,
+    /// Cached bytes, and the cached runs by age (stream, run start), oldest first: the
+    /// order in which to evict them.
+    resident_bytes: Cell<usize>,
+    evict_queue: RefCell<VecDeque<(StreamId, u64)>>,
+    /// Read handles of segment files, opened on first cold read.
+    readers: RefCell<HashMap<u64, Rc<monoio::fs::File>>>,
+    /// For every segment file, the streams with records in it (the cleaner's work list).
+    segments: RefCell<BTreeMap<u64, FastSet<StreamId>>>,
+    /// Bytes of data held by live streams.
+    live_bytes: Cell<u64>,
+    /// Set while the cleaner or a checkpoint runs; they must not interleave, because a
+    /// checkpoint taken mid-clean would point at chunks about to be deleted.
+    upkeep_busy: Cell<bool>,
+    /// Framed bytes logged since start, and that count when the last checkpoint was taken.
+    logged_bytes: Cell<u64>,
+    checkpointed_at: Cell<u64>,
+    /// Size of the last checkpoint written, in bytes.
+    checkpoint_size: Cell<u64>,
+    /// Segment where replay from the durable checkpoint starts. Only segments before it
+    /// may be deleted: a record in a later one (a deletion, say) is needed on top of the
+    /// checkpoint, and the cleaner does not carry deletions forward.
+    checkpoint_segment: Cell<Option<u64>>,
+    /// Snapshot blobs to delete once the record that dropped them is durable: (lsn, name).
+    dead_blobs: RefCell<Vec<(u64, Box<str>)>>,
+    /// Snapshot blobs of a memory shard.
+    memory_blobs: RefCell<HashMap<Box<str>, Bytes>>,
+    blob_counter: Cell<u64>,
+    /// Ids for `Changed` futures, so each waiting task holds one waker slot.
+    next_waiter: Cell<u64>,
+}
+
+impl Shard {
+    /// Open (recovering if needed) the shard and start its flusher on the current runtime.
+    pub async fn open(cfg: ShardConfig) -> Result<(Shard, RecoveryReport), StorageError> {
+        let started = Instant::now();
+        let inner = Rc::new(Inner {
+            cfg: cfg.clone(),
+            streams: RefCell::new(FastMap::default()),
+            keys: RefCell::new(FastMap::default()),
+            next_id: Cell::new(1),
+            last_incarnation: Cell::new(0),
+            log: RefCell::new(None),
+            next_lsn: Cell::new(1),
+            durable_lsn: Cell::new(0),
+            queued_bytes: Cell::new(0),
+            flushing_bytes: Cell::new(0),
+            failed: RefCell::new(None),
+            commit_waiters: RefCell::new(Vec::new()),
+            flusher: RefCell::new(None),
+            stopping: Cell::new(false),
+            stats: Cell::new(ShardStats::default()),
+            resident_bytes: Cell::new(0),
+            evict_queue: RefCell::new(VecDeque::new()),
+            readers: RefCell::new(HashMap::new()),
+            segments: RefCell::new(BTreeMap::new()),
+            live_bytes: Cell::new(0),
+            upkeep_busy: Cell::new(false),
+            logged_bytes: Cell::new(0),
+            checkpointed_at: Cell::new(0),
+            checkpoint_size: Cell::new(0),
+            checkpoint_segment: Cell::new(None),
+            dead_blobs: RefCell::new(Vec::new()),
+            memory_blobs: RefCell::new(HashMap::new()),
+            blob_counter: Cell::new(0),
+            next_waiter: Cell::new(0),
+        });
+        let shard = Shard { inner };
+        let mut report = RecoveryReport::default();
+        if let Durability::Disk(root) = &cfg.durability {
+            let dir = root.join(format!("shard-{}", cfg.shard));
+            std::fs::create_dir_all(&dir)?;
+            let log = shard.recover(&dir, &mut report)?;
+            *shard.inner.log.borrow_mut() = Some(log);
+            let flusher = shard.clone();
+            monoio::spawn(async move { flusher.run_flusher().await });
+            let upkeep = shard.clone();
+            monoio::spawn(async move { upkeep.run_upkeep().await });
+        }
+        report.streams = shard.inner.streams.borrow().len();
+        report.elapsed = started.elapsed();
+        Ok((shard, report))
+    }
+
+    pub fn config(&self) -> &ShardConfig {
+        &self.inner.cfg
+    }
+
+    pub fn stats(&self) -> ShardStats {
+        let mut stats = self.inner.stats.get();
+        // The log counts these itself; it is never borrowed across an await, so a caller on
+        // this thread always gets it.
+        if let Ok(log) = self.inner.log.try_borrow() {
+            if let Some(log) = log.as_ref() {
+                stats.spare_segments = log.spares_adopted;
+                stats.zeroed_ahead_bytes = log.zeroed_bytes;
+            }
+        }
+        stats
+    }
+
+    /// Whether writes are refused after an earlier storage failure.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.failed.borrow().clone()
+    }
+
+    /// Resolves once stream `id` changes after `seen_version` (see [`Stream::version`]) or is
+    /// deleted.
+    pub fn changed(&self, id: StreamId, seen_version: u64) -> Changed<'_> {
+        let waiter = self.inner.next_waiter.get();
+        self.inner.next_waiter.set(waiter + 1);
+        Changed {
+            shard: self,
+            stream: id,
+            seen_version,
+            waiter,
+        }
+    }
+
+    /// Stop once everything accepted so far is durable, without the final checkpoint: the
+    /// state a crash right after the last fdatasync leaves. For crash and recovery tests.
+    pub async fn halt(&self) -> Result<(), StorageError> {
+        let last = self.inner.next_lsn.get() - 1;
+        let result = self.commit(last).durable().await;
+        self.inner.readers.borrow_mut().clear();
+        self.inner.stopping.set(true);
+        self.wake_flusher();
+        result
+    }
+
+    /// Wait until everything accepted so far is durable, write a checkpoint, then stop the
+    /// flusher.
+    pub async fn shutdown(&self) -> Result<(), StorageError> {
+        let last = self.inner.next_lsn.get() - 1;
+        let mut result = self.commit(last).durable().await;
+        // A clean stop leaves a checkpoint at the head, so the next start replays nothing.
+        if result.is_ok() && self.inner.logged_bytes.get() > self.inner.checkpointed_at.get() {
+            result = self.checkpoint().await.map(|_| ());
+        }
+        self.inner.readers.borrow_mut().clear();
+        self.inner.stopping.set(true);
+        self.wake_flusher();
+        result
+    }
+
+    fn memory(&self) -> bool {
+        self.inner.cfg.durability == Durability::Memory
+    }
+}
+
+fn missing() -> StorageError {
+    StorageError::Failed("internal: stream vanished during a write".into())
+}
+
+/// Resolves once a stream changes after a seen version or is deleted. Holds one waker slot
+/// in the stream while pending and gives it back when dropped (a timed-out wait leaves
+/// nothing behind).
+pub struct Changed<'a> {
+    shard: &'a Shard,
+    stream: StreamId,
+    seen_version: u64,
+    waiter: u64,
+}
+
+impl Future for Changed<'_> {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        match self.shard.inner.streams.borrow().get(&self.stream) {
+            Some(s) if s.version() == self.seen_version => {
+                s.register_waiter(self.waiter, cx.waker());
+                Poll::Pending
+            }
+            _ => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for Changed<'_> {
+    fn drop(&mut self) {
+        if let Ok(streams) = self.shard.inner.streams.try_borrow() {
+            if let Some(s) = streams.get(&self.stream) {
+                s.unregister_waiter(self.waiter);
+            }
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! Recovery: loading the checkpoint, replaying the log after it, and cutting off a torn or
+//! corrupt tail.
+
+use super::*;
+
+impl Shard {
+    /// Rebuild state from the segment files and position the writer after the last valid
+    /// record.
+    pub(super) fn recover(
+        &self,
+        dir: &Path,
+        report: &mut RecoveryReport,
+    ) -> Result<Log, StorageError> {
+        let cfg = &self.inner.cfg;
+        let indexes = segment::list_segments(dir)?;
+        let resume = self.load_checkpoint(dir)?;
+        report.checkpoint_lsn = resume.map_or(0, |p| p.lsn);
+        // With a checkpoint, replay starts right after its LSN at the position it names;
+        // segments before that position are not read at all.
+        let mut expected: Option<u64> = resume.map(|p| p.lsn + 1);
+        let mut prev_index: Option<u64> = None;
+        let mut tail: Option<(u64, u64, Bytes)> = None; // (segment, end of valid records, contents)
+        let mut stop_at: Option<usize> = None;
+        let mut stash = Stash::new();
+        for (i, &index) in indexes.iter().enumerate() {
+            if resume.is_some_and(|p| index < p.segment) {
+                continue;
+            }
+            let path = segment::segment_path(dir, index);
+            let buf = Bytes::from_owner(segment::read_whole(&path)?);
+            let Some(header) = SegmentHeader::decode(&buf) else {
+                // A crash while the last segment was being created leaves it without records:
+                // it can go. Records behind a bad header are acknowledged data, and deleting
+                // them would lose it; an operator has to look.
+                let blank = buf
+                    .get(DATA_START as usize..)
+                    .is_none_or(|d| d.iter().all(|&b| b == 0));
+                if i + 1 == indexes.len() && blank {
+                    stop_at = Some(i);
+                    break;
+                }
+                return Err(StorageError::Failed(format!(
+                    "segment {} has a corrupt header",
+                    path.display()
+                )));
+            };
+            let resume_here = resume.filter(|p| p.segment == index);
+            let adjacent = prev_index.is_some_and(|p| p + 1 == index);
+            if let (Some(exp), None) = (expected, resume_here) {
+                let chains = if adjacent {
+                    header.first_lsn == exp
+                } else {
+                    header.first_lsn >= exp
+                };
+                if !chains {
+                    stop_at = Some(i);
+                    break;
+                }
+            }
+            let (mut lsn, mut pos) = match resume_here {
+                Some(p) => {
+                    if p.offset < DATA_START || p.offset > buf.len() as u64 {
+                        return Err(StorageError::Failed(format!(
+                            "checkpoint resumes at position {} of segment {index}, outside it",
+                            p.offset
+                        )));
+                    }
+                    (p.lsn + 1, p.offset as usize)
+                }
+                None => (header.first_lsn, DATA_START as usize),
+            };
+            let scan_start = pos;
+            let why = loop {
+                match decode_at(&buf, pos) {
+                    Ok(f) if f.lsn == lsn => {
+                        let loc = DiskLoc {
+                            segment: index,
+                            record_pos: pos as u64,
+                            record_len: f.len as u32,
+                            data_off: 0,
+                        };
+                        self.replay(f.record, loc, &mut stash);
+                        report.records += 1;
+                        pos += f.len;
+                        lsn += 1;
+                    }
+                    Ok(_) => break FrameError::Malformed,
+                    Err(e) => break e,
+                }
+            };
+            if why != FrameError::End {
+                tracing::warn!(
+                    shard = cfg.shard,
+                    segment = index,
+                    position = pos,
+                    reason = ?why,
+                    "log ends in a torn or corrupt record; truncating there"
+                );
+            }
+            report.segments += 1;
+            report.log_bytes += (pos - scan_start) as u64;
+            expected = Some(lsn);
+            prev_index = Some(index);
+            tail = Some((index, pos as u64, buf));
+        }
+        if let Some(first_orphan) = stop_at {
+            for &index in &indexes[first_orphan..] {
+                tracing::warn!(
+                    shard = cfg.shard,
+                    segment = index,
+                    "removing segment written after the end of the valid log"
+                );
+                std::fs::remove_file(segment::segment_path(dir, index))?;
+                report.orphan_segments += 1;
+            }
+            segment::sync_dir(dir)?;
+        }
+        if let (Some(p), None) = (resume, &tail) {
+            return Err(StorageError::Failed(format!(
+                "the checkpoint continues the log in segment {}, but no segment from there on \
+                 exists",
+                p.segment
+            )));
+        }
+        let next_lsn = expected.unwrap_or(1);
+        self.inner.next_lsn.set(next_lsn);
+        self.inner.durable_lsn.set(next_lsn - 1);
+        let pool = BufPool::new(BATCH_BUF_BYTES, 4, POOLED_BUF_BYTES);
+        let mut log = Log {
+            dir: dir.to_path_buf(),
+            shard: cfg.shard,
+            segment_bytes: align_up(cfg.segment_bytes.max(MIN_SEGMENT_BYTES) as usize) as u64,
+            write_seg: 0,
+            write_end: DATA_START,
+            files: HashMap::new(),
+            batches: VecDeque::new(),
+            pool,
+            scratch: Vec::new(),
+            spare: None,
+            rolled_at: Instant::now(),
+            spare_fill_time: cfg.spare_fill_time,
+            spares_adopted: 0,
+            zero_ahead_below: cfg.zero_ahead_below,
+            ahead_end: DATA_START,
+            ahead_moved_at: Instant::now(),
+            ahead_moved_end: DATA_START,
+            zeros: None,
+            zeroing: None,
+            zeroed_bytes: 0,
+        };
+        // A spare left by an earlier run may be half written; the next slow roll makes a
+        // new one.
+        segment::remove_spare(dir)?;
+        match tail {
+            Some((index, end, contents)) => {
+                report.dropped_bytes = zero_stale_tail(dir, index, end, &contents)?;
+                let file = segment::open_direct(&segment::segment_path(dir, index), false)?;
+                log.files
+                    .insert(index, Rc::new(monoio::fs::File::from_std(file)?));
+                log.write_seg = index;
+                log.write_end = end;
+                log.ahead_end = end;
+                log.ahead_moved_end = end;
+                let base = align_down(end as usize);
+                log.start_batch(index, base as u64, &contents[base..end as usize]);
+            }
+            None => {
+                log.create(1, next_lsn)?;
+                log.write_seg = 1;
+                log.write_end = DATA_START;
+                log.start_batch(1, DATA_START, &[]);
+            }
+        }
+        if !stash.is_empty() {
+            tracing::debug!(
+                streams = stash.len(),
+                "dropping data of streams deleted before cleaning"
+            );
+        }
+        let mut live = 0;
+        for s in self.inner.streams.borrow_mut().values_mut() {
+            s.finish_recovery();
+            let (tail, closed) = (s.tail, s.closed);
+            s.make_visible(tail, closed);
+            live += s.data_bytes();
+        }
+        self.inner.live_bytes.set(live);
+        // A long replay is worth a checkpoint at the first upkeep round.
+        self.inner.logged_bytes.set(report.log_bytes);
+        self.remove_unreferenced_blobs(dir);
+        let kept = &indexes[..stop_at.unwrap_or(indexes.len())];
+        let mut segments = self.inner.segments.borrow_mut();
+        for &index in kept {
+            segments.entry(index).or_default();
+        }
+        // Segments before a checkpoint were not read; what the cleaner must preserve from
+        // them is the stream data, found through the chunk tables.
+        for s in self.inner.streams.borrow().values() {
+            for loc in s.chunks().filter_map(|c| c.loc()) {
+                if kept.binary_search(&loc.segment).is_err() {
+                    return Err(StorageError::Failed(format!(
+                        "stream {} has data in segment {}, which is missing",
+                        s.key, loc.segment
+                    )));
+                }
+                segments.entry(loc.segment).or_default().insert(s.id);
+            }
+        }
+        if segments.is_empty() {
+            segments.insert(1, FastSet::default());
+        }
+        drop(segments);
+        Ok(log)
+    }
+
+    /// Load the checkpoint, if there is one, into the shard. A checkpoint that cannot be
+    /// read is fatal: the cleaner may already have dropped the log records it replaced.
+    pub(super) fn load_checkpoint(
+        &self,
+        dir: &Path,
+    ) -> Result<Option<checkpoint::Position>, StorageError> {
+        let _ = std::fs::remove_file(dir.join(checkpoint::TMP_NAME));
+        let path = checkpoint::path(dir);
+        let file = match std::fs::read(&path) {
+            Ok(f) => Bytes::from(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let (pos, saved) = checkpoint::decode(self.inner.cfg.shard, &file).map_err(|why| {
+            StorageError::Failed(format!(
+                "checkpoint {} is corrupt ({why}); the log before it may already be \
+                 reclaimed, so a full replay cannot stand in for it: restore this data \
+                 directory from a backup",
+                path.display()
+            ))
+        })?;
+        let now = crate::now_ms();
+        for st in saved {
+            let stream = Stream::from_checkpoint(&st.image, st.chunks, st.msg_starts, now);
+            self.insert_stream(stream, 0);
+        }
+        self.inner
+            .next_id
+            .set(pos.next_id.max(self.inner.next_id.get()));
+        let inc = self.inner.last_incarnation.get().max(pos.last_incarnation);
+        self.inner.last_incarnation.set(inc);
+        self.inner.blob_counter.set(pos.blob_counter);
+        self.inner.checkpoint_segment.set(Some(pos.segment));
+        self.inner.checkpoint_size.set(file.len() as u64);
+        tracing::info!(
+            shard = self.inner.cfg.shard,
+            lsn = pos.lsn,
+            streams = self.inner.streams.borrow().len(),
+            "loaded checkpoint"
+        );
+        Ok(Some(pos))
+    }
+
+    /// Apply a recovered record. Stream data stays on disk until first read. Records of a
+    /// stream whose creation was cleaned away are stashed until its image arrives.
+    pub(super) fn replay(&self, record: Record, loc: DiskLoc, stash: &mut Stash) {
+        let now = crate::now_ms();
+        let window = self.inner.cfg.receipt_window;
+        let id = record.stream_id();
+        self.inner
+            .segments
+            .borrow_mut()
+            .entry(loc.segment)
+            .or_default()
+            .insert(id);
+        self.inner.next_id.set(self.inner.next_id.get().max(id + 1));
+        match record {
+            Record::Create(c) => {
+                let mut stream = Stream::from_create(&c, now);
+                let loc = loc.with_data(c.initial.data.len());
+                stream.apply_append(&c.initial, window, now, Some(loc), false);
+                self.insert_stream(stream, 0);
+            }
+            Record::Append(a) => {
+                let loc = loc.with_data(a.data.len());
+                let mut streams = self.inner.streams.borrow_mut();
+                match streams.get_mut(&a.id) {
+                    Some(s) if a.start == s.tail => {
+                        s.apply_append(&a, window, now, Some(loc), false);
+                    }
+                    Some(s) => add_chunks(s, &a, loc),
+                    None => stash.entry(a.id).or_default().push((strip(a), loc)),
+                }
+            }
+            Record::Relocate(a) => {
+                let loc = loc.with_data(a.data.len());
+                match self.inner.streams.borrow_mut().get_mut(&a.id) {
+                    Some(s) => add_chunks(s, &a, loc),
+                    None => stash.entry(a.id).or_default().push((strip(a), loc)),
+                }
+            }
+            Record::Image(i) => {
+                let known = self.inner.streams.borrow().contains_key(&i.id);
+                if known {
+                    if let Some(s) = self.inner.streams.borrow_mut().get_mut(&i.id) {
+                        s.apply_image(&i);
+                    }
+                } else {
+                    self.insert_stream(Stream::from_image(&i, now), 0);
+                }
+                if let Some(pending) = stash.remove(&i.id) {
+                    if let Some(s) = self.inner.streams.borrow_mut().get_mut(&i.id) {
+                        for (a, loc) in &pending {
+                            add_chunks(s, a, *loc);
+                        }
+                    }
+                }
+            }
+            Record::Delete { id } => {
+                stash.remove(&id);
+                if let Some(s) = self.inner.streams.borrow_mut().remove(&id) {
+                    self.inner.keys.borrow_mut().remove(&s.key);
+                }
+            }
+            Record::SetExt { id, ext } => {
+                if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                    s.ext = ext;
+                }
+            }
+            // For a stream not known yet, its image (later in the log) carries both.
+            Record::Snapshot { id, meta } => {
+                if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                    s.snapshot = Some(meta);
+                }
+            }
+            Record::Retain {
+                id,
+                offset,
+                first_record,
+            } => {
+                if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                    s.retain(offset, first_record);
+                }
+            }
+        }
+    }
+}
+
+/// Recovered chunks waiting for the image of their stream.
+pub(super) type Stash = HashMap<StreamId, Vec<(AppendRec, DiskLoc)>>;
+
+/// An append without its data (recovery only needs the boundaries and the location).
+pub(super) fn strip(a: AppendRec) -> AppendRec {
+    AppendRec {
+        data: Bytes::new(),
+        producer: None,
+        stream_seq: None,
+        ..a
+    }
+}
+
+/// Add the chunks of a (possibly stripped) append at `loc` to a recovering stream.
+pub(super) fn add_chunks(s: &mut Stream, a: &AppendRec, loc: DiskLoc) {
+    let mut pos = 0u64;
+    let mut msgs = a.msg_lens.iter().copied().peekable();
+    for &len in a.append_lens.iter().filter(|&&l| l > 0) {
+        // Messages never straddle write operations: take those inside this one.
+        let mut lens = Vec::new();
+        let mut inside = 0u64;
+        while inside < len as u64 {
+            let Some(m) = msgs.next() else { break };
+            lens.push(m);
+            inside += m as u64;
+        }
+        let chunk_loc = DiskLoc {
+            data_off: loc.data_off + pos as u32,
+            ..loc
+        };
+        s.add_recovered_chunk(a.start + pos, len, &lens, chunk_loc);
+        pos += len as u64;
+    }
+}
+
+/// Zero whatever follows the last valid record in the segment we continue writing, so a
+/// half-written record from before the crash can never line up with new records and be
+/// read back as valid. Returns the number of non-zero bytes dropped.
+pub(super) fn zero_stale_tail(
+    dir: &Path,
+    index: u64,
+    end: u64,
+    contents: &[u8],
+) -> Result<u64, StorageError> {
+    let end = end as usize;
+    let Some(last_nonzero) = contents[end.min(contents.len())..]
+        .iter()
+        .rposition(|&b| b != 0)
+        .map(|p| end + p)
+    else {
+        return Ok(0);
+    };
+    let dropped = (last_nonzero + 1 - end) as u64;
+    tracing::warn!(
+        segment = index,
+        bytes = dropped,
+        "zeroing the discarded log tail"
+    );
+    let start = align_down(end);
+    let stop = align_up(last_nonzero + 1);
+    let mut buf = AlignedBuf::with_capacity(stop - start);
+    buf.extend_from_slice(&contents[start..end]);
+    buf.set_len(stop - start);
+    let file = segment::open_direct(&segment::segment_path(dir, index), false)?;
+    segment::write_all_at_blocking(&file, buf.as_slice(), start as u64)?;
+    file.sync_data()?;
+    Ok(dropped)
+}

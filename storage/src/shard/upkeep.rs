@@ -1,0 +1,24 @@
+//! The once-a-second upkeep task: checkpoints and cleaning.
+
+use super::*;
+
+impl Shard {
+    /// Background upkeep: reclaim log space once a second.
+    pub(super) async fn run_upkeep(self) {
+        while !self.inner.stopping.get() {
+            monoio::time::sleep(Duration::from_secs(1)).await;
+            if self.inner.stopping.get() || self.failure().is_some() {
+                continue;
+            }
+            self.collect_dead_blobs();
+            if let Err(e) = self.clean().await {
+                tracing::warn!(shard = self.inner.cfg.shard, "log cleaning failed: {e}");
+            }
+            if self.checkpoint_due() {
+                if let Err(e) = self.checkpoint().await {
+                    tracing::warn!(shard = self.inner.cfg.shard, "checkpoint failed: {e}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The log writer: batches bound for segment positions, segment rolls and spares, and zeros
+//! written ahead of the records.
+
+use super::*;
+
+/// The durable write path of one shard.
+pub(super) struct Log {
+    pub(super) dir: PathBuf,
+    pub(super) shard: u32,
+    pub(super) segment_bytes: u64,
+    /// Segment receiving new records, and the position after the last one.
+    pub(super) write_seg: u64,
+    pub(super) write_end: u64,
+    pub(super) files: HashMap<u64, Rc<monoio::fs::File>>,
+    /// Batches waiting for the flusher, oldest first; the last one is open for appends.
+    pub(super) batches: VecDeque<Batch>,
+    pub(super) pool: BufPool,
+    pub(super) scratch: Vec<u8>,
+    /// A zero-filled segment being prepared on a helper thread for the next roll.
+    pub(super) spare: Option<std::thread::JoinHandle<io::Result<()>>>,
+    /// When the log last rolled (or opened): how fast the current segment fills.
+    pub(super) rolled_at: Instant,
+    /// `ShardConfig::spare_fill_time`.
+    pub(super) spare_fill_time: Duration,
+    /// Segments made from a spare.
+    pub(super) spares_adopted: u64,
+    /// The active segment's blocks below this position hold records or zeros, or were
+    /// left to the data writes because the log filled fast (see `zero_ahead`).
+    pub(super) ahead_end: u64,
+    /// When `ahead_end` last moved, and where the records ended then: how fast the log fills.
+    pub(super) ahead_moved_at: Instant,
+    pub(super) ahead_moved_end: u64,
+    /// `ShardConfig::zero_ahead_below`.
+    pub(super) zero_ahead_below: u64,
+    /// `ZERO_AHEAD_BYTES` of zeros; `None` while lent to the kernel.
+    pub(super) zeros: Option<AlignedBuf>,
+    /// The zero write in flight, if any.
+    pub(super) zeroing: Option<Zeroing>,
+    /// Bytes of zeros written ahead of the records.
+    pub(super) zeroed_bytes: u64,
+}
+
+/// Zeros being written to `[from, ..)` of segment `seg`, ahead of the records.
+pub(super) struct Zeroing {
+    pub(super) seg: u64,
+    pub(super) from: u64,
+    pub(super) write: monoio::task::JoinHandle<(io::Result<()>, AlignedBuf)>,
+}
+
+/// Records bound for one contiguous, block-aligned range of one segment.
+pub(super) struct Batch {
+    pub(super) seg: u64,
+    /// Block-aligned segment position where `buf` starts.
+    pub(super) base: u64,
+    /// `None` only while the flusher has lent it to the kernel.
+    pub(super) buf: Option<AlignedBuf>,
+    /// LSN of the first record in the batch (0 while it holds none).
+    pub(super) first_lsn: u64,
+    pub(super) effects: Vec<Effect>,
+}
+
+pub(super) struct Effect {
+    pub(super) lsn: u64,
+    /// Stream made readable up to (tail, closed) once this record is durable.
+    pub(super) visible: Option<(StreamId, u64, bool)>,
+}
+
+impl Log {
+    pub(super) fn has_pending(&self) -> bool {
+        self.batches.iter().any(|b| !b.effects.is_empty())
+    }
+
+    /// Open a new batch at `base`, starting with the already-written bytes of its first block.
+    pub(super) fn start_batch(&mut self, seg: u64, base: u64, carried: &[u8]) {
+        let mut buf = self.pool.take(BATCH_BUF_BYTES);
+        buf.extend_from_slice(carried);
+        self.batches.push_back(Batch {
+            seg,
+            base,
+            buf: Some(buf),
+            first_lsn: 0,
+            effects: Vec::new(),
+        });
+    }
+
+    pub(super) fn enqueue(
+        &mut self,
+        record: &Record,
+        lsn: u64,
+        visible: Option<(StreamId, u64, bool)>,
+    ) -> Result<DiskLoc, StorageError> {
+        let len = record.framed_len();
+        if len as u64 > self.segment_bytes - DATA_START {
+            return Err(StorageError::TooLarge);
+        }
+        if self.write_end + len as u64 > self.segment_bytes {
+            self.roll(lsn)?;
+        }
+        let batch = self
+            .batches
+            .back_mut()
+            .expect("an open batch always exists");
+        let buf = batch.buf.as_mut().expect("open batch owns its buffer");
+        if buf.len() + len > buf.capacity() {
+            let mut bigger = self.pool.take((buf.len() + len).max(buf.capacity() * 2));
+            bigger.extend_from_slice(buf.as_slice());
+            let old = std::mem::replace(buf, bigger);
+            self.pool.give(old);
+        }
+        let buf = batch.buf.as_mut().expect("open batch owns its buffer");
+        let loc = DiskLoc {
+            segment: self.write_seg,
+            record_pos: self.write_end,
+            record_len: len as u32,
+            data_off: 0,
+        };
+        record.encode_with(lsn, &mut self.scratch, |piece| buf.extend_from_slice(piece));
+        if batch.first_lsn == 0 {
+            batch.first_lsn = lsn;
+        }
+        batch.effects.push(Effect { lsn, visible });
+        self.write_end += len as u64;
+        debug_assert_eq!(batch.base + buf.len() as u64, self.write_end);
+        Ok(loc)
+    }
+
+    pub(super) fn set_effect(&mut self, lsn: u64, id: StreamId, tail: u64, closed: bool) {
+        for batch in self.batches.iter_mut().rev() {
+            if let Some(e) = batch.effects.iter_mut().rev().find(|e| e.lsn == lsn) {
+                e.visible = Some((id, tail, closed));
+                return;
+            }
+        }
+    }
+
+    /// Continue in a fresh segment whose first record will be `first_lsn`; the current one
+    /// is sealed once its last batch is durable. The file is created (and its space
+    /// reserved) here, before the caller changes any state, so a full disk is reported as
+    /// `NoSpace` with nothing changed. This blocks the core for one fallocate and two
+    /// fsyncs, once per segment.
+    pub(super) fn roll(&mut self, first_lsn: u64) -> Result<(), StorageError> {
+        let next = self.write_seg + 1;
+        self.create(next, first_lsn)?;
+        self.write_seg = next;
+        self.write_end = DATA_START;
+        self.start_batch(next, DATA_START, &[]);
+        let filled_in = self.rolled_at.elapsed();
+        self.rolled_at = Instant::now();
+        if self.spare.is_none() && filled_in >= self.spare_fill_time {
+            let (dir, size) = (self.dir.clone(), self.segment_bytes);
+            let spawned = std::thread::Builder::new()
+                .name(format!("ursula-spare-{}", self.shard))
+                .spawn(move || segment::prepare_spare(&dir, size));
+            match spawned {
+                Ok(handle) => self.spare = Some(handle),
+                Err(e) => tracing::warn!(shard = self.shard, "no spare segment: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn create(&mut self, seg: u64, first_lsn: u64) -> Result<(), StorageError> {
+        let header = SegmentHeader {
+            shard: self.shard,
+            index: seg,
+            first_lsn,
+        };
+        let adopted = if self.spare_ready() {
+            segment::adopt_spare(&self.dir, header, self.segment_bytes)
+                .inspect_err(|e| {
+                    tracing::warn!(shard = self.shard, "spare segment not used: {e}");
+                    let _ = segment::remove_spare(&self.dir);
+                })
+                .ok()
+        } else {
+            None
+        };
+        let (file, ahead_end) = match adopted {
+            Some(file) => {
+                self.spares_adopted += 1;
+                (file, self.segment_bytes)
+            }
+            None => (
+                segment::create_segment(&self.dir, header, self.segment_bytes)?,
+                DATA_START,
+            ),
+        };
+        self.ahead_end = ahead_end;
+        self.ahead_moved_end = DATA_START;
+        let file = Rc::new(monoio::fs::File::from_std(file)?);
+        // Older handles are dropped after their last batch is flushed (see complete()).
+        self.files.insert(seg, file);
+        Ok(())
+    }
+
+    /// Whether a spare segment is ready to adopt: its helper thread has finished, and
+    /// succeeded. One still being prepared stays for a later roll; the core never waits.
+    pub(super) fn spare_ready(&mut self) -> bool {
+        let Some(handle) = self.spare.take() else {
+            return false;
+        };
+        if !handle.is_finished() {
+            self.spare = Some(handle);
+            return false;
+        }
+        match handle.join() {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(shard = self.shard, "preparing a spare segment failed: {e}");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Hand every batch that holds records to the flusher, leaving an open batch that starts
+    /// with the partially filled last block.
+    pub(super) fn take_batches(&mut self) -> Vec<Batch> {
+        if !self.has_pending() {
+            return Vec::new();
+        }
+        let taken: Vec<Batch> = self.batches.drain(..).collect();
+        let last = taken.last().expect("non-empty");
+        let buf = last.buf.as_ref().expect("owned");
+        let end = last.base + buf.len() as u64;
+        let base = align_down(end as usize) as u64;
+        let carried = &buf.as_slice()[(base - last.base) as usize..];
+        let (seg, carried) = (last.seg, carried.to_vec());
+        self.start_batch(seg, base, &carried);
+        taken
+            .into_iter()
+            .filter(|b| !b.effects.is_empty())
+            .collect()
+    }
+
+    /// After a flush that ended at `end` of segment `seg`: start writing zeros over the
+    /// blocks the next records will land on, if the log fills slowly.
+    ///
+    /// Segments are reserved with `fallocate`, so ext4 marks their extents unwritten. An
+    /// O_DIRECT write to unwritten blocks cannot be issued without blocking (io_uring hands it
+    /// to a kernel worker thread), and it changes extent metadata that the next fdatasync
+    /// must write out. At a slow fill every small group commit would pay both; zeroing the
+    /// next `ZERO_AHEAD_BYTES` in one write pays once for all the commits that land there.
+    /// The zero write runs beside the commits; `Shard::finish_zeroing_under` makes a flush
+    /// wait for it only if the records catch up with it. At a fast fill the commits are
+    /// large, the conversions already few, and writing every block twice would cost
+    /// bandwidth, so the blocks are left to the data writes.
+    pub(super) fn zero_ahead(&mut self, seg: u64, end: u64) {
+        // Move on when the records reach the middle of the zeroed range, so the next commits
+        // keep landing on zeros.
+        if seg != self.write_seg
+            || end + ZERO_AHEAD_BYTES / 2 <= self.ahead_end
+            || self.zeroing.is_some()
+        {
+            return;
+        }
+        let from = self.ahead_end.max(align_up(end as usize) as u64);
+        let to = (from + ZERO_AHEAD_BYTES).min(self.segment_bytes);
+        // How fast the records came since the last decision (a large flush can jump far).
+        let filled = (end - self.ahead_moved_end.min(end)) as f64;
+        let slow = self.zero_ahead_below > 0
+            && filled <= self.ahead_moved_at.elapsed().as_secs_f64() * self.zero_ahead_below as f64;
+        self.ahead_end = to;
+        self.ahead_moved_at = Instant::now();
+        self.ahead_moved_end = end;
+        let Some(file) = self.files.get(&seg).cloned() else {
+            return;
+        };
+        if !slow || from >= to {
+            return;
+        }
+        let mut zeros = self
+            .zeros
+            .take()
+            .unwrap_or_else(|| AlignedBuf::with_capacity(ZERO_AHEAD_BYTES as usize));
+        zeros.set_len((to - from) as usize);
+        self.zeroed_bytes += to - from;
+        let write = monoio::spawn(async move {
+            let (res, zeros) = file.write_all_at(zeros, from).await;
+            (res.map(|_| ()), zeros)
+        });
+        self.zeroing = Some(Zeroing { seg, from, write });
+    }
+
+    /// The write handle of segment `seg` (created when the log rolled into it).
+    pub(super) fn file_for(&self, seg: u64) -> Result<Rc<monoio::fs::File>, StorageError> {
+        self.files
+            .get(&seg)
+            .cloned()
+            .ok_or_else(|| StorageError::Failed(format!("segment {seg} has no write handle")))
+    }
+}
