@@ -5,7 +5,8 @@
 #   scripts/bench-compare.sh [--quick] [--out DIR] [--only SCENARIOS] [--report-only]
 #
 # Starts, one at a time on 127.0.0.1, and drives with ursula-loadgen on the compat surface:
-#   ursula        our release server, disk engine, fsync'd acks (temp data dir)
+#   ursula        our release server, disk engine, fsync'd acks (temp data dir), all cores
+#   ursula-1core  the same with --cores 1 (what a second core adds, or costs)
 #   ds-0.1.5      durable-streams 0.1.5 from crates.io, default `wal` durability
 #   ref-0.3.7     @durable-streams/server 0.3.7 from npm, file-backed store
 #   hello         a minimal monoio HTTP server that stores nothing (small-request ceiling)
@@ -13,18 +14,23 @@
 # and measures, in the same run, raw loopback TCP throughput and `dd oflag=direct` disk
 # bandwidth. Peers are installed (pinned) into $PEERS_DIR on first use.
 #
-# Scenarios: write-100, write-500, write-2000 (256 B appends, one writer per stream), batch
+# Scenarios: write-100, write-500, write-2000 (256 B appends, one writer per stream),
+# gateway-100 (256 B appends over a pool of 100 connections, each writing all 100 streams in
+# turn, as a gateway or collector does), batch
 # (JSON arrays of 512 x 2 KiB events, 1 MiB per request, MB/s against the disk), batch-small
 # (arrays of 100 x 200 B events, events/s), read, replay (1000 clients x 200 x 1 KiB),
-# fanout (1000 SSE subscribers, 50 events/s).
+# fanout (1000 SSE subscribers, 50 events/s), gateway-batch-small (batch-small's requests over
+# a pool of 16 connections sharing 100 streams).
 # --quick shortens every window and shrinks replay/fanout, for a smoke run.
 #
 # Output: a table of raw numbers and ratios (ursula / each peer) on stdout and in
-# DIR/summary.md, every loadgen JSON report, and latency charts (DIR/*.svg).
+# DIR/summary.md, every loadgen JSON report, and latency charts (DIR/*.svg). Beside
+# throughput and latency it reports each server's CPU time per operation (user + system,
+# all threads, from /proc/PID/stat over the measured window).
 # --report-only rebuilds the charts and the summary from the reports already in DIR.
 #
 # Env: CARGO_TARGET_DIR, PEERS_DIR (default ~/.cache/ursula-peers), DURATION, WARMUP,
-#      SERVERS (default "ursula ds-0.1.5 ref-0.3.7 hello hello-streams").
+#      SERVERS (default "ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,7 +49,7 @@ while [[ $# -gt 0 ]]; do
     --report-only) REPORT_ONLY=1 ;;
     --out) OUT="$2"; shift ;;
     --only) ONLY="$2"; shift ;;
-    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
     shift
@@ -56,9 +62,9 @@ else
     DURATION="${DURATION:-10s}" WARMUP="${WARMUP:-2s}"
     REPLAY_CLIENTS=1000 FANOUT_SUBS=1000 READ_PREFILL=64m DD_MIB=1024 NET_SECS=5
 fi
-SCENARIOS="${ONLY:-write-100 write-500 write-2000 batch batch-small read replay fanout}"
-SERVERS="${SERVERS:-ursula ds-0.1.5 ref-0.3.7 hello hello-streams}"
-ALL_SERVERS="ursula ds-0.1.5 ref-0.3.7 hello hello-streams"
+SCENARIOS="${ONLY:-write-100 gateway-100 write-500 write-2000 batch batch-small gateway-batch-small read replay fanout}"
+SERVERS="${SERVERS:-ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams}"
+ALL_SERVERS="ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ursula-compare.XXXXXX")"
 OUT="${OUT:-$WORK/out}"
@@ -85,15 +91,17 @@ cargo build --release -p ursula-server -p ursula-loadgen -p ursula-benches --bin
 
 say "installing pinned peers into $PEERS_DIR (first run only)"
 DS_BIN="$PEERS_DIR/durable-streams-0.1.5/bin/durable-streams-server"
-if [[ ! -x "$DS_BIN" ]]; then
+REF_DIR="$PEERS_DIR/ref-0.3.7"
+# Only the peers this run starts are installed.
+if [[ " $SERVERS " == *" ds-0.1.5 "* && ! -x "$DS_BIN" ]]; then
     cargo install durable-streams --version 0.1.5 --locked \
         --root "$PEERS_DIR/durable-streams-0.1.5" >&2
 fi
-REF_DIR="$PEERS_DIR/ref-0.3.7"
-if [[ ! -d "$REF_DIR/node_modules/@durable-streams/server" ]]; then
+if [[ " $SERVERS " == *" ref-0.3.7 "* && ! -d "$REF_DIR/node_modules/@durable-streams/server" ]]; then
     mkdir -p "$REF_DIR"
     (cd "$REF_DIR" && npm install --no-audit --no-fund @durable-streams/server@0.3.7 >&2)
 fi
+mkdir -p "$REF_DIR"
 cat >"$REF_DIR/start.mjs" <<'EOF'
 // The package has no CLI: start its server with the file-backed store.
 import { DurableStreamTestServer } from "@durable-streams/server";
@@ -121,9 +129,11 @@ start_server() { # name
     rm -rf "$WORK/data" && mkdir -p "$WORK/data"
     local log="$OUT/$1.server.log" port
     case "$1" in
-    ursula)
+    ursula | ursula-1core)
+        local cores=()
+        [[ "$1" == ursula-1core ]] && cores=(--cores 1)
         "$BIN/ursula" server --listen 127.0.0.1:0 --data-dir "$WORK/data" --storage disk \
-            --long-poll-timeout-ms 500 >"$WORK/stdout" 2>"$log" &
+            --long-poll-timeout-ms 500 "${cores[@]}" >"$WORK/stdout" 2>"$log" &
         PID=$!
         for _ in $(seq 1 300); do
             URL="$(sed -n 's/^ursula listening on \(http:[^ ]*\)$/\1/p' "$WORK/stdout" | head -n1)"
@@ -171,6 +181,11 @@ loadgen() { # server scenario
         --json "$OUT/$server.$scenario.json" --prefix "cmp$RANDOM")
     case "$scenario" in
     write-*) args=(write --streams "${scenario#write-}" --payload 256) ;;
+    gateway-*[0-9])
+        args=(write --spread --connections "${scenario#gateway-}" --streams "${scenario#gateway-}"
+            --payload 256) ;;
+    gateway-batch-small)
+        args=(batch --spread --connections 16 --streams 100 --events 100 --event-size 200) ;;
     batch) args=(batch --connections 16 --events 512 --event-size 2k) ;;
     batch-small) args=(batch --connections 16 --events 100 --event-size 200) ;;
     read) args=(read --streams 4 --prefill "$READ_PREFILL" --append-size 1m) ;;
@@ -184,10 +199,40 @@ loadgen() { # server scenario
     fanout) args=(fanout --subscribers "$FANOUT_SUBS" --rate 50) ;;
     esac
     say "$server: $scenario"
-    if ! "$BIN/ursula-loadgen" "${args[@]}" "${common[@]}" >"$OUT/$server.$scenario.txt" 2>&1; then
+    "$BIN/ursula-loadgen" "${args[@]}" "${common[@]}" >"$OUT/$server.$scenario.txt" 2>&1 &
+    local lg=$!
+    # Server CPU over the measured window only (set-up and warm-up excluded). Scenarios
+    # that set up for long (read, replay) start their window late, so this is for the
+    # windowed write scenarios.
+    rm -f "$OUT/$server.$scenario.cpu"
+    if [[ "$scenario" =~ ^(write-|gateway-|batch) ]]; then
+        sleep "$(secs "$WARMUP")"
+        local c0 c1
+        c0="$(cpu_ticks "$PID")"
+        sleep "$(secs "$DURATION")"
+        c1="$(cpu_ticks "$PID")"
+        if [[ -n "$c0" && -n "$c1" ]]; then
+            echo "$c0 $c1 $(getconf CLK_TCK)" >"$OUT/$server.$scenario.cpu"
+        fi
+    fi
+    if ! wait "$lg"; then
         echo "  (failed; see $OUT/$server.$scenario.txt)" >&2
     fi
     grep -E '^(ops|latency|errors)' "$OUT/$server.$scenario.txt" >&2 || true
+}
+
+secs() { # 10s | 500ms | 2m | 1.5  ->  seconds for sleep
+    case "$1" in
+    *ms) awk -v v="${1%ms}" 'BEGIN { print v / 1000 }' ;;
+    *s) echo "${1%s}" ;;
+    *m) awk -v v="${1%m}" 'BEGIN { print v * 60 }' ;;
+    *) echo "$1" ;;
+    esac
+}
+
+cpu_ticks() { # pid -> utime + stime of all its threads, in clock ticks
+    # The command name (field 2) may hold spaces; count fields after its closing paren.
+    sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }'
 }
 
 # ---------------------------------------------------------------------------------------
@@ -207,7 +252,7 @@ for server in $SERVERS; do
     for scenario in $SCENARIOS; do
         # Each ceiling runs only what it can serve: hello answers writes and stores nothing;
         # hello-streams stores in memory and serves the reading scenarios.
-        if [[ "$server" == hello && "$scenario" != write-* ]]; then continue; fi
+        if [[ "$server" == hello && ! "$scenario" =~ ^(write|gateway)-[0-9] ]]; then continue; fi
         if [[ "$server" == hello-streams && ! "$scenario" =~ ^(read|replay|fanout)$ ]]; then
             continue
         fi
@@ -230,7 +275,7 @@ done
 python3 - "$OUT" "$SCENARIOS" <<'EOF' | tee "$OUT/summary.md"
 import json, os, sys
 out, scenarios = sys.argv[1], sys.argv[2].split()
-servers = ["ursula", "ds-0.1.5", "ref-0.3.7", "hello"]
+servers = ["ursula", "ursula-1core", "ds-0.1.5", "ref-0.3.7", "hello"]
 phys = json.load(open(os.path.join(out, "physical.json")))
 def load(server, scenario):
     p = os.path.join(out, f"{server}.{scenario}.json")
@@ -247,13 +292,22 @@ def rate(r, scenario):
     if scenario in ("read", "batch"):
         return r["mb_per_sec"]
     return r["ops_per_sec"]
+def cpu_per_op_us(server, scenario, r):
+    # Server CPU time (all threads) over the measured window, per operation.
+    try:
+        c0, c1, hz = map(float, open(os.path.join(out, f"{server}.{scenario}.cpu")).read().split())
+    except (OSError, ValueError):
+        return None
+    if r is None or not r["ops"]:
+        return None
+    return (c1 - c0) / hz / r["ops"] * 1e6
 unit = {"read": "MB/s", "batch": "MB/s", "batch-small": "events/s"}
 print(f"Physical limits: dd oflag=direct {phys['dd_mb_per_sec']:.0f} MB/s, loopback TCP {phys['loopback_mb_per_sec']:.0f} MB/s\n")
-print("| scenario | metric | " + " | ".join(servers) + " | ursula/ds | ursula/ref | ursula/hello |")
-print("|---|---|" + "---|" * len(servers) + "---|---|---|")
+print("| scenario | metric | " + " | ".join(servers) + " | ursula/1core | ursula/ds | ursula/ref | ursula/hello |")
+print("|---|---|" + "---|" * len(servers) + "---|---|---|---|")
 for sc in scenarios:
     rows = {s: load(ceiling(sc) if s == "hello" else s, sc) for s in servers}
-    for metric in ("throughput", "p50 ms", "p99 ms", "errors"):
+    for metric in ("throughput", "p50 ms", "p99 ms", "cpu us/op", "errors"):
         vals = {}
         for s, r in rows.items():
             if r is None:
@@ -262,6 +316,8 @@ for sc in scenarios:
                 vals[s] = rate(r, sc)
             elif metric == "errors":
                 vals[s] = r["error_total"]
+            elif metric == "cpu us/op":
+                vals[s] = cpu_per_op_us(ceiling(sc) if s == "hello" else s, sc, r)
             else:
                 vals[s] = r["latency"]["p50_ms" if metric == "p50 ms" else "p99_ms"]
         def fmt(v):
@@ -274,12 +330,15 @@ for sc in scenarios:
         if sc == "replay" and metric == "throughput":
             clients = {s: (r or {}).get("parameters", {}).get("clients") for s, r in rows.items()}
             label += " (clients: " + ", ".join(f"{s} {c}" for s, c in clients.items() if c) + ")"
+        if metric == "cpu us/op" and all(v is None for v in vals.values()):
+            continue
         print(f"| {sc} | {label} | " + " | ".join(fmt(vals[s]) for s in servers)
-              + f" | {ratio(vals['ursula'], vals['ds-0.1.5'])} | {ratio(vals['ursula'], vals['ref-0.3.7'])} | {ratio(vals['ursula'], vals['hello'])} |")
+              + f" | {ratio(vals['ursula'], vals['ursula-1core'])} | {ratio(vals['ursula'], vals['ds-0.1.5'])} | {ratio(vals['ursula'], vals['ref-0.3.7'])} | {ratio(vals['ursula'], vals['hello'])} |")
 limits = {"batch": ("dd oflag=direct", phys["dd_mb_per_sec"]),
           "read": ("loopback TCP", phys["loopback_mb_per_sec"])}
 notes = [f"- ursula {sc}: {rate(load('ursula', sc), sc):,.0f} MB/s = {100 * rate(load('ursula', sc), sc) / lim:.0f}% of {name}"
          for sc, (name, lim) in limits.items() if sc in scenarios and load("ursula", sc) and lim]
+print("\ncpu us/op: server CPU time (user + system, all threads, /proc/PID/stat) over the measured window per operation; lower is better")
 print("\nhello: hello-monoio for the write scenarios, hello-streams (in memory) for read, replay and fanout; neither runs batch")
 if notes:
     print()

@@ -1,5 +1,6 @@
 //! `batch`: many small JSON events per request. N connections, each closed-loop on its own
-//! stream. On the bucketed surface a request is an append-batch body (one
+//! stream, or with `--spread` each sending to every one of `--streams` streams in turn (a
+//! gateway's shape). On the bucketed surface a request is an append-batch body (one
 //! `[u32 BE len][event]` frame per event, extensions §6) and every frame's acknowledgement
 //! is checked; on the compat surface it is one JSON array POST (served by any Durable
 //! Streams server). One op = one event committed.
@@ -11,7 +12,8 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{
-    err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Surface, Target, Window,
+    err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Rotation, Surface, Target,
+    Window,
 };
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
@@ -24,9 +26,15 @@ const MAX_FRAMES: usize = 512;
 pub struct BatchArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Connections, each with its own stream and one request in flight.
+    /// Connections, each with one request in flight (and its own stream unless `--spread`).
     #[arg(long, default_value_t = 16)]
     pub connections: usize,
+    /// Gateway shape: every connection sends to every one of `--streams` streams in turn.
+    #[arg(long)]
+    pub spread: bool,
+    /// Streams shared by the `--spread` pool (default: as many as connections).
+    #[arg(long, requires = "spread")]
+    pub streams: Option<usize>,
     /// Events per request.
     #[arg(long, default_value_t = 100)]
     pub events: usize,
@@ -84,6 +92,9 @@ pub fn run(args: &BatchArgs, target: &Target, cores: usize) -> Result<Outcome, S
     if args.connections == 0 {
         return Err("--connections must be at least 1".into());
     }
+    if args.streams == Some(0) {
+        return Err("--streams must be at least 1".into());
+    }
     if args.events == 0 || args.events > MAX_FRAMES {
         return Err(format!("--events must be in 1..={MAX_FRAMES}"));
     }
@@ -97,29 +108,47 @@ pub fn run(args: &BatchArgs, target: &Target, cores: usize) -> Result<Outcome, S
         let t = t.clone();
         async move {
             let timeout = a.common.timeout;
-            let mine: Vec<usize> = ctx.mine(a.connections).collect();
-            let setup = t.connect_streams("batch", &mine, |i| i, "application/json", timeout);
-            let conns = setup_then_sync(&ctx, setup).await?;
+            let ct = "application/json";
+            let framed = t.surface == Surface::Bucketed;
+            let url_of = |path: &str| {
+                if framed {
+                    format!("{path}/append-batch")
+                } else {
+                    path.to_string()
+                }
+            };
+            let senders = if a.spread {
+                let streams = a.streams.unwrap_or(a.connections);
+                let setup = t.spread_pool(&ctx, "batch", streams, a.connections, ct, timeout);
+                let pool = setup_then_sync(&ctx, setup).await?;
+                let urls: std::rc::Rc<[String]> = pool.paths.iter().map(|p| url_of(p)).collect();
+                pool.conns
+                    .into_iter()
+                    .map(|(c, first)| (c, Rotation::starting_at(urls.clone(), first)))
+                    .collect::<Vec<_>>()
+            } else {
+                let mine: Vec<usize> = ctx.mine(a.connections).collect();
+                let setup = t.connect_streams("batch", &mine, |i| i, ct, timeout);
+                let conns = setup_then_sync(&ctx, setup).await?;
+                conns
+                    .into_iter()
+                    .map(|(c, path)| (c, Rotation::one(url_of(&path))))
+                    .collect()
+            };
             let win = ctx.window(a.common.warmup, a.common.duration);
             let events: Vec<Vec<u8>> = (0..a.events as u64)
                 .map(|i| json_event(i, a.event_size))
                 .collect();
             let event_bytes: u64 = events.iter().map(|e| e.len() as u64).sum();
-            let framed = t.surface == Surface::Bucketed;
             let body = Bytes::from(if framed {
                 frames_body(&events)
             } else {
                 array_body(&events)
             });
-            let mut tasks = Vec::with_capacity(conns.len());
-            for (conn, path) in conns {
-                let url = if framed {
-                    format!("{path}/append-batch")
-                } else {
-                    path
-                };
+            let mut tasks = Vec::with_capacity(senders.len());
+            for (conn, route) in senders {
                 let job = Job {
-                    url,
+                    route,
                     body: body.clone(),
                     events: a.events as u64,
                     event_bytes,
@@ -146,7 +175,7 @@ pub fn run(args: &BatchArgs, target: &Target, cores: usize) -> Result<Outcome, S
 }
 
 struct Job {
-    url: String,
+    route: Rotation,
     body: Bytes,
     events: u64,
     event_bytes: u64,
@@ -154,13 +183,18 @@ struct Job {
     framed: bool,
 }
 
-async fn sender(mut conn: Conn, job: Job, win: Window) -> Stats {
+async fn sender(mut conn: Conn, mut job: Job, win: Window) -> Stats {
     let mut st = Stats::default();
     let headers = [("Content-Type", "application/json")];
     while !win.over() {
         let t0 = Instant::now();
         let r = conn
-            .request("POST", &job.url, &headers, Body::Shared(job.body.clone()))
+            .request(
+                "POST",
+                job.route.advance(),
+                &headers,
+                Body::Shared(job.body.clone()),
+            )
             .await;
         let t1 = Instant::now();
         let counted = win.counts(t1);

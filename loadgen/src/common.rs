@@ -231,6 +231,39 @@ impl Target {
         Ok(conns)
     }
 
+    /// The gateway shape: this core creates its share of `streams` streams and opens its
+    /// share of a pool of `connections` keep-alive connections. Every connection sends to
+    /// every stream in turn (the way a gateway or collector multiplexes its streams over a
+    /// pool), each starting at its own stream so that the pool covers them evenly. Returns
+    /// the connections with their starting index into the path list.
+    pub async fn spread_pool(
+        &self,
+        ctx: &Ctx,
+        scenario: &str,
+        streams: usize,
+        connections: usize,
+        content_type: &str,
+        timeout: Duration,
+    ) -> Result<Pool, String> {
+        let paths: Vec<String> = (0..streams)
+            .map(|i| self.stream_path(&self.stream_name(scenario, i)))
+            .collect();
+        let mut setup = Conn::new(self.addr, timeout);
+        self.ensure_bucket(&mut setup).await?;
+        for i in ctx.mine(streams) {
+            self.create_stream(&mut setup, &paths[i], content_type)
+                .await?;
+        }
+        let conns = ctx
+            .mine(connections)
+            .map(|j| (Conn::new(self.addr, timeout), j % streams))
+            .collect();
+        Ok(Pool {
+            conns,
+            paths: paths.into(),
+        })
+    }
+
     /// Creates a stream (`201`; `200` if an identical one exists).
     pub async fn create_stream(
         &self,
@@ -247,6 +280,45 @@ impl Target {
             200 => Ok(false),
             s => Err(format!("PUT {path}: status {s}")),
         }
+    }
+}
+
+/// A pool of connections that share every stream (see `Target::spread_pool`).
+pub struct Pool {
+    /// Each connection with the index of the first stream it sends to.
+    pub conns: Vec<(Conn, usize)>,
+    pub paths: std::rc::Rc<[String]>,
+}
+
+/// The streams one sender writes to, in turn: one stream, or all of a pool's.
+#[derive(Clone)]
+pub struct Rotation {
+    paths: std::rc::Rc<[String]>,
+    next: usize,
+}
+
+impl Rotation {
+    pub fn one(path: String) -> Rotation {
+        Rotation {
+            paths: vec![path].into(),
+            next: 0,
+        }
+    }
+
+    pub fn starting_at(paths: std::rc::Rc<[String]>, first: usize) -> Rotation {
+        let next = if paths.is_empty() {
+            0
+        } else {
+            first % paths.len()
+        };
+        Rotation { paths, next }
+    }
+
+    /// The path for the next request.
+    pub fn advance(&mut self) -> &str {
+        let i = self.next;
+        self.next = (i + 1) % self.paths.len();
+        &self.paths[i]
     }
 }
 
@@ -460,6 +532,17 @@ mod tests {
         assert_ne!(pattern(1, 2, 100), pattern(1, 3, 100));
         assert_eq!(pattern(5, 5, 37).len(), 37);
         assert!(pattern(5, 5, 1000).iter().all(|b| b.is_ascii_graphic()));
+    }
+
+    #[test]
+    fn rotation_visits_every_path_in_turn() {
+        let paths: std::rc::Rc<[String]> = vec!["a".into(), "b".into(), "c".into()].into();
+        let mut r = Rotation::starting_at(paths, 4);
+        let seen: Vec<String> = (0..6).map(|_| r.advance().to_string()).collect();
+        assert_eq!(seen, ["b", "c", "a", "b", "c", "a"]);
+        let mut one = Rotation::one("x".into());
+        assert_eq!(one.advance(), "x");
+        assert_eq!(one.advance(), "x");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Query strings (P§4.6): `&`-separated, percent-decoded pairs in request order.
 
-/// Largest `max_bytes` honoured (8 MiB); larger requests are clamped.
+/// Largest `max_bytes` honoured (8 MiB); larger requests are clamped. Also the most stream
+/// data the server puts in one response or SSE batch.
 pub const MAX_READ_BYTES: u64 = 8 * 1024 * 1024;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

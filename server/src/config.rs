@@ -155,8 +155,6 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
 pub const MAX_BODY_BYTES: u64 = 32 << 20;
 /// Default `max_connections` for the whole process.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
-/// Largest amount of stream data in one response or SSE batch.
-pub const MAX_READ_BYTES: usize = 8 << 20;
 
 impl Config {
     pub fn resolve(args: ServerArgs) -> Result<Config, String> {

@@ -15,13 +15,12 @@ use ursula_protocol::headers::{
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::{format_offset, parse_offset, OffsetParam};
 use ursula_protocol::query::{
-    parse_live, parse_max_bytes, parse_query, parse_timeout_ms, Live, Query,
+    parse_live, parse_max_bytes, parse_query, parse_timeout_ms, Live, Query, MAX_READ_BYTES,
 };
 use ursula_storage::{
     AppendRec, Lifetime, NewStream, ProducerStamp, Receipt, StorageError, StreamId,
 };
 
-use crate::config::MAX_READ_BYTES;
 use crate::cores::Core;
 use crate::ext::Ext;
 use crate::http::{Request, Response};
@@ -762,7 +761,7 @@ fn read_params(
     let cursor = one("cursor")?.map(str::to_string);
     let max_bytes = match one("max_bytes")? {
         Some(v) => parse_max_bytes(v).map_err(bad)? as usize,
-        None => MAX_READ_BYTES,
+        None => MAX_READ_BYTES as usize,
     };
     let timeout = one("timeout_ms")?
         .and_then(parse_timeout_ms)
@@ -1186,7 +1185,7 @@ async fn record_catch_up(
         let Some(s) = core.shard.stream(id) else {
             return Response::error(404, "stream_not_found", "stream not found");
         };
-        let end = records::end_record(&s, start, rp.max_records, MAX_READ_BYTES);
+        let end = records::end_record(&s, start, rp.max_records, MAX_READ_BYTES as usize);
         let from = s.message_start(start).unwrap_or(s.visible_tail);
         let to = s
             .message_start(end)

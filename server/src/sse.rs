@@ -127,7 +127,7 @@ pub fn start_records(
         id,
         offset,
         client_cursor,
-        crate::config::MAX_READ_BYTES,
+        ursula_protocol::query::MAX_READ_BYTES as usize,
     );
     if let Body::Sse(sess) = &mut resp.body {
         sess.records = Some((rp, start));
