@@ -52,21 +52,21 @@ fn a_stopped_worker_commits_its_tail_and_the_next_one_ingests_at_once() {
     let u = ursula(dir.path());
     let ua = u.addr.clone();
     let store = dir.path().join("store");
-    expect(&ua, "PUT", "/r", &[], b"", 201);
-    expect(&ua, "PUT", "/r/ev", &[JSON], b"", 201);
-    let stream_url = format!("{}/r/ev", u.url());
+    expect(&ua, "PUT", "/rest", &[], b"", 201);
+    expect(&ua, "PUT", "/rest/ev", &[JSON], b"", 201);
+    let stream_url = format!("{}/rest/ev", u.url());
 
     // Distinct worker ids, as two processes started without --worker-id get.
     let mut first = indexer(dir.path(), "first", Store::Dir(&store), &SLOW);
     let r = register(&first.addr, "ev", &stream_url, "");
     assert_eq!(r.status, 201, "{}", r.text());
     for i in 0..50 {
-        append_event(&ua, "/r/ev", T0 + i);
+        append_event(&ua, "/rest/ev", T0 + i);
     }
     wait_for(Duration::from_secs(10), "the events in the tail", || {
         visible(&first.addr, "ev", T0 + 49).then_some(())
     });
-    let tail = request(&ua, "HEAD", "/r/ev", &[], b"")
+    let tail = request(&ua, "HEAD", "/rest/ev", &[], b"")
         .header("stream-next-offset")
         .expect("next offset")
         .to_string();
@@ -109,7 +109,7 @@ fn a_stopped_worker_commits_its_tail_and_the_next_one_ingests_at_once() {
     // The claim was handed back, so the new worker ingests at once (a held claim would
     // keep it following for the 60 s lease).
     let t = T0 + 1_000;
-    append_event(&ua, "/r/ev", t);
+    append_event(&ua, "/rest/ev", t);
     let appended = Instant::now();
     wait_for(
         Duration::from_secs(20),
