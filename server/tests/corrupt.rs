@@ -2,7 +2,7 @@
 //! mid-record, a byte flipped inside a record's data and inside a record header, a damaged
 //! segment header, and a removed last segment. The server must start, keep exactly the
 //! records before the damage, say in its log what it dropped, and never serve a corrupt
-//! byte. Storage-level variants live in `storage/src/shard.rs`'s tests.
+//! byte. Storage-level variants live in `storage/src/shard/tests.rs`.
 
 mod support;
 
