@@ -307,7 +307,7 @@ impl Shard {
         let mut report = RecoveryReport::default();
         if let Durability::Disk(root) = &cfg.durability {
             let dir = root.join(format!("shard-{}", cfg.shard));
-            std::fs::create_dir_all(&dir)?;
+            segment::create_dir_durable(&dir)?;
             let log = shard.recover(&dir, &mut report)?;
             *shard.inner.log.borrow_mut() = Some(log);
             let flusher = shard.clone();
@@ -618,7 +618,7 @@ impl Shard {
                 .insert(name.clone(), body);
             return Ok(name);
         };
-        std::fs::create_dir_all(&dir)?;
+        segment::create_dir_durable(&dir)?;
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
