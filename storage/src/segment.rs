@@ -228,6 +228,9 @@ pub fn create_dir_durable(dir: &Path) -> io::Result<()> {
 }
 
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    if crate::fault::skips().dirsync {
+        return Ok(());
+    }
     File::open(dir)?.sync_all()
 }
 

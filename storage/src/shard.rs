@@ -272,6 +272,7 @@ impl Shard {
     /// Open (recovering if needed) the shard and start its flusher on the current runtime.
     pub async fn open(cfg: ShardConfig) -> Result<(Shard, RecoveryReport), StorageError> {
         let started = Instant::now();
+        crate::fault::skips();
         let inner = Rc::new(Inner {
             cfg: cfg.clone(),
             streams: RefCell::new(FastMap::default()),
@@ -1039,6 +1040,9 @@ impl Shard {
         }
         for file in &synced {
             let started = Instant::now();
+            if crate::fault::skips().fdatasync {
+                continue;
+            }
             file.sync_data().await?;
             self.count_fsync(started.elapsed());
         }
