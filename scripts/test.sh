@@ -10,14 +10,15 @@
 #      Chromium, the official TypeScript and Python clients, an OTLP/JSON exporter
 #   6. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20), then the
 #      long-mode crash test: many streams, every write kind, deletes/recreates
-#      (URSULA_CRASH_LONG_CYCLES, default 20)
+#      (URSULA_CRASH_LONG_CYCLES, default 20), then the power-loss test: crash points
+#      on a disk that forgets unsynced writes (URSULA_POWER_LOSS_POINTS, default 150)
 #   7. short soak: scripts/soak.sh for URSULA_SOAK_SECONDS (default 70; 0 skips): write +
 #      fanout + read at once; fails on RSS growth, fd growth, loadgen errors, missed
 #      deliveries or write/fanout p99 drift
 #   8. fuzz: every cargo-fuzz target for URSULA_FUZZ_SECONDS each (default 20; 0 skips)
 #
 # Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES,
-#      URSULA_CRASH_LONG_CYCLES, URSULA_SOAK_SECONDS,
+#      URSULA_CRASH_LONG_CYCLES, URSULA_POWER_LOSS_POINTS, URSULA_SOAK_SECONDS,
 #      URSULA_FUZZ_SECONDS.
 set -euo pipefail
 
@@ -27,6 +28,7 @@ cd "$ROOT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ursula-target}"
 URSULA_CRASH_CYCLES="${URSULA_CRASH_CYCLES:-20}"
 URSULA_CRASH_LONG_CYCLES="${URSULA_CRASH_LONG_CYCLES:-20}"
+URSULA_POWER_LOSS_POINTS="${URSULA_POWER_LOSS_POINTS:-150}"
 URSULA_SOAK_SECONDS="${URSULA_SOAK_SECONDS:-70}"
 URSULA_FUZZ_SECONDS="${URSULA_FUZZ_SECONDS:-20}"
 URSULA_BIN="$CARGO_TARGET_DIR/release/ursula"
@@ -162,6 +164,10 @@ URSULA_CRASH_CYCLES="$URSULA_CRASH_CYCLES" \
 # About 2-3 s per cycle: ~1 min at the default 20.
 URSULA_CRASH_LONG_CYCLES="$URSULA_CRASH_LONG_CYCLES" \
     cargo test --release -p ursula-server --test crash_long -- --nocapture
+# Power cuts (a FUSE disk that forgets unsynced writes): about 0.5-1 s per crash point,
+# 2-3 min at the default 150; bounded at 15 min.
+timeout --kill-after=10 900 "$ROOT/scripts/power-loss" "$URSULA_POWER_LOSS_POINTS" ||
+    die "power-loss test failed"
 stage_done "crash test"
 
 # ---------------------------------------------------------------------------

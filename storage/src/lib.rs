@@ -8,6 +8,7 @@
 pub mod aligned;
 mod cache;
 mod checkpoint;
+mod fault;
 mod packed;
 mod readback;
 pub mod record;

@@ -6,6 +6,8 @@
 //! `ursula listening on http://…` line, and stop it with SIGKILL or SIGTERM.
 #![allow(dead_code)]
 
+pub mod workload;
+
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -26,6 +28,31 @@ pub fn ursula_bin() -> String {
 
 /// Prefix of the one line the server prints on stdout once it accepts connections.
 pub const LISTENING_PREFIX: &str = "ursula listening on http://";
+
+/// The arguments of [`Server::spawn_standard`]: `server --listen 127.0.0.1:0 --data-dir DIR
+/// --storage disk|memory --cores N --long-poll-timeout-ms 500` plus `extra`.
+pub fn server_args(data_dir: &Path, storage: &str, cores: usize, extra: &[&str]) -> Vec<String> {
+    let data_dir = data_dir.to_str().expect("utf-8 data dir");
+    let cores = cores.to_string();
+    let mut args: Vec<String> = [
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data_dir,
+        "--storage",
+        storage,
+        "--cores",
+        &cores,
+        "--long-poll-timeout-ms",
+        "500",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
 
 /// A running `ursula` process.
 pub struct Server {
@@ -51,6 +78,22 @@ impl Server {
         stderr_log: Option<&Path>,
         timeout: Duration,
     ) -> Server {
+        match Server::spawn_unless(args, env, stderr_log, timeout, &|| false) {
+            Ok(server) => server,
+            Err(_) => unreachable!("never gives up"),
+        }
+    }
+
+    /// [`Server::spawn_with_env`] that stops waiting for the listening line once `give_up`
+    /// returns true (polled every 10 ms) and hands back the still running child, e.g. when
+    /// the server's disk froze under it during startup.
+    pub fn spawn_unless(
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr_log: Option<&Path>,
+        timeout: Duration,
+        give_up: &dyn Fn() -> bool,
+    ) -> Result<Server, Child> {
         let stderr = match stderr_log {
             Some(p) => Stdio::from(
                 std::fs::OpenOptions::new()
@@ -93,15 +136,20 @@ impl Server {
             }
         });
 
-        let line = match rx.recv_timeout(timeout) {
-            Ok(l) => l,
-            Err(_) => {
-                let status = child.try_wait().ok().flatten();
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "ursula did not print its listening line within {timeout:?} (args {args:?}, exit status {status:?})"
-                );
+        let deadline = Instant::now() + timeout;
+        let line = loop {
+            match rx.recv_timeout(Duration::from_millis(10)) {
+                Ok(l) => break l,
+                Err(mpsc::RecvTimeoutError::Timeout) if give_up() => return Err(child),
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+                Err(_) => {
+                    let status = child.try_wait().ok().flatten();
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "ursula did not print its listening line within {timeout:?} (args {args:?}, exit status {status:?})"
+                    );
+                }
             }
         };
         // With --tls-cert the line says https://.
@@ -117,11 +165,11 @@ impl Server {
                 panic!("unexpected first stdout line from ursula: {line:?}");
             }
         };
-        Server {
+        Ok(Server {
             child,
             base_url: format!("{scheme}://{addr}"),
             addr,
-        }
+        })
     }
 
     /// Convenience: `ursula server --listen 127.0.0.1:0 --data-dir DIR --storage disk|memory
@@ -133,22 +181,8 @@ impl Server {
         extra: &[&str],
         stderr_log: Option<&Path>,
     ) -> Server {
-        let data_dir = data_dir.to_str().expect("utf-8 data dir").to_string();
-        let cores = cores.to_string();
-        let mut args: Vec<&str> = vec![
-            "server",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &data_dir,
-            "--storage",
-            storage,
-            "--cores",
-            &cores,
-            "--long-poll-timeout-ms",
-            "500",
-        ];
-        args.extend_from_slice(extra);
+        let args = server_args(data_dir, storage, cores, extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Server::spawn(&args, stderr_log, Duration::from_secs(60))
     }
 

@@ -19,7 +19,7 @@ impl Shard {
                 .insert(name.clone(), body);
             return Ok(name);
         };
-        std::fs::create_dir_all(&dir)?;
+        segment::create_dir_durable(&dir)?;
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

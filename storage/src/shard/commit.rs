@@ -157,6 +157,9 @@ impl Shard {
         }
         for file in &synced {
             let started = Instant::now();
+            if crate::fault::skips().fdatasync {
+                continue;
+            }
             file.sync_data().await?;
             self.count_fsync(started.elapsed());
         }

@@ -291,6 +291,7 @@ impl Shard {
     /// Open (recovering if needed) the shard and start its flusher on the current runtime.
     pub async fn open(cfg: ShardConfig) -> Result<(Shard, RecoveryReport), StorageError> {
         let started = Instant::now();
+        crate::fault::skips();
         let inner = Rc::new(Inner {
             cfg: cfg.clone(),
             streams: RefCell::new(FastMap::default()),
@@ -326,7 +327,7 @@ impl Shard {
         let mut report = RecoveryReport::default();
         if let Durability::Disk(root) = &cfg.durability {
             let dir = root.join(format!("shard-{}", cfg.shard));
-            std::fs::create_dir_all(&dir)?;
+            segment::create_dir_durable(&dir)?;
             let log = shard.recover(&dir, &mut report)?;
             *shard.inner.log.borrow_mut() = Some(log);
             let flusher = shard.clone();
