@@ -2,7 +2,9 @@
 //!
 //! Each crash point mounts a fresh forgetful disk (`disk.rs`, a FUSE file system), starts
 //! the server on it, and runs the long-mode crash workload (many streams, producers with
-//! retries, JSON records, append-batch, close, delete and recreate; `support/workload.rs`).
+//! retries, JSON records, append-batch, close, delete and recreate, snapshots and
+//! retention; `support/workload.rs`), on the smallest segments the engine allows so logs
+//! roll, the cleaner moves data and checkpoints are written within a run.
 //! The disk freezes at a mutating operation chosen at random (log-uniformly, so startup,
 //! the first segment and longer runs are all hit), the server is killed there, and the
 //! disk is cut as a power failure leaves it: only what was synced, plus a random subset
@@ -10,7 +12,10 @@
 //! metadata. The server then recovers on that image, and every acknowledged append must
 //! read back byte-exact at its offset and record ordinals, the one operation in flight per
 //! stream must be absent or whole, producer retries must be answered as duplicates,
-//! closed and deleted streams must stay so, and the server must shut down cleanly.
+//! acknowledged snapshots must read back byte-exact and retention points hold, closed and
+//! deleted streams must stay so, and the server must shut down cleanly (a clean stop
+//! writes a checkpoint of the recovered state, which is then loaded once more and
+//! checked again, so what recovery rebuilt and what the checkpoint holds must agree).
 //!
 //! `URSULA_POWER_LOSS_POINTS` (default 6) sets the number of crash points;
 //! `URSULA_CRASH_SEED` replays a run, `URSULA_POWER_LOSS_POINT_SEED` one crash point (both
@@ -43,6 +48,9 @@ const WRITERS: usize = 3;
 const MAX_CRASH_OP: u64 = 20_000;
 /// Longest workload per crash point.
 const MAX_RUN: Duration = Duration::from_secs(3);
+/// Share of crash points that start once more on the checkpoint of the clean stop after
+/// recovery and verify again (a start and a verification cost about a quarter of a point).
+const RECHECK_SHARE: f64 = 0.25;
 
 #[test]
 fn power_loss_keeps_every_acknowledged_append() {
@@ -67,7 +75,8 @@ fn power_loss_keeps_every_acknowledged_append() {
             Ok(r) => {
                 totals.add(&r);
                 println!(
-                    "point {point}/{points}: crash at op {} of {}{}; {} appends, {} frames, {} deletes acked, {:.1} MiB; \
+                    "point {point}/{points}: crash at op {} of {}{}; {} appends, {} frames, {} deletes, \
+                     {} snapshots, {} retentions, {} retries acked, {:.1} MiB; image: {} segments{}{}; \
                      cut {:?}: {} files, {} pending writes, sectors {} kept {} lost; {} streams verified [{}]; {} ms",
                     r.crash_at,
                     r.applied,
@@ -75,7 +84,13 @@ fn power_loss_keeps_every_acknowledged_append() {
                     r.stats.appends,
                     r.stats.frames,
                     r.stats.deletes,
+                    r.stats.snapshots,
+                    r.stats.retentions,
+                    r.stats.retries,
                     r.stats.bytes as f64 / (1 << 20) as f64,
+                    r.image.segments,
+                    if r.image.cleaned { ", cleaned" } else { "" },
+                    if r.image.checkpoints > 0 { ", checkpoint" } else { "" },
                     r.cut,
                     r.cut_stats.files,
                     r.cut_stats.pending_writes,
@@ -100,8 +115,9 @@ fn power_loss_keeps_every_acknowledged_append() {
         }
     }
     println!(
-        "power-loss: {points} points in {:.0} s; {} in startup; {:.0} MiB acked, {} appends, {} frames, {} deletes, {} closes; \
-         {} pending writes cut, {} sectors lost",
+        "power-loss: {points} points in {:.0} s; {} in startup; {:.0} MiB acked, {} appends, {} frames, {} deletes, {} closes, \
+         {} snapshots, {} retentions, {} producer retries; crash images with a rolled log {}, a cleaned segment {}, \
+         a checkpoint {}; {} pending writes cut, {} sectors lost",
         started.elapsed().as_secs_f64(),
         totals.in_startup,
         totals.stats.bytes as f64 / (1 << 20) as f64,
@@ -109,6 +125,12 @@ fn power_loss_keeps_every_acknowledged_append() {
         totals.stats.frames,
         totals.stats.deletes,
         totals.stats.closes,
+        totals.stats.snapshots,
+        totals.stats.retentions,
+        totals.stats.retries,
+        totals.rolled,
+        totals.cleaned,
+        totals.checkpointed,
         totals.pending_writes,
         totals.sectors_lost,
     );
@@ -130,6 +152,7 @@ struct PointReport {
     cut_stats: CutStats,
     live: usize,
     outcomes: Vec<String>,
+    image: ImageShape,
 }
 
 #[derive(Default)]
@@ -138,12 +161,18 @@ struct Totals {
     in_startup: usize,
     pending_writes: usize,
     sectors_lost: usize,
+    rolled: usize,
+    cleaned: usize,
+    checkpointed: usize,
 }
 
 impl Totals {
     fn add(&mut self, r: &PointReport) {
         self.stats.add(&r.stats);
         self.in_startup += r.in_startup as usize;
+        self.rolled += r.image.rolled as usize;
+        self.cleaned += r.image.cleaned as usize;
+        self.checkpointed += (r.image.checkpoints > 0) as usize;
         self.pending_writes += r.cut_stats.pending_writes;
         self.sectors_lost += r.cut_stats.sectors_lost;
     }
@@ -267,6 +296,7 @@ fn run_point(
         .crash_image(&mut rng, cut, &image)
         .map_err(|e| fail(format!("write the crash image: {e}")))?;
     drop(session);
+    let image_shape = ImageShape::of(&image);
 
     let server = Server::spawn_standard(&image, "disk", 2, &["--config", &cfg], Some(log_path));
     let mut slots = acked.slots;
@@ -283,31 +313,26 @@ fn run_point(
             lost: acked_total,
         });
     }
-    let mut outcomes = Vec::new();
-    let mut live = 0;
-    for (i, s) in slots.iter_mut().enumerate() {
-        let acked_log = s.log.clone();
-        let existed = s.exists;
-        match verify_slot(&mut client, &mut rng, i, s) {
-            Ok(o) if !o.is_empty() => outcomes.push(format!("s{i}: {o}")),
-            Ok(_) => {}
-            Err(e) => {
-                let lost = if existed {
-                    lost_bytes(&mut client, i, &acked_log)
-                } else {
-                    0
-                };
-                return Err(Failure {
-                    msg: format!("s{i}: {e} (crash at op {crash_at}, cut {cut:?})"),
-                    lost,
-                });
-            }
-        }
-        live += s.exists as usize;
-    }
+    let where_ = format!("crash at op {crash_at}, cut {cut:?}");
+    let (outcomes, live) = verify_all(&mut client, &mut rng, &mut slots, &where_)?;
     match server.sigterm(Duration::from_secs(10)) {
         Some(st) if st.success() => {}
         other => return Err(fail(format!("SIGTERM after recovery: {other:?}"))),
+    }
+    // The clean stop wrote a checkpoint of the recovered state; at some points, start on it
+    // once more: the state it loads must be the one recovery rebuilt from the log.
+    if live > 0 && rng.chance(RECHECK_SHARE) {
+        let server = Server::spawn_standard(&image, "disk", 2, &["--config", &cfg], Some(log_path));
+        let mut client = server.client();
+        let where_ = format!("{where_}, restarted from the checkpoint of the clean stop");
+        let (again, _) = verify_all(&mut client, &mut rng, &mut slots, &where_)?;
+        if !again.is_empty() {
+            return Err(fail(format!("{where_}: unresolved operations {again:?}")));
+        }
+        match server.sigterm(Duration::from_secs(10)) {
+            Some(st) if st.success() => {}
+            other => return Err(fail(format!("second SIGTERM: {other:?}"))),
+        }
     }
     Ok(PointReport {
         crash_at,
@@ -318,7 +343,50 @@ fn run_point(
         cut_stats,
         live,
         outcomes,
+        image: image_shape,
     })
+}
+
+/// What a crash image holds of the engine's background work, so a run shows how often
+/// the cut hit a rolled log, a log the cleaner had already shortened, or a checkpoint.
+#[derive(Clone, Copy, Debug, Default)]
+struct ImageShape {
+    segments: usize,
+    /// Some shard has a segment after its first.
+    rolled: bool,
+    /// Some shard's first segment is gone (the cleaner moved its live data and deleted it).
+    cleaned: bool,
+    checkpoints: usize,
+}
+
+impl ImageShape {
+    fn of(data_dir: &Path) -> ImageShape {
+        let mut shape = ImageShape::default();
+        let Ok(shards) = std::fs::read_dir(data_dir) else {
+            return shape;
+        };
+        for shard in shards.flatten() {
+            let Ok(files) = std::fs::read_dir(shard.path()) else {
+                continue;
+            };
+            let mut indexes = Vec::new();
+            for f in files.flatten() {
+                let name = f.file_name().to_string_lossy().into_owned();
+                if let Some(i) = name
+                    .strip_suffix(".seg")
+                    .and_then(|n| n.parse::<u64>().ok())
+                {
+                    indexes.push(i);
+                } else if name == "checkpoint" {
+                    shape.checkpoints += 1;
+                }
+            }
+            shape.segments += indexes.len();
+            shape.rolled |= indexes.iter().any(|&i| i > 1);
+            shape.cleaned |= !indexes.is_empty() && !indexes.contains(&1);
+        }
+        shape
+    }
 }
 
 /// Bucket, then writer threads until `stop` or the server is gone.
@@ -364,9 +432,43 @@ fn workload(addr: String, stop: Arc<AtomicBool>, seed: u64) -> Acked {
     acked
 }
 
-/// Acknowledged bytes of a slot that recovery lost or changed.
-fn lost_bytes(client: &mut Client, slot: usize, acked: &[u8]) -> u64 {
-    let Ok(log) = read_log(client, slot) else {
+/// Verify every slot against the model; the outcomes of in-flight operations and the
+/// number of live streams.
+fn verify_all(
+    client: &mut Client,
+    rng: &mut Rng,
+    slots: &mut [Slot],
+    where_: &str,
+) -> Result<(Vec<String>, usize), Failure> {
+    let mut outcomes = Vec::new();
+    let mut live = 0;
+    for (i, s) in slots.iter_mut().enumerate() {
+        let acked_log = s.log.clone();
+        let existed = s.exists;
+        match verify_slot(client, rng, i, s) {
+            Ok(o) if !o.is_empty() => outcomes.push(format!("s{i}: {o}")),
+            Ok(_) => {}
+            Err(e) => {
+                let lost = if existed {
+                    lost_bytes(client, i, &acked_log, s.retained)
+                } else {
+                    0
+                };
+                return Err(Failure {
+                    msg: format!("s{i}: {e} ({where_})"),
+                    lost,
+                });
+            }
+        }
+        live += s.exists as usize;
+    }
+    Ok((outcomes, live))
+}
+
+/// Acknowledged bytes of a slot after its retention point that recovery lost or changed.
+fn lost_bytes(client: &mut Client, slot: usize, acked: &[u8], retained: u64) -> u64 {
+    let acked = &acked[(retained as usize).min(acked.len())..];
+    let Ok(log) = read_log(client, slot, retained) else {
         return acked.len() as u64;
     };
     let same = acked.iter().zip(&log).take_while(|(a, b)| a == b).count();
