@@ -382,7 +382,8 @@ fn wait_for_signal() -> Result<(), String> {
 /// hashing over that count, so starting with a different one would hide data.
 fn check_layout(config: &Config) -> Result<(), String> {
     let dir = &config.data_dir;
-    std::fs::create_dir_all(dir).map_err(|e| format!("data dir {}: {e}", dir.display()))?;
+    ursula_storage::segment::create_dir_durable(dir)
+        .map_err(|e| format!("data dir {}: {e}", dir.display()))?;
     let meta = dir.join("ursula.layout");
     match std::fs::read_to_string(&meta) {
         Ok(text) => {
@@ -404,7 +405,7 @@ fn check_layout(config: &Config) -> Result<(), String> {
             std::fs::write(&tmp, format!("shards={}\n", config.cores))
                 .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
                 .and_then(|()| std::fs::rename(&tmp, &meta))
-                .and_then(|()| std::fs::File::open(dir)?.sync_all())
+                .and_then(|()| ursula_storage::segment::sync_dir(dir))
                 .map_err(|e| format!("write {}: {e}", meta.display()))
         }
         Err(e) => Err(format!("read {}: {e}", meta.display())),
@@ -415,7 +416,9 @@ fn check_layout(config: &Config) -> Result<(), String> {
 fn lock_data_dir(config: &Config) -> Result<std::fs::File, String> {
     use std::os::unix::io::AsRawFd;
     let dir = &config.data_dir;
-    std::fs::create_dir_all(dir).map_err(|e| format!("data dir {}: {e}", dir.display()))?;
+    // A new data dir's own entry must survive a power cut, or everything in it goes too.
+    ursula_storage::segment::create_dir_durable(dir)
+        .map_err(|e| format!("data dir {}: {e}", dir.display()))?;
     let path = dir.join("ursula.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)

@@ -46,6 +46,11 @@ const WRITERS: usize = 3;
 /// Crash points are drawn from mutating operations `0..MAX_CRASH_OP`; a run that ends
 /// sooner (the workload is time-bounded) crashes at its next operation.
 const MAX_CRASH_OP: u64 = 20_000;
+/// The server's data dir, inside the disk.
+const DATA: &str = "data";
+/// A running total is printed every this many points, so a long run that is stopped
+/// early still says how far it got.
+const PROGRESS_EVERY: usize = 250;
 /// Longest workload per crash point.
 const MAX_RUN: Duration = Duration::from_secs(3);
 /// Share of crash points that start once more on the checkpoint of the clean stop after
@@ -74,6 +79,12 @@ fn power_loss_keeps_every_acknowledged_append() {
         match crash_point(point_seed) {
             Ok(r) => {
                 totals.add(&r);
+                if point % PROGRESS_EVERY == 0 && point < points {
+                    println!(
+                        "power-loss progress: {}",
+                        totals.summary(point, started.elapsed())
+                    );
+                }
                 println!(
                     "point {point}/{points}: crash at op {} of {}{}; {} appends, {} frames, {} deletes, \
                      {} snapshots, {} retentions, {} retries acked, {:.1} MiB; image: {} segments{}{}; \
@@ -114,26 +125,7 @@ fn power_loss_keeps_every_acknowledged_append() {
             }
         }
     }
-    println!(
-        "power-loss: {points} points in {:.0} s; {} in startup; {:.0} MiB acked, {} appends, {} frames, {} deletes, {} closes, \
-         {} snapshots, {} retentions, {} producer retries; crash images with a rolled log {}, a cleaned segment {}, \
-         a checkpoint {}; {} pending writes cut, {} sectors lost",
-        started.elapsed().as_secs_f64(),
-        totals.in_startup,
-        totals.stats.bytes as f64 / (1 << 20) as f64,
-        totals.stats.appends,
-        totals.stats.frames,
-        totals.stats.deletes,
-        totals.stats.closes,
-        totals.stats.snapshots,
-        totals.stats.retentions,
-        totals.stats.retries,
-        totals.rolled,
-        totals.cleaned,
-        totals.checkpointed,
-        totals.pending_writes,
-        totals.sectors_lost,
-    );
+    println!("power-loss: {}", totals.summary(points, started.elapsed()));
     println!("{points} crash points, 0 acknowledged bytes lost");
 }
 
@@ -167,6 +159,29 @@ struct Totals {
 }
 
 impl Totals {
+    fn summary(&self, points: usize, elapsed: Duration) -> String {
+        format!(
+            "{points} points in {:.0} s, 0 acknowledged bytes lost; {} in startup; {:.0} MiB acked, {} appends, \
+             {} frames, {} deletes, {} closes, {} snapshots, {} retentions, {} producer retries; crash images \
+             with a rolled log {}, a cleaned segment {}, a checkpoint {}; {} pending writes cut, {} sectors lost",
+            elapsed.as_secs_f64(),
+            self.in_startup,
+            self.stats.bytes as f64 / (1 << 20) as f64,
+            self.stats.appends,
+            self.stats.frames,
+            self.stats.deletes,
+            self.stats.closes,
+            self.stats.snapshots,
+            self.stats.retentions,
+            self.stats.retries,
+            self.rolled,
+            self.cleaned,
+            self.checkpointed,
+            self.pending_writes,
+            self.sectors_lost,
+        )
+    }
+
     fn add(&mut self, r: &PointReport) {
         self.stats.add(&r.stats);
         self.in_startup += r.in_startup as usize;
@@ -237,7 +252,9 @@ fn run_point(
         .mount(&mnt)
         .map_err(|e| fail(format!("mount the FUSE disk at {}: {e}", mnt.display())))?;
 
-    let args = server_args(&mnt, "disk", 2, &["--config", &cfg]);
+    // The data dir is made by the server inside the disk, so its own entry is on the
+    // forgetful disk too.
+    let args = server_args(&mnt.join(DATA), "disk", 2, &["--config", &cfg]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let frozen = || disk.frozen();
     let spawned =
@@ -296,9 +313,19 @@ fn run_point(
         .crash_image(&mut rng, cut, &image)
         .map_err(|e| fail(format!("write the crash image: {e}")))?;
     drop(session);
-    let image_shape = ImageShape::of(&image);
+    let data = image.join(DATA);
+    let image_shape = ImageShape::of(&data);
+    // A data dir that acknowledged anything must still know its shard count.
+    if acked.bucket && !data.join("ursula.layout").exists() {
+        return Err(Failure {
+            msg: format!(
+                "the data dir or its ursula.layout is gone after the cut (crash at op {crash_at}, cut {cut:?})"
+            ),
+            lost: acked_total,
+        });
+    }
 
-    let server = Server::spawn_standard(&image, "disk", 2, &["--config", &cfg], Some(log_path));
+    let server = Server::spawn_standard(&data, "disk", 2, &["--config", &cfg], Some(log_path));
     let mut slots = acked.slots;
     let mut client = server.client();
     let r = client
@@ -322,7 +349,7 @@ fn run_point(
     // The clean stop wrote a checkpoint of the recovered state; at some points, start on it
     // once more: the state it loads must be the one recovery rebuilt from the log.
     if live > 0 && rng.chance(RECHECK_SHARE) {
-        let server = Server::spawn_standard(&image, "disk", 2, &["--config", &cfg], Some(log_path));
+        let server = Server::spawn_standard(&data, "disk", 2, &["--config", &cfg], Some(log_path));
         let mut client = server.client();
         let where_ = format!("{where_}, restarted from the checkpoint of the clean stop");
         let (again, _) = verify_all(&mut client, &mut rng, &mut slots, &where_)?;
