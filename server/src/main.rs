@@ -1,8 +1,8 @@
 //! `ursula`: the Durable Streams server.
 
 // The declaration order is the layering: a module uses only modules declared before it
-// (docs/architecture.md explains it). Modules in one run of lines with no blank line
-// between them are one layer and do not use each other.
+// (scripts/check-layers enforces it; docs/architecture.md explains it). Modules in one run
+// of lines with no blank line between them are one layer and do not use each other.
 
 // Limits, configuration and the stream state blob: plain values, no I/O of requests.
 mod limits;
