@@ -119,6 +119,21 @@ pub async fn catch_up(
         .header("content-type", read_content_type(surface, &s.content_type))
         .header("stream-next-offset", format_offset(end))
         .header("cache-control", "no-store");
+    push_read_state(&mut resp, up_to_date, closed, cursor);
+    if records::active(surface, &s.content_type) {
+        records::push_stream_headers(&mut resp, &s);
+    }
+    finish_read(resp, etag, req, || parts)
+}
+
+/// The read-state headers every 200 of a read carries: whether it reached the tail, whether
+/// the stream is closed there, and the cursor a CDN-friendly client sends back.
+pub fn push_read_state(
+    resp: &mut Response,
+    up_to_date: bool,
+    closed: bool,
+    cursor: Option<String>,
+) {
     if up_to_date {
         resp.push("stream-up-to-date", "true");
     }
@@ -128,10 +143,6 @@ pub async fn catch_up(
     if let Some(c) = cursor {
         resp.push("stream-cursor", c);
     }
-    if records::active(surface, &s.content_type) {
-        records::push_stream_headers(&mut resp, &s);
-    }
-    finish_read(resp, etag, req, || parts)
 }
 
 /// The end of every catch-up/long-poll 200: the ETag, and `304` instead of the body when

@@ -8,7 +8,7 @@ use ursula_protocol::query::{Live, MAX_READ_BYTES};
 use ursula_storage::StreamId;
 
 use crate::core::Core;
-use crate::handlers::catch_up::{cursor, finish_read};
+use crate::handlers::catch_up::{cursor, finish_read, push_read_state};
 use crate::handlers::read_params::{ReadParams, ReadReply, SseStart};
 use crate::http::{ApiError, Request, Response};
 use crate::limits::LIVE_WAIT_SLICE;
@@ -177,15 +177,7 @@ async fn record_catch_up(
         .header("stream-record-first", records::first(&s).to_string())
         .header("cache-control", "no-store");
     records::push_ack_headers(&mut resp, start, end);
-    if up_to_date {
-        resp.push("stream-up-to-date", "true");
-    }
-    if closed {
-        resp.push("stream-closed", "true");
-    }
-    if let Some(c) = cursor {
-        resp.push("stream-cursor", c);
-    }
+    push_read_state(&mut resp, up_to_date, closed, cursor);
     finish_read(resp, etag, req, || {
         if rp.envelope {
             records::envelope_parts(&parts, start)
