@@ -17,7 +17,7 @@ use monoio::net::TcpStream;
 use ursula_protocol::http1::{parse_request_head, BodyKind, ChunkedDecoder, HeadError, Method};
 
 use crate::admin::{self, Listener};
-use crate::core::{ConnectionSlot, Core, Job};
+use crate::core::{ConnectionSlot, Core, Letter};
 use crate::http::transport::{write_response, Transport};
 use crate::http::{ApiError, Cors, Request, Response};
 use crate::limits::{
@@ -178,14 +178,15 @@ fn adopt_on(
     peer: SocketAddr,
     rbuf: Vec<u8>,
 ) {
-    let job: Job = Box::new(move |core: Rc<Core>| {
-        Box::pin(async move {
+    let adopt: Letter = Box::new(move |core: &Rc<Core>| {
+        let core = core.clone();
+        monoio::spawn(async move {
             let slot = ConnectionSlot::take(&core);
             serve_moved(core, socket, peer, rbuf).await;
             drop(slot);
-        })
+        });
     });
-    let _ = core.peers[target].try_send(job);
+    let _ = core.post(target, adopt);
 }
 
 /// Serve a connection that another core moved here (see `adopt_on`).

@@ -2,13 +2,14 @@
 //!
 //! Every core runs one pinned monoio event loop with its own storage shard (see `runtime`).
 //! A stream key hashes to exactly one owner core. A request that arrives on another core is
-//! handed to the owner by [`Core::on`]: a boxed closure over the owner's unbounded channel,
-//! run there against the owner's shard, with its result travelling back on a oneshot
-//! channel. Nothing on the request path is shared between cores, so nothing is locked.
+//! handed to the owner by [`Core::on`]: a letter posted to the owner's mailbox (`hop`)
+//! starts it there as a task against the owner's shard, and its result is posted back to
+//! the requesting core's mailbox, which completes the waiting request there. Nothing on
+//! the request path is shared between cores but the mailboxes, whose locks are held for a
+//! push or a swap.
 
 use std::cell::Cell;
 use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,18 +18,23 @@ use std::time::Duration;
 use ursula_storage::Shard;
 
 use crate::config::Config;
+use crate::hop::Mailbox;
 use crate::metrics::CoreMetrics;
 
-/// Work sent to another core: runs there with that core's context.
-pub type Job = Box<dyn FnOnce(Rc<Core>) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+/// Work sent to another core: runs there, synchronously, with that core's context, as its
+/// drain loop takes it from the mailbox (work that waits spawns a task).
+pub type Letter = Box<dyn FnOnce(&Rc<Core>) + Send>;
+
+/// Every core's mailbox, indexed by core.
+pub type Mailboxes = Arc<Vec<Mailbox<Letter>>>;
 
 /// One core's context. Lives on (and never leaves) its thread.
 pub struct Core {
     pub index: usize,
     pub shard: Shard,
     pub config: Arc<Config>,
-    /// Every core's job queue, this one's included.
-    pub peers: Arc<Vec<async_channel::Sender<Job>>>,
+    /// Every core's mailbox, this one's included.
+    pub peers: Mailboxes,
     pub shutdown: Arc<AtomicBool>,
     /// Cores still finishing their requests after shutdown started (see `runtime`).
     pub draining: Arc<AtomicUsize>,
@@ -56,7 +62,7 @@ pub struct CoreParts {
     pub index: usize,
     pub shard: Shard,
     pub config: Arc<Config>,
-    pub peers: Arc<Vec<async_channel::Sender<Job>>>,
+    pub peers: Mailboxes,
     pub shutdown: Arc<AtomicBool>,
     pub draining: Arc<AtomicUsize>,
 }
@@ -109,13 +115,28 @@ impl Core {
             return Ok(f(self.clone()).await);
         }
         let (tx, rx) = futures_channel::oneshot::channel();
-        let job: Job = Box::new(move |owner| {
-            Box::pin(async move {
-                let _ = tx.send(f(owner).await);
-            })
+        let home = self.index;
+        let request: Letter = Box::new(move |owner: &Rc<Core>| {
+            let owner = owner.clone();
+            monoio::spawn(async move {
+                let result = f(owner.clone()).await;
+                // The reply is delivered by the requesting core itself, so waking the
+                // waiting task is a local wake, and the replies of one batch (e.g. every
+                // append of one commit) cost that core one wake-up. If that core is
+                // stopping, the reply is dropped and the caller sees `Unavailable`.
+                let reply: Letter = Box::new(move |_home| {
+                    let _ = tx.send(result);
+                });
+                let _ = owner.peers[home].post(reply);
+            });
         });
-        self.peers[core].try_send(job).map_err(|_| Unavailable)?;
+        self.peers[core].post(request).map_err(|_| Unavailable)?;
         rx.await.map_err(|_| Unavailable)
+    }
+
+    /// Post `letter` to core `core`'s mailbox. Gives it back when that core is stopping.
+    pub fn post(&self, core: usize, letter: Letter) -> Result<(), Letter> {
+        self.peers[core].post(letter)
     }
 
     /// A cheap per-core pseudo-random number (cursor jitter); not for secrets.

@@ -29,6 +29,7 @@ mod auth;
 mod records;
 
 // One core's state and the cross-core hop.
+mod hop;
 mod metrics;
 
 mod core;

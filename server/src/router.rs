@@ -56,12 +56,18 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
     let (key, on_owner) = match route(&req.path) {
         Route::Stream { surface, key } => {
             let owner = core.owner_of(&key);
+            let mut req = req;
+            let call = if req.method == Method::Post {
+                StreamCall::Append(append::AppendRequest::read(surface, &mut req))
+            } else {
+                StreamCall::Other(req)
+            };
             let reply = core
                 .on(owner, move |c| async move {
-                    stream_request(&c, surface, key, req).await
+                    stream_request(&c, surface, key, call).await
                 })
                 .await
-                .unwrap_or_else(|_| ApiError::owner_unavailable().response().into());
+                .map_or_else(|_| ApiError::owner_unavailable().response().into(), |r| r.0);
             return (reply, Some(owner));
         }
         Route::Bucket(b) | Route::BucketStreams(b) => {
@@ -110,29 +116,61 @@ fn preflight() -> Response {
         .header("cache-control", "no-store")
 }
 
-/// A request for a stream, on its owner core.
-async fn stream_request(core: &Rc<Core>, surface: Surface, key: String, req: Request) -> Reply {
+/// What the owner core gets of a request for a stream.
+enum StreamCall {
+    /// An append, its headers already read on the accepting core.
+    Append(append::AppendRequest),
+    /// Any other request, whole.
+    Other(Request),
+}
+
+/// A request for a stream, on its owner core. A whole request travels back with the reply,
+/// so its buffers are freed by the core that allocated them (freeing another thread's
+/// memory is slower).
+async fn stream_request(
+    core: &Rc<Core>,
+    surface: Surface,
+    key: String,
+    call: StreamCall,
+) -> (Reply, Option<Request>) {
     if surface == Surface::Bucketed {
         if let Some(resp) = buckets::require_bucket(core, &key).await {
-            return resp.into();
+            let home = match call {
+                StreamCall::Append(_) => None,
+                StreamCall::Other(req) => Some(req),
+            };
+            return (resp.into(), home);
         }
     }
+    match call {
+        StreamCall::Append(a) => (append::append(core, surface, &key, a).await.into(), None),
+        StreamCall::Other(mut req) => {
+            let reply = other_request(core, surface, &key, &mut req).await;
+            (reply, Some(req))
+        }
+    }
+}
+
+async fn other_request(core: &Rc<Core>, surface: Surface, key: &str, req: &mut Request) -> Reply {
     // Reads (long-poll, SSE) and creates hold large futures; boxed, they no longer size
     // the future of every append, which is moved several times per request.
     match req.method {
-        Method::Put => Box::pin(create::create(core, surface, &key, &req))
+        Method::Put => Box::pin(create::create(core, surface, key, req))
             .await
             .into(),
-        Method::Post => append::append(core, surface, &key, req).await.into(),
-        Method::Get => match Box::pin(read::read(core, surface, &key, &req)).await {
+        Method::Post => {
+            let a = append::AppendRequest::read(surface, req);
+            append::append(core, surface, key, a).await.into()
+        }
+        Method::Get => match Box::pin(read::read(core, surface, key, req)).await {
             ReadReply::Done(resp) => resp.into(),
             ReadReply::Sse(start) => match sse::start(core, start) {
                 Ok((head, session)) => Reply::Sse(head, Box::new(session)),
                 Err(resp) => resp.into(),
             },
         },
-        Method::Head => head::head(core, surface, &key).into(),
-        Method::Delete => Box::pin(delete::delete(core, &key)).await.into(),
+        Method::Head => head::head(core, surface, key).into(),
+        Method::Delete => Box::pin(delete::delete(core, key)).await.into(),
         _ => ApiError::MethodNotAllowed {
             allow: "GET, HEAD, POST, PUT, DELETE, OPTIONS",
             reason: "method not allowed",

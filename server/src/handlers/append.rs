@@ -81,30 +81,64 @@ fn check_producer(core: &Rc<Core>, id: StreamId, p: &ProducerHeaders) -> Produce
     }
 }
 
-pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, mut req: Request) -> Response {
+/// What an append's headers say, read on the core that accepted the request: the owner
+/// core gets parsed values and the body instead of the request's header strings, which it
+/// would otherwise walk as cache lines another core wrote. Every refusal found here is
+/// kept, not returned, so the owner reports it in the order the protocol checks them.
+pub struct AppendRequest {
+    producer: Result<Option<ProducerHeaders>, &'static str>,
+    stream_seq: Result<Option<Bytes>, ()>,
+    close: bool,
+    record_match: Result<Option<u64>, ()>,
+    /// The normalised `Content-Type`, if one was sent.
+    content_type: Option<Result<String, ()>>,
+    body: Bytes,
+}
+
+impl AppendRequest {
+    /// Read the append's headers and take its body out of `req`.
+    pub fn read(surface: Surface, req: &mut Request) -> AppendRequest {
+        let producer = parse_producer(
+            req.header("producer-id"),
+            req.header("producer-epoch"),
+            req.header("producer-seq"),
+        );
+        let stream_seq = parse_stream_seq(req.header("stream-seq"))
+            .map(|s| s.map(|s| Bytes::copy_from_slice(s.as_bytes())));
+        let record_match = match (surface, req.header("stream-record-match")) {
+            (Surface::Bucketed, Some(v)) => ursula_protocol::records::parse_record_match(v)
+                .map(Some)
+                .ok_or(()),
+            _ => Ok(None),
+        };
+        AppendRequest {
+            producer,
+            stream_seq,
+            close: is_closed_true(req.header("stream-closed")),
+            record_match,
+            content_type: req.header("content-type").map(normalize),
+            body: std::mem::take(&mut req.body),
+        }
+    }
+}
+
+pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendRequest) -> Response {
     // 2. header syntax
-    let producer = match parse_producer(
-        req.header("producer-id"),
-        req.header("producer-epoch"),
-        req.header("producer-seq"),
-    ) {
+    let producer = match req.producer {
         Ok(p) => p,
         Err(why) => return ApiError::InvalidRequest(why).response(),
     };
-    let stream_seq = match parse_stream_seq(req.header("stream-seq")) {
-        Ok(s) => s.map(|s| Bytes::copy_from_slice(s.as_bytes())),
+    let stream_seq = match req.stream_seq {
+        Ok(s) => s,
         Err(()) => return ApiError::InvalidRequest("Stream-Seq longer than 1024 bytes").response(),
     };
-    let close = is_closed_true(req.header("stream-closed"));
-    let record_match = match (surface, req.header("stream-record-match")) {
-        (Surface::Bucketed, Some(v)) => match ursula_protocol::records::parse_record_match(v) {
-            Some(n) => Some(n),
-            None => {
-                return ApiError::InvalidRequest("Stream-Record-Match must be an unsigned integer")
-                    .response()
-            }
-        },
-        _ => None,
+    let close = req.close;
+    let record_match = match req.record_match {
+        Ok(n) => n,
+        Err(()) => {
+            return ApiError::InvalidRequest("Stream-Record-Match must be an unsigned integer")
+                .response()
+        }
     };
     // 3. existence
     let id = match lookup::live(core, key) {
@@ -122,13 +156,12 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, mut req: Reque
     };
     let mut request_type = None;
     if !close_only {
-        let Some(ct) = req.header("content-type") else {
-            return ApiError::MissingContentType.response();
+        let ct = match req.content_type {
+            None => return ApiError::MissingContentType.response(),
+            Some(Err(())) => return ApiError::InvalidRequest("invalid Content-Type").response(),
+            Some(Ok(ct)) => ct,
         };
-        let Ok(ct) = normalize(ct) else {
-            return ApiError::InvalidRequest("invalid Content-Type").response();
-        };
-        body = match payload(is_json(&ct), std::mem::take(&mut req.body), false) {
+        body = match payload(is_json(&ct), req.body, false) {
             Ok(p) => p,
             Err(e) => return e.response(),
         };

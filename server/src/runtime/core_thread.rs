@@ -1,5 +1,5 @@
-//! One core's thread: its monoio runtime, its shard, and its tasks (accept loop, job
-//! queue, expiry sweep, heartbeat), until shutdown has drained it.
+//! One core's thread: its monoio runtime, its shard, and its tasks (accept loop, mailbox,
+//! expiry sweep, heartbeat), until shutdown has drained it.
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -11,7 +11,7 @@ use ursula_storage::{Durability, ShardConfig};
 use crate::admin::Listener;
 use crate::config::{Config, StorageMode};
 use crate::conn;
-use crate::core::{ConnectionSlot, Core, CoreParts, Job};
+use crate::core::{ConnectionSlot, Core, CoreParts, Mailboxes};
 use crate::limits::{EXPIRY_SWEEP, HEARTBEAT, SHUTDOWN_DRAIN, URING_ENTRIES};
 use crate::lookup::{find, Found};
 use crate::removal;
@@ -21,8 +21,7 @@ pub fn run(
     index: usize,
     config: Arc<Config>,
     listeners: Listeners,
-    inbox: async_channel::Receiver<Job>,
-    peers: Arc<Vec<async_channel::Sender<Job>>>,
+    peers: Mailboxes,
     (shutdown, draining): (Arc<AtomicBool>, Arc<AtomicUsize>),
     ready: mpsc::Sender<Result<(), String>>,
 ) {
@@ -101,7 +100,7 @@ pub fn run(
             let core = core.clone();
             monoio::spawn(async move { serve_admin(core, l).await })
         });
-        serve(core, listener, inbox).await;
+        serve(core, listener).await;
         if let Some(admin) = admin {
             admin.await;
         }
@@ -112,19 +111,10 @@ fn num_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-async fn serve(
-    core: Rc<Core>,
-    listener: monoio::net::TcpListener,
-    inbox: async_channel::Receiver<Job>,
-) {
-    let jobs = {
+async fn serve(core: Rc<Core>, listener: monoio::net::TcpListener) {
+    let letters = {
         let core = core.clone();
-        let inbox = inbox.clone();
-        monoio::spawn(async move {
-            while let Ok(job) = inbox.recv().await {
-                monoio::spawn(job(core.clone()));
-            }
-        })
+        monoio::spawn(async move { read_letters(core).await })
     };
     let sweeper = {
         let core = core.clone();
@@ -191,16 +181,26 @@ async fn serve(
     while core.draining.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
         monoio::time::sleep(Duration::from_millis(20)).await;
     }
-    // From here a job sent to this core fails at once, and one already queued is dropped
+    // From here a letter sent to this core fails at once, and one already queued is dropped
     // with its reply channel, so its caller gets an error rather than no answer.
-    inbox.close();
-    while inbox.try_recv().is_ok() {}
+    drop(core.peers[core.index].close());
     if let Err(e) = core.shard.shutdown().await {
         tracing::error!(core = core.index, "final flush failed: {e}");
     }
-    drop(jobs);
+    drop(letters);
     drop(sweeper);
     drop(heartbeat);
+}
+
+/// Runs every letter other cores post to this core, a whole mailbox at a time, until the
+/// mailbox is closed.
+async fn read_letters(core: Rc<Core>) {
+    let mut batch = Vec::new();
+    while core.peers[core.index].take(&mut batch).await {
+        for letter in batch.drain(..) {
+            letter(&core);
+        }
+    }
 }
 
 /// The admin listener: operational endpoints only. Its connections are not counted

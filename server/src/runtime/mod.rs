@@ -10,7 +10,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use crate::config::{Config, StorageMode};
-use crate::core::Job;
+use crate::core::Mailboxes;
+use crate::hop::Mailbox;
 use crate::limits::{BIND_RETRY, LISTEN_BACKLOG};
 
 /// Start every core, print the listening line once all have recovered and are accepting,
@@ -37,15 +38,12 @@ pub fn run(config: Config) -> Result<(), String> {
         Some(l) => Some(l.local_addr().map_err(|e| format!("admin address: {e}"))?),
         None => None,
     };
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..config.cores)
-        .map(|_| async_channel::unbounded::<Job>())
-        .unzip();
-    let peers = Arc::new(senders);
+    let peers: Mailboxes = Arc::new((0..config.cores).map(|_| Mailbox::default()).collect());
     let shutdown = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicUsize::new(config.cores));
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let mut threads = Vec::new();
-    for (index, (listener, inbox)) in listeners.into_iter().zip(receivers).enumerate() {
+    for (index, listener) in listeners.into_iter().enumerate() {
         let config = config.clone();
         let peers = peers.clone();
         let stopping = (shutdown.clone(), draining.clone());
@@ -57,7 +55,7 @@ pub fn run(config: Config) -> Result<(), String> {
         let thread = std::thread::Builder::new()
             .name(format!("ursula-core-{index}"))
             .spawn(move || {
-                core_thread::run(index, config, listener, inbox, peers, stopping, ready);
+                core_thread::run(index, config, listener, peers, stopping, ready);
             })
             .map_err(|e| format!("spawn core thread: {e}"))?;
         threads.push(thread);
@@ -93,11 +91,9 @@ pub fn run(config: Config) -> Result<(), String> {
     tracing::info!("shutting down: no new connections, finishing requests");
     shutdown.store(true, Ordering::SeqCst);
     for p in peers.iter() {
-        let _ = p.try_send(Box::new(|core| {
-            Box::pin(async move {
-                core.stop_accepting();
-                crate::live::feed::notify_all();
-            })
+        let _ = p.post(Box::new(|core| {
+            core.stop_accepting();
+            crate::live::feed::notify_all();
         }));
     }
     for t in threads {

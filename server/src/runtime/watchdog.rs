@@ -4,14 +4,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::Job;
+use crate::core::Mailboxes;
 
 /// Send `WATCHDOG=1` every half interval, but only while every core's event loop still
 /// runs jobs: a wedged core stops the keep-alives and systemd restarts the service.
-pub fn start(
-    interval: Duration,
-    peers: Arc<Vec<async_channel::Sender<Job>>>,
-) -> Result<(), String> {
+pub fn start(interval: Duration, peers: Mailboxes) -> Result<(), String> {
     let period = (interval / 2).max(Duration::from_millis(10));
     let seen: Arc<Vec<AtomicU64>> = Arc::new(peers.iter().map(|_| AtomicU64::new(0)).collect());
     std::thread::Builder::new()
@@ -20,8 +17,8 @@ pub fn start(
             for round in 1u64.. {
                 for (index, peer) in peers.iter().enumerate() {
                     let seen = seen.clone();
-                    let _ = peer.try_send(Box::new(move |_core| {
-                        Box::pin(async move { seen[index].store(round, Ordering::Relaxed) })
+                    let _ = peer.post(Box::new(move |_core| {
+                        seen[index].store(round, Ordering::Relaxed)
                     }));
                 }
                 std::thread::sleep(period);
