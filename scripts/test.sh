@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The whole Ursula test suite, from a fresh clone:
+#   0. scripts/check-layers: the server's modules use only modules below them (<1 s)
 #   1. cargo build --release --workspace
 #   2. cargo test --workspace --release        (unit + integration tests)
 #   3. npm ci in conformance/                   (only when needed)
@@ -61,6 +62,12 @@ die() {
     printf '\nFAILED: %s\n' "$*" >&2
     exit 1
 }
+
+# ---------------------------------------------------------------------------
+banner "0/8 server module layering (scripts/check-layers)"
+command -v python3 >/dev/null 2>&1 || die "python3 is not installed: scripts/check-layers needs it"
+"$ROOT/scripts/check-layers" || die "a server module uses one declared after it (see above)"
+stage_done "layers"
 
 # ---------------------------------------------------------------------------
 banner "1/8 cargo build --release --workspace"

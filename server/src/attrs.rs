@@ -7,20 +7,9 @@
 //! survive byte-for-byte; two attribute objects are "equal" (idempotent create, §7.2) when
 //! their decoded titles are equal and their minified metadata texts are identical.
 
-use std::rc::Rc;
-
 use serde::{Deserialize, Serialize};
-use ursula_protocol::content_type::{is_json, normalize};
-use ursula_protocol::http1::Method;
 
-use crate::cores::Core;
-use crate::ext::Ext;
-use crate::handlers::{find, storage_error, unavailable, Found};
-use crate::http::{Request, Response};
-use crate::routes::Surface;
-
-/// Largest accepted attribute document (header value or body), in bytes.
-pub const MAX_ATTRS_BYTES: usize = 16 * 1024;
+use crate::limits::ATTRS_BYTES_MAX;
 
 /// A stored, normalised attribute object. `None` fields are absent; an object with both
 /// absent is never stored (`{}` ≡ no attributes).
@@ -63,7 +52,7 @@ impl Attrs {
 
 /// Parse and normalise an attribute document (§7.1). `Ok(None)` is `{}`.
 pub fn parse(input: &[u8]) -> Result<Option<Attrs>, &'static str> {
-    if input.len() > MAX_ATTRS_BYTES {
+    if input.len() > ATTRS_BYTES_MAX {
         return Err("stream attributes are larger than 16 KiB");
     }
     let first = input.iter().find(|b| !b.is_ascii_whitespace());
@@ -150,84 +139,6 @@ fn skip_string(s: &[u8], at: usize) -> usize {
     i
 }
 
-/// The `Stream-Attrs` header of a create (§7.2): bucketed surface only (ignored on compat).
-pub fn from_create(surface: Surface, req: &Request) -> Result<Option<Attrs>, Response> {
-    match (surface, req.header("stream-attrs")) {
-        (Surface::Bucketed, Some(v)) => {
-            parse(v.as_bytes()).map_err(|why| Response::error(400, "invalid_header", why))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// `GET|PUT /{bucket}/{stream}/attrs`, run on the stream's owner core.
-pub async fn dispatch(core: &Rc<Core>, key: String, req: Request) -> Response {
-    let owner = core.owner_of(&key);
-    core.on(owner, move |c| async move { handle(&c, &key, req).await })
-        .await
-        .unwrap_or_else(|_| unavailable())
-}
-
-async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
-    let put = match req.method {
-        Method::Get | Method::Head => false,
-        Method::Put => true,
-        _ => {
-            return Response::error(405, "method_not_allowed", "method not allowed")
-                .header("allow", "GET, HEAD, PUT, OPTIONS")
-        }
-    };
-    if let Some(resp) = crate::buckets::require_bucket(core, key).await {
-        return resp;
-    }
-    let id = match find(core, key) {
-        Found::Absent => return Response::error(404, "stream_not_found", "stream not found"),
-        Found::SoftDeleted => return Response::error(410, "stream_gone", "stream was deleted"),
-        Found::Live(id) => id,
-    };
-    if !put {
-        let Some(s) = core.shard.stream(id) else {
-            return unavailable();
-        };
-        let body = Attrs::render(Ext::decode(&s.ext).attrs.as_ref());
-        return Response::new(200)
-            .header("content-type", "application/json")
-            .header("cache-control", "no-store")
-            .with_body(vec![body.into()]);
-    }
-    let json_type = req
-        .header("content-type")
-        .and_then(|v| normalize(v).ok())
-        .is_some_and(|ct| is_json(&ct));
-    if !json_type {
-        return Response::error(
-            400,
-            "invalid_request",
-            "stream attributes must be sent as application/json",
-        );
-    }
-    let attrs = match parse(&req.body) {
-        Ok(a) => a,
-        Err(why) => return Response::error(400, "invalid_request", why),
-    };
-    // Read-modify-write of the state blob with no `.await` in between: atomic on the owner.
-    let commit = {
-        let mut ext = match core.shard.stream(id) {
-            Some(s) => Ext::decode(&s.ext),
-            None => return unavailable(),
-        };
-        ext.attrs = attrs;
-        core.shard.set_ext(id, ext.encode())
-    };
-    match commit {
-        Ok(c) => match c.durable().await {
-            Ok(()) => Response::new(204).header("cache-control", "no-store"),
-            Err(e) => storage_error(e),
-        },
-        Err(e) => storage_error(e),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,25 +196,12 @@ mod tests {
         ] {
             assert!(p(bad).is_err(), "{bad:?}");
         }
-        let big = format!(r#"{{"title":"{}"}}"#, "x".repeat(MAX_ATTRS_BYTES));
+        let big = format!(r#"{{"title":"{}"}}"#, "x".repeat(ATTRS_BYTES_MAX));
         assert!(p(&big).is_err());
-        let fits = format!(r#"{{"title":"{}"}}"#, "x".repeat(MAX_ATTRS_BYTES - 12));
-        assert_eq!(fits.len(), MAX_ATTRS_BYTES);
+        let fits = format!(r#"{{"title":"{}"}}"#, "x".repeat(ATTRS_BYTES_MAX - 12));
+        assert_eq!(fits.len(), ATTRS_BYTES_MAX);
         assert!(p(&fits).is_ok());
         let deep = format!("{{\"metadata\":{}{}}}", "[".repeat(500), "]".repeat(500));
         assert!(p(&deep).is_err());
-    }
-
-    #[test]
-    fn ext_roundtrip_keeps_old_blobs_readable() {
-        let old = bytes::Bytes::from_static(br#"{"refs":1,"soft_deleted":false}"#);
-        let e = Ext::decode(&old);
-        assert_eq!(e.attrs, None);
-        assert_eq!(e.refs, 1);
-        let e = Ext {
-            attrs: p(r#"{"title":"t","metadata":{"a":"\n"}}"#).unwrap(),
-            ..Default::default()
-        };
-        assert_eq!(Ext::decode(&e.encode()), e);
     }
 }

@@ -1,106 +1,13 @@
-//! Optional bearer-token authentication (`auth_token_file`).
-//!
-//! One file holds every token, one per line, each with its scope: `read:<token>` may
-//! GET and HEAD, `write:<token>` may do anything. A line without a prefix is an error
-//! rather than a guess at its scope. Blank lines and lines starting with `#` are ignored.
-//!
-//! Tokens are kept as BLAKE3 digests and a presented token is hashed and compared with
-//! every configured digest in constant time, so neither its content nor its length is
-//! revealed by timing.
+//! Bearer-token authentication of a request against the configured [`Tokens`].
 
-use std::path::Path;
-
-use subtle::ConstantTimeEq;
 use ursula_protocol::http1::Method;
 
-use crate::http::{Request, Response};
+use crate::http::{ApiError, Request};
+use crate::tokens::{Scope, Tokens};
 
-pub struct Tokens {
-    read: Vec<[u8; 32]>,
-    write: Vec<[u8; 32]>,
-}
-
-impl std::fmt::Debug for Tokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Tokens({} read, {} write)",
-            self.read.len(),
-            self.write.len()
-        )
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Scope {
-    Read,
-    Write,
-}
-
-impl Tokens {
-    pub fn load(path: &Path) -> Result<Tokens, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read auth token file {}: {e}", path.display()))?;
-        Tokens::parse(&text).map_err(|e| format!("auth token file {}: {e}", path.display()))
-    }
-
-    fn parse(text: &str) -> Result<Tokens, String> {
-        let mut tokens = Tokens {
-            read: Vec::new(),
-            write: Vec::new(),
-        };
-        for (i, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let (list, token) = if let Some(t) = line.strip_prefix("read:") {
-                (&mut tokens.read, t)
-            } else if let Some(t) = line.strip_prefix("write:") {
-                (&mut tokens.write, t)
-            } else {
-                return Err(format!(
-                    "line {}: expected read:<token> or write:<token>",
-                    i + 1
-                ));
-            };
-            let token = token.trim();
-            if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!(
-                    "line {}: a token is at least 16 printable characters without spaces",
-                    i + 1
-                ));
-            }
-            list.push(*blake3::hash(token.as_bytes()).as_bytes());
-        }
-        if tokens.read.is_empty() && tokens.write.is_empty() {
-            return Err("no tokens".into());
-        }
-        Ok(tokens)
-    }
-
-    /// The scope of a presented token, checked against every configured token.
-    fn scope(&self, presented: &str) -> Option<Scope> {
-        let digest = blake3::hash(presented.as_bytes());
-        let digest = digest.as_bytes();
-        let any = |list: &[[u8; 32]]| {
-            list.iter()
-                .fold(subtle::Choice::from(0), |acc, t| acc | t.ct_eq(digest))
-        };
-        let (write, read) = (any(&self.write), any(&self.read));
-        if bool::from(write) {
-            Some(Scope::Write)
-        } else if bool::from(read) {
-            Some(Scope::Read)
-        } else {
-            None
-        }
-    }
-}
-
-/// `Some(response)` when the request must be refused. CORS preflights are never
+/// `Some(refusal)` when the request must be refused. CORS preflights are never
 /// authenticated: browsers send them without credentials.
-pub fn check(tokens: &Tokens, req: &Request) -> Option<Response> {
+pub fn check(tokens: &Tokens, req: &Request) -> Option<ApiError> {
     let needed = match req.method {
         Method::Options => return None,
         Method::Get | Method::Head => Scope::Read,
@@ -113,29 +20,7 @@ pub fn check(tokens: &Tokens, req: &Request) -> Option<Response> {
     match presented.and_then(|t| tokens.scope(t)) {
         Some(Scope::Write) => None,
         Some(Scope::Read) if needed == Scope::Read => None,
-        Some(Scope::Read) => Some(Response::error(403, "forbidden", "not allowed")),
-        None => Some(
-            Response::error(401, "unauthorized", "authentication required")
-                .header("www-authenticate", "Bearer"),
-        ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parse_and_scope() {
-        let t = Tokens::parse("# ops\nread:rrrrrrrrrrrrrrrr\n\nwrite: wwwwwwwwwwwwwwww \n")
-            .expect("parse");
-        assert_eq!(t.scope("rrrrrrrrrrrrrrrr"), Some(Scope::Read));
-        assert_eq!(t.scope("wwwwwwwwwwwwwwww"), Some(Scope::Write));
-        assert_eq!(t.scope("wwwwwwwwwwwwwwwx"), None);
-        assert_eq!(t.scope(""), None);
-        assert!(Tokens::parse("bare-token-without-scope\n").is_err());
-        assert!(Tokens::parse("read:short\n").is_err());
-        assert!(Tokens::parse("# nothing\n").is_err());
-        assert!(!format!("{t:?}").contains("rrrr"));
+        Some(Scope::Read) => Some(ApiError::Forbidden),
+        None => Some(ApiError::Unauthorized),
     }
 }

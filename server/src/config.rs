@@ -143,7 +143,7 @@ pub struct Config {
     /// count is reported on the next line written.
     pub access_log_per_sec: u32,
     /// Accepted bearer tokens; `None`: no authentication.
-    pub auth: Option<std::sync::Arc<crate::auth::Tokens>>,
+    pub auth: Option<std::sync::Arc<crate::tokens::Tokens>>,
     /// TLS on the main listener; `None`: plain HTTP.
     pub tls: Option<crate::tls::Tls>,
     /// Origins allowed by CORS; `None`: any (`*`).
@@ -151,10 +151,6 @@ pub struct Config {
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
-/// Largest request body (PUT/POST).
-pub const MAX_BODY_BYTES: u64 = 32 << 20;
-/// Default `max_connections` for the whole process.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
 impl Config {
     pub fn resolve(args: ServerArgs) -> Result<Config, String> {
@@ -171,12 +167,12 @@ impl Config {
         let max_connections = args
             .max_connections
             .or(file.max_connections)
-            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+            .unwrap_or(crate::limits::CONNECTIONS_MAX_DEFAULT);
         if max_connections == 0 {
             return Err("max_connections must be at least 1".to_string());
         }
         let auth = match args.auth_token_file.or(file.auth_token_file) {
-            Some(path) => Some(std::sync::Arc::new(crate::auth::Tokens::load(&path)?)),
+            Some(path) => Some(std::sync::Arc::new(crate::tokens::Tokens::load(&path)?)),
             None => None,
         };
         let tls = match (

@@ -2,7 +2,7 @@
 //! repeat (keep-alive and pipelining). Limits are enforced before bodies are read.
 //!
 //! A plain-TCP keep-alive connection whose requests keep going to streams another core
-//! owns moves to that core (after `MOVE_AFTER` such requests in a row, between requests),
+//! owns moves to that core (after `MOVE_AFTER_REQUESTS` such requests in a row, between requests),
 //! so its later requests skip the cross-core round trip. Clients that write one stream per
 //! connection, the common telemetry shape, end up on the right core.
 
@@ -12,57 +12,22 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use ursula_protocol::http1::{parse_request_head, BodyKind, ChunkedDecoder, HeadError, Method};
 
-use crate::config::MAX_BODY_BYTES;
-use crate::cores::Core;
-use crate::http::{write_head, Body, Request, Response};
-use crate::ops::{self, Listener};
-
-const READ_CHUNK: usize = 16 * 1024;
-/// Requests in a row for streams of one other core before the connection moves there. More
-/// than one, so a connection that alternates between cores' streams stays put.
-const MOVE_AFTER: u32 = 4;
-
-/// A connection's byte stream: plain TCP, or TLS over TCP. Connection serving is generic
-/// over it, so the plain path compiles to exactly what it would be without TLS.
-pub trait Transport: AsyncReadRent + AsyncWriteRent {
-    /// Whether one `writev` sends all of its buffers. Plain TCP does, so stream data goes
-    /// out without a copy. The TLS adapter sends only the first buffer per call, each as
-    /// its own record, so for it the response is joined into one buffer first.
-    const VECTORED: bool;
-
-    /// Give up the socket so another core can serve the connection, or get the transport
-    /// back when it can't move (TLS keeps session state on this core).
-    fn into_socket(self) -> Result<std::net::TcpStream, Self>
-    where
-        Self: Sized;
-}
-
-impl Transport for TcpStream {
-    const VECTORED: bool = true;
-
-    fn into_socket(self) -> Result<std::net::TcpStream, Self> {
-        use std::os::fd::{FromRawFd, IntoRawFd};
-        // monoio's `into_raw_fd` panics if an operation still holds the descriptor. Callers
-        // move a connection only between requests, after the response was written and
-        // before the next read was submitted, so no operation is in flight.
-        let fd = self.into_raw_fd();
-        // SAFETY: `fd` is an open TCP socket we own: `into_raw_fd` released monoio's
-        // ownership without closing it, and nothing else refers to it.
-        Ok(unsafe { std::net::TcpStream::from_raw_fd(fd) })
-    }
-}
-
-impl Transport for monoio_rustls::ServerTlsStream<TcpStream> {
-    const VECTORED: bool = false;
-
-    fn into_socket(self) -> Result<std::net::TcpStream, Self> {
-        Err(self)
-    }
-}
+use crate::admin::{self, Listener};
+use crate::core::{ConnectionSlot, Core, Job};
+use crate::http::transport::{write_response, Transport};
+use crate::http::{ApiError, Cors, Request, Response};
+use crate::limits::{
+    BODY_BYTES_MAX, BODY_RESERVE_BYTES_MAX, MOVE_AFTER_REQUESTS, READ_CHUNK_BYTES, REFUSE_DRAIN,
+    REFUSE_DRAIN_BYTES_MAX, SNAPSHOT_BODY_BYTES_MAX,
+};
+use crate::live::sse;
+use crate::metrics::route_label;
+use crate::router::{dispatch, Reply};
+use crate::routes::is_snapshot_path;
 
 pub async fn serve_connection<S: Transport>(
     core: Rc<Core>,
@@ -70,7 +35,14 @@ pub async fn serve_connection<S: Transport>(
     peer: SocketAddr,
     listener: Listener,
 ) {
-    serve_from(core, stream, peer, listener, Vec::with_capacity(READ_CHUNK)).await;
+    serve_from(
+        core,
+        stream,
+        peer,
+        listener,
+        Vec::with_capacity(READ_CHUNK_BYTES),
+    )
+    .await;
 }
 
 /// Serve a connection whose first `rbuf` bytes were already read (by another core, before
@@ -119,7 +91,7 @@ async fn serve_from<S: Transport>(
             body,
         };
         let method = request.method.clone();
-        let route = ops::route_label(&request.path);
+        let route = route_label(&request.path);
         let req_len = request.body.len();
         let access_path = core.config.access_log.then(|| request.path.clone());
         core.inflight.set(core.inflight.get() + 1);
@@ -129,38 +101,44 @@ async fn serve_from<S: Transport>(
             .is_some()
             .then(|| request.header("origin").map(str::to_string))
             .flatten();
-        let endpoint = ops::endpoint(listener, &request.path);
+        let endpoint = admin::endpoint(listener, &request.path);
         let denied = match (&core.config.auth, listener, endpoint) {
             // Health checks come from load balancers and service managers without tokens;
             // the admin listener is protected by where it is bound.
             (None, _, _)
             | (_, Listener::Admin, _)
-            | (_, _, Some(Some(ops::Endpoint::Health | ops::Endpoint::Ready))) => None,
+            | (_, _, Some(Some(admin::Endpoint::Health | admin::Endpoint::Ready))) => None,
             (Some(tokens), _, _) => crate::auth::check(tokens, &request),
         };
-        let (mut resp, owner) = match (denied, endpoint) {
-            (Some(deny), _) => (deny, None),
-            (None, Some(endpoint)) => {
-                (ops::handle(&core, listener, endpoint, &request).await, None)
-            }
-            (None, None) => crate::handlers::dispatch(&core, request).await,
+        let (mut reply, owner) = match (denied, endpoint) {
+            (Some(deny), _) => (deny.response().into(), None),
+            (None, Some(endpoint)) => (
+                admin::handle(&core, listener, endpoint, &request)
+                    .await
+                    .into(),
+                None,
+            ),
+            (None, None) => dispatch(&core, request).await,
         };
-        resp.cors = cors(&core, origin.as_deref());
-        let status = resp.status;
-        let resp_len = resp.body_len();
+        let head = reply.head_mut();
+        head.cors = cors(&core, origin.as_deref());
+        let status = head.status;
+        let resp_len = head.body_len();
         core.metrics
             .request(route, &method, status, req_len, resp_len);
         if let Some(path) = access_path {
             access_log(&core, peer, &method, &path, status, resp_len, started);
         }
-        let result = match resp.body {
-            Body::Sse(_) => {
+        let result = match reply {
+            Reply::Sse(head, session) => {
                 core.metrics.sse_started();
-                let r = crate::sse::run(&core, &mut stream, &mut wbuf, resp).await;
+                let r = sse::run(&core, &mut stream, &mut wbuf, head, *session).await;
                 core.metrics.sse_ended();
                 r
             }
-            _ => write_response(&mut stream, &mut wbuf, resp, keep_alive, is_head).await,
+            Reply::Plain(resp) => {
+                write_response(&mut stream, &mut wbuf, resp, keep_alive, is_head).await
+            }
         };
         core.inflight.set(core.inflight.get() - 1);
         match result {
@@ -172,7 +150,7 @@ async fn serve_from<S: Transport>(
             Some(o) if o != core.index => (o, 1),
             _ => (core.index, 0),
         };
-        if affinity.1 >= MOVE_AFTER && !core.shutting_down() {
+        if affinity.1 >= MOVE_AFTER_REQUESTS && !core.shutting_down() {
             // Between requests: the response is written and no read is pending.
             let socket = match stream.into_socket() {
                 Ok(socket) => socket,
@@ -183,19 +161,35 @@ async fn serve_from<S: Transport>(
                 }
             };
             core.metrics.connection_moved();
-            core.adopt_on(affinity.0, socket, peer, rbuf);
+            adopt_on(&core, affinity.0, socket, peer, rbuf);
             return;
         }
     }
 }
 
-/// Serve a connection that another core moved here (see `Core::adopt_on`).
-pub async fn serve_moved(
-    core: Rc<Core>,
+/// Hand a client connection (between requests, with the bytes already read past the last
+/// one) to core `target`, which counts and serves it from then on. If that core's queue is
+/// gone (shutdown), the job and with it the socket are dropped, which closes the connection
+/// as shutdown would have.
+fn adopt_on(
+    core: &Core,
+    target: usize,
     socket: std::net::TcpStream,
     peer: SocketAddr,
     rbuf: Vec<u8>,
 ) {
+    let job: Job = Box::new(move |core: Rc<Core>| {
+        Box::pin(async move {
+            let slot = ConnectionSlot::take(&core);
+            serve_moved(core, socket, peer, rbuf).await;
+            drop(slot);
+        })
+    });
+    let _ = core.peers[target].try_send(job);
+}
+
+/// Serve a connection that another core moved here (see `adopt_on`).
+async fn serve_moved(core: Rc<Core>, socket: std::net::TcpStream, peer: SocketAddr, rbuf: Vec<u8>) {
     match TcpStream::from_std(socket) {
         Ok(stream) => serve_from(core, stream, peer, Listener::Main, rbuf).await,
         Err(e) => tracing::warn!(core = core.index, "adopting a moved connection failed: {e}"),
@@ -203,8 +197,8 @@ pub async fn serve_moved(
 }
 
 /// The CORS headers for a request from `origin` (see `Cors`).
-fn cors(core: &Core, origin: Option<&str>) -> crate::http::Cors {
-    crate::http::Cors::decide(core.config.cors_origins.as_deref(), origin)
+fn cors(core: &Core, origin: Option<&str>) -> Cors {
+    Cors::decide(core.config.cors_origins.as_deref(), origin)
 }
 
 /// One access-log line, unless this core has already written its share this second; lines
@@ -238,9 +232,7 @@ fn access_log(
 /// can act on, then close. The short drain lets the answer arrive before the close: closing
 /// with unread request bytes would reset the connection and could discard it.
 pub async fn refuse_connection<S: Transport>(core: Rc<Core>, mut stream: S) {
-    let mut resp = close(
-        Response::error(503, "unavailable", "too many connections").header("retry-after", "1"),
-    );
+    let mut resp = close(ApiError::Unavailable("too many connections".into()).response());
     resp.cors = cors(&core, None);
     let mut wbuf = Vec::with_capacity(512);
     if write_response(&mut stream, &mut wbuf, resp, false, false)
@@ -250,10 +242,10 @@ pub async fn refuse_connection<S: Transport>(core: Rc<Core>, mut stream: S) {
         return;
     }
     let _ = stream.shutdown().await;
-    let deadline = Instant::now() + Duration::from_millis(500);
-    let mut rbuf = Vec::with_capacity(READ_CHUNK);
+    let deadline = Instant::now() + REFUSE_DRAIN;
+    let mut rbuf = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut drained = 0usize;
-    while drained < 64 * 1024 && !core.shutting_down() {
+    while drained < REFUSE_DRAIN_BYTES_MAX && !core.shutting_down() {
         rbuf.clear();
         let left = deadline.saturating_duration_since(Instant::now());
         match read_more(&mut stream, &mut rbuf, left).await {
@@ -279,21 +271,15 @@ async fn read_head<S: Transport>(core: &Core, stream: &mut S, rbuf: &mut Vec<u8>
                 Ok(h) => return HeadOutcome::Head(h),
                 Err(HeadError::Incomplete) => {}
                 Err(HeadError::TooLarge) => {
-                    return HeadOutcome::Reject(close(Response::error(
-                        431,
-                        "header_too_large",
-                        "request headers exceed 64 KiB",
-                    )))
+                    return HeadOutcome::Reject(close(ApiError::HeaderTooLarge.response()))
                 }
                 Err(HeadError::Bad(why)) => {
-                    return HeadOutcome::Reject(close(Response::error(400, "invalid_request", why)))
+                    return HeadOutcome::Reject(close(ApiError::InvalidRequest(why).response()))
                 }
                 Err(HeadError::NotImplemented) => {
-                    return HeadOutcome::Reject(close(Response::error(
-                        501,
-                        "not_implemented",
-                        "unsupported transfer-encoding",
-                    )))
+                    return HeadOutcome::Reject(close(
+                        ApiError::NotImplemented("unsupported transfer-encoding").response(),
+                    ))
                 }
             }
         }
@@ -309,11 +295,9 @@ async fn read_head<S: Transport>(core: &Core, stream: &mut S, rbuf: &mut Vec<u8>
             ReadOutcome::Eof | ReadOutcome::Error => return HeadOutcome::Closed,
             ReadOutcome::Timeout if rbuf.is_empty() => return HeadOutcome::Closed,
             ReadOutcome::Timeout => {
-                return HeadOutcome::Reject(close(Response::error(
-                    408,
-                    "request_timeout",
-                    "request head not received in time",
-                )))
+                return HeadOutcome::Reject(close(
+                    ApiError::RequestTimeout("request head not received in time").response(),
+                ))
             }
         }
     }
@@ -330,18 +314,11 @@ fn close(mut r: Response) -> Response {
 }
 
 fn too_large(limit: u64) -> BodyError {
-    BodyError::Reject(close(Response::error(
-        413,
-        "payload_too_large",
-        &format!("request body exceeds {} MiB", limit >> 20),
-    )))
+    BodyError::Reject(close(
+        ApiError::PayloadTooLarge(format!("request body exceeds {} MiB", limit >> 20).into())
+            .response(),
+    ))
 }
-
-/// Most of a `Content-Length` body reserved before its bytes arrive; a larger body grows as
-/// it is received, so a client that announces 32 MiB and sends little holds little. 4 MiB
-/// covers full append batches (512 frames of a few KiB) in one allocation: at 1 MiB, the
-/// regrowth copy of every just-over-1-MiB batch was 8% of a large-batch ingest's CPU.
-const BODY_INITIAL_CAPACITY: usize = 4 << 20;
 
 /// When a request body must be complete: `body_timeout` after the head, plus a second for
 /// every `body_min_rate` bytes received, and no single read may wait longer than
@@ -378,11 +355,9 @@ impl BodyClock {
 }
 
 fn body_late() -> BodyError {
-    BodyError::Reject(close(Response::error(
-        408,
-        "request_timeout",
-        "request body not received in time",
-    )))
+    BodyError::Reject(close(
+        ApiError::RequestTimeout("request body not received in time").response(),
+    ))
 }
 
 async fn read_body<S: Transport>(
@@ -395,15 +370,15 @@ async fn read_body<S: Transport>(
     // Snapshot publishes may carry up to 128 MiB; every other body up to 32 MiB. The path
     // is only looked at for bodies that could be over 32 MiB.
     let limit = || {
-        if crate::snapshots::is_snapshot_path(&head.path) {
-            crate::snapshots::MAX_SNAPSHOT_BYTES
+        if is_snapshot_path(&head.path) {
+            SNAPSHOT_BODY_BYTES_MAX
         } else {
-            MAX_BODY_BYTES
+            BODY_BYTES_MAX
         }
     };
     match head.body {
         BodyKind::None => Ok(Bytes::new()),
-        BodyKind::Length(n) if n > MAX_BODY_BYTES && n > limit() => Err(too_large(limit())),
+        BodyKind::Length(n) if n > BODY_BYTES_MAX && n > limit() => Err(too_large(limit())),
         BodyKind::Length(0) => Ok(Bytes::new()),
         BodyKind::Length(n) => {
             let n = n as usize;
@@ -417,7 +392,7 @@ async fn read_body<S: Transport>(
                 rbuf.drain(..n);
                 return Ok(body);
             }
-            let mut body = Vec::with_capacity(n.min(BODY_INITIAL_CAPACITY).max(rbuf.len()));
+            let mut body = Vec::with_capacity(n.min(BODY_RESERVE_BYTES_MAX).max(rbuf.len()));
             body.extend_from_slice(rbuf);
             rbuf.clear();
             while body.len() < n {
@@ -425,7 +400,7 @@ async fn read_body<S: Transport>(
                 let len = body.len();
                 if body.capacity() == len {
                     // Double, up to the announced length.
-                    body.reserve_exact(len.max(READ_CHUNK).min(n - len));
+                    body.reserve_exact(len.max(READ_CHUNK_BYTES).min(n - len));
                 }
                 let want = (body.capacity() - len).min(n - len);
                 let slice = body.slice_mut(len..len + want);
@@ -453,7 +428,7 @@ async fn read_body<S: Transport>(
             let mut consumed = 0usize;
             loop {
                 let (used, done) = decoder.feed(rbuf, &mut body).map_err(|why| {
-                    BodyError::Reject(close(Response::error(400, "invalid_request", why)))
+                    BodyError::Reject(close(ApiError::InvalidRequest(why).response()))
                 })?;
                 rbuf.drain(..used);
                 consumed += used;
@@ -495,8 +470,8 @@ async fn read_more<S: Transport>(
     rbuf: &mut Vec<u8>,
     timeout: Duration,
 ) -> ReadOutcome {
-    if rbuf.capacity() - rbuf.len() < READ_CHUNK / 2 {
-        rbuf.reserve(READ_CHUNK);
+    if rbuf.capacity() - rbuf.len() < READ_CHUNK_BYTES / 2 {
+        rbuf.reserve(READ_CHUNK_BYTES);
     }
     let buf = std::mem::take(rbuf);
     let len = buf.len();
@@ -512,126 +487,5 @@ async fn read_more<S: Transport>(
             }
         }
         Err(_) => ReadOutcome::Timeout,
-    }
-}
-
-/// Write a complete (non-SSE) response. Returns whether the connection may be reused.
-pub async fn write_response<S: Transport>(
-    stream: &mut S,
-    wbuf: &mut Vec<u8>,
-    resp: Response,
-    keep_alive: bool,
-    head_request: bool,
-) -> std::io::Result<bool> {
-    wbuf.clear();
-    write_head(wbuf, &resp, keep_alive, head_request);
-    let reuse = keep_alive && !resp.close;
-    let parts = match resp.body {
-        Body::Parts(parts) if !head_request && resp.status != 204 && resp.status != 304 => parts,
-        _ => Vec::new(),
-    };
-    write_parts(stream, wbuf, parts).await?;
-    Ok(reuse)
-}
-
-/// Write `head` followed by `parts` with vectored writes; stream data is never copied.
-pub async fn write_parts<S: Transport>(
-    stream: &mut S,
-    head: &mut Vec<u8>,
-    parts: Vec<Bytes>,
-) -> std::io::Result<()> {
-    let small: usize = parts.iter().map(|p| p.len()).sum();
-    if small <= 512 || !S::VECTORED {
-        // Tiny bodies (error text, JSON brackets): one contiguous write is cheaper. Over
-        // TLS the bytes are copied into records anyway, and one write fills whole records.
-        for p in &parts {
-            head.extend_from_slice(p);
-        }
-        let buf = std::mem::take(head);
-        let (res, buf) = stream.write_all(buf).await;
-        *head = buf;
-        return res.map(|_| ());
-    }
-    let mut vecs = IoVecs::new(Bytes::from(std::mem::take(head)), parts);
-    loop {
-        let (res, v) = stream.writev(vecs).await;
-        vecs = v;
-        let n = res?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        if vecs.advance(n) {
-            return Ok(());
-        }
-    }
-}
-
-/// Owned buffers plus the iovec array pointing into them, for `writev`.
-struct IoVecs {
-    parts: Vec<Bytes>,
-    /// First part not yet completely written.
-    next: usize,
-    iov: Vec<libc::iovec>,
-}
-
-impl IoVecs {
-    fn new(head: Bytes, body: Vec<Bytes>) -> IoVecs {
-        let mut parts = Vec::with_capacity(body.len() + 1);
-        parts.push(head);
-        parts.extend(body.into_iter().filter(|b| !b.is_empty()));
-        let mut v = IoVecs {
-            parts,
-            next: 0,
-            iov: Vec::new(),
-        };
-        v.rebuild();
-        v
-    }
-
-    fn rebuild(&mut self) {
-        // Linux caps one writev at IOV_MAX (1024) entries; the loop writes the rest later.
-        self.iov.clear();
-        self.iov.extend(
-            self.parts[self.next..]
-                .iter()
-                .take(1024)
-                .map(|b| libc::iovec {
-                    iov_base: b.as_ptr() as *mut libc::c_void,
-                    iov_len: b.len(),
-                }),
-        );
-    }
-
-    /// Consume `n` written bytes; true when everything has been written. Moves a cursor, so
-    /// a response of many small pieces (envelope view) stays linear.
-    fn advance(&mut self, mut n: usize) -> bool {
-        while n > 0 && self.next < self.parts.len() {
-            let first = &mut self.parts[self.next];
-            if n >= first.len() {
-                n -= first.len();
-                self.next += 1;
-            } else {
-                let rest = first.slice(n..);
-                *first = rest;
-                n = 0;
-            }
-        }
-        if self.next >= self.parts.len() {
-            return true;
-        }
-        self.rebuild();
-        false
-    }
-}
-
-// SAFETY: the iovecs point into `parts`, whose Bytes are heap buffers that do not move while
-// this value is owned by the runtime for the duration of the writev; `iov` is rebuilt
-// whenever `parts` changes.
-unsafe impl monoio::buf::IoVecBuf for IoVecs {
-    fn read_iovec_ptr(&self) -> *const libc::iovec {
-        self.iov.as_ptr()
-    }
-    fn read_iovec_len(&self) -> usize {
-        self.iov.len()
     }
 }

@@ -5,6 +5,8 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::attrs::Attrs;
+
 #[derive(Serialize, Deserialize, Default, Clone, Debug, PartialEq, Eq)]
 pub struct Ext {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -17,7 +19,7 @@ pub struct Ext {
     pub soft_deleted: bool,
     /// Stream attributes (extensions.md §7); `None` ≡ `{}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attrs: Option<crate::attrs::Attrs>,
+    pub attrs: Option<Attrs>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -84,5 +86,18 @@ mod tests {
         };
         assert!(!Ext::is_soft_deleted(&live.encode()));
         assert!(!Ext::is_soft_deleted(&Bytes::new()));
+    }
+
+    #[test]
+    fn ext_roundtrip_keeps_old_blobs_readable() {
+        let old = bytes::Bytes::from_static(br#"{"refs":1,"soft_deleted":false}"#);
+        let e = Ext::decode(&old);
+        assert_eq!(e.attrs, None);
+        assert_eq!(e.refs, 1);
+        let e = Ext {
+            attrs: crate::attrs::parse(br#"{"title":"t","metadata":{"a":"\n"}}"#).unwrap(),
+            ..Default::default()
+        };
+        assert_eq!(Ext::decode(&e.encode()), e);
     }
 }

@@ -1,23 +1,58 @@
 //! `ursula`: the Durable Streams server.
 
-mod attrs;
-mod auth;
-mod batch;
-mod buckets;
-mod config;
-mod conn;
-mod cores;
-mod ext;
-mod feed;
-mod fork;
-mod handlers;
-mod http;
-mod ops;
-mod records;
-mod routes;
-mod snapshots;
-mod sse;
+// The declaration order is the layering: a module uses only modules declared before it
+// (scripts/check-layers enforces it; docs/architecture.md explains it). Modules in one run
+// of lines with no blank line between them are one layer and do not use each other.
+
+// Limits, configuration and the stream state blob: plain values, no I/O of requests.
+mod limits;
+
 mod tls;
+mod tokens;
+
+mod config;
+
+mod surface;
+
+mod attrs;
+
+mod ext;
+
+// The HTTP codec, with its error vocabulary; it knows no protocol feature.
+mod http;
+
+// What a path names, and who may ask for it.
+mod routes;
+
+mod auth;
+
+mod records;
+
+// One core's state and the cross-core hop.
+mod metrics;
+
+mod core;
+
+// Lookups and write payloads, on the owner core.
+mod lookup;
+
+mod payload;
+
+mod removal;
+
+// The operations, then live reads that outlast a response.
+mod handlers;
+
+mod live;
+
+mod admin;
+
+// Routing to the owner, connections, and the process around the cores.
+mod router;
+
+mod conn;
+
+mod runtime;
 
 use clap::Parser;
 
@@ -43,7 +78,7 @@ fn main() {
                 eprintln!("ursula: {e}");
                 std::process::exit(2);
             }
-            if let Err(e) = cores::run(config) {
+            if let Err(e) = runtime::run(config) {
                 eprintln!("ursula: {e}");
                 std::process::exit(1);
             }

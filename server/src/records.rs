@@ -10,8 +10,9 @@ use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::Query;
 use ursula_storage::Stream;
 
-use crate::http::Response;
-use crate::routes::Surface;
+use crate::http::{ApiError, Response};
+use crate::limits::ENVELOPE_SLICE_BYTES_MIN;
+use crate::surface::Surface;
 
 pub const TOKEN: &str = "json-record-coordinates-v1";
 /// Catch-up/long-poll content type of the envelope view (§8.8).
@@ -36,15 +37,15 @@ pub fn visible_next(s: &Stream) -> u64 {
 
 pub use ursula_protocol::records::{RecordParams, RecordStart};
 
-fn bad(why: &str) -> Response {
-    Response::error(400, "invalid_request", why).header("stream-extensions", TOKEN)
-}
-
 /// The record-aware parameters of a read (§8.6), if any, or the `400` response. `json` says
 /// whether the stream is a JSON stream (record parameters on other streams are a 400). The
 /// parsing itself is [`ursula_protocol::records::parse_record_params`].
 pub fn parse(query: &Query, json: bool) -> Result<Option<RecordParams>, Response> {
-    ursula_protocol::records::parse_record_params(query, json).map_err(bad)
+    ursula_protocol::records::parse_record_params(query, json).map_err(|why| {
+        ApiError::InvalidRequest(why)
+            .response()
+            .header("stream-extensions", TOKEN)
+    })
 }
 
 /// Resolve a record start against the readable records, or the error response (§8.6).
@@ -56,23 +57,21 @@ pub fn resolve(s: &Stream, start: RecordStart) -> Result<u64, Response> {
         RecordStart::Tail(k) => next.saturating_sub(k).max(first),
     };
     if r < first {
-        return Err(
-            Response::error(410, "offset_trimmed", "record was removed by retention")
-                .header("stream-extensions", TOKEN)
-                .header("stream-record-first", first.to_string())
-                .header("stream-record-next", next.to_string())
-                .header("stream-next-offset", format_offset(s.retained_start)),
-        );
+        return Err(ApiError::OffsetTrimmed("record was removed by retention")
+            .response()
+            .header("stream-extensions", TOKEN)
+            .header("stream-record-first", first.to_string())
+            .header("stream-record-next", next.to_string())
+            .header("stream-next-offset", format_offset(s.retained_start)));
     }
     if r > next {
-        return Err(Response::error(
-            400,
-            "offset_beyond_tail",
-            "record is beyond the record tail",
-        )
-        .header("stream-extensions", TOKEN)
-        .header("stream-record-first", first.to_string())
-        .header("stream-record-next", next.to_string()));
+        return Err(
+            ApiError::OffsetBeyondTail("record is beyond the record tail")
+                .response()
+                .header("stream-extensions", TOKEN)
+                .header("stream-record-first", first.to_string())
+                .header("stream-record-next", next.to_string()),
+        );
     }
     Ok(r)
 }
@@ -87,11 +86,6 @@ pub fn end_record(s: &Stream, start: u64, max_records: Option<u64>, max_bytes: u
     };
     s.records_within(start, limit, start_off.saturating_add(max_bytes as u64))
 }
-
-/// Values at least this long are sent as zero-copy slices of the stored bytes; shorter ones
-/// are copied into the framing around them, where an iovec of their own would cost more
-/// than the copy.
-const ENVELOPE_SLICE_MIN: usize = 1024;
 
 /// The envelope view as iovec parts: `{"record":n,"value":` framing around each record's
 /// stored value bytes (large values as zero-copy slices), closed by `}` + LF. `parts` must
@@ -109,7 +103,7 @@ pub fn envelope_parts(parts: &[Bytes], first_record: u64) -> Vec<Bytes> {
                 framing.extend_from_slice(b"}\n");
             }
             let _ = write!(framing, "{{\"record\":{record},\"value\":");
-            if end - at >= ENVELOPE_SLICE_MIN {
+            if end - at >= ENVELOPE_SLICE_BYTES_MIN {
                 out.push(Bytes::from(std::mem::take(&mut framing)));
                 out.push(part.slice(at..end));
             } else {

@@ -1,14 +1,11 @@
-//! URL shapes (P§1.1) and the storage key of each stream.
+//! URL shapes (P§1.1): which resource a request path names.
 
 use ursula_protocol::query::percent_decode;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Surface {
-    /// `/v1/stream/{id}`: upstream Durable Streams profile (JSON rendered as arrays, forks).
-    Compat,
-    /// `/{bucket}/{stream}`: Ursula profile (NDJSON reads, extensions).
-    Bucketed,
-}
+use crate::limits::{
+    BUCKETED_NAME_BYTES_MAX, BUCKET_ID_BYTES_MAX, BUCKET_ID_BYTES_MIN, COMPAT_ID_BYTES_MAX,
+};
+use crate::surface::{bucketed_key, compat_key, Surface};
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Route {
@@ -25,31 +22,13 @@ pub enum Route {
     /// Snapshot, retention or bootstrap of a bucketed stream (extensions §3–§5).
     Resource {
         key: String,
-        resource: crate::snapshots::Resource,
+        resource: Resource,
     },
     /// Any other path below a bucketed stream.
     StreamResource,
     NotFound,
     Invalid(&'static str),
     InvalidBucket,
-}
-
-// Keys are built on every request: `concat` is one sized allocation and a copy, where
-// `format!` cost ~500 instructions (callgrind).
-
-/// Storage key of a compat-surface stream.
-pub fn compat_key(id: &str) -> String {
-    ["c/", id].concat()
-}
-
-/// Storage key of a bucketed stream.
-pub fn bucketed_key(bucket: &str, stream: &str) -> String {
-    ["b/", bucket, "/", stream].concat()
-}
-
-/// Storage key of a bucket's own record (kept in every shard).
-pub fn bucket_key(bucket: &str) -> String {
-    ["k/", bucket].concat()
 }
 
 pub fn route(raw_path: &str) -> Route {
@@ -99,7 +78,7 @@ pub fn route(raw_path: &str) -> Route {
                 Route::AppendBatch(key)
             }
         }
-        3 | 4 => match crate::snapshots::resource(&decoded[2..]) {
+        3 | 4 => match resource(&decoded[2..]) {
             Some(resource) if valid_stream_name(bucket, &decoded[1]) => Route::Resource {
                 key: bucketed_key(bucket, &decoded[1]),
                 resource,
@@ -119,7 +98,7 @@ fn compat_id(raw: &str) -> Result<String, &'static str> {
         if raw.is_empty() || raw == "." || raw == ".." {
             return Err("empty, dot or NUL segment");
         }
-        if raw.len() > 1024 {
+        if raw.len() > COMPAT_ID_BYTES_MAX {
             return Err("longer than 1024 bytes");
         }
         return Ok(raw.to_owned());
@@ -141,7 +120,7 @@ fn compat_id(raw: &str) -> Result<String, &'static str> {
     {
         return Err("empty, dot or NUL segment");
     }
-    if out.len() > 1024 {
+    if out.len() > COMPAT_ID_BYTES_MAX {
         return Err("longer than 1024 bytes");
     }
     Ok(out)
@@ -149,7 +128,7 @@ fn compat_id(raw: &str) -> Result<String, &'static str> {
 
 /// Bucket identifiers: `^[a-z0-9_-]{4,64}$` (extensions §1.1).
 pub fn valid_bucket_id(id: &str) -> bool {
-    (4..=64).contains(&id.len())
+    (BUCKET_ID_BYTES_MIN..=BUCKET_ID_BYTES_MAX).contains(&id.len())
         && id
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
@@ -159,11 +138,46 @@ pub fn valid_bucket_id(id: &str) -> bool {
 /// no `..`, and `{bucket}/{stream}` at most 122 bytes.
 fn valid_stream_name(bucket: &str, name: &str) -> bool {
     !name.is_empty()
-        && bucket.len() + 1 + name.len() <= 122
+        && bucket.len() + 1 + name.len() <= BUCKETED_NAME_BYTES_MAX
         && !name.contains('/')
         && !name.contains('\0')
         && !name.contains("..")
         && name != "."
+}
+
+/// Which sub-resource of a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resource {
+    /// `/snapshot` (latest, or publish by `?record=`).
+    Snapshot,
+    /// `/snapshot/{offset}` (raw, still percent-encoded).
+    SnapshotAt(String),
+    /// `/retention` (by `?record=`).
+    Retention,
+    /// `/retention/{offset}`.
+    RetentionAt(String),
+    Bootstrap,
+}
+
+/// Whether a request path is a snapshot publish, which may carry up to 128 MiB.
+pub fn is_snapshot_path(path: &str) -> bool {
+    let mut segments = path.trim_start_matches('/').split('/');
+    matches!(
+        (segments.next(), segments.next(), segments.next()),
+        (Some(b), Some(_), Some("snapshot")) if b != "v1"
+    )
+}
+
+/// Route a bucketed sub-resource path (`rest` after `/{bucket}/{stream}/`).
+pub fn resource(rest: &[String]) -> Option<Resource> {
+    match rest {
+        [r] if r == "snapshot" => Some(Resource::Snapshot),
+        [r, o] if r == "snapshot" => Some(Resource::SnapshotAt(o.clone())),
+        [r] if r == "retention" => Some(Resource::Retention),
+        [r, o] if r == "retention" => Some(Resource::RetentionAt(o.clone())),
+        [r] if r == "bootstrap" => Some(Resource::Bootstrap),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -223,7 +237,7 @@ mod tests {
             route("/logs/app/snapshot"),
             Route::Resource {
                 key: "b/logs/app".into(),
-                resource: crate::snapshots::Resource::Snapshot
+                resource: Resource::Snapshot
             }
         );
         assert_eq!(route("/logs/app/unknown"), Route::StreamResource);
@@ -237,5 +251,22 @@ mod tests {
             Route::Invalid("invalid stream id")
         );
         assert_eq!(route("/logs/app/attrs/x"), Route::StreamResource);
+    }
+
+    #[test]
+    fn resources_and_body_limits() {
+        let r = |v: &[&str]| resource(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(r(&["snapshot"]), Some(Resource::Snapshot));
+        assert_eq!(
+            r(&["snapshot", "5"]),
+            Some(Resource::SnapshotAt("5".into()))
+        );
+        assert_eq!(r(&["retention"]), Some(Resource::Retention));
+        assert_eq!(r(&["bootstrap"]), Some(Resource::Bootstrap));
+        assert_eq!(r(&["bootstrap", "x"]), None);
+        assert!(is_snapshot_path("/logs/app/snapshot/00000000000000000001"));
+        assert!(is_snapshot_path("/logs/app/snapshot"));
+        assert!(!is_snapshot_path("/logs/app"));
+        assert!(!is_snapshot_path("/v1/stream/snapshot"));
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! * `URSULA_FAULT_SKIP_FDATASYNC=1`: a group commit is acknowledged without its fdatasync.
 //! * `URSULA_FAULT_SKIP_DIRSYNC=1`: directory syncs are skipped, so a new segment, a renamed
-//!   checkpoint or snapshot blob may vanish with its directory entry.
+//!   checkpoint or snapshot blob, a new data dir or the server's `ursula.layout` may vanish
+//!   with its directory entry.
 
 use std::sync::OnceLock;
 

@@ -1,8 +1,8 @@
 //! The long-mode crash workload and its checker, shared by the `kill -9` crash test and the
 //! power-loss test: many streams on the bucketed surface, every kind of write (text,
-//! binary, JSON with record ranges, idempotent producers, append-batch, close-with-append,
-//! close, delete and recreate), and a model that verifies a restarted server against
-//! everything acknowledged.
+//! binary, JSON with record ranges, idempotent producers and their retries, append-batch,
+//! close-with-append, close, delete and recreate, snapshots and retention), and a model that
+//! verifies a restarted server against everything acknowledged.
 //!
 //! Each stream slot is owned by exactly one writer thread, so the model of a slot is an
 //! exact sequence of acknowledged operations plus at most one operation in flight at the
@@ -10,8 +10,11 @@
 //! append-batch: a prefix of whole frames), never partial, and everything acknowledged
 //! must be there byte-exact at its acknowledged offsets with its acknowledged record
 //! ordinals; producer retries must still be deduplicated with their original receipts;
-//! closed streams stay closed, deleted ones stay deleted, and `Stream-Incarnation` is
-//! unchanged for surviving streams and new for recreated ones.
+//! the acknowledged snapshot (or one published after it) reads back byte-exact, the
+//! acknowledged retention point holds (reads before it get `410`, reads after it are
+//! byte-exact, record ordinals unchanged); closed streams stay closed, deleted ones stay
+//! deleted, and `Stream-Incarnation` is unchanged for surviving streams and new for
+//! recreated ones.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,6 +63,17 @@ pub struct Receipt {
     pub closes: bool,
 }
 
+/// A published snapshot: its offset, blob and the blob's content type.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub offset: u64,
+    pub ctype: &'static str,
+    pub blob: Vec<u8>,
+}
+
+/// Content types snapshot blobs are published with (already in normal form).
+const SNAPSHOT_TYPES: [&str; 2] = ["application/octet-stream", "application/vnd.state+json"];
+
 /// The operation a slot's writer had in flight when the server died.
 #[derive(Clone, Debug, Default)]
 pub enum Pending {
@@ -77,6 +91,9 @@ pub enum Pending {
     Close,
     Delete,
     Create,
+    Snapshot(Snapshot),
+    /// A retention advance to this offset.
+    Retain(u64),
 }
 
 #[derive(Default)]
@@ -91,6 +108,13 @@ pub struct Slot {
     pub records: u64,
     pub next_seq: u64,
     pub receipts: Vec<Receipt>,
+    /// The visible snapshot, as acknowledged.
+    pub snapshot: Option<Snapshot>,
+    /// The acknowledged retention point (earliest readable offset).
+    pub retained: u64,
+    /// Ends of acknowledged appends and frames: message boundaries for snapshots and
+    /// retention.
+    pub bounds: Vec<u64>,
     pub pending: Pending,
 }
 
@@ -101,6 +125,16 @@ impl Slot {
         self.closed = false;
         self.next_seq = 0;
         self.receipts.clear();
+        self.snapshot = None;
+        self.retained = 0;
+        self.bounds.clear();
+    }
+
+    /// Append acknowledged (or recovered) canonical bytes, one message.
+    pub fn extend(&mut self, canonical: &[u8], records: u64) {
+        self.log.extend_from_slice(canonical);
+        self.records += records;
+        self.bounds.push(self.log.len() as u64);
     }
 
     pub fn push_receipt(&mut self, r: Receipt) {
@@ -125,6 +159,10 @@ pub struct Stats {
     pub bytes: u64,
     pub rejected_503: u64,
     pub in_flight: u64,
+    pub snapshots: u64,
+    pub retentions: u64,
+    /// Producer appends retried at once (answered as duplicates).
+    pub retries: u64,
 }
 
 impl Stats {
@@ -140,6 +178,9 @@ impl Stats {
         self.bytes += o.bytes;
         self.rejected_503 += o.rejected_503;
         self.in_flight += o.in_flight;
+        self.snapshots += o.snapshots;
+        self.retentions += o.retentions;
+        self.retries += o.retries;
     }
 }
 
@@ -419,6 +460,8 @@ impl Writer {
             }
             87 => self.close(slot, s, false),
             88..=89 => self.delete(slot, s),
+            90..=93 => self.snapshot(slot, s),
+            94..=96 => self.retain(slot, s),
             _ => self.append(slot, s, false, false),
         }
     }
@@ -572,8 +615,7 @@ impl Writer {
         };
         self.stats.appends += 1;
         self.stats.bytes += canonical.len() as u64;
-        s.log.extend_from_slice(&canonical);
-        s.records += recs;
+        s.extend(&canonical, recs);
         if closes {
             s.closed = true;
             self.stats.closes += 1;
@@ -581,14 +623,135 @@ impl Writer {
         if producer {
             self.stats.producer += 1;
             let seq = s.next_seq;
-            s.push_receipt(Receipt {
+            let receipt = Receipt {
                 seq,
                 body,
                 next: want,
                 rec,
                 closes,
-            });
+            };
+            s.push_receipt(receipt.clone());
+            if self.rng.chance(0.2) {
+                // A client that lost the answer sends the same append again: it must be
+                // answered as a duplicate and never land twice (verification would find
+                // the extra bytes, since nothing is recorded as in flight).
+                let Ok(r) = producer_retry(&mut self.client, slot, &receipt) else {
+                    return Op::Stop;
+                };
+                if let Err(e) = check_retry_answer(slot, s, &receipt, &r) {
+                    return self.err(slot, e);
+                }
+                self.stats.retries += 1;
+            }
         }
+        Op::Done
+    }
+
+    /// Publish a snapshot at a message boundary at or after the visible one: usually the
+    /// tail, sometimes an earlier boundary; at the visible snapshot's own offset the same
+    /// blob again (idempotent).
+    pub fn snapshot(&mut self, slot: usize, s: &mut Slot) -> Op {
+        let floor = s.snapshot.as_ref().map_or(s.retained, |v| v.offset);
+        let offset = if self.rng.chance(0.3) {
+            let above: Vec<u64> = s.bounds.iter().copied().filter(|&b| b >= floor).collect();
+            match above.len() {
+                0 => s.log.len() as u64,
+                n => above[self.rng.range(0, n as u64 - 1) as usize],
+            }
+        } else {
+            s.log.len() as u64
+        };
+        let snap = match &s.snapshot {
+            Some(v) if v.offset == offset => v.clone(),
+            _ => {
+                let size = if self.rng.chance(0.03) {
+                    4 << 20
+                } else {
+                    self.rng.log_size(16, 512 * 1024)
+                };
+                let mut blob = Vec::with_capacity(size);
+                filler(&mut self.rng, Kind::Binary, size, &mut blob);
+                let ctype = SNAPSHOT_TYPES[self.rng.range(0, 1) as usize];
+                Snapshot {
+                    offset,
+                    ctype,
+                    blob,
+                }
+            }
+        };
+        let path = format!("{}/snapshot/{}", path_of(slot), offset_token(offset));
+        let Some(r) = self.send(
+            s,
+            Pending::Snapshot(snap.clone()),
+            "PUT",
+            &path,
+            &[("Content-Type", snap.ctype)],
+            &snap.blob,
+        ) else {
+            return Op::Stop;
+        };
+        if r.status != 204 || hnum(&r, "stream-snapshot-offset") != Some(offset) {
+            return self.err(
+                slot,
+                format!(
+                    "snapshot at {offset}: {} Stream-Snapshot-Offset {:?} {}",
+                    r.status,
+                    r.header("stream-snapshot-offset"),
+                    r.body_str()
+                ),
+            );
+        }
+        self.stats.snapshots += 1;
+        s.snapshot = Some(snap);
+        Op::Done
+    }
+
+    /// Advance retention to a message boundary between the current point and the visible
+    /// snapshot (publishing one first if there is none).
+    pub fn retain(&mut self, slot: usize, s: &mut Slot) -> Op {
+        let Some(snap) = s.snapshot.as_ref().map(|v| v.offset) else {
+            return self.snapshot(slot, s);
+        };
+        let between: Vec<u64> = s
+            .bounds
+            .iter()
+            .copied()
+            .filter(|&b| b >= s.retained && b <= snap)
+            .collect();
+        let offset = if between.is_empty() || self.rng.chance(0.5) {
+            snap
+        } else {
+            between[self.rng.range(0, between.len() as u64 - 1) as usize]
+        };
+        let path = format!("{}/retention/{}", path_of(slot), offset_token(offset));
+        let Some(r) = self.send(s, Pending::Retain(offset), "PUT", &path, &[], &[]) else {
+            return Op::Stop;
+        };
+        if r.status != 204 || hnum(&r, "stream-retained-offset") != Some(offset) {
+            return self.err(
+                slot,
+                format!(
+                    "retention to {offset}: {} Stream-Retained-Offset {:?} {}",
+                    r.status,
+                    r.header("stream-retained-offset"),
+                    r.body_str()
+                ),
+            );
+        }
+        if kind_of(slot).1 == Kind::Json {
+            let first = records_in(&s.log[..offset as usize]);
+            if hnum(&r, "stream-record-first") != Some(first) {
+                return self.err(
+                    slot,
+                    format!(
+                        "retention to {offset}: Stream-Record-First {:?}, expected {first}",
+                        r.header("stream-record-first")
+                    ),
+                );
+            }
+        }
+        self.stats.retentions += 1;
+        s.retained = offset;
         Op::Done
     }
 
@@ -675,8 +838,7 @@ impl Writer {
             committed_any = true;
             self.stats.frames += 1;
             self.stats.bytes += canonical.len() as u64;
-            s.log.extend_from_slice(&canonical);
-            s.records += recs;
+            s.extend(&canonical, recs);
         }
         if committed_any && r.next_offset() != Some(s.log.len() as u64) {
             return self.err(
@@ -720,10 +882,15 @@ pub fn run_writer(
     (slots, w.stats, w.errors)
 }
 
-/// Read a stream's whole canonical log by offset catch-up reads from `-1`.
-pub fn read_log(client: &mut Client, slot: usize) -> Result<Vec<u8>, String> {
+/// Read a stream's canonical log from `from` (its retention point; `-1` when that is 0)
+/// to the tail by offset catch-up reads.
+pub fn read_log(client: &mut Client, slot: usize, from: u64) -> Result<Vec<u8>, String> {
     let mut log = Vec::new();
-    let mut offset = "-1".to_string();
+    let mut offset = if from == 0 {
+        "-1".to_string()
+    } else {
+        offset_token(from)
+    };
     loop {
         let path = format!("{}?offset={offset}", path_of(slot));
         let resp = client
@@ -741,9 +908,9 @@ pub fn read_log(client: &mut Client, slot: usize) -> Result<Vec<u8>, String> {
         let up_to_date = resp.header("stream-up-to-date") == Some("true");
         // Bucketed surface: JSON offset reads are canonical NDJSON, like the log.
         let chunk = resp.body;
-        if next != (log.len() + chunk.len()) as u64 {
+        if next != from + (log.len() + chunk.len()) as u64 {
             return Err(format!(
-                "GET {path}: Stream-Next-Offset {next} but {} bytes read",
+                "GET {path}: Stream-Next-Offset {next} but {} bytes read from {from}",
                 log.len() + chunk.len()
             ));
         }
@@ -758,13 +925,15 @@ pub fn read_log(client: &mut Client, slot: usize) -> Result<Vec<u8>, String> {
     }
 }
 
-/// Read records `[r, N)` by record coordinates in random page sizes and compare with the
-/// log (record `i` starts after the `i`-th LF).
+/// Read records `[r, N)` (`r` at or after the first retained record `first`) by record
+/// coordinates in random page sizes and compare with the log (record `i` starts after the
+/// `i`-th LF).
 pub fn check_records(
     client: &mut Client,
     rng: &mut Rng,
     slot: usize,
     log: &[u8],
+    first: u64,
 ) -> Result<(), String> {
     let mut starts = vec![0usize];
     for (i, &c) in log.iter().enumerate() {
@@ -773,7 +942,11 @@ pub fn check_records(
         }
     }
     let n = (starts.len() - 1) as u64;
-    let mut r = if rng.chance(0.3) { 0 } else { rng.range(0, n) };
+    let mut r = if rng.chance(0.3) {
+        first
+    } else {
+        rng.range(first, n)
+    };
     loop {
         let m = rng.range(1, 64);
         let path = format!("{}?record={r}&max_records={m}", path_of(slot));
@@ -787,9 +960,9 @@ pub fn check_records(
             hnum(&resp, "stream-record-first"),
             hnum(&resp, "stream-record-start"),
         );
-        if got != (Some(0), Some(r)) {
+        if got != (Some(first), Some(r)) {
             return Err(format!(
-                "GET {path}: First/Start {got:?}, expected (0, {r})"
+                "GET {path}: First/Start {got:?}, expected ({first}, {r})"
             ));
         }
         let next = hnum(&resp, "stream-record-next")
@@ -824,7 +997,13 @@ pub fn check_records(
 
 /// Retry an acknowledged producer append: 204, original receipt, nothing appended.
 pub fn check_dedup(client: &mut Client, slot: usize, s: &Slot, rc: &Receipt) -> Result<(), String> {
-    let (ctype, kind) = kind_of(slot);
+    let r = producer_retry(client, slot, rc).map_err(|e| format!("producer retry: {e}"))?;
+    check_retry_answer(slot, s, rc, &r)
+}
+
+/// Send an acknowledged producer append again, exactly as it was sent.
+pub fn producer_retry(client: &mut Client, slot: usize, rc: &Receipt) -> std::io::Result<Response> {
+    let ctype = kind_of(slot).0;
     let seq_s = rc.seq.to_string();
     let mut headers = vec![
         ("Content-Type", ctype),
@@ -835,9 +1014,12 @@ pub fn check_dedup(client: &mut Client, slot: usize, s: &Slot, rc: &Receipt) -> 
     if rc.closes {
         headers.push(("Stream-Closed", "true"));
     }
-    let r = client
-        .request("POST", &path_of(slot), &headers, &rc.body)
-        .map_err(|e| format!("producer retry: {e}"))?;
+    client.request("POST", &path_of(slot), &headers, &rc.body)
+}
+
+/// The answer to a retried producer append: a duplicate with the original receipt.
+pub fn check_retry_answer(slot: usize, s: &Slot, rc: &Receipt, r: &Response) -> Result<(), String> {
+    let kind = kind_of(slot).1;
     let highest = s.receipts.last().unwrap().seq.to_string();
     if r.status != 204 {
         return Err(format!(
@@ -864,8 +1046,8 @@ pub fn check_dedup(client: &mut Client, slot: usize, s: &Slot, rc: &Receipt) -> 
     }
     if kind == Kind::Json {
         let got = (
-            hnum(&r, "stream-record-start"),
-            hnum(&r, "stream-record-next"),
+            hnum(r, "stream-record-start"),
+            hnum(r, "stream-record-next"),
         );
         if got != (rc.rec.map(|x| x.0), rc.rec.map(|x| x.1)) {
             return Err(format!(
@@ -874,7 +1056,7 @@ pub fn check_dedup(client: &mut Client, slot: usize, s: &Slot, rc: &Receipt) -> 
             ));
         }
     }
-    if s.closed && !closed_hdr(&r) {
+    if s.closed && !closed_hdr(r) {
         return Err(format!(
             "retry of producer seq {} on a closed stream without Stream-Closed",
             rc.seq
@@ -943,7 +1125,11 @@ pub fn verify_slot(
             s.incarnation = Some(inc);
         }
     }
-    let log = read_log(client, slot)?;
+    let retained = check_retention(client, rng, slot, s, &h, &pending, &mut outcome)?;
+    check_snapshot(client, slot, s, &h, &pending, &mut outcome)?;
+    // Below the retention point the acknowledged bytes are gone by design (and `410`).
+    let mut log = s.log[..retained as usize].to_vec();
+    log.extend(read_log(client, slot, retained)?);
     if log.len() < s.log.len() || log[..s.log.len()] != s.log[..] {
         let d = (0..s.log.len().min(log.len()))
             .find(|&i| log[i] != s.log[i])
@@ -969,8 +1155,7 @@ pub fn verify_slot(
             } else if extra == &canonical[..] {
                 outcome = "in-flight append whole".into();
                 let start_rec = s.records;
-                s.records += records;
-                s.log.extend_from_slice(extra);
+                s.extend(extra, records);
                 if closes {
                     s.closed = true;
                     closed_must = true;
@@ -1011,14 +1196,13 @@ pub fn verify_slot(
                         extra.len()
                     ));
                 }
+                s.extend(&extra[pos..pos + c.len()], *recs);
                 pos += c.len();
-                s.records += recs;
                 k += 1;
             }
             if pos != extra.len() {
                 return Err("in-flight append-batch: trailing bytes beyond its frames".into());
             }
-            s.log.extend_from_slice(extra);
             outcome = format!("in-flight batch: {k}/{} frames", frames.len());
         }
         Pending::Close => {
@@ -1069,14 +1253,30 @@ pub fn verify_slot(
         if n != s.records {
             return Err(format!("model has {} records, log has {n}", s.records));
         }
+        let first = records_in(&log[..retained as usize]);
         let got = (
             hnum(&h, "stream-record-first"),
             hnum(&h, "stream-record-next"),
         );
-        if got != (Some(0), Some(n)) {
-            return Err(format!("HEAD record First/Next {got:?}, expected (0, {n})"));
+        if got != (Some(first), Some(n)) {
+            return Err(format!(
+                "HEAD record First/Next {got:?}, expected ({first}, {n})"
+            ));
         }
-        check_records(client, rng, slot, &log)?;
+        check_records(client, rng, slot, &log, first)?;
+        if first > 0 {
+            let below = rng.range(0, first - 1);
+            let path = format!("{path}?record={below}");
+            let r = client
+                .request("GET", &path, &[], &[])
+                .map_err(|e| format!("GET {path}: {e}"))?;
+            if r.status != 410 {
+                return Err(format!(
+                    "GET {path} below the first retained record {first}: {}",
+                    r.status
+                ));
+            }
+        }
     }
     if !s.receipts.is_empty() {
         let last = s.receipts.last().unwrap().clone();
@@ -1114,6 +1314,145 @@ pub fn verify_slot(
         ));
     }
     Ok(outcome)
+}
+
+/// The retention point after a restart: the acknowledged one, or the one in flight. Reads
+/// before it must get `410` with `Stream-Next-Offset` at it.
+fn check_retention(
+    client: &mut Client,
+    rng: &mut Rng,
+    slot: usize,
+    s: &mut Slot,
+    h: &Response,
+    pending: &Pending,
+    outcome: &mut String,
+) -> Result<u64, String> {
+    let retained =
+        hnum(h, "stream-retained-offset").ok_or("HEAD without Stream-Retained-Offset")?;
+    match pending {
+        Pending::Retain(o) if *o != s.retained => {
+            if retained == *o {
+                s.retained = *o;
+                note(outcome, "in-flight retention applied");
+            } else if retained == s.retained {
+                note(outcome, "in-flight retention absent");
+            }
+        }
+        _ => {}
+    }
+    if retained != s.retained {
+        return Err(format!(
+            "retention point {retained} after restart, acknowledged {}",
+            s.retained
+        ));
+    }
+    if retained == 0 {
+        return Ok(0);
+    }
+    let below = rng.range(0, retained - 1);
+    for offset in ["-1".to_string(), offset_token(below)] {
+        let path = format!("{}?offset={offset}", path_of(slot));
+        let r = client
+            .request("GET", &path, &[], &[])
+            .map_err(|e| format!("GET {path}: {e}"))?;
+        if r.status != 410 || r.next_offset() != Some(retained) {
+            return Err(format!(
+                "GET {path} before the retention point {retained}: {} Stream-Next-Offset {:?}",
+                r.status,
+                r.next_offset()
+            ));
+        }
+    }
+    Ok(retained)
+}
+
+/// The visible snapshot after a restart must be the acknowledged one or the one in
+/// flight, byte-exact; with neither there is none.
+fn check_snapshot(
+    client: &mut Client,
+    slot: usize,
+    s: &mut Slot,
+    h: &Response,
+    pending: &Pending,
+    outcome: &mut String,
+) -> Result<(), String> {
+    let path = format!("{}/snapshot", path_of(slot));
+    let r = client
+        .request("GET", &path, &[], &[])
+        .map_err(|e| format!("GET {path}: {e}"))?;
+    let in_flight = match pending {
+        Pending::Snapshot(p) => Some(p),
+        _ => None,
+    };
+    let visible = match r.status {
+        307 => Some(
+            hnum(&r, "stream-snapshot-offset")
+                .ok_or_else(|| format!("GET {path}: 307 without Stream-Snapshot-Offset"))?,
+        ),
+        404 => None,
+        other => return Err(format!("GET {path}: {other} {}", r.body_str())),
+    };
+    if hnum(h, "stream-snapshot-offset") != visible {
+        return Err(format!(
+            "HEAD Stream-Snapshot-Offset {:?}, GET {path} says {visible:?}",
+            h.header("stream-snapshot-offset")
+        ));
+    }
+    let acked = s.snapshot.as_ref().map(|v| v.offset);
+    let Some(offset) = visible else {
+        if let Some(a) = acked {
+            return Err(format!("the acknowledged snapshot at {a} is gone"));
+        }
+        if in_flight.is_some() {
+            note(outcome, "in-flight snapshot absent");
+        }
+        return Ok(());
+    };
+    let want = match in_flight {
+        Some(p) if p.offset == offset && acked != Some(offset) => {
+            note(outcome, "in-flight snapshot applied");
+            s.snapshot = Some(p.clone());
+            p
+        }
+        _ if acked == Some(offset) => {
+            if in_flight.is_some_and(|p| p.offset != offset) {
+                note(outcome, "in-flight snapshot absent");
+            }
+            s.snapshot.as_ref().ok_or("no acknowledged snapshot")?
+        }
+        _ => {
+            return Err(format!(
+                "snapshot at {offset} visible, acknowledged {acked:?}, in flight {:?}",
+                in_flight.map(|p| p.offset)
+            ))
+        }
+    };
+    let path = format!("{path}/{}", offset_token(offset));
+    let r = client
+        .request("GET", &path, &[], &[])
+        .map_err(|e| format!("GET {path}: {e}"))?;
+    if r.status != 200
+        || r.body != want.blob
+        || r.header("content-type") != Some(want.ctype)
+        || r.next_offset() != Some(offset)
+    {
+        return Err(format!(
+            "GET {path}: {} {} bytes of {} type {:?} Stream-Next-Offset {:?}",
+            r.status,
+            r.body.len(),
+            want.blob.len(),
+            r.header("content-type"),
+            r.next_offset()
+        ));
+    }
+    Ok(())
+}
+
+fn note(outcome: &mut String, what: &str) {
+    if !outcome.is_empty() {
+        outcome.push_str("; ");
+    }
+    outcome.push_str(what);
 }
 
 pub fn server_log_tail(path: &std::path::Path) -> String {

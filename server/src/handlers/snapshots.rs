@@ -14,33 +14,17 @@ use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::{parse_query, percent_decode};
 use ursula_storage::{SnapshotMeta, Stream, StreamId};
 
-use crate::cores::Core;
-use crate::handlers::{find, storage_error, unavailable, Found};
-use crate::http::{Request, Response};
+use crate::core::Core;
+use crate::handlers::buckets::require_bucket;
+use crate::http::{ApiError, Request, Response};
+use crate::limits::BOOTSTRAP_UPDATE_BYTES_MAX;
+use crate::lookup::{find, Found};
 use crate::records;
-
-/// Largest snapshot body (protocol.md §4.7).
-pub const MAX_SNAPSHOT_BYTES: u64 = 128 << 20;
-/// Update bytes one bootstrap response carries at most (whole messages, at least one).
-const MAX_BOOTSTRAP_UPDATE_BYTES: u64 = 64 << 20;
-
-/// Which sub-resource of a stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resource {
-    /// `/snapshot` (latest, or publish by `?record=`).
-    Snapshot,
-    /// `/snapshot/{offset}` (raw, still percent-encoded).
-    SnapshotAt(String),
-    /// `/retention` (by `?record=`).
-    Retention,
-    /// `/retention/{offset}`.
-    RetentionAt(String),
-    Bootstrap,
-}
+use crate::routes::Resource;
 
 /// Handle a snapshot/retention/bootstrap request on the stream's owner core.
 pub async fn handle(core: &Rc<Core>, key: &str, resource: Resource, req: Request) -> Response {
-    if let Some(resp) = crate::buckets::require_bucket(core, key).await {
+    if let Some(resp) = require_bucket(core, key).await {
         return resp;
     }
     match (&req.method, resource) {
@@ -60,40 +44,39 @@ pub async fn handle(core: &Rc<Core>, key: &str, resource: Resource, req: Request
 }
 
 fn not_allowed(allow: &'static str) -> Response {
-    Response::error(405, "method_not_allowed", "method not allowed").header("allow", allow)
-}
-
-fn bad(why: &str) -> Response {
-    Response::error(400, "invalid_request", why)
+    ApiError::MethodNotAllowed {
+        allow,
+        reason: "method not allowed",
+    }
+    .response()
 }
 
 fn not_found() -> Response {
-    Response::error(404, "stream_not_found", "stream not found")
+    ApiError::StreamNotFound.response()
 }
 
 /// A path offset: 1–20 ASCII digits after percent-decoding (`-1`, `now` are not offsets).
 fn path_offset(raw: &str) -> Result<u64, Response> {
-    let decoded = percent_decode(raw).map_err(|()| bad("invalid offset"))?;
+    let decoded =
+        percent_decode(raw).map_err(|()| ApiError::InvalidRequest("invalid offset").response())?;
     if decoded.is_empty() || decoded.len() > 20 || !decoded.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(Response::error(
-            400,
-            "invalid_offset",
-            "offset must be 1-20 digits",
-        ));
+        return Err(ApiError::InvalidOffset("offset must be 1-20 digits").response());
     }
     decoded
         .parse()
-        .map_err(|_| Response::error(400, "invalid_offset", "offset out of range"))
+        .map_err(|_| ApiError::InvalidOffset("offset out of range").response())
 }
 
 /// The `?record=n` form: a record ordinal on a JSON stream.
-fn record_param(req: &Request) -> Result<u64, Response> {
-    let query = parse_query(&req.query).map_err(bad)?;
+fn record_param(req: &Request) -> Result<u64, ApiError> {
+    let query = parse_query(&req.query).map_err(ApiError::InvalidRequest)?;
     let value = query
         .get_unique("record")
-        .map_err(bad)?
-        .ok_or_else(|| bad("give an offset in the path or ?record="))?;
-    ursula_protocol::records::parse_record_ordinal(value).map_err(bad)
+        .map_err(ApiError::InvalidRequest)?
+        .ok_or(ApiError::InvalidRequest(
+            "give an offset in the path or ?record=",
+        ))?;
+    ursula_protocol::records::parse_record_ordinal(value).map_err(ApiError::InvalidRequest)
 }
 
 /// The target of a publish or retention request (§3.1 / §4.1): a path offset, or else the
@@ -112,20 +95,23 @@ fn target_offset(s: &Stream, path: &Option<u64>, record: Option<u64>) -> Result<
         return Ok(*o);
     }
     let Some(n) = record else {
-        return Err(bad("give an offset in the path or ?record="));
+        return Err(ApiError::InvalidRequest("give an offset in the path or ?record=").response());
     };
     if !is_json(&s.content_type) {
-        return Err(bad("?record= needs an application/json stream"));
+        return Err(
+            ApiError::InvalidRequest("?record= needs an application/json stream").response(),
+        );
     }
     let (first, next) = (records::first(s), records::visible_next(s));
     if n < first {
-        let mut resp = Response::error(410, "offset_trimmed", "record was removed by retention")
+        let mut resp = ApiError::OffsetTrimmed("record was removed by retention")
+            .response()
             .header("stream-next-offset", format_offset(s.retained_start));
         records::push_stream_headers(&mut resp, s);
         return Err(resp);
     }
     if n > next {
-        let mut resp = bad("record is beyond the record tail");
+        let mut resp = ApiError::InvalidRequest("record is beyond the record tail").response();
         records::push_stream_headers(&mut resp, s);
         return Err(resp);
     }
@@ -143,10 +129,11 @@ pub fn digest(content_type: &str, body: &[u8]) -> String {
     h.finalize().to_hex().to_string()
 }
 
+/// A live stream; a soft-deleted one is not found here (it only serves its forks).
 fn live(core: &Rc<Core>, key: &str) -> Result<StreamId, Response> {
     match find(core, key) {
         Found::Live(id) => Ok(id),
-        _ => Err(not_found()),
+        Found::Absent | Found::Expired(_) | Found::SoftDeleted => Err(not_found()),
     }
 }
 
@@ -164,12 +151,12 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
     };
     let snapshot_match = req.header("stream-snapshot-match");
     if snapshot_match == Some("") {
-        return bad("Stream-Snapshot-Match must not be empty");
+        return ApiError::InvalidRequest("Stream-Snapshot-Match must not be empty").response();
     }
     let content_type = match req.header("content-type") {
         Some(v) => match normalize(v) {
             Ok(ct) => ct,
-            Err(()) => return bad("invalid Content-Type"),
+            Err(()) => return ApiError::InvalidRequest("invalid Content-Type").response(),
         },
         None => "application/octet-stream".to_string(),
     };
@@ -190,7 +177,7 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
     let incarnation = core.shard.stream(id).map(|s| s.incarnation);
     let blob = match core.shard.write_blob(body.clone()).await {
         Ok(b) => b,
-        Err(e) => return storage_error(e),
+        Err(e) => return Response::from(e),
     };
     let still = core.shard.stream(id).map(|s| s.incarnation) == incarnation
         && matches!(find(core, key), Found::Live(now) if now == id);
@@ -219,10 +206,10 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
     };
     let commit = match core.shard.set_snapshot(id, meta) {
         Ok(c) => c,
-        Err(e) => return storage_error(e),
+        Err(e) => return Response::from(e),
     };
     if let Err(e) = commit.durable().await {
-        return storage_error(e);
+        return Response::from(e);
     }
     published(core, id)
 }
@@ -239,53 +226,35 @@ fn check_publish(
     let s = core.shard.stream(id).ok_or_else(not_found)?;
     let offset = target_offset(&s, &path, record)?;
     if offset < s.retained_start {
-        return Err(
-            Response::error(410, "offset_trimmed", "offset was removed by retention")
-                .header("stream-next-offset", format_offset(s.retained_start)),
-        );
+        return Err(ApiError::OffsetTrimmed("offset was removed by retention")
+            .response()
+            .header("stream-next-offset", format_offset(s.retained_start)));
     }
     if offset > s.visible_tail {
-        return Err(
-            Response::error(409, "offset_beyond_tail", "offset is beyond the tail")
-                .header("stream-next-offset", format_offset(s.visible_tail)),
-        );
+        return Err(ApiError::SnapshotBeyondTail
+            .response()
+            .header("stream-next-offset", format_offset(s.visible_tail)));
     }
     let visible = s.snapshot.as_ref();
     if let Some(expected) = snapshot_match {
         if visible.is_none_or(|v| &*v.digest != expected) {
-            return Err(Response::error(
-                409,
-                "snapshot_mismatch",
-                "visible snapshot differs",
-            ));
+            return Err(ApiError::SnapshotMismatch.response());
         }
     }
     if let Some(v) = visible {
         if v.offset > offset {
-            return Err(Response::error(
-                409,
-                "snapshot_stale",
-                "a newer snapshot is visible",
-            ));
+            return Err(ApiError::SnapshotStale.response());
         }
         if v.offset == offset {
             return if &*v.digest == digest {
                 Ok(None)
             } else {
-                Err(Response::error(
-                    409,
-                    "snapshot_conflict",
-                    "a different snapshot is visible at this offset",
-                ))
+                Err(ApiError::SnapshotConflict.response())
             };
         }
     }
     if !s.is_message_boundary(offset) && offset != 0 {
-        return Err(Response::error(
-            400,
-            "offset_not_aligned",
-            "offset is not a message boundary",
-        ));
+        return Err(ApiError::OffsetNotAligned("offset is not a message boundary").response());
     }
     Ok(Some(offset))
 }
@@ -315,7 +284,7 @@ fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Response {
         return not_found();
     };
     let Some(v) = &s.snapshot else {
-        return Response::error(404, "snapshot_not_found", "no snapshot");
+        return ApiError::SnapshotNotFound("no snapshot").response();
     };
     let base = req.path.trim_end_matches('/');
     let mut resp = Response::new(307)
@@ -348,11 +317,11 @@ async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Response {
     };
     let meta = match core.shard.stream(id).and_then(|s| s.snapshot.clone()) {
         Some(m) if m.offset == offset => m,
-        _ => return Response::error(404, "snapshot_not_found", "no snapshot at this offset"),
+        _ => return ApiError::SnapshotNotFound("no snapshot at this offset").response(),
     };
     let blob = match core.shard.read_blob(&meta).await {
         Ok(b) => b,
-        Err(e) => return storage_error(e),
+        Err(e) => return Response::from(e),
     };
     let Some(s) = core.shard.stream(id) else {
         return not_found();
@@ -388,12 +357,8 @@ fn delete(core: &Rc<Core>, key: &str, raw: &str) -> Response {
         .stream(id)
         .and_then(|s| s.snapshot.as_ref().map(|m| m.offset))
     {
-        Some(v) if v == offset => Response::error(
-            409,
-            "snapshot_in_use",
-            "the visible snapshot cannot be deleted",
-        ),
-        _ => Response::error(404, "snapshot_not_found", "no snapshot at this offset"),
+        Some(v) if v == offset => ApiError::SnapshotInUse.response(),
+        _ => ApiError::SnapshotNotFound("no snapshot at this offset").response(),
     }
 }
 
@@ -416,40 +381,29 @@ async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Reque
             Err(r) => return r,
         };
         if offset < s.retained_start {
-            return Response::error(409, "retention_backwards", "retention never moves back")
+            return ApiError::RetentionBackwards
+                .response()
                 .header("stream-retained-offset", format_offset(s.retained_start));
         }
         if offset == s.retained_start {
             return retained(core, id);
         }
         match &s.snapshot {
-            None => {
-                return Response::error(409, "no_snapshot", "publish a snapshot before trimming")
-            }
-            Some(v) if offset > v.offset => {
-                return Response::error(
-                    409,
-                    "beyond_snapshot",
-                    "retention cannot pass the snapshot",
-                )
-            }
+            None => return ApiError::NoSnapshot.response(),
+            Some(v) if offset > v.offset => return ApiError::BeyondSnapshot.response(),
             Some(_) => {}
         }
         if !s.is_message_boundary(offset) {
-            return Response::error(
-                400,
-                "offset_not_aligned",
-                "offset is not a message boundary",
-            );
+            return ApiError::OffsetNotAligned("offset is not a message boundary").response();
         }
         offset
     };
     let commit = match core.shard.retain(id, offset) {
         Ok(c) => c,
-        Err(e) => return storage_error(e),
+        Err(e) => return Response::from(e),
     };
     if let Err(e) = commit.durable().await {
-        return storage_error(e);
+        return Response::from(e);
     }
     retained(core, id)
 }
@@ -470,10 +424,10 @@ fn retained(core: &Rc<Core>, id: StreamId) -> Response {
 async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
     let query = match parse_query(&req.query) {
         Ok(q) => q,
-        Err(why) => return bad(why),
+        Err(why) => return ApiError::InvalidRequest(why).response(),
     };
     if query.contains("live") {
-        return bad("bootstrap is not a live read");
+        return ApiError::InvalidRequest("bootstrap is not a live read").response();
     }
     let id = match live(core, key) {
         Ok(id) => id,
@@ -496,7 +450,7 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
                 .message_start(ordinal + 1)
                 .unwrap_or(s.visible_tail)
                 .min(s.visible_tail);
-            if !bounds.is_empty() && total + (end - start) > MAX_BOOTSTRAP_UPDATE_BYTES {
+            if !bounds.is_empty() && total + (end - start) > BOOTSTRAP_UPDATE_BYTES_MAX {
                 break;
             }
             total += end - start;
@@ -508,14 +462,14 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
     let snapshot_body = match &snapshot {
         Some(meta) => match core.shard.read_blob(meta).await {
             Ok(b) => b,
-            Err(e) => return storage_error(e),
+            Err(e) => return Response::from(e),
         },
         None => Bytes::new(),
     };
     let end = messages.last().map_or(from, |m| m.1);
     let data = match core.shard.read(id, from, end).await {
         Ok(parts) => parts.concat(),
-        Err(e) => return storage_error(e),
+        Err(e) => return Response::from(e),
     };
     let updates: Vec<&[u8]> = messages
         .iter()
@@ -534,7 +488,7 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
     }
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
     let Some(s) = core.shard.stream(id) else {
-        return unavailable();
+        return ApiError::owner_unavailable().response();
     };
     let complete = end >= s.visible_tail;
     let mut resp = Response::new(200)
@@ -585,27 +539,6 @@ fn boundary_for(core: &Core, snapshot: &[u8], updates: &[&[u8]]) -> String {
     }
 }
 
-/// Whether a request path is a snapshot publish, which may carry up to 128 MiB.
-pub fn is_snapshot_path(path: &str) -> bool {
-    let mut segments = path.trim_start_matches('/').split('/');
-    matches!(
-        (segments.next(), segments.next(), segments.next()),
-        (Some(b), Some(_), Some("snapshot")) if b != "v1"
-    )
-}
-
-/// Route a bucketed sub-resource path (`rest` after `/{bucket}/{stream}/`).
-pub fn resource(rest: &[String]) -> Option<Resource> {
-    match rest {
-        [r] if r == "snapshot" => Some(Resource::Snapshot),
-        [r, o] if r == "snapshot" => Some(Resource::SnapshotAt(o.clone())),
-        [r] if r == "retention" => Some(Resource::Retention),
-        [r, o] if r == "retention" => Some(Resource::RetentionAt(o.clone())),
-        [r] if r == "bootstrap" => Some(Resource::Bootstrap),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -629,22 +562,5 @@ mod tests {
         for bad in ["-1", "now", "", "1a", "000000000000000000001"] {
             assert!(path_offset(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn resources_and_body_limits() {
-        let r = |v: &[&str]| resource(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        assert_eq!(r(&["snapshot"]), Some(Resource::Snapshot));
-        assert_eq!(
-            r(&["snapshot", "5"]),
-            Some(Resource::SnapshotAt("5".into()))
-        );
-        assert_eq!(r(&["retention"]), Some(Resource::Retention));
-        assert_eq!(r(&["bootstrap"]), Some(Resource::Bootstrap));
-        assert_eq!(r(&["bootstrap", "x"]), None);
-        assert!(is_snapshot_path("/logs/app/snapshot/00000000000000000001"));
-        assert!(is_snapshot_path("/logs/app/snapshot"));
-        assert!(!is_snapshot_path("/logs/app"));
-        assert!(!is_snapshot_path("/v1/stream/snapshot"));
     }
 }

@@ -11,13 +11,16 @@ use bytes::{Bytes, BytesMut};
 use ursula_protocol::content_type::{is_json, same_media_type};
 use ursula_protocol::headers::parse_fork_sub_offset;
 use ursula_protocol::offset::parse_fork_offset;
-use ursula_storage::{AppendRec, Lifetime, NewStream, StorageError, StreamId};
+use ursula_storage::{AppendRec, Lifetime, NewStream};
 
-use crate::cores::Core;
+use crate::core::Core;
 use crate::ext::{Ext, ForkLink};
-use crate::handlers::{find, payload, Found};
-use crate::http::{Request, Response};
-use crate::routes::{route, Route, Surface};
+use crate::http::{ApiError, Request, Response};
+use crate::lookup::{find, Found};
+use crate::payload::payload;
+use crate::removal::{self, release};
+use crate::routes::{route, Route};
+use crate::surface::Surface;
 
 pub struct ForkRequest {
     pub source: String,
@@ -32,25 +35,20 @@ pub fn parse_request(req: &Request) -> Result<Option<ForkRequest>, Response> {
     let sub = req.header("stream-fork-sub-offset");
     let Some(from) = from else {
         if offset.is_some() || sub.is_some() {
-            return Err(Response::error(
-                400,
-                "invalid_header",
-                "fork offsets need Stream-Forked-From",
-            ));
+            return Err(ApiError::InvalidHeader("fork offsets need Stream-Forked-From").response());
         }
         return Ok(None);
     };
-    let offset =
-        match offset {
-            Some(v) => Some(parse_fork_offset(v).map_err(|()| {
-                Response::error(400, "invalid_offset", "invalid Stream-Fork-Offset")
-            })?),
-            None => None,
-        };
+    let offset = match offset {
+        Some(v) => Some(
+            parse_fork_offset(v)
+                .map_err(|()| ApiError::InvalidOffset("invalid Stream-Fork-Offset").response())?,
+        ),
+        None => None,
+    };
     let sub_offset = match sub {
-        Some(v) => parse_fork_sub_offset(v).map_err(|()| {
-            Response::error(400, "invalid_offset", "invalid Stream-Fork-Sub-Offset")
-        })?,
+        Some(v) => parse_fork_sub_offset(v)
+            .map_err(|()| ApiError::InvalidOffset("invalid Stream-Fork-Sub-Offset").response())?,
         None => 0,
     };
     // Accept a path or a same-origin absolute URL.
@@ -106,7 +104,7 @@ pub async fn create(
     closed: bool,
 ) -> Response {
     if fork.source.is_empty() {
-        return Response::error(404, "stream_not_found", "fork source not found");
+        return ApiError::ForkSourceNotFound.response();
     }
     let source = fork.source.clone();
     let owner = core.owner_of(&source);
@@ -120,7 +118,7 @@ pub async fn create(
     let inherited = match taken {
         Ok(Ok(i)) => i,
         Ok(Err(resp)) => return resp,
-        Err(_) => return crate::handlers::unavailable(),
+        Err(_) => return ApiError::owner_unavailable().response(),
     };
     let link = ForkLink {
         source: fork.source.clone(),
@@ -144,13 +142,17 @@ async fn build(
     lifetime: Option<Lifetime>,
     closed: bool,
 ) -> Response {
-    if !matches!(find(core, key), Found::Absent) {
-        return Response::error(409, "stream_exists", "stream was created concurrently");
+    match find(core, key) {
+        Found::Absent => {}
+        Found::Expired(id) => removal::remove_expired(core, id),
+        Found::SoftDeleted | Found::Live(_) => {
+            return ApiError::StreamExists("stream was created concurrently").response()
+        }
     }
     let json = is_json(&inherited.content_type);
     let own = match payload(json, req.body.clone(), true) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(e) => return e.response(),
     };
     let total: usize = inherited.data.iter().map(|b| b.len()).sum::<usize>() + own.data.len();
     let mut data = BytesMut::with_capacity(total);
@@ -186,13 +188,13 @@ async fn build(
     };
     let (id, commit) = match core.shard.create(spec) {
         Ok(x) => x,
-        Err(e) => return Response::error(503, "unavailable", &e.to_string()),
+        Err(e) => return Response::from(e),
     };
     if let Err(e) = commit.durable().await {
-        return Response::error(503, "unavailable", &e.to_string());
+        return Response::from(e);
     }
     let Some(s) = core.shard.stream(id) else {
-        return crate::handlers::unavailable();
+        return ApiError::owner_unavailable().response();
     };
     let mut resp = Response::new(201)
         .header("content-type", s.content_type.to_string())
@@ -229,49 +231,32 @@ async fn take_source(
     sub: u64,
 ) -> Result<Inherited, Response> {
     let id = match find(core, key) {
-        Found::Absent => {
-            return Err(Response::error(
-                404,
-                "stream_not_found",
-                "fork source not found",
-            ))
-        }
-        Found::SoftDeleted => {
-            return Err(Response::error(
-                409,
-                "stream_gone",
-                "fork source was deleted",
-            ))
-        }
+        Found::Absent | Found::Expired(_) => return Err(ApiError::ForkSourceNotFound.response()),
+        Found::SoftDeleted => return Err(ApiError::ForkSourceGone.response()),
         Found::Live(id) => id,
     };
     let inherited = {
         let s = core
             .shard
             .stream(id)
-            .ok_or_else(crate::handlers::unavailable)?;
+            .ok_or_else(|| ApiError::owner_unavailable().response())?;
         if let Some(t) = &wanted_type {
             if !same_media_type(t, &s.content_type) {
-                return Err(Response::error(
-                    409,
-                    "content_type_mismatch",
+                return Err(ApiError::ContentTypeMismatch(
                     "fork content type differs from the source's",
-                ));
+                )
+                .response());
             }
         }
         let tail = s.visible_tail;
         let anchor = offset.unwrap_or(tail);
-        let beyond = || Response::error(400, "invalid_offset", "fork point is beyond the source");
+        let beyond = || ApiError::InvalidOffset("fork point is beyond the source").response();
         if anchor > tail {
             return Err(beyond());
         }
         let json = is_json(&s.content_type);
         if json && !s.is_message_boundary(anchor) {
-            return Err(Response::error(
-                400,
-                "offset_not_aligned",
-                "fork offset inside a message",
-            ));
+            return Err(ApiError::OffsetNotAligned("fork offset inside a message").response());
         }
         let end = if sub == 0 {
             anchor
@@ -316,114 +301,26 @@ async fn take_source(
         }
     };
     let end: u64 = inherited.append_lens.iter().map(|&l| l as u64).sum();
-    let data = core
-        .shard
-        .read(id, 0, end)
-        .await
-        .map_err(crate::handlers::storage_error)?;
+    let data = core.shard.read(id, 0, end).await.map_err(Response::from)?;
     // The read awaited: make sure the source is still the stream we validated.
     match (
         find(core, key),
         core.shard.stream(id).map(|s| s.incarnation),
     ) {
         (Found::Live(now), Some(inc)) if now == id && inc == inherited.incarnation => {}
-        _ => {
-            return Err(Response::error(
-                404,
-                "stream_not_found",
-                "fork source not found",
-            ))
-        }
+        _ => return Err(ApiError::ForkSourceNotFound.response()),
     }
     let inherited = Inherited { data, ..inherited };
     let ext = {
         let s = core
             .shard
             .stream(id)
-            .ok_or_else(crate::handlers::unavailable)?;
+            .ok_or_else(|| ApiError::owner_unavailable().response())?;
         let mut ext = Ext::decode(&s.ext);
         ext.refs += 1;
         ext.encode()
     };
-    let commit = core
-        .shard
-        .set_ext(id, ext)
-        .map_err(|e| Response::error(503, "unavailable", &e.to_string()))?;
-    commit
-        .durable()
-        .await
-        .map_err(|e| Response::error(503, "unavailable", &e.to_string()))?;
+    let commit = core.shard.set_ext(id, ext).map_err(Response::from)?;
+    commit.durable().await.map_err(Response::from)?;
     Ok(inherited)
-}
-
-/// DELETE: soft-delete while forks reference the stream, otherwise remove it.
-pub async fn delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
-    let mut ext = match core.shard.stream(id) {
-        Some(s) => Ext::decode(&s.ext),
-        None => return Ok(()),
-    };
-    if ext.refs > 0 {
-        ext.soft_deleted = true;
-        return core.shard.set_ext(id, ext.encode())?.durable().await;
-    }
-    hard_delete(core, id).await
-}
-
-async fn hard_delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
-    let link = core.shard.stream(id).and_then(|s| Ext::decode(&s.ext).fork);
-    core.shard.delete(id)?.durable().await?;
-    if let Some(link) = link {
-        release(core, link).await;
-    }
-    Ok(())
-}
-
-/// Remove a stream now (expiry) and release its source reference in the background.
-pub fn remove_stream(core: &Rc<Core>, id: StreamId) {
-    let core = core.clone();
-    let link = core.shard.stream(id).and_then(|s| Ext::decode(&s.ext).fork);
-    match core.shard.delete(id) {
-        Ok(commit) => {
-            monoio::spawn(async move {
-                if commit.durable().await.is_ok() {
-                    if let Some(link) = link {
-                        release(&core, link).await;
-                    }
-                }
-            });
-        }
-        Err(e) => tracing::warn!("could not remove expired stream: {e}"),
-    }
-}
-
-/// Drop one reference on a fork's source; a soft-deleted source with no references left
-/// is removed, which may cascade up a chain of forks.
-pub async fn release(core: &Rc<Core>, link: ForkLink) {
-    let owner = core.owner_of(&link.source);
-    let _ = core
-        .on(owner, move |c| async move {
-            let Some(id) = c.shard.lookup(&link.source) else {
-                return;
-            };
-            let (mut ext, incarnation) = match c.shard.stream(id) {
-                Some(s) => (Ext::decode(&s.ext), s.incarnation),
-                None => return,
-            };
-            if incarnation != link.source_incarnation {
-                return;
-            }
-            ext.refs = ext.refs.saturating_sub(1);
-            let result = if ext.refs == 0 && ext.soft_deleted {
-                Box::pin(hard_delete(&c, id)).await
-            } else {
-                match c.shard.set_ext(id, ext.encode()) {
-                    Ok(commit) => commit.durable().await,
-                    Err(e) => Err(e),
-                }
-            };
-            if let Err(e) = result {
-                tracing::warn!("releasing a fork reference failed: {e}");
-            }
-        })
-        .await;
 }

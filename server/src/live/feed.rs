@@ -17,19 +17,20 @@ use std::time::Duration;
 use bytes::Bytes;
 use ursula_storage::StreamId;
 
-use crate::cores::Core;
-
-/// The most a pump moves in one step; a bigger jump resets the window (sessions behind it
-/// catch up on the owner, in bounded reads).
-const MAX_STEP_BYTES: u64 = 1 << 20;
-/// Recent data a feed keeps for sessions slightly behind the tail.
-const WINDOW_BYTES: usize = 256 << 10;
+use crate::core::Core;
+use crate::limits::{FEED_STEP_BYTES_MAX, FEED_WINDOW_BYTES};
 
 /// Feeds of one core, keyed by (owner core, stream id); stream ids are never reused on a
 /// shard, so a recreated stream gets a new feed.
 #[derive(Default)]
-pub struct Feeds {
+struct Feeds {
     live: RefCell<HashMap<(usize, StreamId), Rc<Feed>>>,
+}
+
+thread_local! {
+    /// This core's feeds. A core is one thread, so its feeds are thread-local state like
+    /// the rest of the core's, kept here because the core itself knows nothing of SSE.
+    static FEEDS: Feeds = Feeds::default();
 }
 
 /// A session's membership in a feed; leaving is dropping it.
@@ -53,50 +54,46 @@ pub enum Cut {
     Outside,
 }
 
-impl Feeds {
-    /// Join (or start) the feed of stream `id`, owned by core `owner`, as of `incarnation`.
-    pub fn subscribe(
-        core: &Rc<Core>,
-        owner: usize,
-        id: StreamId,
-        incarnation: u64,
-    ) -> Subscription {
-        let existing = core
-            .feeds
+/// Join (or start) the feed of stream `id`, owned by core `owner`, as of `incarnation`.
+pub fn subscribe(core: &Rc<Core>, owner: usize, id: StreamId, incarnation: u64) -> Subscription {
+    let feed = FEEDS.with(|feeds| {
+        let existing = feeds
             .live
             .borrow()
             .get(&(owner, id))
             .filter(|f| !f.ended.get() && f.incarnation == incarnation)
             .cloned();
-        let feed = existing.unwrap_or_else(|| {
+        existing.unwrap_or_else(|| {
             let feed = Rc::new(Feed::new(owner, id, incarnation));
-            core.feeds
-                .live
-                .borrow_mut()
-                .insert((owner, id), feed.clone());
+            feeds.live.borrow_mut().insert((owner, id), feed.clone());
             monoio::spawn(pump(core.clone(), feed.clone()));
             feed
-        });
-        feed.subscribers.set(feed.subscribers.get() + 1);
-        Subscription { feed }
-    }
+        })
+    });
+    feed.subscribers.set(feed.subscribers.get() + 1);
+    Subscription { feed }
+}
 
-    /// Wake every session waiting on this core's feeds (shutdown: they end at their next
-    /// look at the core).
-    pub fn notify_all(&self) {
-        for feed in self.live.borrow().values() {
+/// Wake every session waiting on this core's feeds (shutdown: they end at their next look
+/// at the core).
+pub fn notify_all() {
+    FEEDS.with(|feeds| {
+        for feed in feeds.live.borrow().values() {
             feed.notify();
         }
-    }
+    });
+}
 
-    /// Sessions waiting at the tail of one of this core's feeds.
-    pub fn waiting(&self) -> usize {
-        self.live
+/// Sessions waiting at the tail of one of this core's feeds.
+pub fn waiting() -> usize {
+    FEEDS.with(|feeds| {
+        feeds
+            .live
             .borrow()
             .values()
             .map(|f| f.waiters.borrow().len())
             .sum()
-    }
+    })
 }
 
 impl Subscription {
@@ -242,7 +239,7 @@ impl Feed {
                     parts,
                     len,
                 });
-                while w.bytes > WINDOW_BYTES && w.batches.len() > 1 {
+                while w.bytes > FEED_WINDOW_BYTES && w.batches.len() > 1 {
                     if let Some(old) = w.batches.pop_front() {
                         w.bytes -= old.len;
                     }
@@ -331,13 +328,15 @@ async fn pump(core: Rc<Core>, feed: Rc<Feed>) {
         }
     }
     feed.end();
-    let mut live = core.feeds.live.borrow_mut();
-    if live
-        .get(&(feed.owner, feed.id))
-        .is_some_and(|f| Rc::ptr_eq(f, &feed))
-    {
-        live.remove(&(feed.owner, feed.id));
-    }
+    FEEDS.with(|feeds| {
+        let mut live = feeds.live.borrow_mut();
+        if live
+            .get(&(feed.owner, feed.id))
+            .is_some_and(|f| Rc::ptr_eq(f, &feed))
+        {
+            live.remove(&(feed.owner, feed.id));
+        }
+    });
 }
 
 /// On the owner: wait (at most `wait`) for the stream to move past version `seen`, then
@@ -368,7 +367,7 @@ async fn step_on_owner(
         return Step::Same;
     }
     let parts = match from {
-        Some(from) if tail > from && tail - from <= MAX_STEP_BYTES => {
+        Some(from) if tail > from && tail - from <= FEED_STEP_BYTES_MAX => {
             core.shard.read(id, from, tail).await.ok()
         }
         _ => None,
@@ -433,7 +432,7 @@ mod tests {
         f.advance(2, None, 50, false);
         assert!(matches!(f.cut(0, 100), Cut::Outside));
         assert!(matches!(f.cut(50, 100), Cut::AtTail { .. }));
-        let big = "x".repeat(WINDOW_BYTES);
+        let big = "x".repeat(FEED_WINDOW_BYTES);
         f.advance(50, Some(bytes(&big)), 50 + big.len() as u64, false);
         let t = 50 + big.len() as u64;
         f.advance(t, Some(bytes("y")), t + 1, false);

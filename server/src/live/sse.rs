@@ -2,7 +2,7 @@
 //!
 //! The connection's core writes the event stream; each step that needs the stream's data
 //! runs on the owner core and returns the bytes of the next events, so socket and stream
-//! each stay on their own core.
+//! each stay on their own core. Steps inside a feed's window (`feed`) are cut locally.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,12 +20,14 @@ use ursula_protocol::sse::{
 };
 use ursula_storage::StreamId;
 
-use crate::cores::Core;
-use crate::feed::{Cut, Feed, Feeds};
-use crate::handlers::{collect, cursor};
-use crate::http::{write_head, Body, Response};
+use crate::core::Core;
+use crate::handlers::catch_up::{collect, cursor};
+use crate::handlers::read_params::SseStart;
+use crate::http::transport::{write_parts, Transport};
+use crate::http::{write_head, ApiError, Body, Response};
+use crate::live::feed::{self, Cut, Feed};
 use crate::records;
-use crate::routes::Surface;
+use crate::surface::Surface;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -53,21 +55,15 @@ pub struct SseSession {
     records: Option<(records::RecordParams, u64)>,
 }
 
-/// Build the SSE response on the owner core (parameters and start already validated).
-pub fn start(
-    core: &Rc<Core>,
-    surface: Surface,
-    id: StreamId,
-    start: u64,
-    client_cursor: Option<String>,
-    max_bytes: usize,
-) -> Response {
-    let Some(s) = core.shard.stream(id) else {
-        return Response::error(404, "stream_not_found", "stream not found");
+/// Build the SSE response head and its session, on the owner core (parameters and start
+/// already validated by the read handler).
+pub fn start(core: &Rc<Core>, start: SseStart) -> Result<(Response, SseSession), Response> {
+    let Some(s) = core.shard.stream(start.id) else {
+        return Err(ApiError::StreamNotFound.response());
     };
     let ct = s.content_type.to_string();
     let mode = if is_json(&ct) {
-        if surface == Surface::Compat {
+        if start.surface == Surface::Compat {
             Mode::JsonArray
         } else {
             Mode::Ndjson
@@ -77,9 +73,10 @@ pub fn start(
     } else {
         Mode::Base64
     };
-    let data_type = match mode {
-        Mode::JsonArray => "application/json".to_string(),
-        Mode::Ndjson => "application/x-ndjson".to_string(),
+    let data_type = match (mode, start.records) {
+        (_, Some((rp, _))) if rp.envelope => records::ENVELOPE_EVENT_TYPE.to_string(),
+        (Mode::JsonArray, _) => "application/json".to_string(),
+        (Mode::Ndjson, _) => "application/x-ndjson".to_string(),
         _ => ct,
     };
     let mut resp = Response::new(200)
@@ -92,81 +89,45 @@ pub fn start(
     if mode == Mode::Ndjson {
         resp.push("stream-extensions", records::TOKEN);
     }
-    resp.body = Body::Sse(Box::new(SseSession {
+    resp.body = Body::Chunked;
+    let session = SseSession {
         owner: core.index,
-        surface,
-        id,
+        surface: start.surface,
+        id: start.id,
         incarnation: s.incarnation,
-        offset: start,
-        cursor: client_cursor,
-        max_bytes,
+        offset: start.start,
+        cursor: start.cursor,
+        max_bytes: start.max_bytes,
         mode,
         started: Instant::now(),
         first: true,
-        records: None,
-    }));
-    resp
-}
-
-/// A record-aware SSE response from record `start` (already resolved).
-pub fn start_records(
-    core: &Rc<Core>,
-    id: StreamId,
-    start: u64,
-    client_cursor: Option<String>,
-    rp: records::RecordParams,
-) -> Response {
-    let offset = core
-        .shard
-        .stream(id)
-        .and_then(|s| s.message_start(start).map(|o| o.min(s.visible_tail)))
-        .unwrap_or(0);
-    let mut resp = self::start(
-        core,
-        Surface::Bucketed,
-        id,
-        offset,
-        client_cursor,
-        ursula_protocol::query::MAX_READ_BYTES as usize,
-    );
-    if let Body::Sse(sess) = &mut resp.body {
-        sess.records = Some((rp, start));
-    }
-    if rp.envelope {
-        for (name, value) in resp.headers.iter_mut() {
-            if *name == "stream-data-content-type" {
-                *value = records::ENVELOPE_EVENT_TYPE.to_string();
-            }
-        }
-    }
-    resp
+        records: start.records,
+    };
+    Ok((resp, session))
 }
 
 /// Drive an SSE response on the connection's core until it ends. Never reuses the
 /// connection afterwards.
-pub async fn run<S: crate::conn::Transport>(
+pub async fn run<S: Transport>(
     core: &Rc<Core>,
     stream: &mut S,
     wbuf: &mut Vec<u8>,
-    mut resp: Response,
+    resp: Response,
+    mut session: SseSession,
 ) -> std::io::Result<bool> {
-    // The head is written while the body is still the session, so it gets chunked framing.
+    // The head's body is `Chunked`, so it gets chunked framing.
     wbuf.clear();
     write_head(wbuf, &resp, false, false);
-    let Body::Sse(session) = std::mem::replace(&mut resp.body, Body::Empty) else {
-        return Ok(false);
-    };
     let head = std::mem::take(wbuf);
     let (res, head) = stream.write_all(head).await;
     *wbuf = head;
     res?;
-    let mut session = *session;
     // Byte-range sessions follow the stream through this core's feed; record-aware ones
     // (rare, and cut by record) step on the owner every time.
     let subscription = session
         .records
         .is_none()
-        .then(|| Feeds::subscribe(core, session.owner, session.id, session.incarnation));
+        .then(|| feed::subscribe(core, session.owner, session.id, session.incarnation));
     // One keep-alive timer for the session, re-armed only when it fires: a timer per wait
     // would be a timer-wheel insert and removal for every event delivered.
     let mut tick = Box::pin(monoio::time::sleep_until(next_tick(core, &session)));
@@ -208,14 +169,14 @@ pub async fn run<S: crate::conn::Transport>(
 }
 
 /// One chunk of the chunked response: size line, the events, CRLF; one write.
-async fn write_chunk<S: crate::conn::Transport>(
+async fn write_chunk<S: Transport>(
     stream: &mut S,
     wbuf: &mut Vec<u8>,
     events: Bytes,
 ) -> std::io::Result<()> {
     wbuf.clear();
     wbuf.extend_from_slice(format!("{:x}\r\n", events.len()).as_bytes());
-    crate::conn::write_parts(stream, wbuf, vec![events, Bytes::from_static(b"\r\n")]).await
+    write_parts(stream, wbuf, vec![events, Bytes::from_static(b"\r\n")]).await
 }
 
 /// When the session's keep-alive timer fires next: one keep-alive interval from now, or the
@@ -237,7 +198,7 @@ fn next_tick(core: &Core, sess: &SseSession) -> monoio::time::Instant {
 /// owner instead: its first step, outside the feed's window, closed at the tail, or the feed
 /// ended. Waits for the feed to move when at the tail; a keep-alive comment goes out when
 /// `tick` fires during such a wait, so a busy stream also carries one per interval.
-/// Shutdown wakes the wait through the feed (`Feeds::notify_all`).
+/// Shutdown wakes the wait through the feed (`feed::notify_all`).
 async fn step_local(
     core: &Rc<Core>,
     feed: &Feed,

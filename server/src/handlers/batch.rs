@@ -17,31 +17,31 @@ use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
 use ursula_storage::{AppendRec, Receipt, StorageError};
 
-use crate::config::MAX_BODY_BYTES;
-use crate::cores::Core;
-use crate::handlers::{find, payload, storage_error, unavailable, Found, Payload};
-use crate::http::{Request, Response};
+use crate::core::Core;
+use crate::handlers::buckets::require_bucket;
+use crate::http::{ApiError, Request, Response};
+use crate::limits::BODY_BYTES_MAX;
+use crate::lookup;
+use crate::payload::{payload, Payload};
 use crate::records;
+use crate::surface::Surface;
 
 use ursula_protocol::batch::FrameError;
 
 fn frame_error_response(e: FrameError) -> Response {
     match e {
-        FrameError::TooLarge => Response::error(
-            413,
-            "payload_too_large",
-            "append-batch takes at most 512 frames and 32 MiB",
-        ),
-        FrameError::NoFrames => {
-            Response::error(400, "empty_body", "append-batch needs at least one frame")
+        FrameError::TooLarge => {
+            ApiError::PayloadTooLarge("append-batch takes at most 512 frames and 32 MiB".into())
+                .response()
         }
-        FrameError::ZeroLength => Response::error(
-            400,
-            "invalid_request",
-            "append-batch frames must not be empty",
-        ),
+        FrameError::NoFrames => {
+            ApiError::EmptyBody("append-batch needs at least one frame").response()
+        }
+        FrameError::ZeroLength => {
+            ApiError::InvalidRequest("append-batch frames must not be empty").response()
+        }
         FrameError::Truncated => {
-            Response::error(400, "invalid_request", "truncated append-batch frame")
+            ApiError::InvalidRequest("truncated append-batch frame").response()
         }
     }
 }
@@ -49,7 +49,7 @@ fn frame_error_response(e: FrameError) -> Response {
 /// Split a body into frames: `[u32 BE len][len bytes]…` (§6.1). Frames are zero-copy
 /// slices of `body`.
 pub fn decode_frames(body: &Bytes) -> Result<Vec<Bytes>, FrameError> {
-    let ranges = ursula_protocol::batch::frame_ranges(body, MAX_BODY_BYTES)?;
+    let ranges = ursula_protocol::batch::frame_ranges(body, BODY_BYTES_MAX)?;
     Ok(ranges.into_iter().map(|r| body.slice(r)).collect())
 }
 
@@ -62,9 +62,7 @@ pub enum Ack {
         records: Option<(u64, u64)>,
     },
     Failed {
-        status: u16,
-        code: &'static str,
-        message: &'static str,
+        error: ApiError,
         closed: bool,
         /// Stream tail, when the failure knows it.
         next: Option<u64>,
@@ -72,17 +70,14 @@ pub enum Ack {
 }
 
 impl Ack {
-    fn storage(e: &StorageError, tail: u64) -> Ack {
-        let (status, code, message) = match e {
-            StorageError::NoSpace => (507, "insufficient_storage", "disk full"),
-            StorageError::TooLarge => (413, "payload_too_large", "too large"),
-            StorageError::Busy => (503, "unavailable", "write queue full; retry shortly"),
-            _ => (503, "unavailable", "storage unavailable"),
+    fn storage(e: StorageError, tail: u64) -> Ack {
+        let error = match e {
+            // The engine's own text stays in the log; the frame gets a fixed reason.
+            StorageError::NoSpace | StorageError::TooLarge | StorageError::Busy => e.into(),
+            _ => ApiError::Unavailable("storage unavailable".into()),
         };
         Ack::Failed {
-            status,
-            code,
-            message,
+            error,
             closed: false,
             next: Some(tail),
         }
@@ -112,16 +107,17 @@ pub fn render_acks(acks: &[Ack]) -> String {
                 }
             }
             Ack::Failed {
-                status,
-                code,
-                message,
+                error,
                 closed,
                 next,
             } => {
-                // Codes and messages are fixed ASCII text without quotes or backslashes.
+                // Codes are fixed ASCII; a reason is written as a JSON string.
+                let reason = sonic_rs::to_string(error.reason()).unwrap_or_default();
                 let _ = write!(
                     out,
-                    "{{\"status\":{status},\"error_code\":\"{code}\",\"error\":\"{message}\""
+                    "{{\"status\":{},\"error_code\":\"{}\",\"error\":{reason}",
+                    error.status(),
+                    error.code(),
                 );
                 if *closed {
                     out.push_str(",\"stream_closed\":true");
@@ -155,9 +151,7 @@ pub fn append_frames<C>(
     for p in payloads {
         let Some((tail, closed)) = head() else {
             acks.push(Ack::Failed {
-                status: 404,
-                code: "stream_not_found",
-                message: "stream not found",
+                error: ApiError::StreamNotFound,
                 closed: false,
                 next: None,
             });
@@ -165,9 +159,7 @@ pub fn append_frames<C>(
         };
         if closed {
             acks.push(Ack::Failed {
-                status: 409,
-                code: "stream_closed",
-                message: "stream is closed",
+                error: ApiError::StreamClosed,
                 closed: true,
                 next: Some(tail),
             });
@@ -175,9 +167,7 @@ pub fn append_frames<C>(
         }
         if !type_ok {
             acks.push(Ack::Failed {
-                status: 409,
-                code: "content_type_mismatch",
-                message: "Content-Type differs from the stream's",
+                error: ApiError::ContentTypeMismatch("Content-Type differs from the stream's"),
                 closed: false,
                 next: Some(tail),
             });
@@ -197,18 +187,10 @@ pub fn append_frames<C>(
                 });
                 last = Some(commit);
             }
-            Err(e) => acks.push(Ack::storage(&e, tail)),
+            Err(e) => acks.push(Ack::storage(e, tail)),
         }
     }
     (acks, last)
-}
-
-/// `POST /{bucket}/{stream}/append-batch`, run on the stream's owner core.
-pub async fn dispatch(core: &Rc<Core>, key: String, req: Request) -> Response {
-    let owner = core.owner_of(&key);
-    core.on(owner, move |c| async move { handle(&c, &key, req).await })
-        .await
-        .unwrap_or_else(|_| unavailable())
 }
 
 /// Request headers that only make sense on an ordinary POST (§6.1, D9).
@@ -237,10 +219,14 @@ fn prefers_minimal(req: &Request) -> bool {
     })
 }
 
-async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
+/// `POST /{bucket}/{stream}/append-batch`, on the stream's owner core.
+pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     if req.method != Method::Post {
-        return Response::error(405, "method_not_allowed", "append-batch takes POST")
-            .header("allow", "POST, OPTIONS");
+        return ApiError::MethodNotAllowed {
+            allow: "POST, OPTIONS",
+            reason: "append-batch takes POST",
+        }
+        .response();
     }
     // 1. size limits, 2. header syntax and rejected headers
     let frames = decode_frames(&req.body);
@@ -248,25 +234,24 @@ async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
         return frame_error_response(FrameError::TooLarge);
     }
     if let Some(why) = rejected_header(&req) {
-        return Response::error(400, "invalid_header", why);
+        return ApiError::InvalidHeader(why).response();
     }
     let request_type = match req.header("content-type").map(normalize) {
         Some(Ok(ct)) => Some(ct),
-        Some(Err(())) => return Response::error(400, "invalid_header", "invalid Content-Type"),
+        Some(Err(())) => return ApiError::InvalidHeader("invalid Content-Type").response(),
         None => None,
     };
     // 3. existence
-    if let Some(resp) = crate::buckets::require_bucket(core, key).await {
+    if let Some(resp) = require_bucket(core, key).await {
         return resp;
     }
-    let id = match find(core, key) {
-        Found::Absent => return Response::error(404, "stream_not_found", "stream not found"),
-        Found::SoftDeleted => return Response::error(410, "stream_gone", "stream was deleted"),
-        Found::Live(id) => id,
+    let id = match lookup::live(core, key) {
+        Ok(id) => id,
+        Err(e) => return e.response(),
     };
     // 4. body: framing, Content-Type, then every frame's JSON before anything commits
     let Some(request_type) = request_type else {
-        return Response::error(400, "missing_content_type", "Content-Type is required");
+        return ApiError::MissingContentType.response();
     };
     let frames = match frames {
         Ok(f) => f,
@@ -277,16 +262,16 @@ async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     for f in &frames {
         match payload(json, f.clone(), false) {
             Ok(p) => payloads.push(p),
-            Err(resp) => return resp,
+            Err(e) => return e.response(),
         }
     }
     drop(frames);
     let (type_ok, coords) = match core.shard.stream(id) {
         Some(s) => (
             same_media_type(&request_type, &s.content_type),
-            records::active(crate::routes::Surface::Bucketed, &s.content_type),
+            records::active(Surface::Bucketed, &s.content_type),
         ),
-        None => return unavailable(),
+        None => return ApiError::owner_unavailable().response(),
     };
     // 5. commit: one group commit for the whole request (no `.await` until `durable`)
     let (acks, last) = append_frames(
@@ -298,7 +283,7 @@ async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     );
     if let Some(commit) = last {
         if let Err(e) = commit.durable().await {
-            return storage_error(e);
+            return Response::from(e);
         }
     }
     let tail = acks

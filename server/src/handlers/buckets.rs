@@ -13,9 +13,11 @@ use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::parse_query;
 use ursula_storage::{AppendRec, Lifetime, NewStream};
 
-use crate::cores::Core;
-use crate::http::{Request, Response};
-use crate::routes::bucket_key;
+use crate::core::Core;
+use crate::http::{ApiError, Request, Response};
+use crate::limits::LIST_STREAMS_MAX;
+use crate::lookup::{find, Found};
+use crate::surface::bucket_key;
 
 const BUCKET_TYPE: &str = "application/x-ursula-bucket";
 
@@ -23,13 +25,19 @@ pub async fn handle(core: &Rc<Core>, bucket: String, req: Request) -> Response {
     let listing = req.path.trim_end_matches('/').ends_with("/streams");
     match (&req.method, listing) {
         (Method::Get, true) => list(core, &bucket, &req).await,
-        (_, true) => Response::error(405, "method_not_allowed", "only GET lists streams")
-            .header("allow", "GET"),
+        (_, true) => ApiError::MethodNotAllowed {
+            allow: "GET",
+            reason: "only GET lists streams",
+        }
+        .response(),
         (Method::Put, false) => create(core, &bucket, &req).await,
         (Method::Get, false) => metadata(core, &bucket).await,
         (Method::Delete, false) => delete(core, &bucket).await,
-        _ => Response::error(405, "method_not_allowed", "method not allowed")
-            .header("allow", "PUT, GET, DELETE"),
+        _ => ApiError::MethodNotAllowed {
+            allow: "PUT, GET, DELETE",
+            reason: "method not allowed",
+        }
+        .response(),
     }
 }
 
@@ -50,7 +58,7 @@ pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Option<Response> {
             return None;
         }
     }
-    Some(Response::error(404, "bucket_not_found", "bucket not found"))
+    Some(ApiError::BucketNotFound.response())
 }
 
 fn exists_locally(core: &Core, bucket: &str) -> bool {
@@ -91,8 +99,8 @@ async fn create(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
         .await;
     match created {
         Ok(Some(true)) => {}
-        Ok(Some(false)) => return Response::error(409, "bucket_exists", "bucket already exists"),
-        _ => return crate::handlers::unavailable(),
+        Ok(Some(false)) => return ApiError::BucketExists.response(),
+        _ => return ApiError::owner_unavailable().response(),
     }
     for i in (0..core.cores()).filter(|&i| i != owner) {
         let b = bucket.to_string();
@@ -131,7 +139,7 @@ async fn entries(core: &Rc<Core>, bucket: &str) -> Vec<Entry> {
                     let Some(name) = key.strip_prefix(prefix.as_str()) else {
                         continue;
                     };
-                    let crate::handlers::Found::Live(id) = crate::handlers::find(&c, &key) else {
+                    let Found::Live(id) = find(&c, &key) else {
                         continue;
                     };
                     if let Some(s) = c.shard.stream(id) {
@@ -160,7 +168,7 @@ async fn metadata(core: &Rc<Core>, bucket: &str) -> Response {
         .await
         .is_some()
     {
-        return Response::error(404, "bucket_not_found", "bucket not found");
+        return ApiError::BucketNotFound.response();
     }
     let count = entries(core, bucket).await.len();
     let body = sonic_rs::json!({"bucket_id": bucket, "streams": count}).to_string();
@@ -171,29 +179,31 @@ async fn metadata(core: &Rc<Core>, bucket: &str) -> Response {
 }
 
 async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
-    let bad = |why: &str| Response::error(400, "invalid_request", why);
     let Ok(query) = parse_query(&req.query) else {
-        return bad("invalid query");
+        return ApiError::InvalidRequest("invalid query").response();
     };
     let (Ok(prefix), Ok(after), Ok(limit)) = (
         query.get_unique("prefix"),
         query.get_unique("after"),
         query.get_unique("limit"),
     ) else {
-        return bad("parameter given more than once");
+        return ApiError::InvalidRequest("parameter given more than once").response();
     };
     let limit = match limit {
-        None => 1000,
+        None => LIST_STREAMS_MAX,
         Some(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=1000).contains(&n) && !v.starts_with('+') => n,
-            _ => return bad("limit must be an integer from 1 to 1000"),
+            Ok(n) if (1..=LIST_STREAMS_MAX).contains(&n) && !v.starts_with('+') => n,
+            _ => {
+                return ApiError::InvalidRequest("limit must be an integer from 1 to 1000")
+                    .response()
+            }
         },
     };
     if require_bucket(core, &format!("b/{bucket}/x"))
         .await
         .is_some()
     {
-        return Response::error(404, "bucket_not_found", "bucket not found");
+        return ApiError::BucketNotFound.response();
     }
     let matching: Vec<Entry> = entries(core, bucket)
         .await
@@ -241,10 +251,10 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Response {
         .await
         .is_some()
     {
-        return Response::error(404, "bucket_not_found", "bucket not found");
+        return ApiError::BucketNotFound.response();
     }
     if !entries(core, bucket).await.is_empty() {
-        return Response::error(409, "bucket_not_empty", "bucket still has streams");
+        return ApiError::BucketNotEmpty.response();
     }
     let owner = core.owner_of(&bucket_key(bucket));
     // Replicas first, the authoritative record last (see the module comment).
@@ -262,7 +272,7 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Response {
             })
             .await;
         if !matches!(ok, Ok(true)) {
-            return crate::handlers::unavailable();
+            return ApiError::owner_unavailable().response();
         }
     }
     Response::new(204).header("cache-control", "no-store")

@@ -1,4 +1,11 @@
-//! Request and response values that travel between cores, and their serialisation.
+//! The HTTP codec: request and response values that travel between cores, their
+//! serialisation, the error vocabulary, and writing to a connection's transport. It knows
+//! no feature of the protocol.
+
+pub mod error;
+pub mod transport;
+
+pub use error::ApiError;
 
 use bytes::Bytes;
 use ursula_protocol::http1::{write_header, write_known_header, write_status_line, Method};
@@ -27,8 +34,8 @@ pub enum Body {
     Empty,
     /// Stream data and framing, written with one vectored write.
     Parts(Vec<Bytes>),
-    /// A server-sent event stream, continued by the connection after the head.
-    Sse(Box<crate::sse::SseSession>),
+    /// A chunked body the connection continues after the head (server-sent events).
+    Chunked,
 }
 
 pub struct Response {
@@ -97,15 +104,6 @@ impl Response {
         self
     }
 
-    /// A plain-text error: `<code>: <message>`.
-    pub fn error(status: u16, code: &str, message: &str) -> Response {
-        let text = format!("{code}: {message}\n");
-        Response::new(status)
-            .header("content-type", "text/plain; charset=utf-8")
-            .header("cache-control", "no-store")
-            .with_body(vec![Bytes::from(text)])
-    }
-
     pub fn body_len(&self) -> usize {
         match &self.body {
             Body::Parts(p) => p.iter().map(|b| b.len()).sum(),
@@ -147,7 +145,7 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, keep_alive: bool, head_req
         write_header(out, n, v);
     }
     match &resp.body {
-        Body::Sse(_) => write_known_header(out, "transfer-encoding", "chunked"),
+        Body::Chunked => write_known_header(out, "transfer-encoding", "chunked"),
         _ if resp.status == 204 || resp.status == 304 || resp.status < 200 => {}
         _ if head_request => {}
         _ => {

@@ -1,0 +1,247 @@
+//! One core's state and the cross-core hop.
+//!
+//! Every core runs one pinned monoio event loop with its own storage shard (see `runtime`).
+//! A stream key hashes to exactly one owner core. A request that arrives on another core is
+//! handed to the owner by [`Core::on`]: a boxed closure over the owner's unbounded channel,
+//! run there against the owner's shard, with its result travelling back on a oneshot
+//! channel. Nothing on the request path is shared between cores, so nothing is locked.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ursula_storage::Shard;
+
+use crate::config::Config;
+use crate::metrics::CoreMetrics;
+
+/// Work sent to another core: runs there with that core's context.
+pub type Job = Box<dyn FnOnce(Rc<Core>) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+
+/// One core's context. Lives on (and never leaves) its thread.
+pub struct Core {
+    pub index: usize,
+    pub shard: Shard,
+    pub config: Arc<Config>,
+    /// Every core's job queue, this one's included.
+    pub peers: Arc<Vec<async_channel::Sender<Job>>>,
+    pub shutdown: Arc<AtomicBool>,
+    /// Cores still finishing their requests after shutdown started (see `runtime`).
+    pub draining: Arc<AtomicUsize>,
+    /// Requests being processed on this core (for graceful shutdown).
+    pub inflight: Cell<usize>,
+    /// Open client connections on this core, against `max_connections_per_core`.
+    connections: Cell<usize>,
+    /// The listening socket, shut down to end the accept loop.
+    pub listener_fd: Cell<Option<std::os::unix::io::RawFd>>,
+    /// The admin (metrics) listener, on core 0 only.
+    pub admin_fd: Cell<Option<std::os::unix::io::RawFd>>,
+    /// Request counters, read by `/metrics` through a job on this core.
+    pub metrics: CoreMetrics,
+    /// Access-log rate limit: the current second, lines written in it, lines left out.
+    access_window: Cell<(u64, u32, u64)>,
+    /// Live readers (long-poll, SSE) to wake when shutdown starts, one slot per waiting
+    /// task, removed when its wait ends.
+    shutdown_waiters: std::cell::RefCell<std::collections::HashMap<u64, std::task::Waker>>,
+    next_waiter: Cell<u64>,
+    rng: Cell<u64>,
+}
+
+/// What a core is made of when its thread starts.
+pub struct CoreParts {
+    pub index: usize,
+    pub shard: Shard,
+    pub config: Arc<Config>,
+    pub peers: Arc<Vec<async_channel::Sender<Job>>>,
+    pub shutdown: Arc<AtomicBool>,
+    pub draining: Arc<AtomicUsize>,
+}
+
+/// Why a cross-core call did not complete.
+#[derive(Debug)]
+pub struct Unavailable;
+
+impl Core {
+    pub fn new(parts: CoreParts) -> Core {
+        let index = parts.index;
+        Core {
+            index,
+            shard: parts.shard,
+            config: parts.config,
+            peers: parts.peers,
+            shutdown: parts.shutdown,
+            draining: parts.draining,
+            inflight: Cell::new(0),
+            connections: Cell::new(0),
+            listener_fd: Cell::new(None),
+            admin_fd: Cell::new(None),
+            metrics: CoreMetrics::default(),
+            access_window: Cell::new((0, 0, 0)),
+            shutdown_waiters: std::cell::RefCell::new(std::collections::HashMap::new()),
+            next_waiter: Cell::new(0),
+            rng: Cell::new(
+                0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1) ^ ursula_storage::now_ms() as u64,
+            ),
+        }
+    }
+
+    pub fn cores(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The core owning `key`. Stable for a given core count (FNV-1a).
+    pub fn owner_of(&self, key: &str) -> usize {
+        owner_of(key, self.peers.len())
+    }
+
+    /// Run `f` on core `core` and return its result here.
+    pub async fn on<R, F, Fut>(self: &Rc<Self>, core: usize, f: F) -> Result<R, Unavailable>
+    where
+        F: FnOnce(Rc<Core>) -> Fut + Send + 'static,
+        Fut: Future<Output = R> + 'static,
+        R: Send + 'static,
+    {
+        if core == self.index {
+            return Ok(f(self.clone()).await);
+        }
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let job: Job = Box::new(move |owner| {
+            Box::pin(async move {
+                let _ = tx.send(f(owner).await);
+            })
+        });
+        self.peers[core].try_send(job).map_err(|_| Unavailable)?;
+        rx.await.map_err(|_| Unavailable)
+    }
+
+    /// A cheap per-core pseudo-random number (cursor jitter); not for secrets.
+    pub fn random(&self) -> u64 {
+        let mut x = self.rng.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.set(x);
+        x
+    }
+
+    /// Open client connections on this core.
+    pub fn connections(&self) -> usize {
+        self.connections.get()
+    }
+
+    /// Live readers (long-poll, SSE steps, feed pumps) waiting on a stream this core owns.
+    pub fn waiting_on_streams(&self) -> usize {
+        // The expiry sweeper holds one waiter slot, except during its synchronous pass,
+        // which a job on this same thread can never observe.
+        let waiting = self.shutdown_waiters.try_borrow().map_or(0, |w| w.len());
+        waiting.saturating_sub(1)
+    }
+
+    /// Whether an access-log line may be written now; `Some(n)` carries the number of
+    /// lines suppressed since the last one written.
+    pub fn access_log_permit(&self) -> Option<u64> {
+        let now = ursula_storage::now_ms() as u64 / 1000;
+        let (second, written, suppressed) = self.access_window.get();
+        let written = if second == now { written } else { 0 };
+        if written >= self.config.access_log_per_sec {
+            self.access_window.set((now, written, suppressed + 1));
+            return None;
+        }
+        self.access_window.set((now, written + 1, 0));
+        Some(suppressed)
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
+    /// Wait for `changed` to resolve, `wait` to pass, or shutdown to start, whichever is
+    /// first. Live readers use this so shutdown never waits for their timeouts.
+    pub async fn wait_or_shutdown<F: std::future::Future>(&self, changed: F, wait: Duration) {
+        let id = self.next_waiter.get();
+        self.next_waiter.set(id + 1);
+        // The slot is given back however the wait ends (change, timeout, or drop).
+        let _slot = WaiterSlot { core: self, id };
+        let mut changed = std::pin::pin!(changed);
+        let either = std::future::poll_fn(|cx| {
+            if self.shutting_down() {
+                return std::task::Poll::Ready(());
+            }
+            let mut waiters = self.shutdown_waiters.borrow_mut();
+            match waiters.get_mut(&id) {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => {
+                    waiters.insert(id, cx.waker().clone());
+                }
+            }
+            drop(waiters);
+            changed.as_mut().poll(cx).map(|_| ())
+        });
+        let _ = monoio::time::timeout(wait, either).await;
+    }
+
+    /// Wake the live readers waiting on this core's streams, and make the pending
+    /// `accept` fail so the accept loop ends; no connection is lost.
+    pub fn stop_accepting(&self) {
+        for (_, w) in self.shutdown_waiters.borrow_mut().drain() {
+            w.wake();
+        }
+        for fd in [self.listener_fd.take(), self.admin_fd.take()]
+            .into_iter()
+            .flatten()
+        {
+            // SAFETY: fd is one of this core's listening sockets, still open (each listener is
+            // owned by its accept loop, which only closes it after it has observed this
+            // shutdown).
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
+    }
+}
+
+/// One counted connection; the count drops however the connection task ends.
+pub struct ConnectionSlot(Rc<Core>);
+
+impl ConnectionSlot {
+    pub fn take(core: &Rc<Core>) -> ConnectionSlot {
+        core.connections.set(core.connections.get() + 1);
+        ConnectionSlot(core.clone())
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0
+            .connections
+            .set(self.0.connections.get().saturating_sub(1));
+    }
+}
+
+/// A live reader's registration in `Core::shutdown_waiters`, removed on drop.
+struct WaiterSlot<'a> {
+    core: &'a Core,
+    id: u64,
+}
+
+impl Drop for WaiterSlot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut waiters) = self.core.shutdown_waiters.try_borrow_mut() {
+            waiters.remove(&self.id);
+        }
+    }
+}
+
+/// The owner core of `key` among `cores`: FNV-1a, stable for a given core count.
+pub fn owner_of(key: &str, cores: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.as_bytes() {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % cores as u64) as usize
+}

@@ -1,0 +1,187 @@
+//! `PUT` of a stream (P§5, extensions §7.2): create it, or confirm an identical one.
+
+use std::rc::Rc;
+
+use ursula_protocol::content_type::{is_json, normalize, same_media_type};
+use ursula_protocol::headers::{is_closed_true, parse_expires_at, parse_ttl};
+use ursula_protocol::offset::format_offset;
+use ursula_storage::{AppendRec, Lifetime, NewStream, StreamId};
+
+use crate::attrs::Attrs;
+use crate::core::Core;
+use crate::ext::Ext;
+use crate::handlers::fork;
+use crate::handlers::headers::push_lifetime;
+use crate::http::{ApiError, Request, Response};
+use crate::lookup::{find, Found};
+use crate::payload::payload;
+use crate::records;
+use crate::removal;
+use crate::surface::Surface;
+
+/// The lifetime headers of a create request.
+fn parse_lifetime(req: &Request) -> Result<Option<Lifetime>, Response> {
+    let ttl = req.header("stream-ttl");
+    let expires = req.header("stream-expires-at");
+    match (ttl, expires) {
+        (Some(_), Some(_)) => Err(ApiError::InvalidRequest(
+            "Stream-TTL and Stream-Expires-At are exclusive",
+        )
+        .response()),
+        (Some(t), None) => parse_ttl(t)
+            .map(|t| Some(Lifetime::TtlSeconds(t)))
+            .map_err(|()| ApiError::InvalidRequest("invalid Stream-TTL").response()),
+        (None, Some(e)) => parse_expires_at(e)
+            .map(|e| Some(Lifetime::ExpiresAtMs(e)))
+            .map_err(|()| ApiError::InvalidRequest("invalid Stream-Expires-At").response()),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Headers describing a stream after create (P§5.3).
+fn created_headers(
+    core: &Rc<Core>,
+    surface: Surface,
+    id: StreamId,
+    status: u16,
+    location: Option<String>,
+) -> Response {
+    let Some(s) = core.shard.stream(id) else {
+        return ApiError::StreamNotFound.response();
+    };
+    let mut resp = Response::new(status)
+        .header("content-type", s.content_type.to_string())
+        .header("stream-next-offset", format_offset(s.visible_tail))
+        .header("stream-incarnation", s.incarnation.to_string())
+        .header("cache-control", "no-store");
+    if s.visible_closed {
+        resp.push("stream-closed", "true");
+    }
+    push_lifetime(&mut resp, s.lifetime);
+    if records::active(surface, &s.content_type) {
+        // A create reports the records of its initial body; an idempotent 200 creates none.
+        let next = records::visible_next(&s);
+        let start = if status == 201 { 0 } else { next };
+        records::push_ack_headers(&mut resp, start, next);
+    }
+    if let Some(loc) = location {
+        resp.push("location", loc);
+    }
+    resp
+}
+
+fn location(req: &Request) -> Option<String> {
+    req.header("host")
+        .map(|h| format!("http://{h}{}", req.path))
+}
+
+pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Response {
+    let content_type = match req.header("content-type") {
+        Some(v) => match normalize(v) {
+            Ok(ct) => Some(ct),
+            Err(()) => return ApiError::InvalidRequest("invalid Content-Type").response(),
+        },
+        None => None,
+    };
+    let lifetime = match parse_lifetime(req) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let closed = is_closed_true(req.header("stream-closed"));
+    let fork = match fork::parse_request(req) {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let attrs = match attrs_header(surface, req) {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    if fork.is_some() && surface == Surface::Bucketed {
+        return ApiError::NotImplemented("forks are served on /v1/stream only").response();
+    }
+    match find(core, key) {
+        Found::SoftDeleted => {
+            return ApiError::StreamExists("stream is deleted but still forked").response()
+        }
+        Found::Live(id) => {
+            let matches = {
+                let Some(s) = core.shard.stream(id) else {
+                    return ApiError::owner_unavailable().response();
+                };
+                let ext = Ext::decode(&s.ext);
+                let type_ok = match (&content_type, &fork) {
+                    (Some(ct), _) => same_media_type(ct, &s.content_type),
+                    (None, Some(_)) => true,
+                    (None, None) => same_media_type("application/octet-stream", &s.content_type),
+                };
+                let lifetime_ok = match (lifetime, &fork) {
+                    (None, Some(_)) => true,
+                    (l, _) => l.unwrap_or_default() == s.lifetime,
+                };
+                type_ok
+                    && lifetime_ok
+                    && closed == s.closed
+                    && fork::same_link(fork.as_ref(), ext.fork.as_ref())
+                    && ext.attrs == attrs
+            };
+            if !matches {
+                return ApiError::StreamExists("stream exists with a different configuration")
+                    .response();
+            }
+            core.shard.touch(id, ursula_storage::now_ms());
+            return created_headers(core, surface, id, 200, None);
+        }
+        Found::Expired(id) => removal::remove_expired(core, id),
+        Found::Absent => {}
+    }
+    if let Some(fork) = fork {
+        return fork::create(core, key, req, fork, content_type, lifetime, closed).await;
+    }
+    let content_type = content_type.unwrap_or_else(|| "application/octet-stream".into());
+    let body = match payload(is_json(&content_type), req.body.clone(), true) {
+        Ok(p) => p,
+        Err(e) => return e.response(),
+    };
+    let now = ursula_storage::now_ms();
+    let spec = NewStream {
+        key: key.into(),
+        incarnation: core.shard.next_incarnation(now),
+        created_ms: now,
+        content_type: content_type.into(),
+        lifetime: lifetime.unwrap_or_default(),
+        ext: Ext {
+            attrs,
+            ..Default::default()
+        }
+        .encode(),
+        initial: AppendRec {
+            append_lens: if body.data.is_empty() {
+                vec![]
+            } else {
+                vec![body.data.len() as u32]
+            },
+            msg_lens: body.msg_lens,
+            data: body.data,
+            close: closed,
+            ..Default::default()
+        },
+    };
+    let (id, commit) = match core.shard.create(spec) {
+        Ok(x) => x,
+        Err(e) => return Response::from(e),
+    };
+    if let Err(e) = commit.durable().await {
+        return Response::from(e);
+    }
+    created_headers(core, surface, id, 201, location(req))
+}
+
+/// The `Stream-Attrs` header of a create (§7.2): bucketed surface only (ignored on compat).
+fn attrs_header(surface: Surface, req: &Request) -> Result<Option<Attrs>, Response> {
+    match (surface, req.header("stream-attrs")) {
+        (Surface::Bucketed, Some(v)) => {
+            crate::attrs::parse(v.as_bytes()).map_err(|why| ApiError::InvalidHeader(why).response())
+        }
+        _ => Ok(None),
+    }
+}

@@ -1,0 +1,57 @@
+//! Response headers several handlers describe a stream with.
+
+use std::rc::Rc;
+
+use ursula_protocol::content_type::is_json;
+use ursula_protocol::headers::format_rfc3339_millis;
+use ursula_protocol::offset::format_offset;
+use ursula_storage::{Lifetime, StreamId};
+
+use crate::core::Core;
+use crate::http::Response;
+use crate::records;
+use crate::surface::Surface;
+
+const JSON: &str = "application/json";
+
+/// The lifetime headers of a stream (`Stream-TTL` or `Stream-Expires-At`).
+pub fn push_lifetime(resp: &mut Response, lifetime: Lifetime) {
+    match lifetime {
+        Lifetime::Forever => {}
+        Lifetime::TtlSeconds(t) => resp.push("stream-ttl", t.to_string()),
+        Lifetime::ExpiresAtMs(ms) => resp.push("stream-expires-at", format_rfc3339_millis(ms)),
+    }
+}
+
+pub fn closed_response(core: &Rc<Core>, id: StreamId, status: u16) -> Response {
+    let tail = core.shard.stream(id).map_or(0, |s| s.visible_tail);
+    Response::new(status)
+        .header("stream-closed", "true")
+        .header("stream-next-offset", format_offset(tail))
+        .header("cache-control", "no-store")
+}
+
+pub fn read_content_type(surface: Surface, stored: &str) -> String {
+    if surface == Surface::Bucketed && is_json(stored) {
+        "application/x-ndjson".into()
+    } else if is_json(stored) {
+        JSON.into()
+    } else {
+        stored.to_string()
+    }
+}
+
+/// Add the stream-level record headers to a response about a bucketed JSON stream.
+pub fn with_stream_records(
+    core: &Rc<Core>,
+    surface: Surface,
+    id: StreamId,
+    mut resp: Response,
+) -> Response {
+    if let Some(s) = core.shard.stream(id) {
+        if records::active(surface, &s.content_type) {
+            records::push_stream_headers(&mut resp, &s);
+        }
+    }
+    resp
+}

@@ -1,0 +1,55 @@
+//! A long-poll read (P§11.6): wait on the owner for data past the offset, or answer `204`
+//! at the deadline. Shutdown ends the wait at once.
+
+use std::rc::Rc;
+
+use ursula_protocol::offset::format_offset;
+use ursula_storage::StreamId;
+
+use crate::core::Core;
+use crate::handlers::catch_up::{catch_up, cursor};
+use crate::handlers::headers::{closed_response, with_stream_records};
+use crate::handlers::read_params::ReadParams;
+use crate::http::{ApiError, Request, Response};
+use crate::limits::LIVE_WAIT_SLICE;
+use crate::surface::Surface;
+
+pub async fn long_poll(
+    core: &Rc<Core>,
+    surface: Surface,
+    id: StreamId,
+    start: u64,
+    params: &ReadParams,
+    req: &Request,
+) -> Response {
+    let deadline =
+        std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
+    loop {
+        let (has_data, closed, version) = match core.shard.stream(id) {
+            Some(s) => (s.visible_tail > start, s.visible_closed, s.version()),
+            None => return ApiError::StreamNotFound.response(),
+        };
+        if has_data {
+            let c = cursor(core, params.cursor.as_deref());
+            return catch_up(core, surface, id, start, params.max_bytes, req, Some(c)).await;
+        }
+        if closed {
+            let resp = closed_response(core, id, 204).header("stream-up-to-date", "true");
+            return with_stream_records(core, surface, id, resp);
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline || core.shutting_down() {
+            let tail = core.shard.stream(id).map_or(start, |s| s.visible_tail);
+            let resp = Response::new(204)
+                .header("stream-next-offset", format_offset(tail))
+                .header("stream-up-to-date", "true")
+                .header("stream-cursor", cursor(core, params.cursor.as_deref()))
+                .header("cache-control", "no-store");
+            return with_stream_records(core, surface, id, resp);
+        }
+        let wait = (deadline - now).min(LIVE_WAIT_SLICE);
+        core.wait_or_shutdown(core.shard.changed(id, version), wait)
+            .await;
+        core.shard.touch(id, ursula_storage::now_ms());
+    }
+}

@@ -1,0 +1,188 @@
+//! Record-aware reads (extensions.md §8.6-§8.9): whole records from a record ordinal, as
+//! NDJSON or the envelope view, catch-up, long-poll or (started by the router) SSE.
+
+use std::rc::Rc;
+
+use ursula_protocol::offset::format_offset;
+use ursula_protocol::query::{Live, MAX_READ_BYTES};
+use ursula_storage::StreamId;
+
+use crate::core::Core;
+use crate::handlers::catch_up::{cursor, finish_read, push_read_state};
+use crate::handlers::read_params::{ReadParams, ReadReply, SseStart};
+use crate::http::{ApiError, Request, Response};
+use crate::limits::LIVE_WAIT_SLICE;
+use crate::records;
+use crate::surface::Surface;
+
+/// A record-aware read (extensions.md §8.6–§8.7): whole records from a record ordinal.
+pub async fn record_read(
+    core: &Rc<Core>,
+    id: StreamId,
+    rp: records::RecordParams,
+    params: &ReadParams,
+    req: &Request,
+) -> ReadReply {
+    let start = {
+        let Some(s) = core.shard.stream(id) else {
+            return ApiError::StreamNotFound.response().into();
+        };
+        match records::resolve(&s, rp.start) {
+            Ok(r) => r,
+            Err(resp) => return resp.into(),
+        }
+    };
+    core.shard.touch(id, ursula_storage::now_ms());
+    match params.live {
+        Some(Live::Sse) => {
+            let offset = core
+                .shard
+                .stream(id)
+                .and_then(|s| s.message_start(start).map(|o| o.min(s.visible_tail)))
+                .unwrap_or(0);
+            ReadReply::Sse(SseStart {
+                surface: Surface::Bucketed,
+                id,
+                start: offset,
+                cursor: params.cursor.clone(),
+                max_bytes: MAX_READ_BYTES as usize,
+                records: Some((rp, start)),
+            })
+        }
+        Some(Live::LongPoll) => record_long_poll(core, id, start, rp, params, req)
+            .await
+            .into(),
+        None if rp.start == records::RecordStart::Now => record_now(core, id, start, rp).into(),
+        None => record_catch_up(core, id, start, rp, req, None).await.into(),
+    }
+}
+
+/// A record-aware long-poll: records past `start`, or `204` at the deadline or close.
+async fn record_long_poll(
+    core: &Rc<Core>,
+    id: StreamId,
+    start: u64,
+    rp: records::RecordParams,
+    params: &ReadParams,
+    req: &Request,
+) -> Response {
+    let deadline =
+        std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
+    loop {
+        let (has, closed, version) = match core.shard.stream(id) {
+            Some(s) => (
+                records::visible_next(&s) > start,
+                s.visible_closed,
+                s.version(),
+            ),
+            None => return ApiError::StreamNotFound.response(),
+        };
+        if has {
+            let c = cursor(core, params.cursor.as_deref());
+            return record_catch_up(core, id, start, rp, req, Some(c)).await;
+        }
+        let now = std::time::Instant::now();
+        if closed || now >= deadline || core.shutting_down() {
+            let Some(s) = core.shard.stream(id) else {
+                return ApiError::StreamNotFound.response();
+            };
+            let mut resp = Response::new(204)
+                .header("stream-next-offset", format_offset(s.visible_tail))
+                .header("stream-up-to-date", "true")
+                .header("cache-control", "no-store");
+            if closed {
+                resp.push("stream-closed", "true");
+            } else {
+                resp.push("stream-cursor", cursor(core, params.cursor.as_deref()));
+            }
+            resp.push("stream-record-first", records::first(&s).to_string());
+            records::push_ack_headers(&mut resp, start, start);
+            return resp;
+        }
+        let wait = (deadline - now).min(LIVE_WAIT_SLICE);
+        core.wait_or_shutdown(core.shard.changed(id, version), wait)
+            .await;
+        core.shard.touch(id, ursula_storage::now_ms());
+    }
+}
+
+/// `record=now`: like `offset=now`, empty and up to date, plus record headers.
+fn record_now(core: &Rc<Core>, id: StreamId, start: u64, rp: records::RecordParams) -> Response {
+    let Some(s) = core.shard.stream(id) else {
+        return ApiError::StreamNotFound.response();
+    };
+    let mut resp = Response::new(200)
+        .header("content-type", record_content_type(rp))
+        .header("stream-next-offset", format_offset(s.visible_tail))
+        .header("stream-up-to-date", "true")
+        .header("cache-control", "no-store")
+        .header("stream-record-first", records::first(&s).to_string());
+    if s.visible_closed {
+        resp.push("stream-closed", "true");
+    }
+    records::push_ack_headers(&mut resp, start, start);
+    resp
+}
+
+fn record_content_type(rp: records::RecordParams) -> &'static str {
+    if rp.envelope {
+        records::ENVELOPE_TYPE
+    } else {
+        "application/x-ndjson"
+    }
+}
+
+/// Whole records from `start` (at most `max_records`, within 8 MiB unless one record is
+/// larger), NDJSON or envelope view, with record continuation headers.
+async fn record_catch_up(
+    core: &Rc<Core>,
+    id: StreamId,
+    start: u64,
+    rp: records::RecordParams,
+    req: &Request,
+    cursor: Option<String>,
+) -> Response {
+    let (end, from, to) = {
+        let Some(s) = core.shard.stream(id) else {
+            return ApiError::StreamNotFound.response();
+        };
+        let end = records::end_record(&s, start, rp.max_records, MAX_READ_BYTES as usize);
+        let from = s.message_start(start).unwrap_or(s.visible_tail);
+        let to = s
+            .message_start(end)
+            .unwrap_or(s.visible_tail)
+            .min(s.visible_tail);
+        (end, from, to)
+    };
+    let parts = match core.shard.read(id, from, to).await {
+        Ok(p) => p,
+        Err(e) => return Response::from(e),
+    };
+    let Some(s) = core.shard.stream(id) else {
+        return ApiError::StreamNotFound.response();
+    };
+    let up_to_date = end == records::visible_next(&s);
+    let closed = up_to_date && s.visible_closed;
+    let etag = format!(
+        "\"{}:{}:{}{}{}\"",
+        s.incarnation,
+        from,
+        to,
+        if closed { ":c" } else { "" },
+        if rp.envelope { ":e" } else { "" }
+    );
+    let mut resp = Response::new(200)
+        .header("content-type", record_content_type(rp))
+        .header("stream-next-offset", format_offset(to))
+        .header("stream-record-first", records::first(&s).to_string())
+        .header("cache-control", "no-store");
+    records::push_ack_headers(&mut resp, start, end);
+    push_read_state(&mut resp, up_to_date, closed, cursor);
+    finish_read(resp, etag, req, || {
+        if rp.envelope {
+            records::envelope_parts(&parts, start)
+        } else {
+            parts
+        }
+    })
+}

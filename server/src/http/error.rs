@@ -1,0 +1,305 @@
+//! The server's one error vocabulary: every refusal a client can get, each mapped once to
+//! its status, its machine-readable code and a short plain-text reason.
+//!
+//! The body of an error response is `<code>: <reason>` and a line feed, as text. A refusal
+//! changes nothing; the headers a handler adds to one (the stream's tail, the producer's
+//! current epoch) only describe the state the request was checked against.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use ursula_storage::StorageError;
+
+use crate::http::Response;
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    /// Malformed query, header value or body that has no more specific code.
+    InvalidRequest(&'static str),
+    /// A header that is malformed, or not allowed on this request.
+    InvalidHeader(&'static str),
+    InvalidOffset(&'static str),
+    InvalidStreamId(&'static str),
+    InvalidBucketId,
+    InvalidJson,
+    /// A JSON append of `[]` (it would add nothing).
+    EmptyJsonArray,
+    EmptyBody(&'static str),
+    MissingContentType,
+    /// A read offset or record past the tail.
+    OffsetBeyondTail(&'static str),
+    /// An offset that is not a message boundary of a JSON stream.
+    OffsetNotAligned(&'static str),
+    /// A producer's new epoch must start at sequence 0.
+    ProducerEpochSeq,
+    Unauthorized,
+    Forbidden,
+    ProducerEpochStale,
+    /// No such path (or operational endpoint).
+    NotFound(&'static str),
+    StreamNotFound,
+    ForkSourceNotFound,
+    BucketNotFound,
+    SnapshotNotFound(&'static str),
+    MethodNotAllowed {
+        /// The `Allow` header.
+        allow: &'static str,
+        reason: &'static str,
+    },
+    RequestTimeout(&'static str),
+    StreamExists(&'static str),
+    StreamClosed,
+    ContentTypeMismatch(&'static str),
+    StreamSeqConflict,
+    ProducerSeqGap,
+    /// The source of a fork was deleted (it is kept only for its live forks).
+    ForkSourceGone,
+    BucketExists,
+    BucketNotEmpty,
+    /// A snapshot or retention point past the tail.
+    SnapshotBeyondTail,
+    SnapshotMismatch,
+    SnapshotStale,
+    SnapshotConflict,
+    SnapshotInUse,
+    RetentionBackwards,
+    NoSnapshot,
+    BeyondSnapshot,
+    StreamGone,
+    OffsetTrimmed(&'static str),
+    RecordPreconditionFailed,
+    PayloadTooLarge(Cow<'static, str>),
+    UnsupportedEncoding,
+    HeaderTooLarge,
+    NotImplemented(&'static str),
+    /// Retry later: a queue is full, a core is gone, or the shard refuses writes.
+    Unavailable(Cow<'static, str>),
+    InsufficientStorage,
+}
+
+impl ApiError {
+    /// The HTTP status of this refusal.
+    pub fn status(&self) -> u16 {
+        use ApiError::*;
+        match self {
+            InvalidRequest(_) | InvalidHeader(_) | InvalidOffset(_) | InvalidStreamId(_)
+            | InvalidBucketId | InvalidJson | EmptyJsonArray | EmptyBody(_)
+            | MissingContentType | OffsetBeyondTail(_) | OffsetNotAligned(_) | ProducerEpochSeq => {
+                400
+            }
+            Unauthorized => 401,
+            Forbidden | ProducerEpochStale => 403,
+            NotFound(_) | StreamNotFound | ForkSourceNotFound | BucketNotFound
+            | SnapshotNotFound(_) => 404,
+            MethodNotAllowed { .. } => 405,
+            RequestTimeout(_) => 408,
+            StreamExists(_)
+            | StreamClosed
+            | ContentTypeMismatch(_)
+            | StreamSeqConflict
+            | ProducerSeqGap
+            | ForkSourceGone
+            | BucketExists
+            | BucketNotEmpty
+            | SnapshotBeyondTail
+            | SnapshotMismatch
+            | SnapshotStale
+            | SnapshotConflict
+            | SnapshotInUse
+            | RetentionBackwards
+            | NoSnapshot
+            | BeyondSnapshot => 409,
+            StreamGone | OffsetTrimmed(_) => 410,
+            RecordPreconditionFailed => 412,
+            PayloadTooLarge(_) => 413,
+            UnsupportedEncoding => 415,
+            HeaderTooLarge => 431,
+            NotImplemented(_) => 501,
+            Unavailable(_) => 503,
+            InsufficientStorage => 507,
+        }
+    }
+
+    /// The machine-readable code (first word of the body).
+    pub fn code(&self) -> &'static str {
+        use ApiError::*;
+        match self {
+            InvalidRequest(_) => "invalid_request",
+            InvalidHeader(_) => "invalid_header",
+            InvalidOffset(_) => "invalid_offset",
+            InvalidStreamId(_) => "invalid_stream_id",
+            InvalidBucketId => "invalid_bucket_id",
+            InvalidJson => "invalid_json",
+            EmptyJsonArray => "empty_json_array",
+            EmptyBody(_) => "empty_body",
+            MissingContentType => "missing_content_type",
+            OffsetBeyondTail(_) | SnapshotBeyondTail => "offset_beyond_tail",
+            OffsetNotAligned(_) => "offset_not_aligned",
+            ProducerEpochSeq => "producer_epoch_seq",
+            Unauthorized => "unauthorized",
+            Forbidden => "forbidden",
+            ProducerEpochStale => "producer_epoch_stale",
+            NotFound(_) => "not_found",
+            StreamNotFound | ForkSourceNotFound => "stream_not_found",
+            BucketNotFound => "bucket_not_found",
+            SnapshotNotFound(_) => "snapshot_not_found",
+            MethodNotAllowed { .. } => "method_not_allowed",
+            RequestTimeout(_) => "request_timeout",
+            StreamExists(_) => "stream_exists",
+            StreamClosed => "stream_closed",
+            ContentTypeMismatch(_) => "content_type_mismatch",
+            StreamSeqConflict => "stream_seq_conflict",
+            ProducerSeqGap => "producer_seq_gap",
+            StreamGone | ForkSourceGone => "stream_gone",
+            BucketExists => "bucket_exists",
+            BucketNotEmpty => "bucket_not_empty",
+            SnapshotMismatch => "snapshot_mismatch",
+            SnapshotStale => "snapshot_stale",
+            SnapshotConflict => "snapshot_conflict",
+            SnapshotInUse => "snapshot_in_use",
+            RetentionBackwards => "retention_backwards",
+            NoSnapshot => "no_snapshot",
+            BeyondSnapshot => "beyond_snapshot",
+            OffsetTrimmed(_) => "offset_trimmed",
+            RecordPreconditionFailed => "record_precondition_failed",
+            PayloadTooLarge(_) => "payload_too_large",
+            UnsupportedEncoding => "unsupported_encoding",
+            HeaderTooLarge => "header_too_large",
+            NotImplemented(_) => "not_implemented",
+            Unavailable(_) => "unavailable",
+            InsufficientStorage => "insufficient_storage",
+        }
+    }
+
+    /// The short plain-text reason after the code.
+    pub fn reason(&self) -> &str {
+        use ApiError::*;
+        match self {
+            InvalidRequest(r)
+            | InvalidHeader(r)
+            | InvalidOffset(r)
+            | InvalidStreamId(r)
+            | EmptyBody(r)
+            | OffsetBeyondTail(r)
+            | OffsetNotAligned(r)
+            | NotFound(r)
+            | SnapshotNotFound(r)
+            | RequestTimeout(r)
+            | StreamExists(r)
+            | ContentTypeMismatch(r)
+            | OffsetTrimmed(r)
+            | NotImplemented(r) => r,
+            MethodNotAllowed { reason, .. } => reason,
+            PayloadTooLarge(r) | Unavailable(r) => r,
+            InvalidBucketId => "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
+            InvalidJson => "body is not a single JSON text",
+            EmptyJsonArray => "an append of [] adds nothing",
+            MissingContentType => "Content-Type is required",
+            ProducerEpochSeq => "a new epoch must start at seq 0",
+            Unauthorized => "authentication required",
+            Forbidden => "not allowed",
+            ProducerEpochStale => "stale producer epoch",
+            StreamNotFound => "stream not found",
+            ForkSourceNotFound => "fork source not found",
+            BucketNotFound => "bucket not found",
+            StreamClosed => "stream is closed",
+            StreamSeqConflict => "Stream-Seq must increase",
+            ProducerSeqGap => "producer sequence gap",
+            ForkSourceGone => "fork source was deleted",
+            BucketExists => "bucket already exists",
+            BucketNotEmpty => "bucket still has streams",
+            SnapshotBeyondTail => "offset is beyond the tail",
+            SnapshotMismatch => "visible snapshot differs",
+            SnapshotStale => "a newer snapshot is visible",
+            SnapshotConflict => "a different snapshot is visible at this offset",
+            SnapshotInUse => "the visible snapshot cannot be deleted",
+            RetentionBackwards => "retention never moves back",
+            NoSnapshot => "publish a snapshot before trimming",
+            BeyondSnapshot => "retention cannot pass the snapshot",
+            StreamGone => "stream was deleted",
+            RecordPreconditionFailed => "record tail has moved",
+            UnsupportedEncoding => "request bodies must not be compressed",
+            HeaderTooLarge => "request headers exceed 64 KiB",
+            InsufficientStorage => "disk full",
+        }
+    }
+
+    /// The error as a plain-text response; a handler may add headers describing the state.
+    pub fn response(&self) -> Response {
+        let text = format!("{}: {}\n", self.code(), self.reason());
+        let mut resp = Response::new(self.status())
+            .header("content-type", "text/plain; charset=utf-8")
+            .header("cache-control", "no-store")
+            .with_body(vec![Bytes::from(text)]);
+        match self {
+            ApiError::MethodNotAllowed { allow, .. } => resp.push("allow", *allow),
+            ApiError::Unavailable(_) => resp.push("retry-after", "1"),
+            ApiError::Unauthorized => resp.push("www-authenticate", "Bearer"),
+            _ => {}
+        }
+        resp
+    }
+
+    /// The owner core of a stream could not run the request (shutdown, or its queue gone).
+    pub fn owner_unavailable() -> ApiError {
+        ApiError::Unavailable("owner core unavailable".into())
+    }
+}
+
+impl From<ApiError> for Response {
+    fn from(e: ApiError) -> Response {
+        e.response()
+    }
+}
+
+impl From<StorageError> for ApiError {
+    fn from(e: StorageError) -> ApiError {
+        match e {
+            StorageError::NoSpace => ApiError::InsufficientStorage,
+            StorageError::TooLarge => ApiError::PayloadTooLarge("too large".into()),
+            StorageError::Busy => ApiError::Unavailable("write queue full; retry shortly".into()),
+            other => ApiError::Unavailable(other.to_string().into()),
+        }
+    }
+}
+
+impl From<StorageError> for Response {
+    fn from(e: StorageError) -> Response {
+        ApiError::from(e).response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(r: &Response) -> String {
+        match &r.body {
+            crate::http::Body::Parts(p) => p.iter().map(|b| String::from_utf8_lossy(b)).collect(),
+            _ => String::new(),
+        }
+    }
+
+    #[test]
+    fn one_mapping_to_status_code_and_text() {
+        let r = ApiError::StreamNotFound.response();
+        assert_eq!(r.status, 404);
+        assert_eq!(body(&r), "stream_not_found: stream not found\n");
+        let r = ApiError::MethodNotAllowed {
+            allow: "GET",
+            reason: "method not allowed",
+        }
+        .response();
+        assert_eq!(r.status, 405);
+        assert!(r.headers.contains(&("allow", "GET".to_string())));
+        let r = ApiError::from(StorageError::Busy).response();
+        assert_eq!(r.status, 503);
+        assert!(r.headers.contains(&("retry-after", "1".to_string())));
+        assert_eq!(body(&r), "unavailable: write queue full; retry shortly\n");
+        // The same code can belong to two refusals with different statuses.
+        assert_eq!(ApiError::SnapshotBeyondTail.status(), 409);
+        assert_eq!(ApiError::OffsetBeyondTail("x").status(), 400);
+        assert_eq!(ApiError::ForkSourceGone.code(), ApiError::StreamGone.code());
+    }
+}

@@ -1,0 +1,58 @@
+//! What a storage key refers to right now. A lookup only reads: an expired stream is
+//! reported as [`Found::Expired`] and removed by `removal::remove_expired`, never here.
+
+use std::rc::Rc;
+
+use ursula_storage::{Lifetime, StreamId};
+
+use crate::core::Core;
+use crate::ext::Ext;
+use crate::http::ApiError;
+
+/// What a key currently refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Absent,
+    /// Past its TTL or expiry time (P§15): gone for every reader, but still in the shard
+    /// until it is removed.
+    Expired(StreamId),
+    /// Deleted by a client but kept because forks still reference it.
+    SoftDeleted,
+    Live(StreamId),
+}
+
+pub fn find(core: &Rc<Core>, key: &str) -> Found {
+    let Some(id) = core.shard.lookup(key) else {
+        return Found::Absent;
+    };
+    let Some(s) = core.shard.stream(id) else {
+        return Found::Absent;
+    };
+    let now = ursula_storage::now_ms();
+    let expired = match s.lifetime {
+        Lifetime::Forever => false,
+        Lifetime::TtlSeconds(t) => {
+            now >= s
+                .last_access_ms
+                .get()
+                .saturating_add((t as i64).saturating_mul(1000))
+        }
+        Lifetime::ExpiresAtMs(at) => now >= at,
+    };
+    if expired {
+        return Found::Expired(id);
+    }
+    if Ext::is_soft_deleted(&s.ext) {
+        return Found::SoftDeleted;
+    }
+    Found::Live(id)
+}
+
+/// The live stream `key` names, or the refusal a request for it gets.
+pub fn live(core: &Rc<Core>, key: &str) -> Result<StreamId, ApiError> {
+    match find(core, key) {
+        Found::Live(id) => Ok(id),
+        Found::SoftDeleted => Err(ApiError::StreamGone),
+        Found::Absent | Found::Expired(_) => Err(ApiError::StreamNotFound),
+    }
+}

@@ -1,0 +1,263 @@
+//! One core's thread: its monoio runtime, its shard, and its tasks (accept loop, job
+//! queue, expiry sweep, heartbeat), until shutdown has drained it.
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use ursula_storage::{Durability, ShardConfig};
+
+use crate::admin::Listener;
+use crate::config::{Config, StorageMode};
+use crate::conn;
+use crate::core::{ConnectionSlot, Core, CoreParts, Job};
+use crate::limits::{EXPIRY_SWEEP, HEARTBEAT, SHUTDOWN_DRAIN, URING_ENTRIES};
+use crate::lookup::{find, Found};
+use crate::removal;
+use crate::runtime::Listeners;
+
+pub fn run(
+    index: usize,
+    config: Arc<Config>,
+    listeners: Listeners,
+    inbox: async_channel::Receiver<Job>,
+    peers: Arc<Vec<async_channel::Sender<Job>>>,
+    (shutdown, draining): (Arc<AtomicBool>, Arc<AtomicUsize>),
+    ready: mpsc::Sender<Result<(), String>>,
+) {
+    if let Err(e) = monoio::utils::bind_to_cpu_set([index % num_cpus()]) {
+        tracing::warn!(core = index, "could not pin thread: {e:?}");
+    }
+    let runtime = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .with_entries(URING_ENTRIES)
+        .enable_timer()
+        .build();
+    let mut runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = ready.send(Err(format!("core {index}: runtime: {e}")));
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let durability = match config.storage {
+            StorageMode::Disk => Durability::Disk(config.data_dir.clone()),
+            StorageMode::Memory => Durability::Memory,
+        };
+        let mut shard_cfg = ShardConfig::new(index as u32, durability);
+        shard_cfg.receipt_window = config.receipt_window;
+        shard_cfg.segment_bytes = config.segment_bytes;
+        shard_cfg.cache_bytes = config.cache_bytes;
+        shard_cfg.write_budget_bytes = config.write_budget_bytes;
+        shard_cfg.fail_fsync_after = fault_fail_fsync_after();
+        let shard = match ursula_storage::Shard::open(shard_cfg).await {
+            Ok((shard, report)) => {
+                tracing::info!(
+                    core = index,
+                    streams = report.streams,
+                    records = report.records,
+                    log_bytes = report.log_bytes,
+                    dropped_bytes = report.dropped_bytes,
+                    ms = report.elapsed.as_millis() as u64,
+                    "recovered"
+                );
+                shard
+            }
+            Err(e) => {
+                let _ = ready.send(Err(format!("core {index}: open storage: {e}")));
+                return;
+            }
+        };
+        let listener = match monoio::net::TcpListener::from_std(listeners.main) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready.send(Err(format!("core {index}: listener: {e}")));
+                return;
+            }
+        };
+        let listener_fd = std::os::unix::io::AsRawFd::as_raw_fd(&listener);
+        let admin = match listeners.admin.map(monoio::net::TcpListener::from_std) {
+            None => None,
+            Some(Ok(l)) => Some(l),
+            Some(Err(e)) => {
+                let _ = ready.send(Err(format!("core {index}: admin listener: {e}")));
+                return;
+            }
+        };
+        let core = Rc::new(Core::new(CoreParts {
+            index,
+            shard,
+            config,
+            peers,
+            shutdown,
+            draining,
+        }));
+        core.admin_fd
+            .set(admin.as_ref().map(std::os::unix::io::AsRawFd::as_raw_fd));
+        core.listener_fd.set(Some(listener_fd));
+        let _ = ready.send(Ok(()));
+        let admin = admin.map(|l| {
+            let core = core.clone();
+            monoio::spawn(async move { serve_admin(core, l).await })
+        });
+        serve(core, listener, inbox).await;
+        if let Some(admin) = admin {
+            admin.await;
+        }
+    });
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+async fn serve(
+    core: Rc<Core>,
+    listener: monoio::net::TcpListener,
+    inbox: async_channel::Receiver<Job>,
+) {
+    let jobs = {
+        let core = core.clone();
+        let inbox = inbox.clone();
+        monoio::spawn(async move {
+            while let Ok(job) = inbox.recv().await {
+                monoio::spawn(job(core.clone()));
+            }
+        })
+    };
+    let sweeper = {
+        let core = core.clone();
+        monoio::spawn(async move { sweep_expired(core).await })
+    };
+    let heartbeat = {
+        let core = core.clone();
+        monoio::spawn(async move { heartbeat(core).await })
+    };
+    // One accept is always pending and never cancelled: dropping an io_uring accept that
+    // already completed would lose that connection. Shutdown ends it via stop_accepting().
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let core = core.clone();
+                if core.connections() >= core.config.max_connections_per_core {
+                    monoio::spawn(async move {
+                        match core.config.tls.clone() {
+                            None => conn::refuse_connection(core, stream).await,
+                            Some(tls) => {
+                                let timeout = core.config.header_timeout;
+                                if let Some(s) = tls.accept(stream, peer, timeout).await {
+                                    conn::refuse_connection(core, s).await;
+                                }
+                            }
+                        }
+                    });
+                    continue;
+                }
+                let slot = ConnectionSlot::take(&core);
+                monoio::spawn(async move {
+                    match core.config.tls.clone() {
+                        None => conn::serve_connection(core, stream, peer, Listener::Main).await,
+                        Some(tls) => {
+                            // The handshake counts against the connection cap (the slot is
+                            // taken) and has the request-head deadline.
+                            let timeout = core.config.header_timeout;
+                            if let Some(s) = tls.accept(stream, peer, timeout).await {
+                                conn::serve_connection(core, s, peer, Listener::Main).await;
+                            }
+                        }
+                    }
+                    drop(slot);
+                });
+            }
+            Err(_) if core.shutting_down() => break,
+            Err(e) => {
+                tracing::warn!(core = core.index, "accept failed: {e}");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    drop(listener);
+    // Finish what is in flight (live readers are woken by the shutdown and end at once).
+    let deadline = std::time::Instant::now() + SHUTDOWN_DRAIN;
+    while core.inflight.get() > 0 && std::time::Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another core's requests may still need this one (a request handed to the stream's
+    // owner, an SSE session stepping there), so keep running jobs until every core is
+    // done. A job queued to a core that had stopped polling would never answer, and its
+    // caller would hold its core for the whole deadline.
+    core.draining.fetch_sub(1, Ordering::SeqCst);
+    while core.draining.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // From here a job sent to this core fails at once, and one already queued is dropped
+    // with its reply channel, so its caller gets an error rather than no answer.
+    inbox.close();
+    while inbox.try_recv().is_ok() {}
+    if let Err(e) = core.shard.shutdown().await {
+        tracing::error!(core = core.index, "final flush failed: {e}");
+    }
+    drop(jobs);
+    drop(sweeper);
+    drop(heartbeat);
+}
+
+/// The admin listener: operational endpoints only. Its connections are not counted
+/// against `max_connections`, so a scrape still works when clients use up the cap.
+async fn serve_admin(core: Rc<Core>, listener: monoio::net::TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let core = core.clone();
+                monoio::spawn(async move {
+                    conn::serve_connection(core, stream, peer, Listener::Admin).await;
+                });
+            }
+            Err(_) if core.shutting_down() => break,
+            Err(e) => {
+                tracing::warn!("admin accept failed: {e}");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Expiry is decided at request time (P§15): an expired stream is gone for every reader.
+/// This pass deletes the expired streams, so their log space is reclaimed.
+async fn sweep_expired(core: Rc<Core>) {
+    while !core.shutting_down() {
+        core.wait_or_shutdown(std::future::pending::<()>(), EXPIRY_SWEEP)
+            .await;
+        for key in core.shard.keys() {
+            if let Found::Expired(id) = find(&core, &key) {
+                removal::remove_expired(&core, id);
+            }
+        }
+    }
+}
+
+/// Records how late this core runs a timer that is due every `HEARTBEAT`: the time its event
+/// loop spent away from its timers, in one long task or with the thread not scheduled. A
+/// stall anywhere on the core shows here (`ursula_core_loop_lag_seconds`), however brief the
+/// requests around it were.
+async fn heartbeat(core: Rc<Core>) {
+    while !core.shutting_down() {
+        let due = std::time::Instant::now() + HEARTBEAT;
+        monoio::time::sleep(HEARTBEAT).await;
+        core.metrics
+            .loop_lag(std::time::Instant::now().saturating_duration_since(due));
+    }
+}
+
+/// Fault injection for the test suite (`server/tests/faults.rs`): with
+/// `URSULA_FAULT_FAIL_FSYNC_AFTER=N` in the environment, each core's flush after N
+/// successful ones fails as if fdatasync had returned EIO. Never set in production.
+fn fault_fail_fsync_after() -> Option<u64> {
+    let n = std::env::var("URSULA_FAULT_FAIL_FSYNC_AFTER")
+        .ok()?
+        .parse()
+        .ok()?;
+    tracing::warn!("fault injection: fdatasync will fail after {n} flushes");
+    Some(n)
+}
