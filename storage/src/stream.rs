@@ -107,6 +107,11 @@ impl DiskLoc {
 }
 
 impl Chunk {
+    /// A chunk whose first record ordinal is not known yet (recovery numbers it).
+    pub(crate) fn unnumbered(start: u64, len: u32, loc: DiskLoc) -> Chunk {
+        Chunk::new(start, len, Some(loc))
+    }
+
     fn new(start: u64, len: u32, loc: Option<DiskLoc>) -> Chunk {
         let mut c = Chunk {
             start,
@@ -286,11 +291,13 @@ impl Stream {
         i: &ImageRec,
         chunks: Packed<Chunk>,
         msg_starts: Packed<u64>,
+        numbered: bool,
         now_ms: i64,
     ) -> Stream {
         let mut s = Stream::from_image(i, now_ms);
         s.chunks = chunks;
         s.msg_starts = msg_starts;
+        s.renumber = !numbered;
         s
     }
 
@@ -399,7 +406,10 @@ impl Stream {
         }
         self.chunks.insert(i, Chunk::new(start, len, Some(loc)));
         self.renumber = true;
-        let mut off = start;
+        // A relocated chunk that retention cut into lists only the records after the cut
+        // (see `record::Lens::Trailing`): they are the chunk's last bytes.
+        let listed: u64 = msg_lens.iter().map(|&l| u64::from(l)).sum();
+        let mut off = start + u64::from(len).saturating_sub(listed);
         for &l in msg_lens.iter().filter(|&&l| l > 0) {
             let j = self.msg_starts.partition_point(|&m| m < off);
             if self.msg_starts.get(j) != Some(off) {
@@ -471,7 +481,9 @@ impl Stream {
         ok
     }
 
-    /// Chunks whose bytes live in `segment`, with their message lengths, for relocation.
+    /// Chunks whose bytes live in `segment`, with their message lengths, for relocation. A
+    /// chunk that retention cut into lists only the records from the retention point on;
+    /// they are its last bytes (a Relocate record allows that, `record::Lens::Trailing`).
     pub(crate) fn chunks_in_segment(&self, segment: u64) -> Vec<(u64, u32, DiskLoc, Vec<u32>)> {
         self.chunks
             .iter()
