@@ -42,10 +42,13 @@ use bytes::Bytes;
 use crate::index::IndexFile;
 use crate::packed::Packed;
 use crate::record::{decode_at, ImageRec, Record};
-use crate::stream::{Chunk, Stream, StreamId};
+use crate::stream::{Chunk, DiskLoc, Stream, StreamId};
 
 const MAGIC: &[u8; 8] = b"URSCKPT1";
 const VERSION: u32 = 2;
+/// The format before index files: every table inline, no segment map. Still read, so a
+/// data dir written by an older build opens; the first checkpoint after it is format 2.
+const VERSION_INLINE_TABLES: u32 = 1;
 const HEADER_LEN: usize = 88;
 
 pub(crate) const FILE_NAME: &str = "checkpoint";
@@ -69,6 +72,9 @@ pub(crate) struct Position {
 pub(crate) struct SavedStream {
     pub image: ImageRec,
     pub tables: Option<(Packed<Chunk>, Packed<u64>)>,
+    /// The chunks do not carry their first record ordinal yet (a format 1 checkpoint);
+    /// recovery derives them once the tables are complete.
+    pub unnumbered: bool,
 }
 
 /// Which streams have data in which segment (the cleaner's work list).
@@ -145,7 +151,7 @@ pub(crate) fn decode(
         return Err("header checksum mismatch".into());
     }
     let version = le_u32(&header[12..16]);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_INLINE_TABLES {
         return Err(format!("unsupported format version {version}"));
     }
     let owner = le_u32(&header[16..20]);
@@ -170,6 +176,10 @@ pub(crate) fn decode(
     if crc32c::crc32c(&file[HEADER_LEN..body_end]) != le_u32(&header[84..88]) {
         return Err("body checksum mismatch".into());
     }
+    if version == VERSION_INLINE_TABLES {
+        let (streams, segments) = decode_inline_tables(file, count, body_end)?;
+        return Ok((pos, streams, segments));
+    }
     let mut at = HEADER_LEN;
     let mut streams = Vec::new();
     for n in 0..count {
@@ -184,6 +194,7 @@ pub(crate) fn decode(
         streams.push(SavedStream {
             image,
             tables: chunks.zip(msgs),
+            unnumbered: false,
         });
     }
     let mut r = Varints { buf: file, at };
@@ -203,6 +214,71 @@ pub(crate) fn decode(
         return Err(format!("{} bytes after the segment map", body_end - at));
     }
     Ok((pos, streams, segments))
+}
+
+/// The body of a format 1 checkpoint: per stream its image, then its chunk table and record
+/// index inline as LEB128 varints (chunk starts and record starts delta-encoded). The
+/// segment map is derived from where the chunks are, as the format 1 engine did.
+fn decode_inline_tables(
+    file: &Bytes,
+    count: u64,
+    body_end: usize,
+) -> Result<(Vec<SavedStream>, SegmentMap), String> {
+    let mut at = HEADER_LEN;
+    let mut streams = Vec::new();
+    let mut segments = SegmentMap::new();
+    for n in 0..count {
+        let bad = |what: &str| format!("stream #{n}: {what}");
+        let framed = decode_at(file, at).map_err(|e| bad(&format!("image {e:?}")))?;
+        let Record::Image(image) = framed.record else {
+            return Err(bad("expected an image record"));
+        };
+        at += framed.len;
+        let mut r = Varints { buf: file, at };
+        let mut next = |what: &str| r.next().ok_or_else(|| bad(what));
+        let chunk_count = next("chunk count")?;
+        let mut chunks = Vec::with_capacity(chunk_count.min(1 << 20) as usize);
+        let mut expected = 0u64;
+        let mut in_segments = Vec::new();
+        for _ in 0..chunk_count {
+            let start = expected.wrapping_add(next("chunk start")?);
+            let len = u32::try_from(next("chunk length")?).map_err(|_| bad("chunk length"))?;
+            let loc = DiskLoc {
+                segment: next("chunk segment")?,
+                record_pos: next("chunk position")?,
+                record_len: u32::try_from(next("record length")?)
+                    .map_err(|_| bad("record length"))?,
+                data_off: u32::try_from(next("data offset")?).map_err(|_| bad("data offset"))?,
+            };
+            if in_segments.last() != Some(&loc.segment) {
+                in_segments.push(loc.segment);
+            }
+            chunks.push(Chunk::unnumbered(start, len, loc));
+            expected = start.wrapping_add(len as u64);
+        }
+        let msg_count = next("record count")?;
+        let mut msgs = Vec::with_capacity(msg_count.min(1 << 24) as usize);
+        let mut prev = 0u64;
+        for _ in 0..msg_count {
+            prev = prev.wrapping_add(next("record index")?);
+            msgs.push(prev);
+        }
+        at = r.at;
+        in_segments.sort_unstable();
+        in_segments.dedup();
+        for seg in in_segments {
+            segments.entry(seg).or_default().push(image.id);
+        }
+        streams.push(SavedStream {
+            image,
+            tables: Some((Packed::from_entries(chunks), Packed::from_entries(msgs))),
+            unnumbered: true,
+        });
+    }
+    if at != body_end {
+        return Err(format!("{} bytes after the last stream", body_end - at));
+    }
+    Ok((streams, segments))
 }
 
 fn le_u32(b: &[u8]) -> u32 {
@@ -247,7 +323,6 @@ impl Varints<'_> {
 mod tests {
     use super::*;
     use crate::record::{AppendRec, CreateRec, Lifetime};
-    use crate::stream::DiskLoc;
 
     fn stream_with_data() -> Stream {
         let create = CreateRec {

@@ -193,3 +193,73 @@ fn sealed_pages_leave_memory_and_every_lookup_survives_restarts() {
         check(&shard, &models).await;
     });
 }
+
+/// Copy a directory tree (the fixture is read-only input).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let dest = to.join(e.file_name());
+        if e.file_type().expect("type").is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).expect("copy");
+        }
+    }
+}
+
+/// `storage/tests/fixtures/format1` was written by the engine before index files: one
+/// segment, trimmed after its last record, and a format 1 checkpoint (every table inline).
+/// It holds streams s0..s2 of JSON appends made as [`fill`] makes them, 500 rounds, then
+/// s1 retained from its record 300 and a checkpoint, then 500 more rounds, then a crash.
+#[test]
+fn a_data_dir_from_before_index_files_opens_and_moves_to_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format1");
+    copy_tree(&fixture, dir.path());
+    let cfg = config(dir.path());
+    let mut models: Vec<(StreamId, Model)> = Vec::new();
+    block_on(async {
+        let (shard, report) = Shard::open(cfg.clone()).await.expect("open");
+        assert!(
+            report.checkpoint_lsn > 0,
+            "the format 1 checkpoint is loaded"
+        );
+        assert!(report.records > 0, "and the log after it replayed");
+        for k in 0..3 {
+            let id = shard.lookup(&format!("s{k}")).expect("stream");
+            models.push((id, Model::default()));
+        }
+        // Rebuild the model the fixture's writer followed, without touching the shard.
+        for i in 0..1000 {
+            for (k, (_, m)) in models.iter_mut().enumerate() {
+                for j in 0..1 + i % 2 {
+                    let r = format!(
+                        "{{\"i\":{i},\"j\":{j},\"pad\":\"{}\"}}\n",
+                        "x".repeat(i % 13)
+                    );
+                    m.starts.push(m.bytes.len() as u64);
+                    m.bytes.extend_from_slice(r.as_bytes());
+                }
+                if i == 499 && k == 1 {
+                    m.retained = m.starts[300];
+                }
+            }
+        }
+        check(&shard, &models).await;
+        // New appends roll the log: the inline pages move to an index file.
+        fill(&shard, &mut models, 1500).await;
+        assert!(shard.checkpoint().await.expect("checkpoint"));
+        assert!(!index_files(dir.path()).is_empty());
+        check(&shard, &models).await;
+        shard.halt().await.expect("halt");
+    });
+    let written =
+        std::fs::read(dir.path().join("shard-0").join(checkpoint::FILE_NAME)).expect("checkpoint");
+    assert_eq!(&written[12..16], &2u32.to_le_bytes(), "now format 2");
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        check(&shard, &models).await;
+        shard.shutdown().await.expect("shutdown");
+    });
+}

@@ -261,7 +261,9 @@ impl Shard {
         let now = crate::now_ms();
         for st in saved {
             let stream = match st.tables {
-                Some((chunks, msgs)) => Stream::from_checkpoint(&st.image, chunks, msgs, now),
+                Some((chunks, msgs)) => {
+                    Stream::from_checkpoint(&st.image, chunks, msgs, !st.unnumbered, now)
+                }
                 None => {
                     rebuild.insert(st.image.id);
                     Stream::needing_rebuild(&st.image, now)
