@@ -21,7 +21,7 @@
 //!
 //! The file is written as `.idx.tmp`, synced, renamed and its directory synced before any
 //! page in it leaves memory, and before a checkpoint names it. A page is checked against
-//! its CRC when it is read.
+//! its CRC when it is read; one that fails stops the process (see [`IndexFile::page`]).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
@@ -151,8 +151,7 @@ impl IndexFile {
     }
 
     /// The page at `[off, off + len)`, from this core's cache or read from the file and
-    /// checked against its CRC. A page that cannot be read is a disk fault under data the
-    /// engine acknowledged; there is no answer to give instead, so it stops the core.
+    /// checked against its CRC.
     pub(crate) fn page(&self, off: u64, len: u32) -> Bytes {
         let key = (self.id, off);
         if let Some(b) = CACHE.with(|c| c.borrow_mut().get(key)) {
@@ -161,17 +160,36 @@ impl IndexFile {
         let mut buf = vec![0u8; len as usize];
         let read = self.file.read_exact_at(&mut buf, off);
         let page = Bytes::from(buf);
-        if let Err(e) = read {
-            panic!("index page {} @{off}: {e}", self.path.display());
-        }
-        if !crate::packed::page_intact(&page) {
-            panic!(
-                "index page {} @{off}: checksum mismatch (disk fault)",
-                self.path.display()
-            );
+        match read {
+            Err(e) => self.fault(off, &e.to_string()),
+            Ok(()) if !crate::packed::page_intact(&page) => self.fault(off, "checksum mismatch"),
+            Ok(()) => {}
         }
         CACHE.with(|c| c.borrow_mut().insert(key, page.clone()));
         page
+    }
+
+    /// A page that cannot be read back is a disk fault under metadata the engine relies
+    /// on, and a lookup has no other answer to give. The file is set aside as
+    /// `.idx.corrupt` (for an operator to look at) and the process stops: the next start
+    /// finds the index file missing and rebuilds those tables from the segments' records,
+    /// which carry their own CRCs. Nothing acknowledged depends on the index file alone.
+    fn fault(&self, off: u64, why: &str) -> ! {
+        let aside = self.path.with_extension("idx.corrupt");
+        let renamed = std::fs::rename(&self.path, &aside);
+        tracing::error!(
+            file = %self.path.display(),
+            offset = off,
+            reason = why,
+            set_aside = renamed.is_ok(),
+            "index page unreadable; stopping so that the next start rebuilds it from the log"
+        );
+        eprintln!(
+            "ursula: index page {} @{off} unreadable ({why}); stopping, the next start \
+             rebuilds it from the log",
+            self.path.display()
+        );
+        std::process::abort()
     }
 
     pub(crate) fn remove(&self) -> io::Result<()> {
