@@ -433,12 +433,13 @@ impl Stream {
             self.chunks.freeze(0);
             self.msg_starts.freeze(0);
             let first = self.chunks.get(0);
+            // The last chunk is unpacked, in a frozen block, or (when the table is a whole
+            // number of pages) in the last page, which this reads once.
             let end = self
                 .chunks
-                .unpacked()
-                .last()
-                .copied()
-                .or(first)
+                .len()
+                .checked_sub(1)
+                .and_then(|i| self.chunks.get(i))
                 .map(|c| c.end());
             let ok = match (first, end) {
                 (Some(f), Some(e)) => f.start <= self.retained_start && e == self.tail,
@@ -897,6 +898,19 @@ mod tests {
             ..Default::default()
         };
         s.apply_append(&a, 2, 0, None, true)
+    }
+
+    #[test]
+    fn recovery_checks_the_last_chunk_also_when_every_chunk_is_packed() {
+        // A whole number of blocks: freezing leaves no unpacked entry to take the end from.
+        for appends in [1, crate::packed::BLOCK, 2 * crate::packed::BLOCK, 300] {
+            let mut s = stream();
+            for _ in 0..appends {
+                append(&mut s, &["{}\n"], None);
+            }
+            assert!(s.finish_recovery(), "{appends} appends");
+            assert_eq!(s.chunks.len(), appends);
+        }
     }
 
     #[test]
