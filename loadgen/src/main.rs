@@ -14,6 +14,7 @@ mod http;
 mod progress;
 mod read;
 mod replay;
+mod seek;
 mod stats;
 mod svg;
 mod tail;
@@ -55,6 +56,8 @@ enum Scenario {
     Replay(replay::ReplayArgs),
     /// Closed-loop HEAD requests: metadata requests/s and latency.
     Head(head::HeadArgs),
+    /// Random reads of old offsets in existing streams (e.g. an earlier `write` run's).
+    Seek(seek::SeekArgs),
     /// Small JSON events per request: append-batch frames (bucketed) or JSON arrays (compat).
     Batch(batch::BatchArgs),
     /// One writer at a fixed rate, N SSE subscribers: publish-to-receive latency.
@@ -111,6 +114,7 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::Tail(a) => ("tail", a.common.clone(), to_value(a)?),
         Scenario::Replay(a) => ("replay", a.common.clone(), to_value(a)?),
         Scenario::Head(a) => ("head", a.common.clone(), to_value(a)?),
+        Scenario::Seek(a) => ("seek", a.common.clone(), to_value(a)?),
         Scenario::Batch(a) => ("batch", a.common.clone(), to_value(a)?),
         Scenario::Fanout(a) => ("fanout", a.common.clone(), to_value(a)?),
     };
@@ -124,6 +128,7 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::Tail(a) => tail::run(a, &target, cores)?,
         Scenario::Replay(a) => replay::run(a, &target, cores)?,
         Scenario::Head(a) => head::run(a, &target, cores)?,
+        Scenario::Seek(a) => seek::run(a, &target, cores)?,
         Scenario::Batch(a) => batch::run(a, &target, cores)?,
         Scenario::Fanout(a) => fanout::run(a, &target, cores)?,
         Scenario::Chart(_) => unreachable!("handled above"),

@@ -1,10 +1,13 @@
 //! Checkpoints: every stream's state at one LSN, so recovery reads only the log after it.
 //!
 //! A checkpoint holds, for each live stream, its image (the same payload as an Image log
-//! record), its chunk table (where each write operation's bytes are in the log) and its
-//! message index (where each record starts). Recovery loads it and replays only the records
-//! after its LSN, starting at the log position it names; segments before that position are
-//! not read at all, their data is reached through the chunk table.
+//! record) and its chunk table and record index as `packed` tables: pages that are in index
+//! files by reference (segment, position, length), the rest by value (at most the pages
+//! completed since the last roll, fewer than a page of blocks, and the newest entries). So
+//! its size grows with streams and segments, not with retained appends. After the streams
+//! comes the cleaner's map of which streams have data in which segment. Recovery loads it
+//! and replays only the records after its LSN, starting at the log position it names;
+//! segments before that position are not read at all.
 //!
 //! ```text
 //! 0..8     magic "URSCKPT1"
@@ -20,8 +23,9 @@
 //! 68..76   number of streams
 //! 76..84   body length
 //! 84..88   CRC32C of the body
-//! 88..     body: per stream, a framed Image record, then the chunk table and the message
-//!          index as LEB128 varints (offsets delta-encoded)
+//! 88..     body: per stream, a framed Image record, then the chunk table and the record
+//!          index (`Packed::encode_into`); then the segment count and, per segment, its
+//!          index, its stream count and those stream ids (LEB128 varints)
 //! ```
 //!
 //! The file is written as `checkpoint.tmp`, synced, and renamed over `checkpoint` only once
@@ -29,15 +33,22 @@
 //! (metadata records in older segments are no longer needed), so a checkpoint that fails its
 //! checksum is a hard error, never a silent fallback to a full scan.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use bytes::Bytes;
 
+use crate::index::IndexFile;
+use crate::packed::Packed;
 use crate::record::{decode_at, ImageRec, Record};
-use crate::stream::{DiskLoc, Stream};
+use crate::stream::{Chunk, DiskLoc, Stream, StreamId};
 
 const MAGIC: &[u8; 8] = b"URSCKPT1";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The format before index files: every table inline, no segment map. Still read, so a
+/// data dir written by an older build opens; the first checkpoint after it is format 2.
+const VERSION_INLINE_TABLES: u32 = 1;
 const HEADER_LEN: usize = 88;
 
 pub(crate) const FILE_NAME: &str = "checkpoint";
@@ -56,52 +67,46 @@ pub(crate) struct Position {
     pub blob_counter: u64,
 }
 
-/// One stream as loaded from a checkpoint.
+/// One stream as loaded from a checkpoint; `tables` is None when a page of them is in an
+/// index file that is missing or torn.
 pub(crate) struct SavedStream {
     pub image: ImageRec,
-    pub chunks: Vec<(u64, u32, DiskLoc)>,
-    pub msg_starts: Vec<u64>,
+    pub tables: Option<(Packed<Chunk>, Packed<u64>)>,
+    /// The chunks do not carry their first record ordinal yet (a format 1 checkpoint);
+    /// recovery derives them once the tables are complete.
+    pub unnumbered: bool,
 }
+
+/// Which streams have data in which segment (the cleaner's work list).
+pub(crate) type SegmentMap = BTreeMap<u64, Vec<StreamId>>;
 
 pub(crate) fn path(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
 }
 
-/// Serialize `streams` at `pos` into a complete checkpoint file image.
+/// Serialize `streams` and the segment map at `pos` into a complete checkpoint file image.
 pub(crate) fn encode<'a>(
     shard: u32,
     pos: Position,
     streams: impl Iterator<Item = &'a Stream>,
+    segments: impl Iterator<Item = (u64, Vec<StreamId>)>,
 ) -> Vec<u8> {
     let mut body = Vec::new();
     let mut count = 0u64;
     for s in streams {
         count += 1;
         Record::Image(s.image()).encode(0, &mut body);
-        put_varint(&mut body, s.chunk_count() as u64);
-        let mut expected = 0u64;
-        for c in s.chunks() {
-            // Disk shards always know where a chunk is; a zero location cannot pass the
-            // tiling check on load, so a broken invariant surfaces there.
-            let loc = c.loc().unwrap_or(DiskLoc {
-                segment: 0,
-                record_pos: 0,
-                record_len: 0,
-                data_off: 0,
-            });
-            put_varint(&mut body, c.start.wrapping_sub(expected));
-            put_varint(&mut body, c.len as u64);
-            put_varint(&mut body, loc.segment);
-            put_varint(&mut body, loc.record_pos);
-            put_varint(&mut body, loc.record_len as u64);
-            put_varint(&mut body, loc.data_off as u64);
-            expected = c.end();
-        }
-        put_varint(&mut body, s.retained_messages() as u64);
-        let mut prev = 0u64;
-        for m in s.message_starts() {
-            put_varint(&mut body, m.wrapping_sub(prev));
-            prev = m;
+        let (chunks, msgs) = s.tables();
+        chunks.encode_into(&mut body);
+        msgs.encode_into(&mut body);
+    }
+    let segments: Vec<_> = segments.collect();
+    put_varint(&mut body, segments.len() as u64);
+    for (index, ids) in segments {
+        put_varint(&mut body, index);
+        put_varint(&mut body, ids.len() as u64);
+        for id in ids {
+            put_varint(&mut body, id);
         }
     }
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
@@ -130,7 +135,12 @@ pub(crate) fn encode<'a>(
 }
 
 /// Parse a checkpoint file. Any inconsistency is an error naming what is wrong.
-pub(crate) fn decode(shard: u32, file: &Bytes) -> Result<(Position, Vec<SavedStream>), String> {
+/// `index` opens a segment's index file (None if it is missing or torn).
+pub(crate) fn decode(
+    shard: u32,
+    file: &Bytes,
+    index: &mut impl FnMut(u64) -> Option<Rc<IndexFile>>,
+) -> Result<(Position, Vec<SavedStream>, SegmentMap), String> {
     let header = file
         .get(..HEADER_LEN)
         .ok_or_else(|| format!("{} bytes is shorter than the header", file.len()))?;
@@ -141,7 +151,7 @@ pub(crate) fn decode(shard: u32, file: &Bytes) -> Result<(Position, Vec<SavedStr
         return Err("header checksum mismatch".into());
     }
     let version = le_u32(&header[12..16]);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_INLINE_TABLES {
         return Err(format!("unsupported format version {version}"));
     }
     let owner = le_u32(&header[16..20]);
@@ -166,6 +176,10 @@ pub(crate) fn decode(shard: u32, file: &Bytes) -> Result<(Position, Vec<SavedStr
     if crc32c::crc32c(&file[HEADER_LEN..body_end]) != le_u32(&header[84..88]) {
         return Err("body checksum mismatch".into());
     }
+    if version == VERSION_INLINE_TABLES {
+        let (streams, segments) = decode_inline_tables(file, count, body_end)?;
+        return Ok((pos, streams, segments));
+    }
     let mut at = HEADER_LEN;
     let mut streams = Vec::new();
     for n in 0..count {
@@ -175,44 +189,96 @@ pub(crate) fn decode(shard: u32, file: &Bytes) -> Result<(Position, Vec<SavedStr
             return Err(bad("expected an image record"));
         };
         at += framed.len;
-        let mut r = Varints { buf: file, at };
-        let chunk_count = r.next().ok_or_else(|| bad("chunk count"))?;
-        let mut chunks = Vec::with_capacity(chunk_count.min(1 << 20) as usize);
-        let mut expected = 0u64;
-        for _ in 0..chunk_count {
-            let mut v = [0u64; 6];
-            for x in &mut v {
-                *x = r.next().ok_or_else(|| bad("chunk table"))?;
-            }
-            let start = expected.wrapping_add(v[0]);
-            let len = u32::try_from(v[1]).map_err(|_| bad("chunk length"))?;
-            let loc = DiskLoc {
-                segment: v[2],
-                record_pos: v[3],
-                record_len: u32::try_from(v[4]).map_err(|_| bad("record length"))?,
-                data_off: u32::try_from(v[5]).map_err(|_| bad("data offset"))?,
-            };
-            chunks.push((start, len, loc));
-            expected = start + len as u64;
-        }
-        let msg_count = r.next().ok_or_else(|| bad("message count"))?;
-        let mut msg_starts = Vec::with_capacity(msg_count.min(1 << 24) as usize);
-        let mut prev = 0u64;
-        for _ in 0..msg_count {
-            prev = prev.wrapping_add(r.next().ok_or_else(|| bad("message index"))?);
-            msg_starts.push(prev);
-        }
-        at = r.at;
+        let chunks = Packed::decode_from(file, &mut at, index).map_err(|e| bad(&e))?;
+        let msgs = Packed::decode_from(file, &mut at, index).map_err(|e| bad(&e))?;
         streams.push(SavedStream {
             image,
-            chunks,
-            msg_starts,
+            tables: chunks.zip(msgs),
+            unnumbered: false,
+        });
+    }
+    let mut r = Varints { buf: file, at };
+    let mut segments = SegmentMap::new();
+    let n = r.next().ok_or("segment count")?;
+    for _ in 0..n {
+        let index = r.next().ok_or("segment index")?;
+        let ids = r.next().ok_or("segment stream count")?;
+        let mut list = Vec::with_capacity(ids.min(1 << 20) as usize);
+        for _ in 0..ids {
+            list.push(r.next().ok_or("segment stream")?);
+        }
+        segments.insert(index, list);
+    }
+    at = r.at;
+    if at != body_end {
+        return Err(format!("{} bytes after the segment map", body_end - at));
+    }
+    Ok((pos, streams, segments))
+}
+
+/// The body of a format 1 checkpoint: per stream its image, then its chunk table and record
+/// index inline as LEB128 varints (chunk starts and record starts delta-encoded). The
+/// segment map is derived from where the chunks are, as the format 1 engine did.
+fn decode_inline_tables(
+    file: &Bytes,
+    count: u64,
+    body_end: usize,
+) -> Result<(Vec<SavedStream>, SegmentMap), String> {
+    let mut at = HEADER_LEN;
+    let mut streams = Vec::new();
+    let mut segments = SegmentMap::new();
+    for n in 0..count {
+        let bad = |what: &str| format!("stream #{n}: {what}");
+        let framed = decode_at(file, at).map_err(|e| bad(&format!("image {e:?}")))?;
+        let Record::Image(image) = framed.record else {
+            return Err(bad("expected an image record"));
+        };
+        at += framed.len;
+        let mut r = Varints { buf: file, at };
+        let mut next = |what: &str| r.next().ok_or_else(|| bad(what));
+        let chunk_count = next("chunk count")?;
+        let mut chunks = Vec::with_capacity(chunk_count.min(1 << 20) as usize);
+        let mut expected = 0u64;
+        let mut in_segments = Vec::new();
+        for _ in 0..chunk_count {
+            let start = expected.wrapping_add(next("chunk start")?);
+            let len = u32::try_from(next("chunk length")?).map_err(|_| bad("chunk length"))?;
+            let loc = DiskLoc {
+                segment: next("chunk segment")?,
+                record_pos: next("chunk position")?,
+                record_len: u32::try_from(next("record length")?)
+                    .map_err(|_| bad("record length"))?,
+                data_off: u32::try_from(next("data offset")?).map_err(|_| bad("data offset"))?,
+            };
+            if in_segments.last() != Some(&loc.segment) {
+                in_segments.push(loc.segment);
+            }
+            chunks.push(Chunk::unnumbered(start, len, loc));
+            expected = start.wrapping_add(len as u64);
+        }
+        let msg_count = next("record count")?;
+        let mut msgs = Vec::with_capacity(msg_count.min(1 << 24) as usize);
+        let mut prev = 0u64;
+        for _ in 0..msg_count {
+            prev = prev.wrapping_add(next("record index")?);
+            msgs.push(prev);
+        }
+        at = r.at;
+        in_segments.sort_unstable();
+        in_segments.dedup();
+        for seg in in_segments {
+            segments.entry(seg).or_default().push(image.id);
+        }
+        streams.push(SavedStream {
+            image,
+            tables: Some((Packed::from_entries(chunks), Packed::from_entries(msgs))),
+            unnumbered: true,
         });
     }
     if at != body_end {
         return Err(format!("{} bytes after the last stream", body_end - at));
     }
-    Ok((pos, streams))
+    Ok((streams, segments))
 }
 
 fn le_u32(b: &[u8]) -> u32 {
@@ -307,36 +373,45 @@ mod tests {
             last_incarnation: 77,
             blob_counter: 3,
         };
-        let file = Bytes::from(encode(2, pos, std::iter::once(&s)));
-        let (got, streams) = decode(2, &file).expect("decodes");
+        let map = vec![(3, vec![9]), (4, vec![9, 11])];
+        let file = Bytes::from(encode(2, pos, std::iter::once(&s), map.clone().into_iter()));
+        let (got, streams, segments) = decode(2, &file, &mut |_| None).expect("decodes");
         assert_eq!(got, pos);
+        assert_eq!(segments.into_iter().collect::<Vec<_>>(), map);
         assert_eq!(streams.len(), 1);
         let saved = &streams[0];
         assert_eq!(saved.image, s.image());
-        let want: Vec<_> = s
-            .chunks()
-            .map(|c| (c.start, c.len, c.loc().expect("disk")))
-            .collect();
-        assert_eq!(saved.chunks, want);
-        assert_eq!(saved.msg_starts, s.message_starts().collect::<Vec<_>>());
-        assert_eq!(saved.msg_starts, vec![0, 3, 7, 307, 308, 309]);
+        let (chunks, msgs) = saved.tables.as_ref().expect("no index files needed");
+        let key = |c: Chunk| (c.start, c.len, c.first_msg, c.loc());
+        let want: Vec<_> = s.chunks().map(key).collect();
+        assert_eq!(chunks.iter().map(key).collect::<Vec<_>>(), want);
+        assert_eq!(
+            msgs.iter().collect::<Vec<_>>(),
+            vec![0, 3, 7, 307, 308, 309]
+        );
     }
 
     #[test]
     fn every_corruption_is_detected() {
         let s = stream_with_data();
-        let file = encode(0, Position::default(), std::iter::once(&s));
+        let file = encode(
+            0,
+            Position::default(),
+            std::iter::once(&s),
+            std::iter::once((1, vec![9])),
+        );
+        let none = &mut |_| None;
         assert!(
-            decode(1, &Bytes::from(file.clone())).is_err(),
+            decode(1, &Bytes::from(file.clone()), none).is_err(),
             "wrong shard"
         );
         for i in 0..file.len() {
             let mut bad = file.clone();
             bad[i] ^= 0x01;
-            assert!(decode(0, &Bytes::from(bad)).is_err(), "flip at {i}");
+            assert!(decode(0, &Bytes::from(bad), none).is_err(), "flip at {i}");
         }
         for cut in [0, 10, HEADER_LEN, file.len() - 1] {
-            assert!(decode(0, &Bytes::copy_from_slice(&file[..cut])).is_err());
+            assert!(decode(0, &Bytes::copy_from_slice(&file[..cut]), none).is_err());
         }
     }
 

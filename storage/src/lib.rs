@@ -9,6 +9,7 @@ pub mod aligned;
 mod cache;
 mod checkpoint;
 mod fault;
+mod index;
 mod packed;
 mod readback;
 pub mod record;
@@ -16,6 +17,7 @@ pub mod segment;
 pub mod shard;
 pub mod stream;
 
+pub use index::DEFAULT_INDEX_CACHE_BYTES;
 pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta};
 pub use shard::{
     Changed, Commit, DiskUsage, Durability, NewStream, RecoveryReport, Shard, ShardConfig,

@@ -3,22 +3,36 @@
 //! Both grow by one entry per append (or per record) and are read far more often at their
 //! newest end than anywhere else. So the newest entries stay in a plain `Vec`, where appends
 //! update them in place, and every full group of [`BLOCK`] older ones is frozen into a block:
-//! its first entry as it is, the others as LEB128 varint deltas from their predecessor. A
-//! chunk then costs about 12 bytes of memory instead of its 40-byte entry plus `Vec` growth
-//! slack, and a record start 1-2 bytes instead of 8.
+//! its first entry as it is, the others as LEB128 varint deltas from their predecessor.
+//! Every full group of [`PAGE`] blocks then becomes a page: one byte string holding the
+//! blocks and their first entries, with a CRC, the unit that is written to an index file
+//! beside the segments (`crate::index`). Once written, memory keeps only the page's first
+//! entry and where it lies in its file, so a stream's memory does not grow with its
+//! history; a lookup that lands in the page reads it through the core's page cache.
 //!
-//! A lookup binary-searches the blocks by their first entries and decodes one block; an
-//! in-order walk decodes each block once. Entries are addressed by their position in the
-//! table; dropping entries from the front (retention) moves a skip counter instead of
-//! re-encoding, so every block keeps exactly `BLOCK` entries and position arithmetic stays
-//! a division.
+//! A lookup binary-searches the pages by their first entries, then the page's blocks by
+//! theirs, and decodes one block; an in-order walk decodes each block once. Entries are
+//! addressed by their position in the table; dropping entries from the front (retention)
+//! moves a skip counter instead of re-encoding, so every page keeps exactly `PAGE` blocks
+//! and every block `BLOCK` entries, and position arithmetic stays a division.
 
 use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::LocalKey;
 
+use bytes::Bytes;
+
+use crate::index::IndexFile;
+
 /// Entries per frozen block: a lookup decodes at most this many.
 pub(crate) const BLOCK: usize = 64;
+/// Blocks per page: the unit that moves to an index file, with one entry left in memory.
+/// (Tests use fewer, so that small histories already span several pages.)
+pub(crate) const PAGE: usize = if cfg!(test) { 4 } else { 16 };
+const PAGE_ENTRIES: usize = PAGE * BLOCK;
+/// A page starts with its CRC32C, then the start of each block's bytes and their end.
+const PAGE_HEAD: usize = 4 + 4 * (PAGE + 1);
 
 /// An entry that can be stored as a delta from the entry before it.
 pub(crate) trait Delta: Copy + 'static {
@@ -26,6 +40,8 @@ pub(crate) trait Delta: Copy + 'static {
     fn put(&self, prev: &Self, out: &mut Vec<u8>);
     /// Read the entry after `prev` at `*at`, advancing `*at`.
     fn get(prev: &Self, buf: &[u8], at: &mut usize) -> Self;
+    /// The entry a table's first entry is stored as a delta from (checkpoints).
+    fn origin() -> Self;
     /// This thread's last decoded block of this entry type (see [`Memo`]).
     fn memo() -> &'static LocalKey<RefCell<Memo<Self>>>;
 }
@@ -62,11 +78,13 @@ fn fresh_stamp() -> u64 {
 /// A sorted table of `T`, newest entries unpacked.
 #[derive(Clone, Debug)]
 pub(crate) struct Packed<T: Delta> {
+    pages: Vec<Page<T>>,
+    /// Blocks not gathered into a page yet: fewer than `PAGE`, after the pages.
     frozen: Vec<Block<T>>,
     /// Identifies the frozen blocks as they are now (see [`fresh_stamp`]).
     stamp: u64,
-    /// Entries at the front of the first block that were dropped: below `BLOCK`, and 0
-    /// while there are no blocks.
+    /// Entries at the front of the first page or block that were dropped: below that
+    /// unit's size, and 0 while there are neither.
     skip: usize,
     tail: Vec<T>,
 }
@@ -78,9 +96,41 @@ struct Block<T> {
     rest: Box<[u8]>,
 }
 
+#[derive(Clone, Debug)]
+struct Page<T> {
+    first: T,
+    body: Body,
+}
+
+/// Where a page's bytes are.
+#[derive(Clone, Debug)]
+enum Body {
+    /// Not written to an index file yet.
+    Memory(Bytes),
+    Disk(DiskPage),
+}
+
+/// A page in an index file.
+#[derive(Clone, Debug)]
+pub(crate) struct DiskPage {
+    pub(crate) file: Rc<IndexFile>,
+    pub(crate) off: u64,
+    pub(crate) len: u32,
+}
+
+impl<T> Page<T> {
+    fn bytes(&self) -> Bytes {
+        match &self.body {
+            Body::Memory(b) => b.clone(),
+            Body::Disk(d) => d.file.page(d.off, d.len),
+        }
+    }
+}
+
 impl<T: Delta> Default for Packed<T> {
     fn default() -> Self {
         Packed {
+            pages: Vec::new(),
             frozen: Vec::new(),
             stamp: fresh_stamp(),
             skip: 0,
@@ -94,15 +144,22 @@ impl<T: Delta> Packed<T> {
     /// freezes them once they are complete).
     pub(crate) fn from_entries(entries: Vec<T>) -> Self {
         Packed {
-            frozen: Vec::new(),
-            stamp: fresh_stamp(),
-            skip: 0,
             tail: entries,
+            ..Packed::default()
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.frozen.len() * BLOCK + self.tail.len() - self.skip
+        self.packed_len() + self.tail.len() - self.skip
+    }
+
+    /// Positions (counting skipped ones) held by pages and blocks.
+    fn packed_len(&self) -> usize {
+        self.pages.len() * PAGE_ENTRIES + self.frozen.len() * BLOCK
+    }
+
+    fn blocks(&self) -> usize {
+        self.pages.len() * PAGE + self.frozen.len()
     }
 
     /// The entries not frozen yet: the newest ones, in order.
@@ -119,7 +176,7 @@ impl<T: Delta> Packed<T> {
     }
 
     /// Freeze every full group of `BLOCK` unpacked entries but the newest `keep`, so the
-    /// caller can still change those in place.
+    /// caller can still change those in place, and gather full groups of blocks into pages.
     pub(crate) fn freeze(&mut self, keep: usize) {
         let groups = self.tail.len().saturating_sub(keep) / BLOCK;
         if groups == 0 {
@@ -136,9 +193,16 @@ impl<T: Delta> Packed<T> {
                 rest: scratch.as_slice().into(),
             });
         }
-        // Blocks were only added: those a memo may hold are unchanged and keep their
-        // positions, so the stamp stays.
+        // Blocks were only added or regrouped: those a memo may hold are unchanged and keep
+        // their positions, so the stamp stays.
         self.tail.drain(..groups * BLOCK);
+        while self.frozen.len() >= PAGE {
+            let blocks: Vec<Block<T>> = self.frozen.drain(..PAGE).collect();
+            self.pages.push(Page {
+                first: blocks[0].first,
+                body: Body::Memory(encode_page(&blocks)),
+            });
+        }
         // A table loaded whole (recovery) would otherwise keep its unpacked capacity.
         if self.tail.capacity() > 4 * BLOCK {
             self.tail.shrink_to(2 * BLOCK);
@@ -148,21 +212,21 @@ impl<T: Delta> Packed<T> {
     /// Entry `i`, or None past the end.
     pub(crate) fn get(&self, i: usize) -> Option<T> {
         let p = i + self.skip;
-        let frozen = self.frozen.len() * BLOCK;
-        if p >= frozen {
-            return self.tail.get(p - frozen).copied();
+        let packed = self.packed_len();
+        if p >= packed {
+            return self.tail.get(p - packed).copied();
         }
         Some(self.with_block(p / BLOCK, |entries| entries[p % BLOCK]))
     }
 
-    /// Run `f` on the decoded entries of frozen block `b`, decoding it unless this thread's
-    /// memo holds it already.
+    /// Run `f` on the decoded entries of block `b` (pages first, then frozen blocks),
+    /// decoding it unless this thread's memo holds it already.
     fn with_block<R>(&self, b: usize, f: impl FnOnce(&[T]) -> R) -> R {
         T::memo().with(|memo| {
             let mut memo = memo.borrow_mut();
             if memo.stamp != self.stamp || memo.block != b || memo.entries.is_empty() {
                 memo.entries.clear();
-                memo.entries.extend(decode(&self.frozen[b]));
+                self.decode_block(b, &mut memo.entries);
                 memo.stamp = self.stamp;
                 memo.block = b;
             }
@@ -170,27 +234,39 @@ impl<T: Delta> Packed<T> {
         })
     }
 
+    fn decode_block(&self, b: usize, out: &mut Vec<T>) {
+        if b < self.pages.len() * PAGE {
+            let page = &self.pages[b / PAGE];
+            decode_page_block(&page.first, &page.bytes(), b % PAGE, out);
+        } else {
+            let blk = &self.frozen[b - self.pages.len() * PAGE];
+            decode_rest(blk.first, &blk.rest, out);
+        }
+    }
+
     /// The number of leading entries for which `pred` holds, which must be true for a
     /// prefix of the table and false after it (as for `slice::partition_point`).
     pub(crate) fn partition_point(&self, mut pred: impl FnMut(&T) -> bool) -> usize {
+        let paged = self.pages.len() * PAGE_ENTRIES;
+        let packed = self.packed_len();
         // Most lookups are near the newest end: answer those from the unpacked entries
         // without decoding a block.
-        if !self.frozen.is_empty() && self.tail.first().is_some_and(&mut pred) {
-            return self.frozen.len() * BLOCK - self.skip + self.tail.partition_point(pred);
-        }
-        let b = self.frozen.partition_point(|blk| pred(&blk.first));
-        let physical = if b == 0 {
-            if self.frozen.is_empty() {
-                self.tail.partition_point(pred)
-            } else {
-                0
-            }
+        let physical = if packed == 0 || self.tail.first().is_some_and(&mut pred) {
+            packed + self.tail.partition_point(pred)
+        } else if self.frozen.first().is_some_and(|b| pred(&b.first)) {
+            let b = self.frozen.partition_point(|blk| pred(&blk.first));
+            let block = self.pages.len() * PAGE + b - 1;
+            paged + (b - 1) * BLOCK + self.with_block(block, |e| e.partition_point(&mut pred))
         } else {
-            let inside = self.with_block(b - 1, |entries| entries.partition_point(&mut pred));
-            if inside < BLOCK || b < self.frozen.len() {
-                (b - 1) * BLOCK + inside
+            let p = self.pages.partition_point(|pg| pred(&pg.first));
+            if p == 0 {
+                0
             } else {
-                self.frozen.len() * BLOCK + self.tail.partition_point(pred)
+                // One page read: its block firsts, then one block.
+                let page = &self.pages[p - 1];
+                let k = page_firsts(&page.first, &page.bytes()).partition_point(&mut pred);
+                let block = (p - 1) * PAGE + k - 1;
+                block * BLOCK + self.with_block(block, |e| e.partition_point(&mut pred))
             }
         };
         physical.max(self.skip) - self.skip
@@ -202,18 +278,16 @@ impl<T: Delta> Packed<T> {
         let mut it = Iter {
             table: self,
             block: p / BLOCK,
-            current: None,
+            entries: Vec::new(),
+            at: 0,
             tail: 0,
         };
-        if it.block < self.frozen.len() {
-            let mut d = decode(&self.frozen[it.block]);
-            for _ in 0..p % BLOCK {
-                d.next();
-            }
-            it.current = Some(d);
+        if it.block < self.blocks() {
+            self.decode_block(it.block, &mut it.entries);
+            it.at = p % BLOCK;
         } else {
-            it.block = self.frozen.len();
-            it.tail = p - self.frozen.len() * BLOCK;
+            it.block = self.blocks();
+            it.tail = p - self.packed_len();
         }
         it
     }
@@ -222,81 +296,247 @@ impl<T: Delta> Packed<T> {
         self.iter_from(0)
     }
 
-    /// Drop the first `n` entries, handing each to `dropped` first.
-    pub(crate) fn drop_front(&mut self, n: usize, mut dropped: impl FnMut(&T)) {
+    /// Drop the first `n` entries (without reading them: a page on disk stays unread).
+    pub(crate) fn drop_front(&mut self, n: usize) {
         let n = n.min(self.len());
-        for e in self.iter().take(n) {
-            dropped(&e);
+        if n == 0 {
+            return;
         }
         self.skip += n;
-        let whole = (self.skip / BLOCK).min(self.frozen.len());
-        if whole > 0 {
-            self.frozen.drain(..whole);
+        let pages = (self.skip / PAGE_ENTRIES).min(self.pages.len());
+        if pages > 0 {
+            self.pages.drain(..pages);
+            self.skip -= pages * PAGE_ENTRIES;
             self.stamp = fresh_stamp();
         }
-        self.skip -= whole * BLOCK;
-        if self.frozen.is_empty() {
-            self.tail.drain(..self.skip);
-            self.skip = 0;
+        if self.pages.is_empty() {
+            let whole = (self.skip / BLOCK).min(self.frozen.len());
+            if whole > 0 {
+                self.frozen.drain(..whole);
+                self.skip -= whole * BLOCK;
+                self.stamp = fresh_stamp();
+            }
+            if self.frozen.is_empty() {
+                self.tail.drain(..self.skip);
+                self.skip = 0;
+            }
         }
     }
 
     /// Insert `entry` at position `i` (recovery, which may find entries out of order). A
-    /// position inside the frozen blocks unpacks the whole table first.
+    /// position inside the packed entries unpacks everything from there on first.
     pub(crate) fn insert(&mut self, i: usize, entry: T) {
         self.unpack_below(i);
-        let at = i + self.skip - self.frozen.len() * BLOCK;
+        let at = i + self.skip - self.packed_len();
         self.tail.insert(at, entry);
     }
 
-    /// Change entry `i` in place; a frozen one is decoded, changed and re-encoded, which
-    /// must keep the table sorted.
+    /// Change entry `i` in place, which must keep the table sorted. A packed one is
+    /// decoded, changed and re-encoded; a page that was on disk is back in memory until
+    /// the next index file takes it.
     pub(crate) fn update(&mut self, i: usize, change: impl FnOnce(&mut T)) {
         let p = i + self.skip;
-        let frozen = self.frozen.len() * BLOCK;
-        if p >= frozen {
-            if let Some(e) = self.tail.get_mut(p - frozen) {
+        let packed = self.packed_len();
+        if p >= packed {
+            if let Some(e) = self.tail.get_mut(p - packed) {
                 change(e);
             }
             return;
         }
         self.stamp = fresh_stamp();
-        let blk = &mut self.frozen[p / BLOCK];
-        let mut entries: Vec<T> = decode(blk).collect();
-        change(&mut entries[p % BLOCK]);
-        let mut rest = Vec::with_capacity(blk.rest.len() + 8);
-        for w in entries.windows(2) {
-            w[1].put(&w[0], &mut rest);
+        let paged = self.pages.len() * PAGE_ENTRIES;
+        if p < paged {
+            let page = &mut self.pages[p / PAGE_ENTRIES];
+            let bytes = page.bytes();
+            let mut entries = Vec::with_capacity(PAGE_ENTRIES);
+            for k in 0..PAGE {
+                decode_page_block(&page.first, &bytes, k, &mut entries);
+            }
+            change(&mut entries[p % PAGE_ENTRIES]);
+            let blocks: Vec<Block<T>> = entries.chunks_exact(BLOCK).map(block_of).collect();
+            *page = Page {
+                first: entries[0],
+                body: Body::Memory(encode_page(&blocks)),
+            };
+            return;
         }
-        *blk = Block {
-            first: entries[0],
-            rest: rest.into(),
-        };
+        let blk = &mut self.frozen[(p - paged) / BLOCK];
+        let mut entries = Vec::with_capacity(BLOCK);
+        decode_rest(blk.first, &blk.rest, &mut entries);
+        change(&mut entries[p % BLOCK]);
+        *blk = block_of(&entries);
     }
 
-    /// Bytes of heap memory the table holds.
+    /// Bytes of heap memory the table holds (index pages on disk count their handle only).
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.frozen.capacity() * std::mem::size_of::<Block<T>>()
+        self.pages.capacity() * std::mem::size_of::<Page<T>>()
+            + self
+                .pages
+                .iter()
+                .map(|p| match &p.body {
+                    Body::Memory(b) => b.len(),
+                    Body::Disk(_) => 0,
+                })
+                .sum::<usize>()
+            + self.frozen.capacity() * std::mem::size_of::<Block<T>>()
             + self.frozen.iter().map(|b| b.rest.len()).sum::<usize>()
             + self.tail.capacity() * std::mem::size_of::<T>()
     }
 
-    /// Unpack the block holding position `i` and every block after it.
+    /// Pages not in an index file yet.
+    pub(crate) fn unwritten_pages(&self) -> impl Iterator<Item = &Bytes> + '_ {
+        self.pages.iter().filter_map(|p| match &p.body {
+            Body::Memory(b) => Some(b),
+            Body::Disk(_) => None,
+        })
+    }
+
+    /// Index files this table's pages are in.
+    #[cfg(test)]
+    pub(crate) fn page_files(&self) -> impl Iterator<Item = &Rc<IndexFile>> + '_ {
+        self.pages.iter().filter_map(|p| match &p.body {
+            Body::Disk(d) => Some(&d.file),
+            Body::Memory(_) => None,
+        })
+    }
+
+    /// The page whose bytes are `bytes` (the same buffer [`Self::unwritten_pages`] gave)
+    /// now lies in an index file: let its bytes go. False if it changed meanwhile.
+    pub(crate) fn page_written(&mut self, bytes: &Bytes, at: DiskPage) -> bool {
+        for p in &mut self.pages {
+            if let Body::Memory(b) = &p.body {
+                if b.as_ptr() == bytes.as_ptr() && b.len() == bytes.len() {
+                    p.body = Body::Disk(at);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Append the table to a checkpoint: its pages by reference (or their bytes, if not
+    /// written to an index file yet), its blocks and its unpacked entries.
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+        put_varint(out, self.skip as u64);
+        put_varint(out, self.pages.len() as u64);
+        for p in &self.pages {
+            p.first.put(&T::origin(), out);
+            match &p.body {
+                Body::Memory(b) => {
+                    out.push(0);
+                    put_varint(out, b.len() as u64);
+                    out.extend_from_slice(b);
+                }
+                Body::Disk(d) => {
+                    out.push(1);
+                    put_varint(out, d.file.segment);
+                    put_varint(out, d.off);
+                    put_varint(out, u64::from(d.len));
+                }
+            }
+        }
+        put_varint(out, self.frozen.len() as u64);
+        for b in &self.frozen {
+            b.first.put(&T::origin(), out);
+            put_varint(out, b.rest.len() as u64);
+            out.extend_from_slice(&b.rest);
+        }
+        put_varint(out, self.tail.len() as u64);
+        let mut prev = T::origin();
+        for e in &self.tail {
+            e.put(&prev, out);
+            prev = *e;
+        }
+    }
+
+    /// Read a table written by [`Self::encode_into`] from a checksummed checkpoint body.
+    /// `file` opens the index file of a segment; a page in a file that is missing or torn
+    /// makes the answer `Ok(None)`: the table has to be rebuilt from the log.
+    pub(crate) fn decode_from(
+        buf: &[u8],
+        at: &mut usize,
+        file: &mut impl FnMut(u64) -> Option<Rc<IndexFile>>,
+    ) -> Result<Option<Self>, String> {
+        let mut t = Packed::default();
+        let mut lost = false;
+        let mut r = Reader { buf, at: *at };
+        t.skip = r.varint()? as usize;
+        let pages = r.varint()?;
+        for _ in 0..pages {
+            let first = r.entry::<T>(&T::origin())?;
+            let body = match r.byte()? {
+                0 => {
+                    let len = r.varint()? as usize;
+                    let b = Bytes::copy_from_slice(r.take(len)?);
+                    if !page_intact(&b) {
+                        return Err("page checksum".into());
+                    }
+                    Body::Memory(b)
+                }
+                1 => {
+                    let segment = r.varint()?;
+                    let off = r.varint()?;
+                    let len = u32::try_from(r.varint()?).map_err(|_| "page length")?;
+                    match file(segment).filter(|f| f.holds(off, len)) {
+                        Some(file) => Body::Disk(DiskPage { file, off, len }),
+                        None => {
+                            lost = true;
+                            Body::Memory(Bytes::new())
+                        }
+                    }
+                }
+                _ => return Err("page kind".into()),
+            };
+            t.pages.push(Page { first, body });
+        }
+        let blocks = r.varint()?;
+        for _ in 0..blocks {
+            let first = r.entry::<T>(&T::origin())?;
+            let len = r.varint()? as usize;
+            let rest = r.take(len)?.into();
+            t.frozen.push(Block { first, rest });
+        }
+        let tail = r.varint()?;
+        let mut prev = T::origin();
+        for _ in 0..tail {
+            prev = r.entry::<T>(&prev)?;
+            t.tail.push(prev);
+        }
+        *at = r.at;
+        if t.frozen.len() >= PAGE || t.skip >= PAGE_ENTRIES.max(1) {
+            return Err("table layout".into());
+        }
+        Ok((!lost).then_some(t))
+    }
+
+    /// Unpack the unit holding position `i` and every one after it.
     fn unpack_below(&mut self, i: usize) {
         let p = i + self.skip;
-        if p >= self.frozen.len() * BLOCK {
+        if p >= self.packed_len() {
             return;
         }
-        let from = p / BLOCK;
-        let mut unpacked = Vec::with_capacity((self.frozen.len() - from) * BLOCK + self.tail.len());
-        for blk in &self.frozen[from..] {
-            unpacked.extend(decode(blk));
+        let mut unpacked = Vec::new();
+        let paged = self.pages.len() * PAGE_ENTRIES;
+        let (from_page, from_block) = if p < paged {
+            (p / PAGE_ENTRIES, 0)
+        } else {
+            (self.pages.len(), (p - paged) / BLOCK)
+        };
+        for page in &self.pages[from_page..] {
+            let bytes = page.bytes();
+            for k in 0..PAGE {
+                decode_page_block(&page.first, &bytes, k, &mut unpacked);
+            }
+        }
+        for blk in &self.frozen[from_block..] {
+            decode_rest(blk.first, &blk.rest, &mut unpacked);
         }
         unpacked.append(&mut self.tail);
-        self.frozen.truncate(from);
+        self.pages.truncate(from_page);
+        self.frozen.truncate(from_block);
         self.stamp = fresh_stamp();
-        if from == 0 {
-            // The dropped entries of the first block were decoded too.
+        if self.pages.is_empty() && self.frozen.is_empty() {
+            // The dropped entries of the first unit were decoded too.
             unpacked.drain(..self.skip);
             self.skip = 0;
         }
@@ -304,32 +544,139 @@ impl<T: Delta> Packed<T> {
     }
 }
 
-/// The entries of a block, in order.
-fn decode<T: Delta>(blk: &Block<T>) -> Cursor<'_, T> {
-    Cursor {
-        blk,
-        prev: None,
-        at: 0,
+fn block_of<T: Delta>(entries: &[T]) -> Block<T> {
+    let mut rest = Vec::with_capacity(entries.len() * 4);
+    for w in entries.windows(2) {
+        w[1].put(&w[0], &mut rest);
+    }
+    Block {
+        first: entries[0],
+        rest: rest.into(),
     }
 }
 
-struct Cursor<'a, T> {
-    blk: &'a Block<T>,
-    prev: Option<T>,
+/// A page's bytes: CRC32C of what follows | start of each block's bytes (PAGE + 1 u32s,
+/// the last is the end) | per block, its first entry as a delta from the page's first
+/// (none for block 0), then its other entries as deltas. The page's own first entry is
+/// kept by its owner, in memory and in checkpoints.
+fn encode_page<T: Delta>(blocks: &[Block<T>]) -> Bytes {
+    debug_assert_eq!(blocks.len(), PAGE);
+    let first = blocks[0].first;
+    let mut out = vec![0u8; PAGE_HEAD];
+    for (k, b) in blocks.iter().enumerate() {
+        let start = out.len() as u32;
+        out[4 + 4 * k..8 + 4 * k].copy_from_slice(&start.to_le_bytes());
+        if k > 0 {
+            b.first.put(&first, &mut out);
+        }
+        out.extend_from_slice(&b.rest);
+    }
+    let end = out.len() as u32;
+    out[4 + 4 * PAGE..8 + 4 * PAGE].copy_from_slice(&end.to_le_bytes());
+    let crc = crc32c::crc32c(&out[4..]);
+    out[..4].copy_from_slice(&crc.to_le_bytes());
+    Bytes::from(out)
+}
+
+/// Whether a page's bytes are whole: long enough for its head, its CRC matching, its block
+/// offsets in order and inside it.
+pub(crate) fn page_intact(page: &[u8]) -> bool {
+    if page.len() < PAGE_HEAD || crc32c::crc32c(&page[4..]) != u32_at(page, 0) as u32 {
+        return false;
+    }
+    let mut prev = PAGE_HEAD;
+    for k in 0..=PAGE {
+        let o = u32_at(page, 4 + 4 * k);
+        if o < prev || o > page.len() {
+            return false;
+        }
+        prev = o;
+    }
+    prev == page.len()
+}
+
+fn u32_at(b: &[u8], at: usize) -> usize {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize
+}
+
+/// The first entry of each block of a page.
+fn page_firsts<T: Delta>(first: &T, page: &[u8]) -> [T; PAGE] {
+    let mut out = [*first; PAGE];
+    for (k, slot) in out.iter_mut().enumerate().skip(1) {
+        let mut at = u32_at(page, 4 + 4 * k);
+        *slot = T::get(first, page, &mut at);
+    }
+    out
+}
+
+/// Append the entries of block `k` of a page to `out`.
+fn decode_page_block<T: Delta>(first: &T, page: &[u8], k: usize, out: &mut Vec<T>) {
+    let mut at = u32_at(page, 4 + 4 * k);
+    let end = u32_at(page, 8 + 4 * k);
+    let block_first = if k == 0 {
+        *first
+    } else {
+        T::get(first, page, &mut at)
+    };
+    decode_rest(block_first, &page[at..end], out);
+}
+
+/// Append `first` and the entries delta-encoded after it in `rest` to `out`.
+fn decode_rest<T: Delta>(first: T, rest: &[u8], out: &mut Vec<T>) {
+    out.push(first);
+    let mut prev = first;
+    let mut at = 0;
+    while at < rest.len() {
+        prev = T::get(&prev, rest, &mut at);
+        out.push(prev);
+    }
+}
+
+/// Bounds-checked reads of a checkpoint body.
+struct Reader<'a> {
+    buf: &'a [u8],
     at: usize,
 }
 
-impl<T: Delta> Iterator for Cursor<'_, T> {
-    type Item = T;
+impl Reader<'_> {
+    fn byte(&mut self) -> Result<u8, String> {
+        let b = *self.buf.get(self.at).ok_or("truncated table")?;
+        self.at += 1;
+        Ok(b)
+    }
 
-    fn next(&mut self) -> Option<T> {
-        let e = match self.prev {
-            None => self.blk.first,
-            Some(p) if self.at < self.blk.rest.len() => T::get(&p, &self.blk.rest, &mut self.at),
-            Some(_) => return None,
-        };
-        self.prev = Some(e);
-        Some(e)
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("overlong varint".into())
+    }
+
+    fn take(&mut self, len: usize) -> Result<&[u8], String> {
+        let end = self.at.checked_add(len).filter(|&e| e <= self.buf.len());
+        let end = end.ok_or("truncated table")?;
+        let s = &self.buf[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    /// One entry; the body is checksummed, so only its end needs guarding: an entry is at
+    /// most seven varints of ten bytes.
+    fn entry<T: Delta>(&mut self, prev: &T) -> Result<T, String> {
+        let mut scratch = self.buf[self.at..(self.at + 70).min(self.buf.len())].to_vec();
+        scratch.resize(scratch.len() + 70, 0);
+        let mut at = 0;
+        let e = T::get(prev, &scratch, &mut at);
+        if self.at + at > self.buf.len() {
+            return Err("truncated entry".into());
+        }
+        self.at += at;
+        Ok(e)
     }
 }
 
@@ -337,7 +684,9 @@ impl<T: Delta> Iterator for Cursor<'_, T> {
 pub(crate) struct Iter<'a, T: Delta> {
     table: &'a Packed<T>,
     block: usize,
-    current: Option<Cursor<'a, T>>,
+    /// The decoded block `block`, and the next entry of it to return.
+    entries: Vec<T>,
+    at: usize,
     tail: usize,
 }
 
@@ -346,16 +695,18 @@ impl<T: Delta> Iterator for Iter<'_, T> {
 
     fn next(&mut self) -> Option<T> {
         loop {
-            if let Some(cur) = &mut self.current {
-                if let Some(e) = cur.next() {
+            if self.block < self.table.blocks() {
+                if let Some(&e) = self.entries.get(self.at) {
+                    self.at += 1;
                     return Some(e);
                 }
-                self.current = None;
                 self.block += 1;
-                if self.block < self.table.frozen.len() {
-                    self.current = Some(decode(&self.table.frozen[self.block]));
-                    continue;
+                self.entries.clear();
+                self.at = 0;
+                if self.block < self.table.blocks() {
+                    self.table.decode_block(self.block, &mut self.entries);
                 }
+                continue;
             }
             let e = self.table.tail.get(self.tail).copied();
             self.tail += 1;
@@ -406,6 +757,10 @@ impl Delta for u64 {
 
     fn get(prev: &u64, buf: &[u8], at: &mut usize) -> u64 {
         prev.wrapping_add(get_varint(buf, at))
+    }
+
+    fn origin() -> u64 {
+        0
     }
 
     fn memo() -> &'static LocalKey<RefCell<Memo<u64>>> {
@@ -520,17 +875,16 @@ mod tests {
 
     #[test]
     fn dropping_the_front_keeps_positions_and_frees_whole_blocks() {
-        let want: Vec<u64> = (0..(5 * BLOCK as u64)).map(|i| i * 10).collect();
+        // Fewer blocks than a page, so they stay blocks.
+        let want: Vec<u64> = (0..((PAGE - 1) * BLOCK) as u64).map(|i| i * 10).collect();
         let mut t = Packed::default();
         for &w in &want {
             t.push(w);
         }
         t.freeze(0);
-        let mut seen = Vec::new();
-        t.drop_front(BLOCK + 3, |&e| seen.push(e));
-        assert_eq!(seen, want[..BLOCK + 3].to_vec());
+        t.drop_front(BLOCK + 3);
         assert_eq!(t.len(), want.len() - BLOCK - 3);
-        assert_eq!(t.frozen.len(), 4, "the whole first block is gone");
+        assert_eq!(t.frozen.len(), PAGE - 2, "the whole first block is gone");
         assert_eq!(t.get(0), Some(want[BLOCK + 3]));
         assert_eq!(t.get(0), Some(want[BLOCK + 3]));
         assert_eq!(t.iter().collect::<Vec<_>>(), want[BLOCK + 3..].to_vec());
@@ -543,7 +897,7 @@ mod tests {
             t.partition_point(|&m| m < want[2 * BLOCK]),
             2 * BLOCK - (BLOCK + 3)
         );
-        t.drop_front(usize::MAX, |_| {});
+        t.drop_front(usize::MAX);
         assert_eq!(t.len(), 0);
         t.push(7);
         assert_eq!(t.iter().collect::<Vec<_>>(), vec![7]);
@@ -555,7 +909,7 @@ mod tests {
         for i in 0..(BLOCK as u64 + 10) {
             t.push(i);
         }
-        t.drop_front(4, |_| {});
+        t.drop_front(4);
         t.freeze(0);
         assert_eq!(t.len(), BLOCK + 6);
         assert_eq!(
@@ -578,7 +932,7 @@ mod tests {
         assert_eq!(b.get(6), Some(6), "the clone keeps its own blocks");
         assert_eq!(a.get(7), Some(1001));
         let mut c = b.clone();
-        c.drop_front(BLOCK, |_| {});
+        c.drop_front(BLOCK);
         assert_eq!(c.get(0), Some(BLOCK as u64), "blocks moved");
         assert_eq!(b.get(0), Some(0));
         assert_eq!(c.partition_point(|&m| m < BLOCK as u64 + 3), 3);
@@ -608,5 +962,115 @@ mod tests {
         for (i, &w) in want.iter().enumerate() {
             assert_eq!(t.get(i), Some(w));
         }
+    }
+
+    /// Write the unwritten pages of `t` to `segment`'s index file in `dir` and point the
+    /// table at them, as the shard does when the log rolls.
+    fn write_pages(t: &mut Packed<u64>, dir: &std::path::Path, segment: u64) -> Rc<IndexFile> {
+        let pages: Vec<Bytes> = t.unwritten_pages().cloned().collect();
+        let body: usize = pages.iter().map(Bytes::len).sum();
+        let mut file = crate::index::header(0, segment, pages.len() as u64, body as u64).to_vec();
+        let mut offs = Vec::new();
+        for p in &pages {
+            offs.push(file.len() as u64);
+            file.extend_from_slice(p);
+        }
+        std::fs::write(crate::index::index_path(dir, segment), file).expect("write");
+        let f = Rc::new(IndexFile::open(dir, 0, segment).expect("open"));
+        for (p, off) in pages.iter().zip(offs) {
+            let at = DiskPage {
+                file: f.clone(),
+                off,
+                len: p.len() as u32,
+            };
+            assert!(t.page_written(p, at));
+        }
+        f
+    }
+
+    fn check_same(t: &Packed<u64>, want: &[u64]) {
+        assert_eq!(t.len(), want.len());
+        assert_eq!(t.iter().collect::<Vec<_>>(), want);
+        for i in (0..want.len())
+            .step_by(37)
+            .chain([0, want.len().saturating_sub(1)])
+        {
+            assert_eq!(t.get(i), want.get(i).copied(), "entry {i}");
+            assert_eq!(t.iter_from(i).next(), want.get(i).copied());
+            let probe = want[i];
+            assert_eq!(t.partition_point(|&m| m < probe), i, "probe {probe}");
+            assert_eq!(t.partition_point(|&m| m <= probe), i + 1);
+        }
+        assert_eq!(t.partition_point(|_| true), want.len());
+        assert_eq!(t.partition_point(|_| false), 0);
+    }
+
+    #[test]
+    fn pages_read_the_same_from_memory_and_from_an_index_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = 3 * PAGE_ENTRIES + (PAGE - 1) * BLOCK + 7;
+        let mut want: Vec<u64> = (0..n as u64).map(|i| i * 7 + (i % 3)).collect();
+        let mut t = Packed::default();
+        for &w in &want {
+            t.push(w);
+        }
+        t.freeze(0);
+        assert_eq!(
+            (t.pages.len(), t.frozen.len(), t.tail.len()),
+            (3, PAGE - 1, 7)
+        );
+        check_same(&t, &want);
+        let in_memory = t.heap_bytes();
+        let paged: usize = t.unwritten_pages().map(Bytes::len).sum();
+        let f = write_pages(&mut t, dir.path(), 4);
+        assert_eq!(t.unwritten_pages().count(), 0);
+        assert_eq!(t.page_files().count(), 3);
+        assert_eq!(in_memory - t.heap_bytes(), paged, "pages left memory");
+        check_same(&t, &want);
+        // A change inside a written page brings that page back into memory.
+        t.update(PAGE_ENTRIES + 3, |e| *e += 1);
+        want[PAGE_ENTRIES + 3] += 1;
+        assert_eq!(t.unwritten_pages().count(), 1);
+        check_same(&t, &want);
+        // Checkpoint round trip: pages by reference, the changed one by value.
+        let mut out = Vec::new();
+        t.encode_into(&mut out);
+        let mut at = 0;
+        let back =
+            Packed::<u64>::decode_from(&out, &mut at, &mut |seg| (seg == 4).then(|| f.clone()))
+                .expect("decodes")
+                .expect("all files present");
+        assert_eq!(at, out.len());
+        check_same(&back, &want);
+        let mut at = 0;
+        let lost = Packed::<u64>::decode_from(&out, &mut at, &mut |_| None).expect("decodes");
+        assert!(lost.is_none(), "a missing index file is reported");
+        // Retention across pages, blocks and the tail keeps positions exact.
+        for drop in [5, PAGE_ENTRIES, 2 * BLOCK + 1, PAGE_ENTRIES + 3] {
+            t.drop_front(drop);
+            want.drain(..drop);
+            check_same(&t, &want);
+        }
+        t.insert(0, 0);
+        want.insert(0, 0);
+        check_same(&t, &want);
+    }
+
+    #[test]
+    fn a_damaged_page_is_detected() {
+        let mut t = Packed::default();
+        for i in 0..PAGE_ENTRIES as u64 {
+            t.push(i * 300);
+        }
+        t.freeze(0);
+        let page = t.unwritten_pages().next().expect("a page").clone();
+        assert!(page_intact(&page));
+        for i in 0..page.len() {
+            let mut bad = page.to_vec();
+            bad[i] ^= 0x10;
+            assert!(!page_intact(&bad), "flip at {i}");
+        }
+        assert!(!page_intact(&page[..page.len() - 1]), "torn tail");
+        assert!(!page_intact(&[]));
     }
 }

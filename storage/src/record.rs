@@ -348,8 +348,8 @@ fn decode_payload(kind: u8, r: &mut Reader) -> Option<Record> {
             let created_ms = r.u64()? as i64;
             let content_type = r.str()?;
             let lifetime = get_lifetime(r)?;
-            let ext = r.bytes()?;
-            let initial = get_append(r)?;
+            let ext = r.owned_bytes()?;
+            let initial = get_append(r, Lens::Exact)?;
             Record::Create(CreateRec {
                 id,
                 key,
@@ -361,14 +361,14 @@ fn decode_payload(kind: u8, r: &mut Reader) -> Option<Record> {
                 initial,
             })
         }
-        KIND_APPEND => Record::Append(get_append(r)?),
+        KIND_APPEND => Record::Append(get_append(r, Lens::Exact)?),
         KIND_DELETE => Record::Delete { id: r.u64()? },
         KIND_SET_EXT => Record::SetExt {
             id: r.u64()?,
-            ext: r.bytes()?,
+            ext: r.owned_bytes()?,
         },
         KIND_IMAGE => Record::Image(get_image(r)?),
-        KIND_RELOCATE => Record::Relocate(get_append(r)?),
+        KIND_RELOCATE => Record::Relocate(get_append(r, Lens::Trailing)?),
         KIND_SNAPSHOT => Record::Snapshot {
             id: r.u64()?,
             meta: get_snapshot(r)?,
@@ -472,14 +472,14 @@ fn get_image(r: &mut Reader) -> Option<ImageRec> {
     let created_ms = r.u64()? as i64;
     let content_type = r.str()?;
     let lifetime = get_lifetime(r)?;
-    let ext = r.bytes()?;
+    let ext = r.owned_bytes()?;
     let tail = r.u64()?;
     let closed = r.flag()?;
     let seq_len = r.u32()?;
     let stream_seq = if seq_len == u32::MAX {
         None
     } else {
-        Some(r.take(seq_len as usize)?)
+        Some(r.owned(seq_len as usize)?)
     };
     let n = r.u32()? as usize;
     let mut producers = Vec::with_capacity(n.min(1024));
@@ -569,7 +569,19 @@ fn put_append_meta(out: &mut Vec<u8>, a: &AppendRec) {
     out.extend_from_slice(&(a.data.len() as u32).to_le_bytes());
 }
 
-fn get_append(r: &mut Reader) -> Option<AppendRec> {
+/// What the record lengths of an append-shaped record cover.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lens {
+    /// All of its data.
+    Exact,
+    /// The last bytes of its data. The cleaner moves a write operation whole, also when
+    /// retention has cut into it: the records before the retention point are no longer
+    /// indexed, so a Relocate record lists only the records after it, and its data starts
+    /// with bytes no reader can reach.
+    Trailing,
+}
+
+fn get_append(r: &mut Reader, lens: Lens) -> Option<AppendRec> {
     let id = r.u64()?;
     let start = r.u64()?;
     let close = r.flag()?;
@@ -577,7 +589,7 @@ fn get_append(r: &mut Reader) -> Option<AppendRec> {
     let stream_seq = if seq_len == u32::MAX {
         None
     } else {
-        Some(r.take(seq_len as usize)?)
+        Some(r.owned(seq_len as usize)?)
     };
     let producer = match r.u8()? {
         0 => None,
@@ -592,7 +604,11 @@ fn get_append(r: &mut Reader) -> Option<AppendRec> {
     let msg_lens = r.u32s()?;
     let data = r.bytes()?;
     let sum = |v: &[u32]| v.iter().map(|&l| l as u64).sum::<u64>();
-    if sum(&append_lens) != data.len() as u64 || sum(&msg_lens) != data.len() as u64 {
+    let records_fit = match lens {
+        Lens::Exact => sum(&msg_lens) == data.len() as u64,
+        Lens::Trailing => sum(&msg_lens) <= data.len() as u64,
+    };
+    if sum(&append_lens) != data.len() as u64 || !records_fit {
         return None;
     }
     Some(AppendRec {
@@ -672,6 +688,16 @@ impl Reader<'_> {
     fn bytes(&mut self) -> Option<Bytes> {
         let n = self.u32()? as usize;
         self.take(n)
+    }
+    /// A copy of the next `n` bytes, for metadata a stream keeps: a slice would pin the
+    /// whole buffer it came from (during recovery, a segment read whole) for as long as
+    /// the stream lives.
+    fn owned(&mut self, n: usize) -> Option<Bytes> {
+        self.take(n).map(|b| Bytes::copy_from_slice(&b))
+    }
+    fn owned_bytes(&mut self) -> Option<Bytes> {
+        let n = self.u32()? as usize;
+        self.owned(n)
     }
     fn str(&mut self) -> Option<Box<str>> {
         let b = self.bytes()?;
@@ -843,6 +869,68 @@ mod tests {
             decode_at(&patched(&append, close, 2), 0).err(),
             Some(FrameError::Malformed)
         );
+    }
+
+    #[test]
+    fn a_relocated_chunk_may_list_only_its_trailing_records() {
+        // A write of three records that retention cut after the first: the cleaner moves
+        // the whole write and lists the two records it still indexes.
+        let cut = AppendRec {
+            id: 7,
+            start: 100,
+            append_lens: vec![9],
+            msg_lens: vec![3, 3],
+            data: Bytes::from_static(b"{}\n{}\n{}\n"),
+            ..Default::default()
+        };
+        roundtrip(Record::Relocate(cut.clone()));
+        // The same shape as an append (or a creation's initial data) is malformed: there,
+        // the records cover the data exactly.
+        let mut out = Vec::new();
+        Record::Append(cut.clone()).encode(1, &mut out);
+        assert_eq!(
+            decode_at(&Bytes::from(out), 0).err(),
+            Some(FrameError::Malformed)
+        );
+        // More records than data is malformed for a relocation too.
+        let over = AppendRec {
+            msg_lens: vec![3, 3, 3, 3],
+            ..cut
+        };
+        let mut out = Vec::new();
+        Record::Relocate(over).encode(1, &mut out);
+        assert_eq!(
+            decode_at(&Bytes::from(out), 0).err(),
+            Some(FrameError::Malformed)
+        );
+    }
+
+    #[test]
+    fn metadata_does_not_pin_the_buffer_it_was_decoded_from() {
+        let rec = Record::Create(CreateRec {
+            id: 1,
+            key: "k".into(),
+            incarnation: 1,
+            created_ms: 0,
+            content_type: "text/plain".into(),
+            lifetime: Lifetime::Forever,
+            ext: Bytes::from_static(b"{\"a\":1}"),
+            initial: sample_append(),
+        });
+        let mut out = Vec::new();
+        rec.encode(1, &mut out);
+        let buf = Bytes::from(out);
+        let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+        let Record::Create(c) = decode_at(&buf, 0).expect("decodes").record else {
+            panic!("a create");
+        };
+        // A stream keeps its ext and Stream-Seq for as long as it lives; a slice would keep
+        // a whole segment read at recovery alive with them.
+        assert!(!range.contains(&(c.ext.as_ptr() as usize)));
+        let seq = c.initial.stream_seq.expect("seq");
+        assert!(!range.contains(&(seq.as_ptr() as usize)));
+        // Stream data stays zero-copy.
+        assert!(range.contains(&(c.initial.data.as_ptr() as usize)));
     }
 
     #[test]

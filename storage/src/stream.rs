@@ -71,6 +71,10 @@ impl Delta for Chunk {
         }
     }
 
+    fn origin() -> Chunk {
+        Chunk::new(0, 0, None)
+    }
+
     fn memo() -> &'static std::thread::LocalKey<RefCell<Memo<Chunk>>> {
         thread_local!(static MEMO: RefCell<Memo<Chunk>> = RefCell::new(Memo::default()));
         &MEMO
@@ -103,6 +107,11 @@ impl DiskLoc {
 }
 
 impl Chunk {
+    /// A chunk whose first record ordinal is not known yet (recovery numbers it).
+    pub(crate) fn unnumbered(start: u64, len: u32, loc: DiskLoc) -> Chunk {
+        Chunk::new(start, len, Some(loc))
+    }
+
     fn new(start: u64, len: u32, loc: Option<DiskLoc>) -> Chunk {
         let mut c = Chunk {
             start,
@@ -213,6 +222,9 @@ pub struct Stream {
     /// surviving ordinals never change.
     msg_starts: Packed<u64>,
     msg_base: u64,
+    /// Set when recovery inserted chunks out of order: their first messages are derived
+    /// again once the tables are complete.
+    renumber: bool,
     /// First readable offset (retention point); everything before it is gone.
     pub retained_start: u64,
     /// The visible snapshot.
@@ -245,6 +257,7 @@ impl Stream {
             cache: StreamCache::default(),
             msg_starts: Packed::default(),
             msg_base: 0,
+            renumber: false,
             retained_start: 0,
             snapshot: None,
             last_access_ms: Cell::new(now_ms),
@@ -272,33 +285,37 @@ impl Stream {
         s
     }
 
-    /// A stream loaded from a checkpoint: its image plus its chunk table and message index.
-    /// `finish_recovery` derives each chunk's first message afterwards.
+    /// A stream loaded from a checkpoint: its image plus its chunk table and message index
+    /// (pages of both may be in index files).
     pub(crate) fn from_checkpoint(
         i: &ImageRec,
-        chunks: Vec<(u64, u32, DiskLoc)>,
-        msg_starts: Vec<u64>,
+        chunks: Packed<Chunk>,
+        msg_starts: Packed<u64>,
+        numbered: bool,
         now_ms: i64,
     ) -> Stream {
         let mut s = Stream::from_image(i, now_ms);
-        s.chunks = Packed::from_entries(
-            chunks
-                .into_iter()
-                .map(|(start, len, loc)| Chunk::new(start, len, Some(loc)))
-                .collect(),
-        );
-        s.msg_starts = Packed::from_entries(msg_starts);
+        s.chunks = chunks;
+        s.msg_starts = msg_starts;
+        s.renumber = !numbered;
         s
     }
 
-    /// Start offsets of the retained messages (ordinal `first_message() + i` at index i).
-    pub(crate) fn message_starts(&self) -> impl Iterator<Item = u64> + '_ {
-        self.msg_starts.iter()
+    /// A stream from a checkpoint whose tables were in an index file that is missing or
+    /// torn: recovery rebuilds them from the log's records.
+    pub(crate) fn needing_rebuild(i: &ImageRec, now_ms: i64) -> Stream {
+        let mut s = Stream::from_image(i, now_ms);
+        s.renumber = true;
+        s
     }
 
-    /// Number of retained messages.
-    pub(crate) fn retained_messages(&self) -> usize {
-        self.msg_starts.len()
+    /// The chunk table and record index, for checkpoints and index files.
+    pub(crate) fn tables(&self) -> (&Packed<Chunk>, &Packed<u64>) {
+        (&self.chunks, &self.msg_starts)
+    }
+
+    pub(crate) fn tables_mut(&mut self) -> (&mut Packed<Chunk>, &mut Packed<u64>) {
+        (&mut self.chunks, &mut self.msg_starts)
     }
 
     /// Take the metadata of an image (replay: it is the state as of the image's LSN).
@@ -388,7 +405,11 @@ impl Stream {
             return;
         }
         self.chunks.insert(i, Chunk::new(start, len, Some(loc)));
-        let mut off = start;
+        self.renumber = true;
+        // A relocated chunk that retention cut into lists only the records after the cut
+        // (see `record::Lens::Trailing`): they are the chunk's last bytes.
+        let listed: u64 = msg_lens.iter().map(|&l| u64::from(l)).sum();
+        let mut off = start + u64::from(len).saturating_sub(listed);
         for &l in msg_lens.iter().filter(|&&l| l > 0) {
             let j = self.msg_starts.partition_point(|&m| m < off);
             if self.msg_starts.get(j) != Some(off) {
@@ -406,6 +427,30 @@ impl Stream {
         let base = self.msg_base;
         self.trim_index(self.retained_start);
         self.msg_base = base;
+        if !self.renumber {
+            // Tables from a checkpoint and appends replayed in order are complete and
+            // numbered already: check their ends only, without reading their pages.
+            self.chunks.freeze(0);
+            self.msg_starts.freeze(0);
+            let first = self.chunks.get(0);
+            // The last chunk is unpacked, in a frozen block, or (when the table is a whole
+            // number of pages) in the last page, which this reads once.
+            let end = self
+                .chunks
+                .len()
+                .checked_sub(1)
+                .and_then(|i| self.chunks.get(i))
+                .map(|c| c.end());
+            let ok = match (first, end) {
+                (Some(f), Some(e)) => f.start <= self.retained_start && e == self.tail,
+                _ => self.tail <= self.retained_start,
+            };
+            if !ok {
+                tracing::error!(stream = %self.key, tail = self.tail, "recovered chunks do not cover the stream");
+            }
+            return ok;
+        }
+        self.renumber = false;
         let mut chunks: Vec<Chunk> = self.chunks.iter().collect();
         let mut ok = chunks
             .first()
@@ -437,7 +482,9 @@ impl Stream {
         ok
     }
 
-    /// Chunks whose bytes live in `segment`, with their message lengths, for relocation.
+    /// Chunks whose bytes live in `segment`, with their message lengths, for relocation. A
+    /// chunk that retention cut into lists only the records from the retention point on;
+    /// they are its last bytes (a Relocate record allows that, `record::Lens::Trailing`).
     pub(crate) fn chunks_in_segment(&self, segment: u64) -> Vec<(u64, u32, DiskLoc, Vec<u32>)> {
         self.chunks
             .iter()
@@ -619,9 +666,14 @@ impl Stream {
         }
     }
 
-    /// Bytes of data the stream holds (live data, for space accounting).
+    /// Bytes of data the stream holds (live data, for space accounting): its chunks tile
+    /// it from the first retained one to the last.
     pub fn data_bytes(&self) -> u64 {
-        self.chunks.iter().map(|c| c.len as u64).sum()
+        let Some(first) = self.chunks.get(0) else {
+            return 0;
+        };
+        let last = self.chunks.get(self.chunks.len() - 1).unwrap_or(first);
+        last.end().saturating_sub(first.start)
     }
 
     /// The largest ordinal `e` in `(start, limit]` with records `[start, e)` ending at or
@@ -665,12 +717,14 @@ impl Stream {
     /// Returns the data bytes and cached bytes freed.
     fn trim_index(&mut self, offset: u64) -> (u64, usize) {
         let drop_chunks = self.chunks.partition_point(|c| c.end() <= offset);
-        let mut freed = 0;
-        self.chunks
-            .drop_front(drop_chunks, |c| freed += u64::from(c.len));
+        // Chunks tile the stream, so the bytes dropped are the distance between the old
+        // first chunk and the new one, found without reading the pages in between.
+        let before = self.data_bytes();
+        self.chunks.drop_front(drop_chunks);
+        let freed = before.saturating_sub(self.data_bytes());
         let cached = self.cache.trim(offset);
         let drop_msgs = self.msg_starts.partition_point(|&m| m < offset);
-        self.msg_starts.drop_front(drop_msgs, |_| {});
+        self.msg_starts.drop_front(drop_msgs);
         self.msg_base += drop_msgs as u64;
         (freed, cached)
     }
@@ -844,6 +898,19 @@ mod tests {
             ..Default::default()
         };
         s.apply_append(&a, 2, 0, None, true)
+    }
+
+    #[test]
+    fn recovery_checks_the_last_chunk_also_when_every_chunk_is_packed() {
+        // A whole number of blocks: freezing leaves no unpacked entry to take the end from.
+        for appends in [1, crate::packed::BLOCK, 2 * crate::packed::BLOCK, 300] {
+            let mut s = stream();
+            for _ in 0..appends {
+                append(&mut s, &["{}\n"], None);
+            }
+            assert!(s.finish_recovery(), "{appends} appends");
+            assert_eq!(s.chunks.len(), appends);
+        }
     }
 
     #[test]

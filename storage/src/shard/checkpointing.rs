@@ -1,5 +1,6 @@
-//! Checkpoints: when one is due, capturing the head state synchronously, and installing the
-//! file once the log is durable up to it (format in `crate::checkpoint`).
+//! Checkpoints: when one is due, writing the pages completed since the last roll to an index
+//! file, capturing the head state synchronously, and installing the file once the log is
+//! durable up to it (formats in `crate::checkpoint` and `crate::index`).
 
 use super::*;
 
@@ -12,6 +13,9 @@ impl Shard {
     /// fell by a third as it grew. The ratio keeps checkpoint writes at most a quarter of
     /// the log's, and a restart replays at most that many times the checkpoint it loads.
     pub(super) fn checkpoint_due(&self) -> bool {
+        if self.unindexed_segment().is_some() {
+            return true;
+        }
         let since = self.inner.logged_bytes.get() - self.inner.checkpointed_at.get();
         let interval = self.inner.cfg.checkpoint_bytes.max(
             self.inner
@@ -23,12 +27,13 @@ impl Shard {
     }
 
     /// Write a checkpoint of every stream at the current head of the log, so the next start
-    /// replays only what follows it. Returns false if nothing was written (memory mode, or
-    /// the cleaner is running).
+    /// replays only what follows it (waiting for a checkpoint or cleaning in progress).
+    /// Returns false if nothing was written (memory mode).
     pub async fn checkpoint(&self) -> Result<bool, StorageError> {
-        if self.memory() || self.inner.upkeep_busy.replace(true) {
+        if self.memory() {
             return Ok(false);
         }
+        self.wait_for_upkeep().await;
         let result = self.write_checkpoint().await;
         self.inner.upkeep_busy.set(false);
         result.map(|()| true)
@@ -46,8 +51,73 @@ impl Shard {
         result
     }
 
+    /// Take `upkeep_busy`, waiting for a checkpoint or a cleaning round in progress (the
+    /// upkeep task's, when a caller asks for one) to finish first.
+    pub(super) async fn wait_for_upkeep(&self) {
+        while self.inner.upkeep_busy.replace(true) {
+            monoio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The newest sealed segment whose roll has not written an index file yet.
+    pub(super) fn unindexed_segment(&self) -> Option<u64> {
+        let write_seg = self.inner.log.borrow().as_ref()?.write_seg;
+        let sealed = write_seg.checked_sub(1)?;
+        (sealed > self.inner.indexed_through.get()).then_some(sealed)
+    }
+
+    /// Write every page not in an index file yet to the index file of the newest sealed
+    /// segment, and let those pages leave memory. Callers hold `upkeep_busy`.
+    pub(super) async fn write_index(&self, dir: &Path) -> Result<(), StorageError> {
+        let Some(segment) = self.unindexed_segment() else {
+            return Ok(());
+        };
+        let mut pages = Vec::new();
+        for (&id, s) in self.inner.streams.borrow().iter() {
+            let (chunks, msgs) = s.tables();
+            pages.extend(chunks.unwritten_pages().map(|p| (id, true, p.clone())));
+            pages.extend(msgs.unwritten_pages().map(|p| (id, false, p.clone())));
+        }
+        if !pages.is_empty() {
+            let started = Instant::now();
+            let bytes: Vec<Bytes> = pages.iter().map(|p| p.2.clone()).collect();
+            let (file, offsets) = index::write(dir, self.inner.cfg.shard, segment, &bytes).await?;
+            let mut streams = self.inner.streams.borrow_mut();
+            for ((id, chunk_table, page), off) in pages.into_iter().zip(offsets) {
+                let Some(s) = streams.get_mut(&id) else {
+                    continue;
+                };
+                let at = crate::packed::DiskPage {
+                    file: file.clone(),
+                    off,
+                    len: page.len() as u32,
+                };
+                // A page that changed meanwhile (the cleaner moved a chunk) stays in memory
+                // for the next index file.
+                let (chunks, msgs) = s.tables_mut();
+                if chunk_table {
+                    chunks.page_written(&page, at);
+                } else {
+                    msgs.page_written(&page, at);
+                }
+            }
+            drop(streams);
+            self.inner.index_files.borrow_mut().insert(segment, file);
+            tracing::debug!(
+                shard = self.inner.cfg.shard,
+                segment,
+                pages = bytes.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "index file written"
+            );
+        }
+        self.inner.indexed_through.set(segment);
+        Ok(())
+    }
+
     pub(super) async fn write_checkpoint_in(&self, dir: &Path) -> Result<(), StorageError> {
         let started = Instant::now();
+        self.write_index(dir).await?;
         let (segment, offset) = match self.inner.log.borrow().as_ref() {
             Some(l) => (l.write_seg, l.write_end),
             None => return Ok(()),
@@ -61,12 +131,30 @@ impl Shard {
             blob_counter: self.inner.blob_counter.get(),
         };
         let logged = self.inner.logged_bytes.get();
-        // Captured synchronously, so it is exactly the head state after record `pos.lsn`.
+        // Captured synchronously, so it is exactly the head state after record `pos.lsn`;
+        // the core runs nothing else meanwhile (`encode_us` in the log below).
+        let encode_started = Instant::now();
         let image = checkpoint::encode(
             self.inner.cfg.shard,
             pos,
             self.inner.streams.borrow().values(),
+            self.inner
+                .segments
+                .borrow()
+                .iter()
+                .map(|(&seg, ids)| (seg, ids.iter().copied().collect())),
         );
+        // Index files no page points into: once this checkpoint (which does not name them)
+        // is installed, nothing needs them.
+        let unused: Vec<u64> = self
+            .inner
+            .index_files
+            .borrow()
+            .iter()
+            .filter(|(_, f)| Rc::strong_count(f) == 1)
+            .map(|(&seg, _)| seg)
+            .collect();
+        let encode_us = encode_started.elapsed().as_micros() as u64;
         let bytes = image.len();
         let tmp = dir.join(checkpoint::TMP_NAME);
         let file = std::fs::OpenOptions::new()
@@ -86,10 +174,16 @@ impl Shard {
         self.inner.checkpointed_at.set(logged);
         self.inner.checkpoint_size.set(bytes as u64);
         self.inner.checkpoint_segment.set(Some(pos.segment));
+        for seg in unused {
+            if let Some(f) = self.inner.index_files.borrow_mut().remove(&seg) {
+                f.remove()?;
+            }
+        }
         tracing::debug!(
             shard = self.inner.cfg.shard,
             lsn = pos.lsn,
             bytes,
+            encode_us,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "checkpoint written"
         );

@@ -33,9 +33,7 @@ impl Shard {
     /// the log and delete it. A segment is only deleted once a checkpoint covers it.
     /// Returns the number of segments removed.
     pub async fn clean(&self) -> Result<usize, StorageError> {
-        if self.inner.upkeep_busy.replace(true) {
-            return Ok(0);
-        }
+        self.wait_for_upkeep().await;
         let result = self.clean_while_wasteful().await;
         self.inner.upkeep_busy.set(false);
         result
@@ -43,6 +41,7 @@ impl Shard {
 
     pub(super) async fn clean_while_wasteful(&self) -> Result<usize, StorageError> {
         let mut removed = 0;
+        let round = self.inner.segments.borrow().len();
         loop {
             let write_seg = match self.inner.log.borrow().as_ref() {
                 Some(l) => l.write_seg,
@@ -66,6 +65,12 @@ impl Shard {
             }
             self.clean_segment(oldest).await?;
             removed += 1;
+            // Live data that fills most of a segment moves into a new one as fast as the
+            // old one goes: clean each segment at most once a round rather than copy the
+            // same data round forever.
+            if removed >= round {
+                return Ok(removed);
+            }
         }
     }
 

@@ -256,7 +256,9 @@ impl Shard {
     }
 }
 
-/// Resolves when an accepted change is durable (or the shard has failed).
+/// Resolves when an accepted change is durable (or the shard has failed). Dropping one
+/// unawaited acknowledges nothing, so it is a bug wherever a reply depends on it.
+#[must_use = "a change is durable only once its Commit resolves"]
 pub struct Commit {
     inner: Rc<Inner>,
     lsn: u64,

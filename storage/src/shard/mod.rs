@@ -29,6 +29,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
 use crate::checkpoint;
+use crate::index::{self, IndexFile};
 use crate::readback::{self, Part, Span, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
 use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
 use crate::segment::segment_path;
@@ -41,6 +42,8 @@ mod catalog;
 mod checkpointing;
 mod cleaner;
 mod commit;
+#[cfg(test)]
+mod index_tests;
 #[cfg(test)]
 mod model_tests;
 mod read;
@@ -99,6 +102,12 @@ pub struct ShardConfig {
     /// fills slower than this many bytes per second; 0 turns that off. Like spares, zeroing
     /// writes every block twice, so the default, 64 MB/s, is a small share of a disk.
     pub zero_ahead_below: u64,
+    /// Bytes of index pages (sealed parts of chunk tables and record indexes, read from
+    /// their index files) each core keeps cached.
+    pub index_cache_bytes: usize,
+    /// Lets tests roll the log every few KiB (below [`MIN_SEGMENT_BYTES`]); records that do
+    /// not fit are refused as too large.
+    pub(crate) tiny_segments: bool,
 }
 
 impl ShardConfig {
@@ -114,6 +123,8 @@ impl ShardConfig {
             fail_fsync_after: None,
             spare_fill_time: Duration::from_secs(2),
             zero_ahead_below: 64_000_000,
+            index_cache_bytes: crate::index::DEFAULT_INDEX_CACHE_BYTES,
+            tiny_segments: false,
         }
     }
 }
@@ -285,6 +296,10 @@ struct Inner {
     blob_counter: Cell<u64>,
     /// Ids for `Changed` futures, so each waiting task holds one waker slot.
     next_waiter: Cell<u64>,
+    /// Open index files by segment (see `crate::index`); pages hold them too.
+    index_files: RefCell<BTreeMap<u64, Rc<IndexFile>>>,
+    /// Segments up to this one are sealed and their pages written to an index file.
+    indexed_through: Cell<u64>,
 }
 
 impl Shard {
@@ -322,7 +337,10 @@ impl Shard {
             memory_blobs: RefCell::new(HashMap::new()),
             blob_counter: Cell::new(0),
             next_waiter: Cell::new(0),
+            index_files: RefCell::new(BTreeMap::new()),
+            indexed_through: Cell::new(0),
         });
+        index::set_cache_bytes(cfg.index_cache_bytes);
         let shard = Shard { inner };
         let mut report = RecoveryReport::default();
         if let Durability::Disk(root) = &cfg.durability {

@@ -13,8 +13,12 @@ impl Shard {
     ) -> Result<Log, StorageError> {
         let cfg = &self.inner.cfg;
         let indexes = segment::list_segments(dir)?;
-        let resume = self.load_checkpoint(dir)?;
+        let mut rebuild = FastSet::default();
+        let resume = self.load_checkpoint(dir, &mut rebuild)?;
         report.checkpoint_lsn = resume.map_or(0, |p| p.lsn);
+        if let Some(p) = resume.filter(|_| !rebuild.is_empty()) {
+            self.rebuild_tables(dir, &indexes, p.lsn, &rebuild)?;
+        }
         // With a checkpoint, replay starts right after its LSN at the position it names;
         // segments before that position are not read at all.
         let mut expected: Option<u64> = resume.map(|p| p.lsn + 1);
@@ -123,13 +127,22 @@ impl Shard {
             )));
         }
         let next_lsn = expected.unwrap_or(1);
+        // The segment replay continues in is not sealed; the ones before it were indexed by
+        // the checkpoint's roll, or their pages are in the checkpoint itself.
+        if let Some((index, ..)) = &tail {
+            self.inner.indexed_through.set(index.saturating_sub(1));
+        }
         self.inner.next_lsn.set(next_lsn);
         self.inner.durable_lsn.set(next_lsn - 1);
         let pool = BufPool::new(BATCH_BUF_BYTES, 4, POOLED_BUF_BYTES);
         let mut log = Log {
             dir: dir.to_path_buf(),
             shard: cfg.shard,
-            segment_bytes: align_up(cfg.segment_bytes.max(MIN_SEGMENT_BYTES) as usize) as u64,
+            segment_bytes: align_up(cfg.segment_bytes.max(if cfg.tiny_segments {
+                4 * DATA_START
+            } else {
+                MIN_SEGMENT_BYTES
+            }) as usize) as u64,
             write_seg: 0,
             write_end: DATA_START,
             files: HashMap::new(),
@@ -193,19 +206,10 @@ impl Shard {
         for &index in kept {
             segments.entry(index).or_default();
         }
-        // Segments before a checkpoint were not read; what the cleaner must preserve from
-        // them is the stream data, found through the chunk tables.
-        for s in self.inner.streams.borrow().values() {
-            for loc in s.chunks().filter_map(|c| c.loc()) {
-                if kept.binary_search(&loc.segment).is_err() {
-                    return Err(StorageError::Failed(format!(
-                        "stream {} has data in segment {}, which is missing",
-                        s.key, loc.segment
-                    )));
-                }
-                segments.entry(loc.segment).or_default().insert(s.id);
-            }
-        }
+        // Segments before a checkpoint were not read; the checkpoint's map says which
+        // streams have data in them. It may still name a segment the cleaner deleted
+        // after that checkpoint, once its chunks were relocated (replayed above).
+        segments.retain(|seg, _| kept.binary_search(seg).is_ok());
         if segments.is_empty() {
             segments.insert(1, FastSet::default());
         }
@@ -218,6 +222,7 @@ impl Shard {
     pub(super) fn load_checkpoint(
         &self,
         dir: &Path,
+        rebuild: &mut FastSet<StreamId>,
     ) -> Result<Option<checkpoint::Position>, StorageError> {
         let _ = std::fs::remove_file(dir.join(checkpoint::TMP_NAME));
         let path = checkpoint::path(dir);
@@ -226,18 +231,61 @@ impl Shard {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let (pos, saved) = checkpoint::decode(self.inner.cfg.shard, &file).map_err(|why| {
-            StorageError::Failed(format!(
-                "checkpoint {} is corrupt ({why}); the log before it may already be \
-                 reclaimed, so a full replay cannot stand in for it: restore this data \
-                 directory from a backup",
-                path.display()
-            ))
-        })?;
+        let shard = self.inner.cfg.shard;
+        let mut opened: BTreeMap<u64, Option<Rc<IndexFile>>> = BTreeMap::new();
+        let mut open_index = |segment: u64| {
+            opened
+                .entry(segment)
+                .or_insert_with(|| match IndexFile::open(dir, shard, segment) {
+                    Ok(f) => Some(Rc::new(f)),
+                    Err(why) => {
+                        tracing::warn!(
+                            shard,
+                            segment,
+                            "index file unusable ({why}); rebuilding from the log"
+                        );
+                        None
+                    }
+                })
+                .clone()
+        };
+        let (pos, saved, segments) =
+            checkpoint::decode(shard, &file, &mut open_index).map_err(|why| {
+                StorageError::Failed(format!(
+                    "checkpoint {} is corrupt ({why}); the log before it may already be \
+                     reclaimed, so a full replay cannot stand in for it: restore this data \
+                     directory from a backup",
+                    path.display()
+                ))
+            })?;
         let now = crate::now_ms();
         for st in saved {
-            let stream = Stream::from_checkpoint(&st.image, st.chunks, st.msg_starts, now);
+            let stream = match st.tables {
+                Some((chunks, msgs)) => {
+                    Stream::from_checkpoint(&st.image, chunks, msgs, !st.unnumbered, now)
+                }
+                None => {
+                    rebuild.insert(st.image.id);
+                    Stream::needing_rebuild(&st.image, now)
+                }
+            };
             self.insert_stream(stream, 0);
+        }
+        {
+            let mut map = self.inner.segments.borrow_mut();
+            for (seg, ids) in segments {
+                map.entry(seg).or_default().extend(ids);
+            }
+        }
+        // Index files the checkpoint does not name are left from a roll whose checkpoint
+        // was never installed.
+        for seg in index::list(dir)? {
+            match opened.get(&seg) {
+                Some(Some(f)) => {
+                    self.inner.index_files.borrow_mut().insert(seg, f.clone());
+                }
+                _ => std::fs::remove_file(index::index_path(dir, seg))?,
+            }
         }
         self.inner
             .next_id
@@ -338,6 +386,61 @@ impl Shard {
                 }
             }
         }
+    }
+}
+
+impl Shard {
+    /// Rebuild the chunk tables and record indexes of `ids` (whose pages were in an index
+    /// file that is missing or torn) from the records up to the checkpoint's `lsn`: every
+    /// Create, Append and Relocate of theirs still in the log. The cleaner relocates a
+    /// stream's live chunks before it deletes a segment, so they are all still there.
+    fn rebuild_tables(
+        &self,
+        dir: &Path,
+        indexes: &[u64],
+        lsn: u64,
+        ids: &FastSet<StreamId>,
+    ) -> Result<(), StorageError> {
+        tracing::warn!(
+            shard = self.inner.cfg.shard,
+            streams = ids.len(),
+            "rebuilding index pages from the log"
+        );
+        let mut streams = self.inner.streams.borrow_mut();
+        for &index in indexes {
+            let path = segment::segment_path(dir, index);
+            let buf = Bytes::from_owner(segment::read_whole(&path)?);
+            if SegmentHeader::decode(&buf).is_none() {
+                continue;
+            }
+            let mut pos = DATA_START as usize;
+            while let Ok(f) = decode_at(&buf, pos) {
+                if f.lsn > lsn {
+                    break;
+                }
+                let loc = DiskLoc {
+                    segment: index,
+                    record_pos: pos as u64,
+                    record_len: f.len as u32,
+                    data_off: 0,
+                };
+                pos += f.len;
+                let a = match f.record {
+                    Record::Create(c) if ids.contains(&c.id) => AppendRec {
+                        id: c.id,
+                        ..c.initial
+                    },
+                    Record::Append(a) | Record::Relocate(a) if ids.contains(&a.id) => a,
+                    _ => continue,
+                };
+                if let Some(s) = streams.get_mut(&a.id) {
+                    if a.start < s.tail {
+                        add_chunks(s, &a, loc.with_data(a.data.len()));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -57,6 +57,16 @@ async fn delete_all_but_every(shard: &Shard, ids: &[StreamId], k: usize) {
     }
 }
 
+/// Remove the checkpoint and index files, so the next open replays every segment. A roll
+/// writes both at the upkeep round after it, which on a loaded machine may fall inside a
+/// test's appends. Nothing was cleaned, so the log alone is complete.
+fn forget_checkpoint(seg_dir: &Path) {
+    let _ = std::fs::remove_file(checkpoint::path(seg_dir));
+    for seg in index::list(seg_dir).expect("list") {
+        std::fs::remove_file(index::index_path(seg_dir, seg)).expect("remove");
+    }
+}
+
 async fn read_all(shard: &Shard, key: &str) -> Vec<u8> {
     let id = shard.lookup(key).expect("stream exists");
     shard.read(id, 0, u64::MAX).await.expect("read").concat()
@@ -396,6 +406,7 @@ fn segments_roll_and_orphans_after_a_break_are_removed() {
         }
         stop_without_checkpoint(&shard).await;
     });
+    forget_checkpoint(&seg_dir);
     let segs = segment::list_segments(&seg_dir).expect("list");
     assert!(segs.len() >= 2, "expected a roll, got {segs:?}");
     block_on(async {
@@ -656,6 +667,7 @@ fn records_queued_across_several_segments_in_one_flush() {
         );
         stop_without_checkpoint(&shard).await;
     });
+    forget_checkpoint(&dir.path().join("shard-0"));
     block_on(async {
         let (shard, report) = Shard::open(cfg).await.expect("reopen");
         assert!(report.segments >= 3);

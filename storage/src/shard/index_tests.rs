@@ -1,0 +1,265 @@
+//! Sealed index pages: they leave memory for index files when the log rolls, lookups and
+//! reads through them are exact, and a restart (after a crash, a clean stop, or with an
+//! index file lost or torn) finds every offset and record again.
+
+use super::*;
+use crate::test_support::block_on;
+
+/// A stream as the test keeps it: its bytes and where each record starts.
+#[derive(Default)]
+struct Model {
+    bytes: Vec<u8>,
+    starts: Vec<u64>,
+    retained: u64,
+}
+
+fn config(dir: &Path) -> ShardConfig {
+    let mut cfg = ShardConfig::new(0, Durability::Disk(dir.to_path_buf()));
+    // The log rolls every 64 KiB, so the history spans many sealed segments.
+    cfg.tiny_segments = true;
+    cfg.segment_bytes = 64 << 10;
+    cfg.cache_bytes = 4096;
+    cfg.index_cache_bytes = 4096;
+    cfg.checkpoint_bytes = u64::MAX;
+    cfg
+}
+
+fn new_stream(key: &str) -> NewStream {
+    NewStream {
+        key: key.into(),
+        incarnation: 1,
+        created_ms: 1,
+        content_type: "application/json".into(),
+        lifetime: Lifetime::Forever,
+        ext: Bytes::new(),
+        initial: AppendRec::default(),
+    }
+}
+
+/// Append `n` appends of one or two records to each stream, interleaved.
+async fn fill(shard: &Shard, models: &mut [(StreamId, Model)], n: usize) {
+    for i in 0..n {
+        for (id, m) in models.iter_mut() {
+            let recs: Vec<String> = (0..1 + i % 2)
+                .map(|j| {
+                    format!(
+                        "{{\"i\":{i},\"j\":{j},\"pad\":\"{}\"}}\n",
+                        "x".repeat(i % 13)
+                    )
+                })
+                .collect();
+            for r in &recs {
+                m.starts.push(m.bytes.len() as u64);
+                m.bytes.extend_from_slice(r.as_bytes());
+            }
+            let data = recs.concat();
+            let a = AppendRec {
+                append_lens: vec![data.len() as u32],
+                msg_lens: recs.iter().map(|r| r.len() as u32).collect(),
+                data: Bytes::from(data),
+                ..Default::default()
+            };
+            let (_, c) = shard.append(*id, a).expect("append");
+            c.durable().await.expect("durable");
+        }
+    }
+}
+
+async fn check(shard: &Shard, models: &[(StreamId, Model)]) {
+    for (id, m) in models {
+        let tail = m.bytes.len() as u64;
+        let first = m.starts.partition_point(|&s| s < m.retained);
+        {
+            let s = shard.stream(*id).expect("stream");
+            assert_eq!((s.visible_tail, s.first_message()), (tail, first as u64));
+            assert_eq!(s.message_count(), m.starts.len() as u64);
+            for (ordinal, &start) in m.starts.iter().enumerate().skip(first) {
+                assert_eq!(s.message_start(ordinal as u64), Some(start), "#{ordinal}");
+                assert_eq!(s.message_at_or_after(start), ordinal as u64);
+                assert!(s.is_message_boundary(start));
+                assert!(!s.is_message_boundary(start + 1));
+                let c = s.chunk_at(start).expect("chunk");
+                assert!(c.start <= start && start < c.end());
+            }
+            assert_eq!(
+                s.data_bytes(),
+                tail - m.starts[first.min(m.starts.len() - 1)]
+            );
+        }
+        let whole = shard.read(*id, m.retained, u64::MAX).await.expect("read");
+        assert_eq!(whole.concat(), &m.bytes[m.retained as usize..]);
+        for k in 0..16u64 {
+            let from = m.retained + (k * 7919) % (tail - m.retained);
+            let to = (from + 1 + (k * 104_729) % 3000).min(tail);
+            let got = shard.read(*id, from, to).await.expect("read");
+            assert_eq!(
+                got.concat(),
+                &m.bytes[from as usize..to as usize],
+                "[{from}, {to})"
+            );
+        }
+    }
+}
+
+fn index_files(dir: &Path) -> Vec<PathBuf> {
+    let shard = dir.join("shard-0");
+    let mut out: Vec<PathBuf> = index::list(&shard)
+        .expect("list")
+        .into_iter()
+        .map(|seg| index::index_path(&shard, seg))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn sealed_pages_leave_memory_and_every_lookup_survives_restarts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path());
+    let mut models: Vec<(StreamId, Model)> = Vec::new();
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        for k in 0..3 {
+            let (id, c) = shard.create(new_stream(&format!("s{k}"))).expect("create");
+            c.durable().await.expect("durable");
+            models.push((id, Model::default()));
+        }
+        let index_bytes = |shard: &Shard, models: &[(StreamId, Model)]| -> usize {
+            models
+                .iter()
+                .map(|(id, _)| shard.stream(*id).expect("s").index_heap_bytes())
+                .sum()
+        };
+        fill(&shard, &mut models, 1500).await;
+        assert!(shard.checkpoint().await.expect("checkpoint"));
+        assert!(
+            !index_files(dir.path()).is_empty(),
+            "a roll wrote an index file"
+        );
+        let first = index_bytes(&shard, &models);
+        fill(&shard, &mut models, 1500).await;
+        assert!(shard.checkpoint().await.expect("checkpoint"));
+        let second = index_bytes(&shard, &models);
+        // Twice the history, hardly more memory: only each page's first entry stays.
+        assert!(second < first + first / 4, "{first} then {second} bytes");
+        // What stays is bounded per stream: fewer than a page of blocks and the newest
+        // entries.
+        assert!(
+            second < models.len() * 10_000,
+            "{second} bytes for 3 streams"
+        );
+        check(&shard, &models).await;
+        // Retention through written pages keeps the surviving ordinals.
+        let (id, m) = &mut models[1];
+        let offset = m.starts[1000];
+        shard
+            .retain(*id, offset)
+            .expect("retain")
+            .durable()
+            .await
+            .expect("durable");
+        m.retained = offset;
+        fill(&shard, &mut models, 300).await;
+        check(&shard, &models).await;
+        shard.halt().await.expect("halt");
+    });
+    // After a crash: the checkpoint's pages plus a replay of what followed it.
+    block_on(async {
+        let (shard, report) = Shard::open(cfg.clone()).await.expect("open");
+        assert!(report.checkpoint_lsn > 0);
+        check(&shard, &models).await;
+        fill(&shard, &mut models, 300).await;
+        shard.shutdown().await.expect("shutdown");
+    });
+    block_on(async {
+        let (shard, report) = Shard::open(cfg.clone()).await.expect("open");
+        assert_eq!(report.records, 0, "a clean stop leaves nothing to replay");
+        check(&shard, &models).await;
+        shard.shutdown().await.expect("shutdown");
+    });
+    // A lost index file and a torn one are rebuilt from the segments' records.
+    let files = index_files(dir.path());
+    assert!(files.len() >= 2, "{files:?}");
+    std::fs::remove_file(&files[0]).expect("remove");
+    let torn = std::fs::read(&files[1]).expect("read");
+    std::fs::write(&files[1], &torn[..torn.len() - 3]).expect("write");
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        check(&shard, &models).await;
+        shard.shutdown().await.expect("shutdown");
+    });
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        check(&shard, &models).await;
+    });
+}
+
+/// Copy a directory tree (the fixture is read-only input).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let dest = to.join(e.file_name());
+        if e.file_type().expect("type").is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).expect("copy");
+        }
+    }
+}
+
+/// `storage/tests/fixtures/format1` was written by the engine before index files: one
+/// segment, trimmed after its last record, and a format 1 checkpoint (every table inline).
+/// It holds streams s0..s2 of JSON appends made as [`fill`] makes them, 500 rounds, then
+/// s1 retained from its record 300 and a checkpoint, then 500 more rounds, then a crash.
+#[test]
+fn a_data_dir_from_before_index_files_opens_and_moves_to_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format1");
+    copy_tree(&fixture, dir.path());
+    let cfg = config(dir.path());
+    let mut models: Vec<(StreamId, Model)> = Vec::new();
+    block_on(async {
+        let (shard, report) = Shard::open(cfg.clone()).await.expect("open");
+        assert!(
+            report.checkpoint_lsn > 0,
+            "the format 1 checkpoint is loaded"
+        );
+        assert!(report.records > 0, "and the log after it replayed");
+        for k in 0..3 {
+            let id = shard.lookup(&format!("s{k}")).expect("stream");
+            models.push((id, Model::default()));
+        }
+        // Rebuild the model the fixture's writer followed, without touching the shard.
+        for i in 0..1000 {
+            for (k, (_, m)) in models.iter_mut().enumerate() {
+                for j in 0..1 + i % 2 {
+                    let r = format!(
+                        "{{\"i\":{i},\"j\":{j},\"pad\":\"{}\"}}\n",
+                        "x".repeat(i % 13)
+                    );
+                    m.starts.push(m.bytes.len() as u64);
+                    m.bytes.extend_from_slice(r.as_bytes());
+                }
+                if i == 499 && k == 1 {
+                    m.retained = m.starts[300];
+                }
+            }
+        }
+        check(&shard, &models).await;
+        // New appends roll the log: the inline pages move to an index file.
+        fill(&shard, &mut models, 1500).await;
+        assert!(shard.checkpoint().await.expect("checkpoint"));
+        assert!(!index_files(dir.path()).is_empty());
+        check(&shard, &models).await;
+        shard.halt().await.expect("halt");
+    });
+    let written =
+        std::fs::read(dir.path().join("shard-0").join(checkpoint::FILE_NAME)).expect("checkpoint");
+    assert_eq!(&written[12..16], &2u32.to_le_bytes(), "now format 2");
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        check(&shard, &models).await;
+        shard.shutdown().await.expect("shutdown");
+    });
+}
