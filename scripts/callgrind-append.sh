@@ -11,6 +11,8 @@
 # divided by the appends acknowledged. Kernel time (TCP, io_uring, the disk) is not in
 # the count: compare with `perf` for that.
 #
+# STREAMS sets the writer streams (default 100).
+#
 # Needs valgrind. Builds nothing: run `cargo build --release -p ursula-server -p
 # ursula-loadgen` first. Prints one line: appends, instructions, instructions per append.
 set -euo pipefail
@@ -44,7 +46,7 @@ done
 listening || { cat "$work/server.log" >&2; exit 1; }
 
 load() {
-    "$loadgen" write --streams 100 --payload 256 --duration "$1" --warmup 0s --cores 1 \
+    "$loadgen" write --streams "${STREAMS:-100}" --payload 256 --duration "$1" --warmup 0s --cores 1 \
         --target "http://127.0.0.1:$port" --surface compat --prefix cg
 }
 load 3s >/dev/null
