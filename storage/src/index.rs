@@ -293,16 +293,7 @@ pub(crate) async fn write(
         image.extend_from_slice(p);
     }
     let tmp = tmp_path(dir, segment);
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)?;
-    let file = monoio::fs::File::from_std(file)?;
-    let (res, _) = file.write_all_at(image, 0).await;
-    res?;
-    file.sync_all().await?;
-    drop(file);
+    crate::segment::write_synced(&tmp, image).await?;
     std::fs::rename(&tmp, index_path(dir, segment))?;
     crate::segment::sync_dir(dir)?;
     let opened = IndexFile::open(dir, shard, segment)

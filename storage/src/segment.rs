@@ -227,6 +227,20 @@ pub fn create_dir_durable(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Write `bytes` as the whole of the file at `tmp` (created or truncated) and sync it, on
+/// the core's io_uring: the first half of a replace-by-rename (index files, checkpoints).
+pub(crate) async fn write_synced(tmp: &Path, bytes: Vec<u8>) -> io::Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(tmp)?;
+    let file = monoio::fs::File::from_std(file)?;
+    let (res, _) = file.write_all_at(bytes, 0).await;
+    res?;
+    file.sync_all().await
+}
+
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     if crate::fault::skips().dirsync {
         return Ok(());

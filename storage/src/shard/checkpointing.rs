@@ -157,16 +157,7 @@ impl Shard {
         let encode_us = encode_started.elapsed().as_micros() as u64;
         let bytes = image.len();
         let tmp = dir.join(checkpoint::TMP_NAME);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        let file = monoio::fs::File::from_std(file)?;
-        let (res, _) = file.write_all_at(image, 0).await;
-        res?;
-        file.sync_all().await?;
-        drop(file);
+        segment::write_synced(&tmp, image).await?;
         // The checkpoint may only replace the log before it once that log is durable.
         self.commit(pos.lsn).durable().await?;
         std::fs::rename(&tmp, checkpoint::path(dir))?;
