@@ -10,8 +10,8 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::common::{
-    err_key, merge_all, parse_size, pattern, run_cores, setup_then_sync, status_key, Common,
-    Target, Window,
+    err_key, join_merged, merge_all, parse_size, pattern, run_cores, setup_then_sync, status_key,
+    Common, Target, Window,
 };
 use crate::http::{Body, Conn};
 use crate::stats::{Check, Stats};
@@ -81,11 +81,7 @@ pub fn run(args: &AppendMaxArgs, target: &Target, cores: usize) -> Result<Outcom
                     a.keep,
                 )));
             }
-            let mut parts = Vec::new();
-            for t in tasks {
-                parts.push(t.await);
-            }
-            Ok(merge_all(parts))
+            Ok(join_merged(tasks).await)
         }
     })?;
     let mut stats = merge_all(parts);

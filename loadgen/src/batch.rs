@@ -12,8 +12,8 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{
-    err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Rotation, Surface, Target,
-    Window,
+    err_key, join_merged, merge_all, run_cores, setup_then_sync, status_key, Common, Rotation,
+    Surface, Target, Window,
 };
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
@@ -157,11 +157,7 @@ pub fn run(args: &BatchArgs, target: &Target, cores: usize) -> Result<Outcome, S
                 };
                 tasks.push(monoio::spawn(sender(conn, job, win)));
             }
-            let mut parts = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                parts.push(t.await);
-            }
-            Ok(merge_all(parts))
+            Ok(join_merged(tasks).await)
         }
     })?;
     Ok(Outcome {

@@ -479,6 +479,15 @@ pub async fn setup_then_sync<T>(
 }
 
 /// Merges per-core stats.
+/// Wait for every task of a core and merge their statistics.
+pub async fn join_merged(tasks: Vec<monoio::task::JoinHandle<Stats>>) -> Stats {
+    let mut parts = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        parts.push(t.await);
+    }
+    merge_all(parts)
+}
+
 pub fn merge_all(parts: Vec<Stats>) -> Stats {
     let mut total = Stats::default();
     for p in parts {

@@ -29,7 +29,7 @@ use monoio::net::TcpStream;
 use serde::Serialize;
 use ursula_protocol::http1::ChunkedDecoder;
 
-use crate::common::{merge_all, run_cores, setup_then_sync, Common, Target};
+use crate::common::{join_merged, merge_all, run_cores, setup_then_sync, Common, Target};
 use crate::common::{Ctx, Window};
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
@@ -261,11 +261,7 @@ pub fn run(args: &FanoutArgs, target: &Target, cores: usize) -> Result<Outcome, 
                     tasks.push(monoio::spawn(w));
                 }
             }
-            let mut parts = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                parts.push(t.await);
-            }
-            Ok(merge_all(parts))
+            Ok(join_merged(tasks).await)
         }
     })?;
     let mut stats = merge_all(parts);

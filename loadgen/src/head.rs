@@ -7,7 +7,9 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::common::Window;
-use crate::common::{err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Target};
+use crate::common::{
+    err_key, join_merged, merge_all, run_cores, setup_then_sync, status_key, Common, Target,
+};
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
 use crate::Outcome;
@@ -49,11 +51,7 @@ pub fn run(args: &HeadArgs, target: &Target, cores: usize) -> Result<Outcome, St
             for (conn, path) in conns {
                 tasks.push(monoio::spawn(header(conn, path, win)));
             }
-            let mut parts = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                parts.push(t.await);
-            }
-            Ok(merge_all(parts))
+            Ok(join_merged(tasks).await)
         }
     })?;
     Ok(Outcome {

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::common::Window;
 use crate::common::{
-    err_key, merge_all, parse_size, pattern, run_cores, setup_append, setup_then_sync, status_key,
-    Common, Target,
+    err_key, join_merged, merge_all, parse_size, pattern, run_cores, setup_append, setup_then_sync,
+    status_key, Common, Target,
 };
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
@@ -135,11 +135,7 @@ pub fn run(args: &ReadArgs, target: &Target, cores: usize) -> Result<Outcome, St
                 let conn = Conn::new(t.addr, timeout);
                 tasks.push(monoio::spawn(reader(conn, path, a.max_bytes, a.view, win)));
             }
-            let mut parts = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                parts.push(t.await);
-            }
-            Ok(merge_all(parts))
+            Ok(join_merged(tasks).await)
         }
     })?;
     Ok(Outcome {

@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use crate::common::Window;
 use crate::common::{
-    err_key, merge_all, parse_size, pattern, run_cores, setup_append, setup_then_sync, status_key,
-    Common, Target,
+    err_key, join_merged, merge_all, parse_size, pattern, run_cores, setup_append, setup_then_sync,
+    status_key, Common, Target,
 };
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
@@ -86,11 +86,7 @@ pub fn run(args: &ReplayArgs, target: &Target, cores: usize) -> Result<Outcome, 
             for (c, path) in clients {
                 tasks.push(monoio::spawn(client(c, path, expect, win)));
             }
-            let mut parts = Vec::new();
-            for t in tasks {
-                parts.push(t.await);
-            }
-            Ok(merge_all(parts))
+            Ok(join_merged(tasks).await)
         }
     })?;
     Ok(Outcome {

@@ -14,7 +14,8 @@ use serde::Serialize;
 use ursula_protocol::offset::{format_offset, parse_offset, OffsetParam};
 
 use crate::common::{
-    err_key, merge_all, parse_size, run_cores, setup_then_sync, status_key, Common, Target, Window,
+    err_key, join_merged, merge_all, parse_size, run_cores, setup_then_sync, status_key, Common,
+    Target, Window,
 };
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
@@ -92,11 +93,7 @@ pub fn run(args: &SeekArgs, target: &Target, cores: usize) -> Result<Outcome, St
                     win,
                 )));
             }
-            let mut parts = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                parts.push(t.await);
-            }
-            Ok(merge_all(parts))
+            Ok(join_merged(tasks).await)
         }
     })?;
     Ok(Outcome {

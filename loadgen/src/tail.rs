@@ -10,7 +10,9 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::common::Window;
-use crate::common::{err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Target};
+use crate::common::{
+    err_key, join_merged, merge_all, run_cores, setup_then_sync, status_key, Common, Target,
+};
 use crate::http::{Body, Conn};
 use crate::stats::Stats;
 use crate::Outcome;
@@ -144,11 +146,7 @@ pub fn run(args: &TailArgs, target: &Target, cores: usize) -> Result<Outcome, St
                     readers as u64,
                 )));
             }
-            let mut parts = Vec::new();
-            for t in tasks {
-                parts.push(t.await);
-            }
-            Ok(merge_all(parts))
+            Ok(join_merged(tasks).await)
         }
     })?;
     let mut stats = merge_all(parts);
