@@ -8,6 +8,7 @@
 pub mod aligned;
 mod cache;
 mod checkpoint;
+pub mod cold;
 mod fault;
 mod index;
 mod packed;

@@ -105,6 +105,11 @@ pub struct ShardConfig {
     /// Bytes of index pages (sealed parts of chunk tables and record indexes, read from
     /// their index files) each core keeps cached.
     pub index_cache_bytes: usize,
+    /// The cold tier this shard's sealed segments are archived to, if any.
+    pub cold: Option<std::sync::Arc<dyn crate::cold::ColdStore>>,
+    /// Bytes of segment files this shard keeps on the local disk when it has a cold tier;
+    /// archived sealed segments beyond it are read from the cold tier instead.
+    pub local_bytes: Option<u64>,
     /// Lets tests roll the log every few KiB (below [`MIN_SEGMENT_BYTES`]); records that do
     /// not fit are refused as too large.
     pub(crate) tiny_segments: bool,
@@ -124,6 +129,8 @@ impl ShardConfig {
             spare_fill_time: Duration::from_secs(2),
             zero_ahead_below: 64_000_000,
             index_cache_bytes: crate::index::DEFAULT_INDEX_CACHE_BYTES,
+            cold: None,
+            local_bytes: None,
             tiny_segments: false,
         }
     }

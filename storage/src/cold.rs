@@ -1,0 +1,27 @@
+//! The engine's view of a cold tier: sealed segments that also live in object storage.
+//!
+//! The engine never talks to S3 itself: its cores run io_uring event loops, and the S3
+//! client runs on its own runtime. The server hands every shard one [`ColdStore`]; the
+//! engine asks it which sealed segments are safely archived (so their local files may go
+//! when the local disk budget is spent) and reads byte ranges of segments that are no
+//! longer local through it, in place of `pread`, on the same read path.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+
+use bytes::Bytes;
+
+/// A pending ranged read of an archived segment.
+pub type ColdRead = Pin<Box<dyn Future<Output = io::Result<Bytes>>>>;
+
+/// Where a shard's archived segments can be found again.
+pub trait ColdStore: Send + Sync + std::fmt::Debug {
+    /// Whether sealed segment `segment` of `shard` is archived whole and named by a
+    /// committed manifest, so that its local file may be deleted.
+    fn is_archived(&self, shard: u32, segment: u64) -> bool;
+
+    /// `len` bytes at byte `offset` of archived segment `segment` of `shard` (offsets are
+    /// positions in the segment file, header included).
+    fn read(&self, shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead;
+}
