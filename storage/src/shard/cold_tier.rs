@@ -9,8 +9,12 @@
 //!                                           one fetch per block, shared by every waiter,
 //!                                           admitted by the in-flight throttle,
 //!                                           awaited like any other I/O, then cached (LRU)
-//!  a reader moving forward block by block ──▶ the next READAHEAD_BLOCKS fetched unasked
+//!  after a read that needed cold data ──▶ the blocks holding the stream's next
+//!                                          READAHEAD_BYTES are fetched before it asks
 //! ```
+//!
+//! Readahead follows the stream, not the log: in a log shared by many streams, a stream's
+//! next chunks are rarely in the next block.
 //!
 //! Which segments are cold is not written down anywhere: a segment the checkpoint's segment
 //! map names, below the position recovery replays from, whose file is gone, is cold (see
@@ -28,8 +32,10 @@ use crate::cold::ColdStore;
 /// enough that a catch-up reader needs few requests (S3 charges per GET, and its first byte
 /// takes tens of milliseconds), small enough that a single-record read does not fetch much.
 pub const COLD_BLOCK_BYTES: u64 = 1 << 20;
-/// Blocks fetched ahead of a reader that moves forward through a cold segment.
-const READAHEAD_BLOCKS: u64 = 2;
+/// Stream bytes after a cold read whose blocks are fetched ahead of the reader, and the most
+/// blocks one read sets off that way.
+const READAHEAD_BYTES: u64 = 4 << 20;
+const READAHEAD_BLOCKS: usize = 4;
 /// Default bound of the fetched blocks each shard keeps in memory.
 pub const DEFAULT_COLD_CACHE_BYTES: usize = 64 << 20;
 /// Default bound of the bytes of cold fetches in flight per shard.
@@ -51,9 +57,6 @@ pub(super) struct ColdTier {
     in_flight: Cell<usize>,
     in_flight_limit: usize,
     throttled: RefCell<Vec<Waker>>,
-    /// The last block a reader asked for in each cold segment: how readahead tells a
-    /// sequential reader.
-    last_block: RefCell<HashMap<u64, u64>>,
 }
 
 impl ColdTier {
@@ -71,7 +74,6 @@ impl ColdTier {
             in_flight: Cell::new(0),
             in_flight_limit: cfg.cold_in_flight_bytes.max(1),
             throttled: RefCell::new(Vec::new()),
-            last_block: RefCell::new(HashMap::new()),
         }
     }
 
@@ -92,23 +94,12 @@ impl ColdTier {
     pub(super) fn forget(&self, segment: u64) {
         self.segments.borrow_mut().remove(&segment);
         self.sealed_at.borrow_mut().remove(&segment);
-        self.last_block.borrow_mut().remove(&segment);
         self.cache.borrow_mut().drop_segment(segment);
     }
 
     fn block_len(&self, k: u64) -> usize {
         let start = k * self.block;
         (self.block.min(self.segment_bytes.saturating_sub(start))) as usize
-    }
-
-    /// The block after block `k` of `segment` in the log, if it is in a cold segment.
-    fn next_block(&self, segment: u64, k: u64) -> Option<(u64, u64)> {
-        let next = if (k + 1) * self.block < self.segment_bytes {
-            (segment, k + 1)
-        } else {
-            (segment + 1, 0)
-        };
-        self.is_cold(next.0).then_some(next)
     }
 }
 
@@ -289,27 +280,11 @@ impl Shard {
         Ok((out.freeze(), start))
     }
 
-    /// Block `k` of cold `segment`, from the cache or fetched; a sequential reader's next
-    /// blocks are fetched ahead of it.
+    /// Block `k` of cold `segment`, from the cache or fetched.
     async fn cold_block(&self, segment: u64, k: u64) -> Result<Bytes, StorageError> {
         let Some(tier) = self.cold_tier() else {
             return Err(StorageError::Failed("cold read without a cold tier".into()));
         };
-        let sequential = {
-            let mut last = tier.last_block.borrow_mut();
-            if last.len() > 4096 {
-                last.clear();
-            }
-            let prev = last.insert(segment, k);
-            let prev_segment_end = (tier.segment_bytes - 1) / tier.block;
-            match prev {
-                Some(p) => p == k || p + 1 == k,
-                None => k == 0 && last.get(&(segment.wrapping_sub(1))) == Some(&prev_segment_end),
-            }
-        };
-        if sequential {
-            self.read_ahead(segment, k);
-        }
         let cached = tier.cache.borrow_mut().get((segment, k));
         let mut stats = self.inner.stats.get();
         if cached.is_some() {
@@ -330,27 +305,44 @@ impl Shard {
         })
     }
 
-    /// Start fetching the blocks after block `k` of `segment` that are neither cached nor
-    /// being fetched, while the throttle has room for them at once (readahead never waits
-    /// for room, so it cannot delay a reader's own fetches).
-    fn read_ahead(&self, segment: u64, k: u64) {
+    /// After a read of stream `id` up to `to` that needed cold data: start fetching the
+    /// cold blocks that hold the stream's next [`READAHEAD_BYTES`], unless cached or being
+    /// fetched, while the throttle has room for them at once (readahead never waits for
+    /// room, so it cannot delay a reader's own fetches).
+    pub(super) fn read_ahead(&self, id: StreamId, to: u64) {
         let Some(tier) = self.cold_tier() else { return };
-        let mut at = (segment, k);
-        for _ in 0..READAHEAD_BLOCKS {
-            let Some(next) = tier.next_block(at.0, at.1) else {
-                return;
+        let plan = match self.inner.streams.borrow_mut().get_mut(&id) {
+            Some(s) => s.read_plan(to, to.saturating_add(READAHEAD_BYTES)),
+            None => return,
+        };
+        // Blocks fetched ahead must not push each other out of the cache before use.
+        let most = READAHEAD_BLOCKS.min(tier.cache.borrow().limit / tier.block as usize / 2);
+        let mut started = 0;
+        for piece in plan {
+            let Piece::Disk { loc, .. } = piece else {
+                continue;
             };
-            at = next;
-            if tier.cache.borrow().contains(next) || tier.fetches.borrow().contains_key(&next) {
+            if !tier.is_cold(loc.segment) {
                 continue;
             }
-            if tier.in_flight.get() + tier.block_len(next.1) > tier.in_flight_limit {
-                return;
+            let first = loc.record_pos / tier.block;
+            let last = (loc.record_pos + u64::from(loc.record_len) - 1) / tier.block;
+            for k in first..=last {
+                let key = (loc.segment, k);
+                if tier.cache.borrow().contains(key) || tier.fetches.borrow().contains_key(&key) {
+                    continue;
+                }
+                if started >= most
+                    || tier.in_flight.get() + tier.block_len(k) > tier.in_flight_limit
+                {
+                    return;
+                }
+                self.fetch_block(loc.segment, k);
+                started += 1;
+                let mut stats = self.inner.stats.get();
+                stats.cold_prefetches += 1;
+                self.inner.stats.set(stats);
             }
-            self.fetch_block(next.0, next.1);
-            let mut stats = self.inner.stats.get();
-            stats.cold_prefetches += 1;
-            self.inner.stats.set(stats);
         }
     }
 

@@ -53,6 +53,7 @@ impl Shard {
                 }
             }
         }
+        let cold = spans.iter().any(|s| s.file.is_none());
         let mut spans = spans.into_iter().peekable();
         while spans.peek().is_some() {
             let mut batch = Vec::new();
@@ -76,6 +77,10 @@ impl Shard {
                 let (buf, buf_pos) = result?;
                 self.place_span(id, span, &buf, buf_pos, &mut out)?;
             }
+        }
+        if cold {
+            let end = from.saturating_add(out.iter().map(|b| b.len() as u64).sum());
+            self.read_ahead(id, end);
         }
         self.evict_over_budget();
         Ok(out)
