@@ -57,6 +57,8 @@ pub(super) struct ColdTier {
     in_flight: Cell<usize>,
     in_flight_limit: usize,
     throttled: RefCell<Vec<Waker>>,
+    /// Fetches started by readahead that no reader has joined yet.
+    ahead_in_flight: Cell<usize>,
 }
 
 impl ColdTier {
@@ -74,6 +76,7 @@ impl ColdTier {
             in_flight: Cell::new(0),
             in_flight_limit: cfg.cold_in_flight_bytes.max(1),
             throttled: RefCell::new(Vec::new()),
+            ahead_in_flight: Cell::new(0),
         }
     }
 
@@ -297,6 +300,9 @@ impl Shard {
             return Ok(block);
         }
         let fetch = self.fetch_block(segment, k);
+        if fetch.ahead.replace(false) {
+            tier.ahead_in_flight.set(tier.ahead_in_flight.get() - 1);
+        }
         fetch.wait().await.map_err(|why| {
             StorageError::Io(io::Error::other(format!(
                 "cold read of segment {segment} at {}: {why}",
@@ -315,8 +321,9 @@ impl Shard {
             Some(s) => s.read_plan(to, to.saturating_add(READAHEAD_BYTES)),
             None => return,
         };
-        // Blocks fetched ahead must not push each other out of the cache before use.
-        let most = READAHEAD_BLOCKS.min(tier.cache.borrow().limit / tier.block as usize / 2);
+        // Blocks fetched ahead for all readers together, not read yet, may fill half the
+        // cache: more would push each other (and blocks in use) out before they are read.
+        let unread_most = tier.cache.borrow().limit / tier.block as usize / 2;
         let mut started = 0;
         for piece in plan {
             let Piece::Disk { loc, .. } = piece else {
@@ -332,12 +339,15 @@ impl Shard {
                 if tier.cache.borrow().contains(key) || tier.fetches.borrow().contains_key(&key) {
                     continue;
                 }
-                if started >= most
+                let unread = tier.cache.borrow().unread + tier.ahead_in_flight.get();
+                if started == READAHEAD_BLOCKS
+                    || unread >= unread_most
                     || tier.in_flight.get() + tier.block_len(k) > tier.in_flight_limit
                 {
                     return;
                 }
-                self.fetch_block(loc.segment, k);
+                self.fetch_block(loc.segment, k).ahead.set(true);
+                tier.ahead_in_flight.set(tier.ahead_in_flight.get() + 1);
                 started += 1;
                 let mut stats = self.inner.stats.get();
                 stats.cold_prefetches += 1;
@@ -373,6 +383,10 @@ impl Shard {
                 w.wake();
             }
             tier.fetches.borrow_mut().remove(&(segment, k));
+            let unread = done.ahead.replace(false);
+            if unread {
+                tier.ahead_in_flight.set(tier.ahead_in_flight.get() - 1);
+            }
             let result = match result {
                 Ok(block) => {
                     let mut stats = shard.inner.stats.get();
@@ -381,7 +395,9 @@ impl Shard {
                     shard.inner.stats.set(stats);
                     // A segment cleaned meanwhile is not cached again.
                     if tier.is_cold(segment) {
-                        tier.cache.borrow_mut().insert((segment, k), block.clone());
+                        tier.cache
+                            .borrow_mut()
+                            .insert((segment, k), block.clone(), unread);
                     }
                     Ok(block)
                 }
@@ -414,6 +430,8 @@ async fn admit(tier: &ColdTier, len: usize) {
 struct Fetch {
     result: RefCell<Option<Result<Bytes, String>>>,
     waiters: RefCell<Vec<Waker>>,
+    /// Started by readahead, and no reader has joined it yet.
+    ahead: Cell<bool>,
 }
 
 impl Fetch {
@@ -438,12 +456,20 @@ impl Fetch {
 
 /// Fetched blocks, least recently used out once they exceed their byte budget.
 struct BlockCache {
-    blocks: HashMap<(u64, u64), (Bytes, u64)>,
+    blocks: HashMap<(u64, u64), Cached>,
     /// Use stamp → block, oldest first.
     order: BTreeMap<u64, (u64, u64)>,
     clock: u64,
     bytes: usize,
     limit: usize,
+    /// Blocks read ahead that nobody has read yet.
+    unread: usize,
+}
+
+struct Cached {
+    block: Bytes,
+    stamp: u64,
+    unread: bool,
 }
 
 impl BlockCache {
@@ -454,6 +480,7 @@ impl BlockCache {
             clock: 0,
             bytes: 0,
             limit,
+            unread: 0,
         }
     }
 
@@ -462,37 +489,56 @@ impl BlockCache {
     }
 
     fn get(&mut self, key: (u64, u64)) -> Option<Bytes> {
-        let (block, stamp) = self.blocks.get_mut(&key)?;
-        self.order.remove(stamp);
+        let c = self.blocks.get_mut(&key)?;
+        self.order.remove(&c.stamp);
         self.clock += 1;
-        *stamp = self.clock;
+        c.stamp = self.clock;
         self.order.insert(self.clock, key);
-        Some(block.clone())
+        if std::mem::take(&mut c.unread) {
+            self.unread -= 1;
+        }
+        Some(c.block.clone())
     }
 
-    fn insert(&mut self, key: (u64, u64), block: Bytes) {
+    /// Cache `block`; `unread` if it was read ahead and nobody has read it yet.
+    fn insert(&mut self, key: (u64, u64), block: Bytes, unread: bool) {
         if block.len() > self.limit {
             return;
         }
         self.remove(key);
         self.clock += 1;
         self.bytes += block.len();
-        self.blocks.insert(key, (block, self.clock));
-        self.order.insert(self.clock, key);
+        self.unread += usize::from(unread);
+        let stamp = self.clock;
+        self.blocks.insert(
+            key,
+            Cached {
+                block,
+                stamp,
+                unread,
+            },
+        );
+        self.order.insert(stamp, key);
         while self.bytes > self.limit {
             let Some((_, oldest)) = self.order.pop_first() else {
                 break;
             };
-            if let Some((b, _)) = self.blocks.remove(&oldest) {
-                self.bytes -= b.len();
-            }
+            self.forget(oldest);
         }
     }
 
     fn remove(&mut self, key: (u64, u64)) {
-        if let Some((b, stamp)) = self.blocks.remove(&key) {
-            self.order.remove(&stamp);
-            self.bytes -= b.len();
+        if let Some(c) = self.blocks.get(&key) {
+            self.order.remove(&c.stamp);
+            self.forget(key);
+        }
+    }
+
+    /// Drop a block whose stamp is already out of `order`.
+    fn forget(&mut self, key: (u64, u64)) {
+        if let Some(c) = self.blocks.remove(&key) {
+            self.bytes -= c.block.len();
+            self.unread -= usize::from(c.unread);
         }
     }
 
@@ -517,17 +563,22 @@ mod tests {
     fn the_block_cache_drops_the_least_recently_used_first() {
         let mut c = BlockCache::new(3);
         let b = || Bytes::from_static(b"x");
-        c.insert((1, 0), b());
-        c.insert((1, 1), b());
-        c.insert((1, 2), b());
+        c.insert((1, 0), b(), false);
+        c.insert((1, 1), b(), true);
+        c.insert((1, 2), b(), true);
+        assert_eq!(c.unread, 2);
         assert!(c.get((1, 0)).is_some(), "touched: now the newest");
-        c.insert((2, 0), b());
+        assert!(c.get((1, 2)).is_some(), "read: no longer unread");
+        assert_eq!(c.unread, 1);
+        c.insert((2, 0), b(), false);
+        assert_eq!(c.unread, 0, "the unread block went unread");
         assert!(!c.contains((1, 1)), "the least recently used went");
         assert!(c.contains((1, 0)) && c.contains((1, 2)) && c.contains((2, 0)));
+        assert_eq!(c.order.len(), 3);
         assert_eq!(c.bytes, 3);
         c.drop_segment(1);
         assert_eq!((c.bytes, c.blocks.len(), c.order.len()), (1, 1, 1));
-        c.insert((3, 0), Bytes::from_static(b"toolarge"));
+        c.insert((3, 0), Bytes::from_static(b"toolarge"), false);
         assert!(
             !c.contains((3, 0)),
             "a block larger than the cache is not kept"
