@@ -137,6 +137,9 @@ impl Shard {
     /// after the checkpoint's position (recovery replays from there and needs it locally),
     /// never one the cleaner is working on (both hold `upkeep_busy`). Returns how many left.
     pub async fn evict_archived(&self) -> Result<usize, StorageError> {
+        if self.cold_tier().is_none() || self.inner.cfg.local_bytes.is_none() {
+            return Ok(0);
+        }
         self.wait_for_upkeep().await;
         let result = self.evict_over_local_budget();
         self.inner.upkeep_busy.set(false);
