@@ -136,23 +136,58 @@ impl Shard {
     /// local segment files exceed `local_bytes`. Never the open segment, never one at or
     /// after the checkpoint's position (recovery replays from there and needs it locally),
     /// never one the cleaner is working on (both hold `upkeep_busy`). Returns how many left.
+    ///
+    /// The files are unlinked on a helper thread, awaited without holding the core: on the
+    /// core's thread, unlinking preallocated segments took appends' p99 to 150-200 ms
+    /// (47-58 ms without eviction); off it, 103-108 ms against 32 ms in the same run, the
+    /// rest being the disk freeing their extents (storage bench, `cold` section). No
+    /// directory sync is needed: a file that comes back after a crash is simply a local
+    /// segment again.
     pub async fn evict_archived(&self) -> Result<usize, StorageError> {
         if self.cold_tier().is_none() || self.inner.cfg.local_bytes.is_none() {
             return Ok(0);
         }
         self.wait_for_upkeep().await;
-        let result = self.evict_over_local_budget();
+        let doomed = self.evict_over_local_budget();
         self.inner.upkeep_busy.set(false);
-        result
+        let doomed = doomed?;
+        if doomed.is_empty() {
+            return Ok(0);
+        }
+        let evicted = doomed.len();
+        let unlink = std::thread::Builder::new()
+            .name(format!("ursula-evict-{}", self.inner.cfg.shard))
+            .spawn(move || -> io::Result<()> {
+                for path in doomed {
+                    match std::fs::remove_file(&path) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                        _ => {}
+                    }
+                }
+                Ok(())
+            })?;
+        while !unlink.is_finished() {
+            monoio::time::sleep(Duration::from_millis(1)).await;
+        }
+        match unlink.join() {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(StorageError::Failed(
+                    "segment unlink thread panicked".into(),
+                ))
+            }
+        }
+        Ok(evicted)
     }
 
-    /// Callers hold `upkeep_busy`.
-    pub(super) fn evict_over_local_budget(&self) -> Result<usize, StorageError> {
+    /// Mark the segments to evict cold and let go of their handles; returns the files to
+    /// delete. Callers hold `upkeep_busy`.
+    pub(super) fn evict_over_local_budget(&self) -> Result<Vec<PathBuf>, StorageError> {
         let (Some(tier), Some(budget)) = (self.cold_tier(), self.inner.cfg.local_bytes) else {
-            return Ok(0);
+            return Ok(Vec::new());
         };
         let Some(checkpoint_segment) = self.inner.checkpoint_segment.get() else {
-            return Ok(0);
+            return Ok(Vec::new());
         };
         let Some((write_seg, dir)) = self
             .inner
@@ -161,12 +196,12 @@ impl Shard {
             .as_ref()
             .map(|l| (l.write_seg, l.dir.clone()))
         else {
-            return Ok(0);
+            return Ok(Vec::new());
         };
         let seg_bytes = self.segment_bytes();
         let mut local = self.local_segments() as u64 * seg_bytes;
         if local <= budget {
-            return Ok(0);
+            return Ok(Vec::new());
         }
         let candidates: Vec<u64> = self
             .inner
@@ -176,7 +211,7 @@ impl Shard {
             .copied()
             .filter(|&s| s < write_seg && s < checkpoint_segment && !tier.is_cold(s))
             .collect();
-        let mut evicted = 0;
+        let mut doomed = Vec::new();
         for segment in candidates {
             if local <= budget {
                 break;
@@ -191,22 +226,14 @@ impl Shard {
             if let Some(log) = self.inner.log.borrow_mut().as_mut() {
                 log.files.remove(&segment);
             }
-            match std::fs::remove_file(segment_path(&dir, segment)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e.into()),
-            }
+            doomed.push(segment_path(&dir, segment));
             local -= seg_bytes;
-            evicted += 1;
             tracing::debug!(shard = self.inner.cfg.shard, segment, "segment evicted");
         }
-        if evicted > 0 {
-            segment::sync_dir(&dir)?;
-            let mut stats = self.inner.stats.get();
-            stats.evicted_segments += evicted as u64;
-            self.inner.stats.set(stats);
-        }
-        Ok(evicted)
+        let mut stats = self.inner.stats.get();
+        stats.evicted_segments += doomed.len() as u64;
+        self.inner.stats.set(stats);
+        Ok(doomed)
     }
 
     /// The error for a full disk: with a cold tier, it names the sealed segments that
