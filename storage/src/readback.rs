@@ -41,7 +41,8 @@ pub(crate) struct Part {
 
 /// A contiguous, block-aligned range of one segment file covering one or more records.
 pub(crate) struct Span {
-    pub file: Rc<monoio::fs::File>,
+    /// The local segment file; `None` for a segment only in the cold tier.
+    pub file: Option<Rc<monoio::fs::File>>,
     pub segment: u64,
     /// Segment positions of the first record and the end of the last (not aligned).
     pub start: u64,
@@ -50,7 +51,7 @@ pub(crate) struct Span {
 }
 
 impl Span {
-    pub(crate) fn new(file: Rc<monoio::fs::File>, part: Part) -> Span {
+    pub(crate) fn new(file: Option<Rc<monoio::fs::File>>, part: Part) -> Span {
         Span {
             file,
             segment: part.loc.segment,
@@ -80,11 +81,6 @@ impl Span {
     /// Bytes the read of this span transfers.
     pub(crate) fn read_len(&self) -> u64 {
         (align_up(self.end as usize) - align_down(self.start as usize)) as u64
-    }
-
-    /// Read the span. Returns the bytes and the segment position of their first byte.
-    pub(crate) async fn read(&self) -> std::io::Result<(Bytes, u64)> {
-        read_aligned(&self.file, self.start, self.end).await
     }
 }
 
@@ -153,7 +149,7 @@ mod tests {
     fn span(first: Part) -> Span {
         let file = std::fs::File::open("/dev/null").expect("open /dev/null");
         let file = Rc::new(monoio::fs::File::from_std(file).expect("wrap"));
-        Span::new(file, first)
+        Span::new(Some(file), first)
     }
 
     #[test]

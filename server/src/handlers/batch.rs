@@ -73,7 +73,10 @@ impl Ack {
     fn storage(e: StorageError, tail: u64) -> Ack {
         let error = match e {
             // The engine's own text stays in the log; the frame gets a fixed reason.
-            StorageError::NoSpace | StorageError::TooLarge | StorageError::Busy => e.into(),
+            StorageError::NoSpace
+            | StorageError::NoSpaceUnarchived(_)
+            | StorageError::TooLarge
+            | StorageError::Busy => e.into(),
             _ => ApiError::Unavailable("storage unavailable".into()),
         };
         Ack::Failed {

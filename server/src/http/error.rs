@@ -75,7 +75,8 @@ pub enum ApiError {
     NotImplemented(&'static str),
     /// Retry later: a queue is full, a core is gone, or the shard refuses writes.
     Unavailable(Cow<'static, str>),
-    InsufficientStorage,
+    /// The disk is full; the reason may name why nothing can leave it (the archive lag).
+    InsufficientStorage(Cow<'static, str>),
 }
 
 impl ApiError {
@@ -117,7 +118,7 @@ impl ApiError {
             HeaderTooLarge => 431,
             NotImplemented(_) => 501,
             Unavailable(_) => 503,
-            InsufficientStorage => 507,
+            InsufficientStorage(_) => 507,
         }
     }
 
@@ -168,7 +169,7 @@ impl ApiError {
             HeaderTooLarge => "header_too_large",
             NotImplemented(_) => "not_implemented",
             Unavailable(_) => "unavailable",
-            InsufficientStorage => "insufficient_storage",
+            InsufficientStorage(_) => "insufficient_storage",
         }
     }
 
@@ -191,7 +192,7 @@ impl ApiError {
             | OffsetTrimmed(r)
             | NotImplemented(r) => r,
             MethodNotAllowed { reason, .. } => reason,
-            PayloadTooLarge(r) | Unavailable(r) => r,
+            PayloadTooLarge(r) | Unavailable(r) | InsufficientStorage(r) => r,
             InvalidBucketId => "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
             InvalidJson => "body is not a single JSON text",
             EmptyJsonArray => "an append of [] adds nothing",
@@ -221,7 +222,6 @@ impl ApiError {
             RecordPreconditionFailed => "record tail has moved",
             UnsupportedEncoding => "request bodies must not be compressed",
             HeaderTooLarge => "request headers exceed 64 KiB",
-            InsufficientStorage => "disk full",
         }
     }
 
@@ -256,7 +256,10 @@ impl From<ApiError> for Response {
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> ApiError {
         match e {
-            StorageError::NoSpace => ApiError::InsufficientStorage,
+            StorageError::NoSpace => ApiError::InsufficientStorage("disk full".into()),
+            StorageError::NoSpaceUnarchived(lag) => {
+                ApiError::InsufficientStorage(format!("disk full; {lag}").into())
+            }
             StorageError::TooLarge => ApiError::PayloadTooLarge("too large".into()),
             StorageError::Busy => ApiError::Unavailable("write queue full; retry shortly".into()),
             other => ApiError::Unavailable(other.to_string().into()),
@@ -293,6 +296,15 @@ mod tests {
         .response();
         assert_eq!(r.status, 405);
         assert!(r.headers.contains(&("allow", "GET".to_string())));
+        let r = ApiError::from(StorageError::NoSpaceUnarchived(
+            "archive lag: 3 segments".into(),
+        ))
+        .response();
+        assert_eq!(r.status, 507);
+        assert_eq!(
+            body(&r),
+            "insufficient_storage: disk full; archive lag: 3 segments\n"
+        );
         let r = ApiError::from(StorageError::Busy).response();
         assert_eq!(r.status, 503);
         assert!(r.headers.contains(&("retry-after", "1".to_string())));

@@ -10,12 +10,16 @@ impl Shard {
             .set(self.inner.live_bytes.get() + bytes);
     }
 
-    /// Segment files and the bytes they occupy (preallocated size), and live data bytes.
+    /// Segments and the bytes they occupy (preallocated size; local and cold), the local
+    /// part of them, and live data bytes.
     pub fn disk_usage(&self) -> DiskUsage {
         let segments = self.inner.segments.borrow().len();
+        let local = self.local_segments();
         DiskUsage {
             segments,
             segment_bytes: segments as u64 * self.segment_bytes(),
+            local_segments: local,
+            local_segment_bytes: local as u64 * self.segment_bytes(),
             live_bytes: self.inner.live_bytes.get(),
         }
     }
@@ -31,6 +35,12 @@ impl Shard {
     /// Reclaim space: while the segment files take more than twice the live data (plus the
     /// segment being written), move the live content of the oldest segment to the head of
     /// the log and delete it. A segment is only deleted once a checkpoint covers it.
+    ///
+    /// The rule counts cold segments as well as local ones: the log is one log wherever its
+    /// segments are, and dead data in the cold tier costs storage too. Cleaning a cold
+    /// segment reads its live chunks through the cold tier (throttled like any cold read);
+    /// its objects become unreferenced once the next checkpoint no longer names it. The
+    /// local disk is bounded by eviction, not by cleaning.
     /// Returns the number of segments removed.
     pub async fn clean(&self) -> Result<usize, StorageError> {
         self.wait_for_upkeep().await;
@@ -128,10 +138,17 @@ impl Shard {
         }
         self.inner.segments.borrow_mut().remove(&segment);
         self.inner.readers.borrow_mut().remove(&segment);
+        let cold = self.is_cold(segment);
+        if let Some(tier) = self.cold_tier() {
+            // Its objects in the cold tier go once no checkpoint names the segment.
+            tier.forget(segment);
+        }
         if let Some(log) = self.inner.log.borrow_mut().as_mut() {
             log.files.remove(&segment);
-            std::fs::remove_file(segment_path(&log.dir, segment))?;
-            segment::sync_dir(&log.dir)?;
+            if !cold {
+                std::fs::remove_file(segment_path(&log.dir, segment))?;
+                segment::sync_dir(&log.dir)?;
+            }
         }
         tracing::debug!(shard = self.inner.cfg.shard, segment, "segment reclaimed");
         Ok(())
@@ -141,8 +158,12 @@ impl Shard {
 /// Space taken by a shard's log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiskUsage {
+    /// Segments of the log, local or only in the cold tier.
     pub segments: usize,
-    /// Preallocated bytes of all segment files.
+    /// Preallocated bytes of all segment files, local or cold.
     pub segment_bytes: u64,
+    /// The segment files on the local disk, and their bytes.
+    pub local_segments: usize,
+    pub local_segment_bytes: u64,
     pub live_bytes: u64,
 }

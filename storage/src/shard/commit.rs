@@ -44,8 +44,22 @@ impl Shard {
         }
         let lsn = self.inner.next_lsn.get();
         let mut loc = None;
-        if let Some(log) = self.inner.log.borrow_mut().as_mut() {
-            let at = log.enqueue(record, lsn, create_effect)?;
+        let mut guard = self.inner.log.borrow_mut();
+        if let Some(log) = guard.as_mut() {
+            let sealing = log.write_seg;
+            let at = match log.enqueue(record, lsn, create_effect) {
+                Ok(at) => at,
+                Err(StorageError::NoSpace) => {
+                    drop(guard);
+                    return Err(self.no_space());
+                }
+                Err(e) => return Err(e),
+            };
+            if at.segment != sealing {
+                if let Some(tier) = self.cold_tier() {
+                    tier.sealed_at.borrow_mut().insert(sealing, Instant::now());
+                }
+            }
             self.inner
                 .queued_bytes
                 .set(self.inner.queued_bytes.get() + at.record_len as u64);

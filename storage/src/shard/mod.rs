@@ -41,6 +41,9 @@ mod cache_budget;
 mod catalog;
 mod checkpointing;
 mod cleaner;
+#[cfg(test)]
+mod cold_tests;
+mod cold_tier;
 mod commit;
 #[cfg(test)]
 mod index_tests;
@@ -54,6 +57,7 @@ mod upkeep;
 mod writer;
 
 pub use cleaner::DiskUsage;
+pub use cold_tier::{COLD_BLOCK_BYTES, DEFAULT_COLD_CACHE_BYTES, DEFAULT_COLD_IN_FLIGHT_BYTES};
 pub use commit::Commit;
 use writer::{Batch, Log, Zeroing};
 
@@ -110,6 +114,14 @@ pub struct ShardConfig {
     /// Bytes of segment files this shard keeps on the local disk when it has a cold tier;
     /// archived sealed segments beyond it are read from the cold tier instead.
     pub local_bytes: Option<u64>,
+    /// Bytes of blocks fetched from the cold tier each shard keeps in memory.
+    pub cold_cache_bytes: usize,
+    /// Bytes of cold-tier fetches a shard has in flight at once: what keeps catch-up
+    /// readers of cold data from taking the network and the core from appends.
+    pub cold_in_flight_bytes: usize,
+    /// Lets tests stand in for a small disk: creating a segment file while this many exist
+    /// fails as a full disk does.
+    pub(crate) disk_segments: Option<usize>,
     /// Lets tests roll the log every few KiB (below [`MIN_SEGMENT_BYTES`]); records that do
     /// not fit are refused as too large.
     pub(crate) tiny_segments: bool,
@@ -131,6 +143,9 @@ impl ShardConfig {
             index_cache_bytes: crate::index::DEFAULT_INDEX_CACHE_BYTES,
             cold: None,
             local_bytes: None,
+            cold_cache_bytes: DEFAULT_COLD_CACHE_BYTES,
+            cold_in_flight_bytes: DEFAULT_COLD_IN_FLIGHT_BYTES,
+            disk_segments: None,
             tiny_segments: false,
         }
     }
@@ -158,6 +173,10 @@ const ZERO_AHEAD_BYTES: u64 = 1 << 20;
 pub enum StorageError {
     /// The disk is full: nothing was changed.
     NoSpace,
+    /// The disk is full, and the sealed segments that would make room cannot leave it
+    /// because they are not archived to the cold tier yet; the text names that archive lag.
+    /// Nothing was changed.
+    NoSpaceUnarchived(String),
     /// A record larger than a segment can hold.
     TooLarge,
     /// A record read back from disk failed its checksum.
@@ -175,6 +194,7 @@ impl std::fmt::Display for StorageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StorageError::NoSpace => write!(f, "no space left on device"),
+            StorageError::NoSpaceUnarchived(lag) => write!(f, "no space left on device; {lag}"),
             StorageError::TooLarge => write!(f, "record larger than a segment"),
             StorageError::Busy => write!(f, "write queue full"),
             StorageError::Corrupt(what) => write!(f, "corrupt data on disk: {what}"),
@@ -231,6 +251,22 @@ pub struct ShardStats {
     pub spare_segments: u64,
     /// Zeros written ahead of the records in slowly filling segments (see `Log::zero_ahead`).
     pub zeroed_ahead_bytes: u64,
+    /// Fetches from the cold tier and the bytes they returned (see `cold_tier`).
+    pub cold_reads: u64,
+    pub cold_read_bytes: u64,
+    /// Block lookups of cold reads answered by the cold cache, and those that fetched.
+    pub cold_cache_hits: u64,
+    pub cold_cache_misses: u64,
+    /// Fetches started ahead of a reader moving forward through cold segments.
+    pub cold_prefetches: u64,
+    /// Bytes held by the cold cache, and of cold fetches in flight, now.
+    pub cold_cache_bytes: u64,
+    pub cold_bytes_in_flight: u64,
+    /// Sealed segments whose local files were deleted because they are archived.
+    pub evicted_segments: u64,
+    /// Segments only in the cold tier now, and the bytes of the segment files still local.
+    pub cold_segments: u64,
+    pub local_segment_bytes: u64,
 }
 
 /// Upper bounds, in microseconds, of the fdatasync latency buckets in [`ShardStats`].
@@ -307,6 +343,8 @@ struct Inner {
     index_files: RefCell<BTreeMap<u64, Rc<IndexFile>>>,
     /// Segments up to this one are sealed and their pages written to an index file.
     indexed_through: Cell<u64>,
+    /// Segments that left the local disk, and how they are read (with a cold tier only).
+    cold: Option<cold_tier::ColdTier>,
 }
 
 impl Shard {
@@ -346,6 +384,12 @@ impl Shard {
             next_waiter: Cell::new(0),
             index_files: RefCell::new(BTreeMap::new()),
             indexed_through: Cell::new(0),
+            cold: match (&cfg.cold, &cfg.durability) {
+                (Some(store), Durability::Disk(_)) => {
+                    Some(cold_tier::ColdTier::new(store.clone(), &cfg))
+                }
+                _ => None,
+            },
         });
         index::set_cache_bytes(cfg.index_cache_bytes);
         let shard = Shard { inner };
@@ -378,6 +422,15 @@ impl Shard {
                 stats.spare_segments = log.spares_adopted;
                 stats.zeroed_ahead_bytes = log.zeroed_bytes;
             }
+        }
+        if let Ok(segments) = self.inner.segments.try_borrow() {
+            let cold = self.cold_tier().map_or(0, |t| t.segments.borrow().len());
+            stats.cold_segments = cold as u64;
+            stats.local_segment_bytes = (segments.len() - cold) as u64 * self.segment_bytes();
+        }
+        if let Some(t) = self.cold_tier() {
+            stats.cold_cache_bytes = t.cached_bytes() as u64;
+            stats.cold_bytes_in_flight = t.bytes_in_flight() as u64;
         }
         stats
     }

@@ -3,8 +3,10 @@
 //! every record ordinal of every stream checked after each restart and at random points.
 //!
 //! Segments are small and the cache is tiny, so chunk tables and record indexes span many
-//! packed blocks and most reads go to disk.
+//! packed blocks and most reads go to disk. With a cold tier, sealed segments are archived
+//! and evicted at every checkpoint, so most reads go to the cold tier instead.
 
+use super::cold_tests::DirStore;
 use super::*;
 use crate::test_support::block_on;
 
@@ -191,13 +193,21 @@ async fn check_all(shard: &Shard, models: &BTreeMap<String, Model>, rng: &mut Rn
     }
 }
 
-fn run(seed: u64, steps: usize, segment_bytes: u64) {
+fn run(seed: u64, steps: usize, segment_bytes: u64, cold: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = config(dir.path(), segment_bytes);
+    let mut cfg = config(dir.path(), segment_bytes);
+    // The local budget holds one segment: everything older is read from the cold tier.
+    let store = cold.then(|| DirStore::new(&dir.path().join("cold"), Duration::ZERO));
+    if let Some(store) = &store {
+        cfg.cold = Some(store.clone());
+        cfg.local_bytes = Some(segment_bytes);
+        cfg.cold_cache_bytes = 2 * segment_bytes as usize;
+    }
     let mut rng = Rng(seed);
     let mut models: BTreeMap<String, Model> = BTreeMap::new();
     let mut incarnation = 1;
     let mut step = 0;
+    let mut cold_reads = 0;
     while step < steps {
         block_on(async {
             let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
@@ -263,13 +273,22 @@ fn run(seed: u64, steps: usize, segment_bytes: u64) {
                     models.remove(&key);
                 } else if roll < 950 {
                     shard.checkpoint().await.expect("checkpoint");
+                    if let Some(store) = &store {
+                        store.archive_sealed(&shard);
+                        shard.evict_archived().await.expect("evict");
+                    }
                 } else if roll < 970 {
                     shard.clean().await.expect("clean");
+                    if let Some(store) = &store {
+                        store.archive_sealed(&shard);
+                        shard.evict_archived().await.expect("evict");
+                    }
                 } else if roll < 980 {
                     check_all(&shard, &models, &mut rng).await;
                 } else {
                     // Restart: a crash (nothing flushed beyond what was acknowledged) or
                     // a clean stop that writes a checkpoint.
+                    cold_reads += shard.stats().cold_reads;
                     if rng.below(2) == 0 {
                         shard.halt().await.expect("halt");
                     } else {
@@ -279,6 +298,7 @@ fn run(seed: u64, steps: usize, segment_bytes: u64) {
                 }
             }
             check_all(&shard, &models, &mut rng).await;
+            cold_reads += shard.stats().cold_reads;
             shard.halt().await.expect("halt");
         });
     }
@@ -286,19 +306,32 @@ fn run(seed: u64, steps: usize, segment_bytes: u64) {
     block_on(async {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
         check_all(&shard, &models, &mut rng).await;
+        if cold {
+            let stats = shard.stats();
+            cold_reads += stats.cold_reads;
+            assert!(stats.cold_segments > 0, "{stats:?}");
+            assert!(cold_reads > 100, "{cold_reads} cold reads");
+        }
     });
 }
 
 #[test]
 fn random_histories_read_back_exactly_across_restarts() {
     for seed in [0x5eed_0001, 0x5eed_0002] {
-        run(seed, 1200, 0);
+        run(seed, 1200, 0, false);
     }
 }
 
 #[test]
 fn random_histories_over_many_small_segments_survive_cleaning_and_restarts() {
     for seed in [0x5eed_0003, 0x5eed_0004] {
-        run(seed, 1200, 16 << 10);
+        run(seed, 1200, 16 << 10, false);
+    }
+}
+
+#[test]
+fn random_histories_with_a_cold_tier_survive_eviction_cleaning_and_restarts() {
+    for seed in [0x5eed_0005, 0x5eed_0006, 0x5eed_0007] {
+        run(seed, 1500, 16 << 10, true);
     }
 }

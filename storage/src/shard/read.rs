@@ -1,5 +1,6 @@
 //! The read path: planning a read from the cache and the log, and fetching evicted chunks
-//! with verified direct-I/O reads (see `readback`).
+//! with verified direct-I/O reads (see `readback`), or from the cold tier for segments that
+//! left the local disk (see `cold_tier`); every record's checksum is checked either way.
 
 use super::*;
 
@@ -42,11 +43,17 @@ impl Shard {
                         // Every file is opened here, before the first await: the cleaner may
                         // move these chunks and delete their segment while earlier spans
                         // load, but an open file stays readable.
-                        spans.push(Span::new(self.reader(part.loc.segment)?, part));
+                        let segment = part.loc.segment;
+                        let file = match self.is_cold(segment) {
+                            true => None,
+                            false => Some(self.reader(segment)?),
+                        };
+                        spans.push(Span::new(file, part));
                     }
                 }
             }
         }
+        let cold = spans.iter().any(|s| s.file.is_none());
         let mut spans = spans.into_iter().peekable();
         while spans.peek().is_some() {
             let mut batch = Vec::new();
@@ -59,14 +66,21 @@ impl Shard {
                 batch.push(span);
             }
             let mut stats = self.inner.stats.get();
-            stats.disk_reads += batch.len() as u64;
-            stats.disk_read_bytes += bytes;
+            for span in batch.iter().filter(|s| s.file.is_some()) {
+                stats.disk_reads += 1;
+                stats.disk_read_bytes += span.read_len();
+            }
             self.inner.stats.set(stats);
-            let loaded = readback::join_all(batch.iter().map(Span::read).collect()).await;
+            let loaded =
+                readback::join_all(batch.iter().map(|s| self.read_span(s)).collect()).await;
             for (span, result) in batch.iter().zip(loaded) {
                 let (buf, buf_pos) = result?;
                 self.place_span(id, span, &buf, buf_pos, &mut out)?;
             }
+        }
+        if cold {
+            let end = from.saturating_add(out.iter().map(|b| b.len() as u64).sum());
+            self.read_ahead(id, end);
         }
         self.evict_over_budget();
         Ok(out)
@@ -132,11 +146,25 @@ impl Shard {
         Ok(())
     }
 
-    /// Read one chunk's bytes from its log record.
+    /// Read a span's bytes: from its local file with direct I/O, or from the cold tier.
+    /// Returns them and the segment position of their first byte.
+    async fn read_span(&self, span: &Span) -> Result<(Bytes, u64), StorageError> {
+        match &span.file {
+            Some(file) => Ok(readback::read_aligned(file, span.start, span.end).await?),
+            None => self.read_cold(span.segment, span.start, span.end).await,
+        }
+    }
+
+    /// Read one chunk's bytes from its log record (local or cold).
     pub(super) async fn load(&self, loc: DiskLoc, len: u32) -> Result<Bytes, StorageError> {
-        let file = self.reader(loc.segment)?;
         let record_end = loc.record_pos + u64::from(loc.record_len);
-        let (bytes, start) = readback::read_aligned(&file, loc.record_pos, record_end).await?;
+        let (bytes, start) = if self.is_cold(loc.segment) {
+            self.read_cold(loc.segment, loc.record_pos, record_end)
+                .await?
+        } else {
+            let file = self.reader(loc.segment)?;
+            readback::read_aligned(&file, loc.record_pos, record_end).await?
+        };
         let at = (loc.record_pos - start) as usize;
         verify_record(&bytes, at, loc)?;
         let data_start = at + loc.data_off as usize;

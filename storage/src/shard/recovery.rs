@@ -17,6 +17,20 @@ impl Shard {
         let resume = self.load_checkpoint(dir, &mut rebuild)?;
         report.checkpoint_lsn = resume.map_or(0, |p| p.lsn);
         if let Some(p) = resume.filter(|_| !rebuild.is_empty()) {
+            let not_local = self
+                .inner
+                .segments
+                .borrow()
+                .keys()
+                .filter(|s| indexes.binary_search(s).is_err())
+                .count();
+            if self.cold_tier().is_some() && not_local > 0 {
+                return Err(StorageError::Failed(format!(
+                    "the index pages of {} streams must be rebuilt from the log, but {not_local} \
+                     of its segments are only in the cold tier: restore this data directory",
+                    rebuild.len()
+                )));
+            }
             self.rebuild_tables(dir, &indexes, p.lsn, &rebuild)?;
         }
         // With a checkpoint, replay starts right after its LSN at the position it names;
@@ -138,11 +152,8 @@ impl Shard {
         let mut log = Log {
             dir: dir.to_path_buf(),
             shard: cfg.shard,
-            segment_bytes: align_up(cfg.segment_bytes.max(if cfg.tiny_segments {
-                4 * DATA_START
-            } else {
-                MIN_SEGMENT_BYTES
-            }) as usize) as u64,
+            segment_bytes: cold_tier::effective_segment_bytes(cfg),
+            disk_segments: cfg.disk_segments,
             write_seg: 0,
             write_end: DATA_START,
             files: HashMap::new(),
@@ -208,8 +219,18 @@ impl Shard {
         }
         // Segments before a checkpoint were not read; the checkpoint's map says which
         // streams have data in them. It may still name a segment the cleaner deleted
-        // after that checkpoint, once its chunks were relocated (replayed above).
-        segments.retain(|seg, _| kept.binary_search(seg).is_ok());
+        // after that checkpoint, once its chunks were relocated (replayed above). With a
+        // cold tier, such a segment before the checkpoint's position is cold: eviction
+        // deleted it (or the cleaner did, and then nothing points into it any more).
+        if let (Some(tier), Some(p)) = (self.cold_tier(), resume) {
+            let mut cold = tier.segments.borrow_mut();
+            for &seg in segments.keys() {
+                if seg < p.segment && kept.binary_search(&seg).is_err() {
+                    cold.insert(seg);
+                }
+            }
+        }
+        segments.retain(|seg, _| kept.binary_search(seg).is_ok() || self.is_cold(*seg));
         if segments.is_empty() {
             segments.insert(1, FastSet::default());
         }

@@ -1,4 +1,4 @@
-//! The once-a-second upkeep task: checkpoints and cleaning.
+//! The once-a-second upkeep task: checkpoints, cleaning, and evicting archived segments.
 
 use super::*;
 
@@ -18,6 +18,10 @@ impl Shard {
                 if let Err(e) = self.checkpoint().await {
                     tracing::warn!(shard = self.inner.cfg.shard, "checkpoint failed: {e}");
                 }
+            }
+            // After the checkpoint, which moves the position below which segments may go.
+            if let Err(e) = self.evict_archived().await {
+                tracing::warn!(shard = self.inner.cfg.shard, "eviction failed: {e}");
             }
         }
     }

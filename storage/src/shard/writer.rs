@@ -38,6 +38,8 @@ pub(super) struct Log {
     pub(super) zeroing: Option<Zeroing>,
     /// Bytes of zeros written ahead of the records.
     pub(super) zeroed_bytes: u64,
+    /// `ShardConfig::disk_segments`.
+    pub(super) disk_segments: Option<usize>,
 }
 
 /// Zeros being written to `[from, ..)` of segment `seg`, ahead of the records.
@@ -160,6 +162,11 @@ impl Log {
     }
 
     pub(super) fn create(&mut self, seg: u64, first_lsn: u64) -> Result<(), StorageError> {
+        if let Some(most) = self.disk_segments {
+            if segment::list_segments(&self.dir)?.len() >= most {
+                return Err(StorageError::NoSpace);
+            }
+        }
         let header = SegmentHeader {
             shard: self.shard,
             index: seg,
