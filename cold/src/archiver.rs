@@ -346,6 +346,9 @@ fn read_restored(data_dir: &Path) -> Result<Option<Vec<u64>>, String> {
     }
 }
 
+/// Longest one round may take (a sealed segment's upload included) before it is retried.
+const ROUND_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Why a round stopped short.
 enum RoundError {
     /// Another owner has the manifest: stop archiving for good.
@@ -413,7 +416,14 @@ impl Worker {
         let mut failing_since: Option<Instant> = None;
         loop {
             tokio::time::sleep(tick.max(backoff)).await;
-            let result = self.round().await;
+            // aws-sdk-s3 sets no operation timeout: a request that hangs must not stop
+            // this shard's archiving for good.
+            let result = match tokio::time::timeout(ROUND_TIMEOUT, self.round()).await {
+                Ok(r) => r,
+                Err(_) => Err(RoundError::Retry(format!(
+                    "no progress in {ROUND_TIMEOUT:?}"
+                ))),
+            };
             self.report_lag();
             match result {
                 Ok(()) => {
@@ -432,6 +442,9 @@ impl Worker {
                     return;
                 }
                 Err(RoundError::Retry(why)) => {
+                    // What this round uploaded is not committed: look at it all again.
+                    self.checkpoint_seen = None;
+                    self.last_slice = None;
                     if failing_since.is_none() {
                         failing_since = Some(Instant::now());
                         tracing::warn!(
