@@ -19,5 +19,6 @@ pub mod manifest;
 pub mod metrics;
 pub mod part;
 pub mod source;
-pub mod store;
+// The object-store wrapper lives in its own crate, shared with the server's cold tier.
+pub use ursula_s3 as store;
 pub mod time;

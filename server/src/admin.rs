@@ -115,6 +115,9 @@ async fn ready(core: &Rc<Core>) -> Response {
     if core.shutting_down() {
         return text(503, "stopping\n");
     }
+    if let Some(why) = crate::cold::archive().and_then(|a| a.status.fenced()) {
+        return text(503, &format!("cold tier archiving stopped: {why}\n"));
+    }
     for index in 0..core.cores() {
         match core.on(index, |c| async move { c.shard.failure() }).await {
             Ok(None) => {}
@@ -501,8 +504,88 @@ impl prometheus_client::collector::Collector for Scrape {
             "shard",
             c().map(|s| (s.core, gauge(u64::from(s.failed)))),
         )?;
+        if let Some(archive) = crate::cold::archive() {
+            encode_cold(&mut e, &archive.status)?;
+        }
         Ok(())
     }
+}
+
+/// The cold tier's metrics (only with a bucket configured).
+fn encode_cold(
+    e: &mut DescriptorEncoder,
+    s: &ursula_cold::status::Status,
+) -> Result<(), std::fmt::Error> {
+    use std::sync::atomic::Ordering::Relaxed;
+    use ursula_cold::status::{Outcome, Request};
+    let (lag_bytes, lag_secs) = s.lag(ursula_storage::now_ms());
+    let lag = ConstGauge::new(lag_secs);
+    lag.encode(e.encode_descriptor(
+        "ursula_cold_archive_lag_seconds",
+        "Age of the oldest durable log byte not yet in a committed manifest",
+        None,
+        lag.metric_type(),
+    )?)?;
+    let gauges = [
+        (
+            "ursula_cold_archive_lag_bytes",
+            "Durable log bytes not yet in a committed manifest",
+            lag_bytes,
+        ),
+        (
+            "ursula_cold_fenced",
+            "1 when another server took the archive over and archiving stopped",
+            u64::from(s.fenced().is_some()),
+        ),
+    ];
+    for (name, help, v) in gauges {
+        let g = ConstGauge::new(v as i64);
+        g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)?;
+    }
+    let counters = [
+        (
+            "ursula_cold_objects_uploaded",
+            "Objects written to the cold tier",
+            &s.objects_uploaded,
+        ),
+        (
+            "ursula_cold_uploaded_bytes",
+            "Bytes written to the cold tier",
+            &s.bytes_uploaded,
+        ),
+        (
+            "ursula_cold_objects_deleted",
+            "Objects deleted from the cold tier after their grace period",
+            &s.objects_deleted,
+        ),
+        (
+            "ursula_cold_read_bytes",
+            "Bytes of archived segments read back from the cold tier",
+            &s.cold_read_bytes,
+        ),
+        (
+            "ursula_cold_cache_hits",
+            "Reads of archived segments answered from the local cache",
+            &s.cold_cache_hits,
+        ),
+    ];
+    for (name, help, v) in counters {
+        let c = ConstCounter::new(v.load(Relaxed));
+        c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)?;
+    }
+    let mut family = e.encode_descriptor(
+        "ursula_cold_requests",
+        "S3 requests of the cold tier by kind and result",
+        None,
+        MetricType::Counter,
+    )?;
+    for kind in Request::ALL {
+        for outcome in Outcome::ALL {
+            let labels = [("kind", kind.label()), ("result", outcome.label())];
+            ConstCounter::new(s.requests(kind, outcome)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

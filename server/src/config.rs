@@ -17,7 +17,53 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the stream server.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
+    /// Build a data dir from the cold tier (S3) alone; `ursula server` then recovers it
+    /// rewound to the archived end.
+    Restore(RestoreArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    /// The data dir to create; must be empty or absent.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    #[arg(long)]
+    pub cold_s3_bucket: String,
+    #[arg(long, default_value = "")]
+    pub cold_s3_prefix: String,
+    /// S3-compatible endpoint (implies path-style addressing).
+    #[arg(long)]
+    pub cold_s3_endpoint: Option<String>,
+    #[arg(long)]
+    pub cold_s3_region: Option<String>,
+}
+
+impl RestoreArgs {
+    pub fn s3(&self) -> ursula_s3::S3Settings {
+        s3_settings(
+            self.cold_s3_bucket.clone(),
+            self.cold_s3_prefix.clone(),
+            self.cold_s3_endpoint.clone(),
+            self.cold_s3_region.clone(),
+        )
+    }
+}
+
+fn s3_settings(
+    bucket: String,
+    prefix: String,
+    endpoint: Option<String>,
+    region: Option<String>,
+) -> ursula_s3::S3Settings {
+    ursula_s3::S3Settings {
+        bucket,
+        prefix,
+        path_style: endpoint.is_some(),
+        endpoint,
+        region,
+        static_credentials: None,
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -75,9 +121,52 @@ pub struct ServerArgs {
     /// PEM private key (PKCS#8, PKCS#1 or SEC1) matching `--tls-cert`.
     #[arg(long)]
     pub tls_key: Option<PathBuf>,
+    /// Archive every shard continuously to this S3 bucket (the cold tier); without it
+    /// nothing leaves the local disk.
+    #[arg(long)]
+    pub cold_s3_bucket: Option<String>,
+    /// Key prefix of the archive inside the bucket.
+    #[arg(long)]
+    pub cold_s3_prefix: Option<String>,
+    /// S3-compatible endpoint URL (implies path-style addressing).
+    #[arg(long)]
+    pub cold_s3_endpoint: Option<String>,
+    #[arg(long)]
+    pub cold_s3_region: Option<String>,
+    /// Longest an acknowledged byte waits before it is in S3 (default 10000).
+    #[arg(long)]
+    pub archive_interval_ms: Option<u64>,
+    /// Bytes of segment files kept on the local disk (all cores together) when archived.
+    #[arg(long)]
+    pub cold_local_bytes: Option<u64>,
+    /// Take the archive over even if another live server owns it (that server stops
+    /// archiving at its next commit).
+    #[arg(long)]
+    pub cold_takeover: bool,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
+}
+
+/// The `[cold_tier]` section.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ColdTierFile {
+    pub s3_bucket: Option<String>,
+    pub s3_prefix: Option<String>,
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    pub archive_interval_ms: Option<u64>,
+    pub local_bytes: Option<u64>,
+    pub grace_ms: Option<u64>,
+}
+
+/// The cold tier, when a bucket is configured.
+#[derive(Clone, Debug)]
+pub struct ColdTier {
+    pub settings: ursula_cold::Settings,
+    /// Local segment bytes for all cores together.
+    pub local_bytes: Option<u64>,
 }
 
 /// The settings file; every key is optional.
@@ -110,6 +199,7 @@ pub struct FileConfig {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub cors_origins: Option<Vec<String>>,
+    pub cold_tier: Option<ColdTierFile>,
 }
 
 #[derive(Clone, Debug)]
@@ -148,6 +238,8 @@ pub struct Config {
     pub tls: Option<crate::tls::Tls>,
     /// Origins allowed by CORS; `None`: any (`*`).
     pub cors_origins: Option<Vec<String>>,
+    /// Continuous archiving to S3; `None`: none.
+    pub cold: Option<ColdTier>,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
@@ -189,7 +281,41 @@ impl Config {
             args.cors_origins
         };
         let cors_origins = check_origins(origins)?;
+        let cold_file = file.cold_tier.unwrap_or_default();
+        let cold = match args.cold_s3_bucket.or(cold_file.s3_bucket) {
+            None => None,
+            Some(bucket) => {
+                let interval = args
+                    .archive_interval_ms
+                    .or(cold_file.archive_interval_ms)
+                    .unwrap_or(10_000);
+                if interval == 0 {
+                    return Err("archive_interval_ms must be at least 1".to_string());
+                }
+                Some(ColdTier {
+                    settings: ursula_cold::Settings {
+                        s3: s3_settings(
+                            bucket,
+                            args.cold_s3_prefix
+                                .or(cold_file.s3_prefix)
+                                .unwrap_or_default(),
+                            args.cold_s3_endpoint.or(cold_file.s3_endpoint),
+                            args.cold_s3_region.or(cold_file.s3_region),
+                        ),
+                        archive_interval: ms(interval),
+                        grace: ms(cold_file.grace_ms.unwrap_or(600_000)),
+                        takeover: args.cold_takeover,
+                    },
+                    local_bytes: args.cold_local_bytes.or(cold_file.local_bytes),
+                })
+            }
+        };
+        let storage = args.storage.or(file.storage).unwrap_or(StorageMode::Disk);
+        if cold.is_some() && storage == StorageMode::Memory {
+            return Err("the cold tier archives the data dir: it needs --storage disk".to_string());
+        }
         Ok(Config {
+            cold,
             auth,
             tls,
             cors_origins,
@@ -202,7 +328,7 @@ impl Config {
                 .or(file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./data")),
             cores,
-            storage: args.storage.or(file.storage).unwrap_or(StorageMode::Disk),
+            storage,
             long_poll_timeout: ms(args
                 .long_poll_timeout_ms
                 .or(file.long_poll_timeout_ms)
@@ -332,5 +458,49 @@ mod tests {
             ..Default::default()
         });
         assert!(err.is_err());
+    }
+
+    #[test]
+    fn the_cold_tier_comes_from_its_section_and_flags() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ursula.toml");
+        std::fs::write(
+            &path,
+            "[cold_tier]\ns3_bucket = \"b\"\ns3_prefix = \"p\"\ns3_endpoint = \"http://127.0.0.1:9\"\n\
+             archive_interval_ms = 500\nlocal_bytes = 1000\ngrace_ms = 7\n",
+        )
+        .expect("write");
+        let cfg = Config::resolve(ServerArgs {
+            config: Some(path.clone()),
+            archive_interval_ms: Some(250),
+            ..Default::default()
+        })
+        .expect("resolve");
+        let cold = cfg.cold.expect("configured");
+        assert_eq!(cold.settings.s3.bucket, "b");
+        assert_eq!(cold.settings.s3.prefix, "p");
+        assert!(
+            cold.settings.s3.path_style,
+            "an endpoint implies path style"
+        );
+        assert_eq!(cold.settings.archive_interval, Duration::from_millis(250));
+        assert_eq!(cold.settings.grace, Duration::from_millis(7));
+        assert_eq!(cold.local_bytes, Some(1000));
+        assert!(Config::resolve(ServerArgs::default())
+            .expect("resolve")
+            .cold
+            .is_none());
+        let memory = Config::resolve(ServerArgs {
+            cold_s3_bucket: Some("b".into()),
+            storage: Some(StorageMode::Memory),
+            ..Default::default()
+        });
+        assert!(memory.expect_err("refused").contains("disk"));
+        std::fs::write(&path, "[cold_tier]\nbucket = \"b\"\n").expect("write");
+        assert!(Config::resolve(ServerArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .is_err());
     }
 }

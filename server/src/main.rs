@@ -12,6 +12,8 @@ mod tokens;
 
 mod config;
 
+mod cold;
+
 mod surface;
 
 mod attrs;
@@ -68,7 +70,7 @@ fn main() {
     let cli = Cli::parse();
     match cli.command {
         Command::Server(args) => {
-            let config = match Config::resolve(args) {
+            let config = match Config::resolve(*args) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("ursula: {e}");
@@ -84,6 +86,28 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        Command::Restore(args) => match cold::restore(&args) {
+            Ok(report) => {
+                println!(
+                    "restored {} shards into {}: {} objects, {} bytes in {} ms",
+                    report.shards,
+                    args.data_dir.display(),
+                    report.objects,
+                    report.bytes,
+                    report.elapsed.as_millis()
+                );
+                for (shard, end) in report.ends.iter().enumerate() {
+                    println!(
+                        "shard {shard}: rewound to segment {} position {} (LSN {})",
+                        end.segment, end.position, end.lsn
+                    );
+                }
+            }
+            Err(e) => {
+                eprintln!("ursula restore: {e}");
+                std::process::exit(1);
+            }
+        },
     }
 }
 

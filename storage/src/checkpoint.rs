@@ -51,7 +51,8 @@ const VERSION: u32 = 2;
 const VERSION_INLINE_TABLES: u32 = 1;
 const HEADER_LEN: usize = 88;
 
-pub(crate) const FILE_NAME: &str = "checkpoint";
+/// The file a shard's checkpoint lives in, inside its directory.
+pub const FILE_NAME: &str = "checkpoint";
 pub(crate) const TMP_NAME: &str = "checkpoint.tmp";
 
 /// Shard-wide values a checkpoint records next to the streams.
@@ -132,6 +133,36 @@ pub(crate) fn encode<'a>(
     out[8..12].copy_from_slice(&header_crc.to_le_bytes());
     out.extend_from_slice(&body);
     out
+}
+
+/// What a checkpoint file needs around it, for a copy of the shard elsewhere (the cold
+/// tier): where it continues the log, which index files it names, and which segments hold
+/// data of its streams.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointSummary {
+    pub lsn: u64,
+    pub segment: u64,
+    pub position: u64,
+    /// Segments whose index files the checkpoint's pages are in, ascending.
+    pub index_files: Vec<u64>,
+    /// Segments holding data of its streams (its segment map), ascending.
+    pub segments: Vec<u64>,
+}
+
+/// Summarise a checkpoint file of `shard` (checked like a load, without opening anything).
+pub fn summary(shard: u32, file: &Bytes) -> Result<CheckpointSummary, String> {
+    let mut named = std::collections::BTreeSet::new();
+    let (pos, _, segments) = decode(shard, file, &mut |segment| {
+        named.insert(segment);
+        None
+    })?;
+    Ok(CheckpointSummary {
+        lsn: pos.lsn,
+        segment: pos.segment,
+        position: pos.offset,
+        index_files: named.into_iter().collect(),
+        segments: segments.into_keys().collect(),
+    })
 }
 
 /// Parse a checkpoint file. Any inconsistency is an error naming what is wrong.
@@ -378,6 +409,17 @@ mod tests {
         let (got, streams, segments) = decode(2, &file, &mut |_| None).expect("decodes");
         assert_eq!(got, pos);
         assert_eq!(segments.into_iter().collect::<Vec<_>>(), map);
+        let summary = summary(2, &file).expect("summarises");
+        assert_eq!(
+            (summary.lsn, summary.segment, summary.position),
+            (42, 5, 8192)
+        );
+        assert_eq!(summary.segments, vec![3, 4]);
+        assert!(summary.index_files.is_empty(), "every page is inline");
+        assert!(
+            super::summary(1, &file).is_err(),
+            "another shard's checkpoint"
+        );
         assert_eq!(streams.len(), 1);
         let saved = &streams[0];
         assert_eq!(saved.image, s.image());

@@ -15,8 +15,23 @@ use bytes::Bytes;
 /// A pending ranged read of an archived segment.
 pub type ColdRead = Pin<Box<dyn Future<Output = io::Result<Bytes>>>>;
 
+/// How far a shard's log is durable: the position after the last record fdatasync has
+/// covered, and that record's LSN. Everything before it in the log never changes again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DurableEnd {
+    pub segment: u64,
+    pub position: u64,
+    pub lsn: u64,
+}
+
 /// Where a shard's archived segments can be found again.
 pub trait ColdStore: Send + Sync + std::fmt::Debug {
+    /// Told by the shard's upkeep (once a second, never on the request path) how far its
+    /// log is durable: what an archiver may copy.
+    fn durable(&self, shard: u32, end: DurableEnd) {
+        let _ = (shard, end);
+    }
+
     /// Whether sealed segment `segment` of `shard` is archived whole and named by a
     /// committed manifest, so that its local file may be deleted.
     fn is_archived(&self, shard: u32, segment: u64) -> bool;

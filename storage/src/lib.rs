@@ -18,6 +18,9 @@ pub mod segment;
 pub mod shard;
 pub mod stream;
 
+pub use checkpoint::{
+    summary as checkpoint_summary, CheckpointSummary, FILE_NAME as CHECKPOINT_FILE,
+};
 pub use index::DEFAULT_INDEX_CACHE_BYTES;
 pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta};
 pub use shard::{

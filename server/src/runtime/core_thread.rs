@@ -50,6 +50,10 @@ pub fn run(
         shard_cfg.cache_bytes = config.cache_bytes;
         shard_cfg.write_budget_bytes = config.write_budget_bytes;
         shard_cfg.fail_fsync_after = fault_fail_fsync_after();
+        if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
+            shard_cfg.cold = Some(archive.clone());
+            shard_cfg.local_bytes = tier.local_bytes.map(|b| b / config.cores as u64);
+        }
         let shard = match ursula_storage::Shard::open(shard_cfg).await {
             Ok((shard, report)) => {
                 tracing::info!(

@@ -26,6 +26,10 @@ pub fn run(config: Config) -> Result<(), String> {
     if config.storage == StorageMode::Disk {
         check_layout(&config)?;
     }
+    // Claims the archive (or refuses to start) before any core opens its shard.
+    if let Some(tier) = &config.cold {
+        crate::cold::start(tier, &config.data_dir, config.cores)?;
+    }
     let listeners = bind_listeners(config.listen, config.cores)?;
     let addr = listeners[0]
         .local_addr()

@@ -240,6 +240,12 @@ impl Shard {
                 }
                 self.inner.durable_lsn.set(e.lsn);
             }
+            if let Some(buf) = &batch.buf {
+                if !batch.effects.is_empty() {
+                    let end = batch.base + buf.len() as u64;
+                    self.inner.durable_end.set((batch.seg, end));
+                }
+            }
             if let Some(log) = self.inner.log.borrow_mut().as_mut() {
                 if let Some(buf) = batch.buf {
                     log.pool.give(buf);

@@ -301,6 +301,8 @@ struct Inner {
     log: RefCell<Option<Log>>,
     next_lsn: Cell<u64>,
     durable_lsn: Cell<u64>,
+    /// Segment and position after the last durable record (what `durable_lsn` names).
+    durable_end: Cell<(u64, u64)>,
     /// Framed bytes queued since the flusher last took the batches, and those it is
     /// writing now: what [`ShardConfig::write_budget_bytes`] bounds.
     queued_bytes: Cell<u64>,
@@ -361,6 +363,7 @@ impl Shard {
             log: RefCell::new(None),
             next_lsn: Cell::new(1),
             durable_lsn: Cell::new(0),
+            durable_end: Cell::new((0, DATA_START)),
             queued_bytes: Cell::new(0),
             flushing_bytes: Cell::new(0),
             failed: RefCell::new(None),
@@ -433,6 +436,16 @@ impl Shard {
             stats.cold_bytes_in_flight = t.bytes_in_flight() as u64;
         }
         stats
+    }
+
+    /// How far the log is durable (see [`crate::cold::DurableEnd`]).
+    pub fn durable_end(&self) -> crate::cold::DurableEnd {
+        let (segment, position) = self.inner.durable_end.get();
+        crate::cold::DurableEnd {
+            segment,
+            position,
+            lsn: self.inner.durable_lsn.get(),
+        }
     }
 
     /// Whether writes are refused after an earlier storage failure.

@@ -183,6 +183,7 @@ impl Shard {
                     .insert(index, Rc::new(monoio::fs::File::from_std(file)?));
                 log.write_seg = index;
                 log.write_end = end;
+                self.inner.durable_end.set((index, end));
                 log.ahead_end = end;
                 log.ahead_moved_end = end;
                 let base = align_down(end as usize);
@@ -192,6 +193,7 @@ impl Shard {
                 log.create(1, next_lsn)?;
                 log.write_seg = 1;
                 log.write_end = DATA_START;
+                self.inner.durable_end.set((1, DATA_START));
                 log.start_batch(1, DATA_START, &[]);
             }
         }

@@ -10,6 +10,9 @@ impl Shard {
             if self.inner.stopping.get() || self.failure().is_some() {
                 continue;
             }
+            if let Some(cold) = &self.inner.cfg.cold {
+                cold.durable(self.inner.cfg.shard, self.durable_end());
+            }
             self.collect_dead_blobs();
             if let Err(e) = self.clean().await {
                 tracing::warn!(shard = self.inner.cfg.shard, "log cleaning failed: {e}");

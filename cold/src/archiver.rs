@@ -1,0 +1,940 @@
+//! The archiver: one thread beside the cores, with a tokio current-thread runtime for
+//! aws-sdk-s3, copying each shard's durable log to S3 and committing its manifest.
+//!
+//! The cores never wait for it: each core's upkeep tells it, once a second, how far its
+//! log is durable ([`ColdStore::durable`]); everything else the archiver reads from the
+//! data dir's files, which never change below that point. Per shard, a round (every
+//! second, or the archive interval if shorter):
+//!
+//! 1. lists the local segments and snapshot blobs, then reads the durable end: a file
+//!    missing from that listing was deleted by the engine before the end was read, so the
+//!    log up to the end no longer needs it;
+//! 2. uploads every newly sealed segment whole (up to the end of its records) and, once the
+//!    archive interval has passed since the last one, a slice of the segment being written
+//!    up to the durable end;
+//! 3. uploads a newer checkpoint (after the index files it names) once the archived log
+//!    covers its position, and any new snapshot blobs;
+//! 4. moves what the manifest no longer needs to its garbage list, deletes garbage older
+//!    than the grace period, and commits the manifest by compare-and-swap (at least once
+//!    per interval: the owner's heartbeat).
+//!
+//! A commit that finds a newer epoch in the manifest stops the archiver for good: another
+//! server owns the prefix now. Any other failure (S3 down) is retried with capped backoff;
+//! appends never notice, the archive lag grows, and the next good round catches up.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use ursula_s3::{DynStore, PutMode, StoreError};
+use ursula_storage::cold::{ColdRead, ColdStore, DurableEnd};
+use ursula_storage::segment::{self, DATA_START};
+
+use crate::manifest::{self, CommitError, End, Keys, Manifest, Object, Piece};
+use crate::status::{Outcome, Request, Status};
+
+/// How the server runs its cold tier.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub s3: ursula_s3::S3Settings,
+    /// Longest an acknowledged byte waits before it is in S3.
+    pub archive_interval: Duration,
+    /// How long an object no manifest needs is kept before it is deleted.
+    pub grace: Duration,
+    /// Take the archive over even if another live server owns it.
+    pub takeover: bool,
+}
+
+/// The running cold tier: what the cores see (as [`ColdStore`]) and the server reports.
+pub struct Archive {
+    shards: Vec<Slot>,
+    pub status: Arc<Status>,
+    store: DynStore,
+    runtime: tokio::runtime::Handle,
+}
+
+struct Slot {
+    /// Published by the shard's core, taken by its archiver task.
+    durable: Mutex<Option<DurableEnd>>,
+    /// The last manifest committed, for reads and `is_archived`.
+    committed: Mutex<Arc<Manifest>>,
+}
+
+impl std::fmt::Debug for Archive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Archive({})", self.store.describe())
+    }
+}
+
+/// The identity of the server owning a data dir, kept in it.
+pub const OWNER_FILE: &str = "cold-owner";
+/// Left by `ursula restore`: the epochs it restored, so the first start takes the archive
+/// over from them (the restore was the operator's decision) and continues their objects.
+pub const RESTORED_FILE: &str = "cold-restored";
+
+/// Start the archiver thread for a data dir of `shards` shards: claim every shard's
+/// manifest (the next owner epoch) and return once that is done, or why it was refused.
+pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Archive>, String> {
+    let owner = owner_identity(data_dir)?;
+    let restored = read_restored(data_dir)?;
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Arc<Archive>, String>>();
+    let data_dir = data_dir.to_path_buf();
+    std::thread::Builder::new()
+        .name("ursula-archiver".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = tx.send(Err(format!("archiver runtime: {e}")));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let store: DynStore = Arc::new(ursula_s3::S3Store::connect(&settings.s3).await);
+                let claimed = claim(&store, &settings, shards, &owner, &restored).await;
+                let claimed = match claimed {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let archive = Arc::new(Archive {
+                    shards: claimed
+                        .iter()
+                        .map(|(m, _)| Slot {
+                            durable: Mutex::new(None),
+                            committed: Mutex::new(Arc::new(m.clone())),
+                        })
+                        .collect(),
+                    status: Arc::new(Status::new(shards as usize)),
+                    store: store.clone(),
+                    runtime: tokio::runtime::Handle::current(),
+                });
+                if restored.is_some() {
+                    let _ = std::fs::remove_file(data_dir.join(RESTORED_FILE));
+                }
+                let mut tasks = Vec::new();
+                for (shard, (m, etag)) in claimed.into_iter().enumerate() {
+                    let worker =
+                        Worker::new(archive.clone(), &settings, &data_dir, shard as u32, m, etag);
+                    tasks.push(tokio::spawn(worker.run()));
+                }
+                let _ = tx.send(Ok(archive));
+                for t in tasks {
+                    let _ = t.await;
+                }
+            });
+        })
+        .map_err(|e| format!("spawn archiver thread: {e}"))?;
+    rx.recv()
+        .map_err(|_| "the archiver thread exited during start-up".to_string())?
+}
+
+impl ColdStore for Archive {
+    fn durable(&self, shard: u32, end: DurableEnd) {
+        if let Some(slot) = self.shards.get(shard as usize) {
+            if let Ok(mut d) = slot.durable.lock() {
+                *d = Some(end);
+            }
+        }
+    }
+
+    fn is_archived(&self, shard: u32, segment: u64) -> bool {
+        self.committed(shard).is_some_and(|m| m.sealed(segment))
+    }
+
+    fn read(&self, shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let manifest = self.committed(shard);
+        let store = self.store.clone();
+        let status = self.status.clone();
+        self.runtime.spawn(async move {
+            let result = match manifest {
+                Some(m) => read_range(&store, &status, &m, segment, offset, len).await,
+                None => Err(io::Error::new(io::ErrorKind::NotFound, "no such shard")),
+            };
+            if let Ok(b) = &result {
+                status
+                    .cold_read_bytes
+                    .fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            let _ = tx.send(result);
+        });
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| Err(io::Error::other("the archiver thread stopped")))
+        })
+    }
+}
+
+impl Archive {
+    fn committed(&self, shard: u32) -> Option<Arc<Manifest>> {
+        let slot = self.shards.get(shard as usize)?;
+        slot.committed.lock().ok().map(|m| m.clone())
+    }
+}
+
+/// `len` bytes at `offset` of archived segment `segment`, from the pieces holding them
+/// (ranged GETs); bytes past a sealed segment's records read as the zeros they are.
+async fn read_range(
+    store: &DynStore,
+    status: &Status,
+    m: &Manifest,
+    segment: u64,
+    offset: u64,
+    len: usize,
+) -> io::Result<Bytes> {
+    let missing = || {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("segment {segment} bytes {offset}+{len} are not archived"),
+        )
+    };
+    let seg = m
+        .segments
+        .iter()
+        .find(|s| s.index == segment)
+        .ok_or_else(missing)?;
+    let end = offset + len as u64;
+    let mut out = vec![0u8; len];
+    let mut covered = offset;
+    for p in &seg.pieces {
+        let (from, to) = (p.start.max(offset), (p.start + p.object.len).min(end));
+        if from >= to {
+            continue;
+        }
+        if from > covered {
+            return Err(missing());
+        }
+        let got = store
+            .get_range(&p.object.key, from - p.start, to - from)
+            .await;
+        let bytes = match got {
+            Ok(Some(b)) => {
+                status.count(Request::Get, Outcome::Ok);
+                b
+            }
+            Ok(None) => {
+                status.count(Request::Get, Outcome::Error);
+                return Err(missing());
+            }
+            Err(e) => {
+                status.count(Request::Get, Outcome::Error);
+                return Err(io::Error::other(e.to_string()));
+            }
+        };
+        out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(&bytes);
+        covered = to;
+    }
+    if covered < end && !(seg.sealed && end <= seg.file_len) {
+        return Err(missing());
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Take the next owner epoch of every shard's manifest, or refuse to start.
+async fn claim(
+    store: &DynStore,
+    settings: &Settings,
+    shards: u32,
+    owner: &str,
+    restored: &Option<Vec<u64>>,
+) -> Result<Vec<(Manifest, String)>, String> {
+    let at = store.describe();
+    manifest::ensure_layout(store, shards)
+        .await
+        .map_err(|e| format!("cold tier {at}: {e}"))?;
+    let interval_ms = settings.archive_interval.as_millis() as u64;
+    let mut out = Vec::new();
+    for shard in 0..shards {
+        let now = ursula_storage::now_ms();
+        let current = manifest::load(store, shard)
+            .await
+            .map_err(|e| format!("cold tier {at}: {e}"))?;
+        let (next, etag) = match current {
+            None => (Manifest::new(shard, 1, owner, interval_ms, now), None),
+            Some((m, etag)) => {
+                let restored_from = restored
+                    .as_ref()
+                    .and_then(|r| r.get(shard as usize))
+                    .is_some_and(|&e| e == m.epoch);
+                let ours = m.owner == owner;
+                if !ours && !restored_from && !settings.takeover && m.owner_alive(now) {
+                    return Err(format!(
+                        "cold tier {at} shard {shard} is owned by server {} (epoch {}, last                          heartbeat {} ms ago); refusing to start. Stop that server, or start                          this one with --cold-takeover to fence it out",
+                        m.owner,
+                        m.epoch,
+                        now - m.heartbeat_ms
+                    ));
+                }
+                if !ours && !restored_from {
+                    tracing::warn!(
+                        shard,
+                        previous_owner = %m.owner,
+                        epoch = m.epoch + 1,
+                        "taking the cold tier archive over; the previous owner's objects \
+                         are dropped after the grace period"
+                    );
+                }
+                (
+                    m.successor(owner, interval_ms, ours || restored_from, now),
+                    Some(etag),
+                )
+            }
+        };
+        let etag = manifest::commit(store, &next, etag.as_deref())
+            .await
+            .map_err(|e| match e {
+                CommitError::Conflict => format!(
+                    "cold tier {at} shard {shard}: another server claimed the manifest at the \
+                     same time; refusing to start"
+                ),
+                CommitError::Store(e) => format!("cold tier {at}: {e}"),
+            })?;
+        tracing::info!(
+            shard,
+            epoch = next.epoch,
+            owner,
+            "cold tier archive claimed"
+        );
+        out.push((next, etag));
+    }
+    Ok(out)
+}
+
+/// The random identity of the server owning `data_dir`, created on first use.
+fn owner_identity(data_dir: &Path) -> Result<String, String> {
+    let path = data_dir.join(OWNER_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    let mut random = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|f| f.read_exact_at(&mut random, 0))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let id = format!("{}-{hex}", host.trim());
+    let tmp = data_dir.join(format!("{OWNER_FILE}.tmp"));
+    std::fs::write(&tmp, format!("{id}\n"))
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .and_then(|()| segment::sync_dir(data_dir))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(id)
+}
+
+fn read_restored(data_dir: &Path) -> Result<Option<Vec<u64>>, String> {
+    let path = data_dir.join(RESTORED_FILE);
+    match std::fs::read(&path) {
+        Ok(b) => sonic_rs::from_slice(&b)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Longest one round may take (a sealed segment's upload included) before it is retried.
+const ROUND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why a round stopped short.
+enum RoundError {
+    /// Another owner has the manifest: stop archiving for good.
+    Fenced(String),
+    /// Try again (S3 unreachable, a file vanished under the round).
+    Retry(String),
+}
+
+impl From<io::Error> for RoundError {
+    fn from(e: io::Error) -> Self {
+        RoundError::Retry(e.to_string())
+    }
+}
+
+/// One shard's archiving.
+struct Worker {
+    archive: Arc<Archive>,
+    shard: u32,
+    dir: PathBuf,
+    keys: Keys,
+    manifest: Manifest,
+    etag: String,
+    interval: Duration,
+    grace_ms: i64,
+    last_slice: Option<Instant>,
+    last_commit: Instant,
+    /// The local checkpoint file's (modification time, length) when last looked at.
+    checkpoint_seen: Option<(SystemTime, u64)>,
+    /// Durable ends seen and when, oldest first, while not yet archived: the archive lag.
+    observed: VecDeque<(DurableEnd, i64)>,
+    segment_bytes: u64,
+}
+
+impl Worker {
+    fn new(
+        archive: Arc<Archive>,
+        settings: &Settings,
+        data_dir: &Path,
+        shard: u32,
+        manifest: Manifest,
+        etag: String,
+    ) -> Worker {
+        Worker {
+            archive,
+            shard,
+            dir: data_dir.join(format!("shard-{shard}")),
+            keys: Keys::new(shard, manifest.epoch),
+            manifest,
+            etag,
+            interval: settings.archive_interval,
+            grace_ms: settings.grace.as_millis() as i64,
+            last_slice: None,
+            last_commit: Instant::now(),
+            checkpoint_seen: None,
+            observed: VecDeque::new(),
+            segment_bytes: 0,
+        }
+    }
+
+    async fn run(mut self) {
+        let tick = self
+            .interval
+            .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let mut backoff = Duration::ZERO;
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            tokio::time::sleep(tick.max(backoff)).await;
+            // aws-sdk-s3 sets no operation timeout: a request that hangs must not stop
+            // this shard's archiving for good.
+            let result = match tokio::time::timeout(ROUND_TIMEOUT, self.round()).await {
+                Ok(r) => r,
+                Err(_) => Err(RoundError::Retry(format!(
+                    "no progress in {ROUND_TIMEOUT:?}"
+                ))),
+            };
+            self.report_lag();
+            match result {
+                Ok(()) => {
+                    if let Some(t) = failing_since.take() {
+                        tracing::info!(
+                            shard = self.shard,
+                            after_ms = t.elapsed().as_millis() as u64,
+                            "cold tier archiving caught up again"
+                        );
+                    }
+                    backoff = Duration::ZERO;
+                }
+                Err(RoundError::Fenced(why)) => {
+                    tracing::error!(shard = self.shard, "cold tier archiving stopped: {why}");
+                    self.archive.status.fence(why);
+                    return;
+                }
+                Err(RoundError::Retry(why)) => {
+                    // What this round uploaded is not committed: look at it all again.
+                    self.checkpoint_seen = None;
+                    self.last_slice = None;
+                    if failing_since.is_none() {
+                        failing_since = Some(Instant::now());
+                        tracing::warn!(
+                            shard = self.shard,
+                            "cold tier archiving failed, retrying: {why}"
+                        );
+                    } else {
+                        tracing::debug!(
+                            shard = self.shard,
+                            "cold tier archiving failed again: {why}"
+                        );
+                    }
+                    backoff =
+                        (backoff * 2).clamp(Duration::from_millis(200), Duration::from_secs(5));
+                }
+            }
+            if self.archive.status.fenced().is_some() {
+                return;
+            }
+        }
+    }
+
+    async fn round(&mut self) -> Result<(), RoundError> {
+        let now = ursula_storage::now_ms();
+        // Listed before the durable end is read (see the module comment).
+        let local: BTreeSet<u64> = segment::list_segments(&self.dir)?.into_iter().collect();
+        let blobs_before = list_blobs(&self.dir)?;
+        let slot = &self.archive.shards[self.shard as usize];
+        let Some(point) = slot.durable.lock().ok().and_then(|d| *d) else {
+            return Ok(());
+        };
+        if self.observed.back().is_none_or(|(p, _)| *p != point) {
+            self.observed.push_back((point, now));
+        }
+        let mut m = self.manifest.clone();
+        let archived = (m.archived.segment, m.archived.position);
+        let durable = (point.segment, point.position);
+        if durable < archived || point.lsn < m.archived.lsn {
+            return Err(RoundError::Fenced(format!(
+                "shard {}: the local log ends at segment {} position {} (LSN {}), before its \
+                 archive (segment {} position {}); restore the data dir from the archive or \
+                 archive to a new prefix",
+                self.shard, point.segment, point.position, point.lsn, archived.0, archived.1,
+            )));
+        }
+        let sealed_new: Vec<u64> = local
+            .iter()
+            .copied()
+            .filter(|&s| s < point.segment && s >= m.archived.segment && !m.sealed(s))
+            .collect();
+        let interval_over = self.last_slice.is_none_or(|t| t.elapsed() >= self.interval);
+        if durable > archived && (!sealed_new.is_empty() || interval_over) {
+            for s in sealed_new {
+                self.archive_sealed(&mut m, s, now).await?;
+            }
+            self.archive_slice(&mut m, point, now).await?;
+            m.archived = End {
+                segment: point.segment,
+                position: point.position,
+                lsn: point.lsn,
+            };
+            self.last_slice = Some(Instant::now());
+        }
+        self.archive_checkpoint(&mut m, now).await?;
+        self.keep_needed_segments(&mut m, now);
+        let blobs_after = list_blobs(&self.dir)?;
+        self.archive_blobs(&mut m, &blobs_before, &blobs_after, now)
+            .await?;
+        self.collect_garbage(&mut m, now).await;
+        if m != self.manifest || self.last_commit.elapsed() >= self.interval {
+            m.heartbeat_ms = now;
+            self.commit(m).await?;
+        }
+        Ok(())
+    }
+
+    /// Upload sealed segment `s` whole, in place of any slices of it.
+    async fn archive_sealed(
+        &mut self,
+        m: &mut Manifest,
+        s: u64,
+        now: i64,
+    ) -> Result<(), RoundError> {
+        let path = segment::segment_path(&self.dir, s);
+        let file = std::fs::File::open(&path)?;
+        let file_len = file.metadata()?.len();
+        let mut bytes = vec![0u8; file_len as usize];
+        file.read_exact_at(&mut bytes, 0)?;
+        // Only up to the end of the records: the rest is the zeroed preallocation.
+        let used = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let keep =
+            (used.div_ceil(DATA_START as usize) * DATA_START as usize).max(DATA_START as usize);
+        bytes.truncate(keep.min(bytes.len()));
+        let object = self
+            .upload(&self.keys.sealed(s), Bytes::from(bytes))
+            .await?;
+        let entry = manifest::Segment {
+            index: s,
+            file_len,
+            sealed: true,
+            pieces: vec![Piece { start: 0, object }],
+        };
+        match m.segments.iter_mut().find(|e| e.index == s) {
+            Some(e) => {
+                let old = std::mem::replace(e, entry);
+                for p in old.pieces {
+                    m.garbage.push(manifest::Garbage {
+                        key: p.object.key,
+                        since_ms: now,
+                    });
+                }
+            }
+            None => {
+                m.segments.push(entry);
+                m.segments.sort_by_key(|e| e.index);
+            }
+        }
+        Ok(())
+    }
+
+    /// Upload the segment being written from where its archive ends up to `point`.
+    async fn archive_slice(
+        &mut self,
+        m: &mut Manifest,
+        point: DurableEnd,
+        _now: i64,
+    ) -> Result<(), RoundError> {
+        let seg = point.segment;
+        let start = match m.segments.iter().find(|e| e.index == seg) {
+            Some(e) if e.sealed => return Ok(()),
+            Some(e) => e.pieces.last().map_or(0, |p| p.start + p.object.len),
+            None => 0,
+        };
+        if point.position <= start {
+            return Ok(());
+        }
+        let path = segment::segment_path(&self.dir, seg);
+        let file = std::fs::File::open(&path)?;
+        let file_len = file.metadata()?.len();
+        self.segment_bytes = file_len;
+        let mut bytes = vec![0u8; (point.position - start) as usize];
+        file.read_exact_at(&mut bytes, start)?;
+        let object = self
+            .upload(
+                &self.keys.slice(seg, start, point.position),
+                Bytes::from(bytes),
+            )
+            .await?;
+        let piece = Piece { start, object };
+        match m.segments.iter_mut().find(|e| e.index == seg) {
+            Some(e) => e.pieces.push(piece),
+            None => {
+                m.segments.push(manifest::Segment {
+                    index: seg,
+                    file_len,
+                    sealed: false,
+                    pieces: vec![piece],
+                });
+                m.segments.sort_by_key(|e| e.index);
+            }
+        }
+        Ok(())
+    }
+
+    /// Put a newer local checkpoint into the manifest once the archived log covers it,
+    /// after the index files it names.
+    async fn archive_checkpoint(&mut self, m: &mut Manifest, now: i64) -> Result<(), RoundError> {
+        let path = self.dir.join(ursula_storage::CHECKPOINT_FILE);
+        let seen = match std::fs::metadata(&path) {
+            Ok(meta) => (meta.modified()?, meta.len()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if self.checkpoint_seen == Some(seen) {
+            return Ok(());
+        }
+        let bytes = Bytes::from(std::fs::read(&path)?);
+        let summary = ursula_storage::checkpoint_summary(self.shard, &bytes)
+            .map_err(|e| RoundError::Retry(format!("{}: {e}", path.display())))?;
+        let crc = crc32c::crc32c(&bytes);
+        if m.checkpoint
+            .as_ref()
+            .is_some_and(|c| c.object.crc == crc && c.lsn == summary.lsn)
+        {
+            self.checkpoint_seen = Some(seen);
+            return Ok(());
+        }
+        if (summary.segment, summary.position) > (m.archived.segment, m.archived.position) {
+            // The log it continues is not archived yet; look again next round.
+            return Ok(());
+        }
+        let mut index_files = Vec::new();
+        for &seg in &summary.index_files {
+            if let Some(f) = m.index_files.iter().find(|f| f.segment == seg) {
+                index_files.push(f.clone());
+                continue;
+            }
+            let idx = self.dir.join(format!("{seg:010}.idx"));
+            let content = match std::fs::read(&idx) {
+                Ok(c) => c,
+                // Replaced by a newer checkpoint meanwhile: take that one next round.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            let object = self
+                .upload(&self.keys.index(seg), Bytes::from(content))
+                .await?;
+            index_files.push(manifest::IndexFile {
+                segment: seg,
+                object,
+            });
+        }
+        let object = self
+            .upload(&self.keys.checkpoint(summary.lsn, crc), bytes)
+            .await?;
+        let next = manifest::Checkpoint {
+            lsn: summary.lsn,
+            segment: summary.segment,
+            position: summary.position,
+            segments: summary.segments,
+            object,
+        };
+        if let Some(old) = m.checkpoint.replace(next) {
+            m.drop_object(old.object.key, now);
+        }
+        let named: BTreeSet<u64> = index_files.iter().map(|f| f.segment).collect();
+        for f in std::mem::replace(&mut m.index_files, index_files) {
+            if !named.contains(&f.segment) {
+                m.drop_object(f.object.key, now);
+            }
+        }
+        self.checkpoint_seen = Some(seen);
+        Ok(())
+    }
+
+    /// Drop segments the manifest's checkpoint no longer needs: it needs those its segment
+    /// map names and every one from its log position on.
+    fn keep_needed_segments(&self, m: &mut Manifest, now: i64) {
+        let Some(c) = &m.checkpoint else { return };
+        let (from, map): (u64, BTreeSet<u64>) = (c.segment, c.segments.iter().copied().collect());
+        let (keep, drop): (Vec<_>, Vec<_>) = std::mem::take(&mut m.segments)
+            .into_iter()
+            .partition(|s| s.index >= from || map.contains(&s.index));
+        m.segments = keep;
+        for s in drop {
+            for p in s.pieces {
+                m.drop_object(p.object.key, now);
+            }
+        }
+    }
+
+    /// Upload snapshot blobs not archived yet (or grown since: a blob is written in
+    /// place, so a listing can catch one half written), and drop the ones deleted locally.
+    async fn archive_blobs(
+        &mut self,
+        m: &mut Manifest,
+        before: &BTreeMap<String, u64>,
+        after: &BTreeMap<String, u64>,
+        now: i64,
+    ) -> Result<(), RoundError> {
+        let dir = self.dir.join("snapshots");
+        for (name, &len) in after {
+            if m.blobs
+                .iter()
+                .any(|b| &b.name == name && b.object.len == len)
+            {
+                continue;
+            }
+            let content = match std::fs::read(dir.join(name)) {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let len = content.len() as u64;
+            let object = self
+                .upload(&self.keys.blob(name, len), Bytes::from(content))
+                .await?;
+            let blob = manifest::Blob {
+                name: name.clone(),
+                object,
+            };
+            match m.blobs.iter_mut().find(|b| &b.name == name) {
+                Some(b) => {
+                    let old = std::mem::replace(b, blob);
+                    m.garbage.push(manifest::Garbage {
+                        key: old.object.key,
+                        since_ms: now,
+                    });
+                }
+                None => m.blobs.push(blob),
+            }
+        }
+        let (keep, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut m.blobs)
+            .into_iter()
+            .partition(|b| before.contains_key(&b.name) || after.contains_key(&b.name));
+        m.blobs = keep;
+        for b in gone {
+            m.drop_object(b.object.key, now);
+        }
+        Ok(())
+    }
+
+    /// Delete garbage whose grace period is over; what fails stays for the next round.
+    async fn collect_garbage(&self, m: &mut Manifest, now: i64) {
+        let mut kept = Vec::new();
+        for g in std::mem::take(&mut m.garbage) {
+            if now - g.since_ms < self.grace_ms {
+                kept.push(g);
+                continue;
+            }
+            match self.archive.store.delete(&g.key).await {
+                Ok(()) => {
+                    self.archive.status.count(Request::Delete, Outcome::Ok);
+                    self.archive
+                        .status
+                        .objects_deleted
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(_) => {
+                    self.archive.status.count(Request::Delete, Outcome::Error);
+                    kept.push(g);
+                }
+            }
+        }
+        m.garbage = kept;
+    }
+
+    async fn commit(&mut self, m: Manifest) -> Result<(), RoundError> {
+        let status = &self.archive.status;
+        match manifest::commit(&self.archive.store, &m, Some(&self.etag)).await {
+            Ok(etag) => {
+                tracing::debug!(
+                    shard = self.shard,
+                    segment = m.archived.segment,
+                    position = m.archived.position,
+                    lsn = m.archived.lsn,
+                    "manifest committed"
+                );
+                status.count(Request::Manifest, Outcome::Ok);
+                self.etag = etag;
+                self.last_commit = Instant::now();
+                self.publish(m);
+                Ok(())
+            }
+            Err(CommitError::Conflict) => {
+                status.count(Request::Manifest, Outcome::Precondition);
+                let current = manifest::load(&self.archive.store, self.shard)
+                    .await
+                    .map_err(RoundError::Retry)?;
+                match current {
+                    Some((cur, _)) if cur.epoch != m.epoch || cur.owner != m.owner => {
+                        Err(RoundError::Fenced(format!(
+                            "shard {}: server {} took the archive over (epoch {}, ours {})",
+                            self.shard, cur.owner, cur.epoch, m.epoch
+                        )))
+                    }
+                    // Our own earlier write, whose answer was lost: continue from it.
+                    Some((cur, etag)) => {
+                        self.etag = etag;
+                        self.publish(cur);
+                        Err(RoundError::Retry(
+                            "the manifest changed under us (our own retried write)".into(),
+                        ))
+                    }
+                    None => Err(RoundError::Fenced(format!(
+                        "shard {}: the manifest was deleted",
+                        self.shard
+                    ))),
+                }
+            }
+            Err(CommitError::Store(e)) => {
+                status.count(Request::Manifest, Outcome::Error);
+                Err(RoundError::Retry(e))
+            }
+        }
+    }
+
+    fn publish(&mut self, m: Manifest) {
+        let archived = m.archived;
+        self.manifest = m.clone();
+        if let Ok(mut c) = self.archive.shards[self.shard as usize].committed.lock() {
+            *c = Arc::new(m);
+        }
+        while self
+            .observed
+            .front()
+            .is_some_and(|(p, _)| (p.segment, p.position) <= (archived.segment, archived.position))
+        {
+            self.observed.pop_front();
+        }
+    }
+
+    /// Publish how far the committed archive is behind the newest durable end seen.
+    fn report_lag(&self) {
+        let Some(&(point, _)) = self.observed.back() else {
+            self.archive.status.set_lag(self.shard, 0, 0);
+            return;
+        };
+        let a = self.manifest.archived;
+        let bytes = if (point.segment, point.position) <= (a.segment, a.position) {
+            0
+        } else if point.segment == a.segment {
+            point.position - a.position
+        } else {
+            let seg = self.segment_bytes.max(point.position);
+            (point.segment - a.segment.max(1)) * seg + point.position - a.position.min(seg)
+        };
+        let since = self.observed.front().map_or(0, |(_, t)| *t);
+        self.archive.status.set_lag(self.shard, bytes, since);
+    }
+
+    /// Write an immutable object. A create that finds the key taken is fine when the object
+    /// there is this one (a retry whose first attempt landed), an error otherwise.
+    async fn upload(&self, key: &str, bytes: Bytes) -> Result<Object, RoundError> {
+        let status = &self.archive.status;
+        let object = Object {
+            key: key.to_string(),
+            len: bytes.len() as u64,
+            crc: crc32c::crc32c(&bytes),
+        };
+        match self
+            .archive
+            .store
+            .put(key, bytes, PutMode::CreateOnly)
+            .await
+        {
+            Ok(_) => {
+                status.count(Request::Put, Outcome::Ok);
+                status
+                    .objects_uploaded
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                status
+                    .bytes_uploaded
+                    .fetch_add(object.len, std::sync::atomic::Ordering::Relaxed);
+                Ok(object)
+            }
+            Err(StoreError::PreconditionFailed) => {
+                status.count(Request::Put, Outcome::Precondition);
+                let there = self
+                    .archive
+                    .store
+                    .get(key)
+                    .await
+                    .map_err(|e| RoundError::Retry(e.to_string()))?;
+                status.count(Request::Get, Outcome::Ok);
+                match there {
+                    Some(o)
+                        if o.bytes.len() as u64 == object.len
+                            && crc32c::crc32c(&o.bytes) == object.crc =>
+                    {
+                        Ok(object)
+                    }
+                    _ => Err(RoundError::Fenced(format!(
+                        "{key} already exists in {} with other content; another server writes \
+                         under this owner epoch",
+                        self.archive.store.describe()
+                    ))),
+                }
+            }
+            Err(e) => {
+                status.count(Request::Put, Outcome::Error);
+                Err(RoundError::Retry(e.to_string()))
+            }
+        }
+    }
+}
+
+/// Snapshot blob files of a shard directory and their lengths.
+fn list_blobs(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    let entries = match std::fs::read_dir(dir.join("snapshots")) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if !name.ends_with(".blob") {
+            continue;
+        }
+        match entry.metadata() {
+            Ok(meta) => {
+                out.insert(name, meta.len());
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}

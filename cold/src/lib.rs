@@ -1,0 +1,16 @@
+//! The cold tier: a data dir's shards moved to and from S3.
+//!
+//! * [`start`] runs the archiver: one thread beside the cores, continuously copying every
+//!   shard's durable log, checkpoints, index files and snapshot blobs to S3 as immutable
+//!   objects, and advancing each shard's manifest by compare-and-swap under an owner epoch
+//!   (`archiver`). The returned [`Archive`] is the engine's [`ursula_storage::cold::ColdStore`].
+//! * [`restore::restore`] builds a data dir from the archive alone.
+//! * [`manifest`] is the object layout and the manifest format; [`status`] what the tier
+//!   reports (metrics, fencing).
+
+mod archiver;
+pub mod manifest;
+pub mod restore;
+pub mod status;
+
+pub use archiver::{start, Archive, Settings, OWNER_FILE, RESTORED_FILE};

@@ -1,0 +1,469 @@
+//! What a shard's archive in the object store is: its manifest and the names of its objects.
+//!
+//! ```text
+//! layout.json                                   {"shards": N}: created once, never changed
+//! shard-<c>/manifest.json                       the manifest (CAS: If-Match / If-None-Match: *)
+//! shard-<c>/e<epoch>/<seg>.seg                  a sealed segment, up to its records' end
+//! shard-<c>/e<epoch>/<seg>.seg.<start>-<end>    a slice of the segment being written
+//! shard-<c>/e<epoch>/<seg>.idx                  an index file
+//! shard-<c>/e<epoch>/checkpoint.<lsn>.<crc>     a checkpoint copy
+//! shard-<c>/e<epoch>/snapshots/<blob>.<len>     a snapshot blob
+//! ```
+//!
+//! Every object but the manifest is written once, create-only. Keys carry the owner epoch
+//! that wrote them: after a restore or a takeover the new owner writes other bytes at the
+//! same log positions, and objects a dead owner uploaded but never committed must not be
+//! mistaken for its successor's.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use ursula_s3::{DynStore, PutMode, StoreError};
+
+pub const LAYOUT_KEY: &str = "layout.json";
+pub const VERSION: u32 = 1;
+
+/// The prefix-level object: how many shards the archived data dir has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    pub shards: u32,
+}
+
+/// A position in the shard's log: segment, byte position in it, and the LSN of the last
+/// record before it. Segment 0 means nothing is archived yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct End {
+    pub segment: u64,
+    pub position: u64,
+    pub lsn: u64,
+}
+
+/// An immutable object and the bytes it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Object {
+    pub key: String,
+    pub len: u64,
+    /// CRC32C of the content.
+    pub crc: u32,
+}
+
+/// Bytes `[start, start + object.len)` of a segment file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Piece {
+    pub start: u64,
+    pub object: Object,
+}
+
+/// One segment of the log: whole (sealed) or as slices of the segment being written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub index: u64,
+    /// Size of the local file (preallocated), restored as such.
+    pub file_len: u64,
+    pub sealed: bool,
+    pub pieces: Vec<Piece>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub lsn: u64,
+    /// Where the log continues after it.
+    pub segment: u64,
+    pub position: u64,
+    /// Segments before `segment` that hold data of its streams (its segment map).
+    pub segments: Vec<u64>,
+    pub object: Object,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexFile {
+    pub segment: u64,
+    pub object: Object,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blob {
+    pub name: String,
+    pub object: Object,
+}
+
+/// An object no committed manifest needs any more, deleted once the grace period after
+/// `since_ms` has passed (a reader or a restore may still be fetching it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Garbage {
+    pub key: String,
+    pub since_ms: i64,
+}
+
+/// A shard's archive: which objects make up its log, and who may change it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    pub shard: u32,
+    /// Taken by compare-and-swap at each start: a writer whose epoch is no longer the
+    /// manifest's is fenced out.
+    pub epoch: u64,
+    /// The owning server's identity (kept in its data dir).
+    pub owner: String,
+    /// When the owner last committed, ms since the epoch, and how often it commits: an owner
+    /// silent for a few intervals is presumed gone.
+    pub heartbeat_ms: i64,
+    pub interval_ms: u64,
+    /// Everything before this is in the objects below.
+    pub archived: End,
+    pub segments: Vec<Segment>,
+    pub checkpoint: Option<Checkpoint>,
+    /// The index files `checkpoint` names.
+    pub index_files: Vec<IndexFile>,
+    pub blobs: Vec<Blob>,
+    pub garbage: Vec<Garbage>,
+}
+
+impl Manifest {
+    pub fn new(shard: u32, epoch: u64, owner: &str, interval_ms: u64, now_ms: i64) -> Manifest {
+        Manifest {
+            version: VERSION,
+            shard,
+            epoch,
+            owner: owner.to_string(),
+            heartbeat_ms: now_ms,
+            interval_ms,
+            archived: End::default(),
+            segments: Vec::new(),
+            checkpoint: None,
+            index_files: Vec::new(),
+            blobs: Vec::new(),
+            garbage: Vec::new(),
+        }
+    }
+
+    /// The manifest a new owner commits: the next epoch, and either this archive's objects
+    /// (`inherit`: its local log continues this one) or none of them, all to be deleted
+    /// after the grace period.
+    pub fn successor(&self, owner: &str, interval_ms: u64, inherit: bool, now_ms: i64) -> Manifest {
+        let mut next = if inherit {
+            self.clone()
+        } else {
+            let mut fresh = Manifest::new(self.shard, 0, owner, interval_ms, now_ms);
+            fresh.garbage = self.garbage.clone();
+            let dropped = self.keys();
+            fresh.garbage.extend(dropped.into_iter().map(|key| Garbage {
+                key,
+                since_ms: now_ms,
+            }));
+            fresh
+        };
+        next.epoch = self.epoch + 1;
+        next.owner = owner.to_string();
+        next.heartbeat_ms = now_ms;
+        next.interval_ms = interval_ms;
+        next
+    }
+
+    /// Every object key the manifest needs (not its garbage).
+    pub fn keys(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .segments
+            .iter()
+            .flat_map(|s| s.pieces.iter().map(|p| p.object.key.clone()))
+            .collect();
+        out.extend(self.checkpoint.iter().map(|c| c.object.key.clone()));
+        out.extend(self.index_files.iter().map(|f| f.object.key.clone()));
+        out.extend(self.blobs.iter().map(|b| b.object.key.clone()));
+        out
+    }
+
+    /// Whether `segment` is archived whole.
+    pub fn sealed(&self, segment: u64) -> bool {
+        self.segments.iter().any(|s| s.index == segment && s.sealed)
+    }
+
+    /// Whether the owner committed recently enough to be presumed alive.
+    pub fn owner_alive(&self, now_ms: i64) -> bool {
+        let window = 3 * self.interval_ms as i64 + 2_000;
+        now_ms - self.heartbeat_ms < window
+    }
+
+    /// Move `key` to the garbage list.
+    pub fn drop_object(&mut self, key: String, now_ms: i64) {
+        self.garbage.push(Garbage {
+            key,
+            since_ms: now_ms,
+        });
+    }
+}
+
+pub fn manifest_key(shard: u32) -> String {
+    format!("shard-{shard}/manifest.json")
+}
+
+/// Names of the immutable objects one owner epoch of one shard writes.
+pub struct Keys {
+    base: String,
+}
+
+impl Keys {
+    pub fn new(shard: u32, epoch: u64) -> Keys {
+        Keys {
+            base: format!("shard-{shard}/e{epoch}"),
+        }
+    }
+
+    pub fn sealed(&self, segment: u64) -> String {
+        format!("{}/{segment:010}.seg", self.base)
+    }
+
+    pub fn slice(&self, segment: u64, start: u64, end: u64) -> String {
+        format!("{}/{segment:010}.seg.{start:012}-{end:012}", self.base)
+    }
+
+    pub fn index(&self, segment: u64) -> String {
+        format!("{}/{segment:010}.idx", self.base)
+    }
+
+    pub fn checkpoint(&self, lsn: u64, crc: u32) -> String {
+        format!("{}/checkpoint.{lsn:020}.{crc:08x}", self.base)
+    }
+
+    pub fn blob(&self, name: &str, len: u64) -> String {
+        format!("{}/snapshots/{name}.{len}", self.base)
+    }
+}
+
+/// Why a manifest could not be committed.
+#[derive(Debug)]
+pub enum CommitError {
+    /// Another writer changed it since we read it: re-read and decide.
+    Conflict,
+    Store(String),
+}
+
+impl std::fmt::Display for CommitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommitError::Conflict => f.write_str("the manifest changed under us"),
+            CommitError::Store(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Read shard `shard`'s manifest and its ETag.
+pub async fn load(store: &DynStore, shard: u32) -> Result<Option<(Manifest, String)>, String> {
+    let key = manifest_key(shard);
+    match store.get(&key).await.map_err(|e| e.to_string())? {
+        None => Ok(None),
+        Some(o) => {
+            let m: Manifest = sonic_rs::from_slice(&o.bytes)
+                .map_err(|e| format!("{key}: corrupt manifest: {e}"))?;
+            if m.shard != shard {
+                return Err(format!("{key} describes shard {}", m.shard));
+            }
+            Ok(Some((m, o.etag)))
+        }
+    }
+}
+
+/// Write `m` if the stored manifest still has ETag `etag` (`None`: if there is none yet);
+/// returns the new ETag.
+pub async fn commit(
+    store: &DynStore,
+    m: &Manifest,
+    etag: Option<&str>,
+) -> Result<String, CommitError> {
+    let bytes = sonic_rs::to_vec(m).map_err(|e| CommitError::Store(e.to_string()))?;
+    let mode = match etag {
+        Some(e) => PutMode::IfMatch(e.to_string()),
+        None => PutMode::CreateOnly,
+    };
+    match store
+        .put(&manifest_key(m.shard), Bytes::from(bytes), mode)
+        .await
+    {
+        Ok(tag) => Ok(tag),
+        Err(StoreError::PreconditionFailed) => Err(CommitError::Conflict),
+        Err(e) => Err(CommitError::Store(e.to_string())),
+    }
+}
+
+/// Read the prefix's layout.
+pub async fn load_layout(store: &DynStore) -> Result<Option<Layout>, String> {
+    match store.get(LAYOUT_KEY).await.map_err(|e| e.to_string())? {
+        None => Ok(None),
+        Some(o) => sonic_rs::from_slice(&o.bytes)
+            .map(Some)
+            .map_err(|e| format!("{LAYOUT_KEY}: corrupt: {e}")),
+    }
+}
+
+/// Create the layout, or check that the existing one has `shards` shards.
+pub async fn ensure_layout(store: &DynStore, shards: u32) -> Result<(), String> {
+    let check = |l: Layout| {
+        if l.shards == shards {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} holds a data dir of {} shards; this server has {shards} (start it with --cores {})",
+                store.describe(),
+                l.shards,
+                l.shards
+            ))
+        }
+    };
+    if let Some(l) = load_layout(store).await? {
+        return check(l);
+    }
+    let bytes = sonic_rs::to_vec(&Layout { shards }).map_err(|e| e.to_string())?;
+    match store
+        .put(LAYOUT_KEY, Bytes::from(bytes), PutMode::CreateOnly)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(StoreError::PreconditionFailed) => match load_layout(store).await? {
+            Some(l) => check(l),
+            None => Err(format!("{LAYOUT_KEY} vanished while being created")),
+        },
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn local() -> (tempfile::TempDir, DynStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: DynStore = Arc::new(ursula_s3::LocalStore::open(dir.path()).expect("store"));
+        (dir, store)
+    }
+
+    fn run<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    fn object(key: &str) -> Object {
+        Object {
+            key: key.into(),
+            len: 1,
+            crc: 0,
+        }
+    }
+
+    #[test]
+    fn keys_carry_shard_epoch_and_positions() {
+        let k = Keys::new(3, 7);
+        assert_eq!(k.sealed(12), "shard-3/e7/0000000012.seg");
+        assert_eq!(
+            k.slice(12, 4096, 8200),
+            "shard-3/e7/0000000012.seg.000000004096-000000008200"
+        );
+        assert_eq!(k.index(2), "shard-3/e7/0000000002.idx");
+        assert_eq!(
+            k.checkpoint(5, 0xab),
+            "shard-3/e7/checkpoint.00000000000000000005.000000ab"
+        );
+        assert_eq!(
+            k.blob("19a-1.blob", 10),
+            "shard-3/e7/snapshots/19a-1.blob.10"
+        );
+        assert_ne!(
+            Keys::new(3, 8).sealed(12),
+            k.sealed(12),
+            "a new owner never reuses a key"
+        );
+        assert_eq!(manifest_key(3), "shard-3/manifest.json");
+    }
+
+    #[test]
+    fn a_successor_takes_the_next_epoch_and_inherits_or_drops_the_objects() {
+        let mut m = Manifest::new(0, 4, "a", 1000, 10);
+        m.segments.push(Segment {
+            index: 1,
+            file_len: 1 << 20,
+            sealed: true,
+            pieces: vec![Piece {
+                start: 0,
+                object: object("s1"),
+            }],
+        });
+        m.blobs.push(Blob {
+            name: "b".into(),
+            object: object("b1"),
+        });
+        m.garbage.push(Garbage {
+            key: "old".into(),
+            since_ms: 1,
+        });
+        let same = m.successor("a", 500, true, 20);
+        assert_eq!(
+            (same.epoch, same.owner.as_str(), same.interval_ms),
+            (5, "a", 500)
+        );
+        assert_eq!(same.segments, m.segments);
+        let other = m.successor("b", 1000, false, 30);
+        assert_eq!((other.epoch, other.owner.as_str()), (5, "b"));
+        assert!(other.segments.is_empty() && other.blobs.is_empty());
+        let mut dropped: Vec<_> = other.garbage.iter().map(|g| g.key.as_str()).collect();
+        dropped.sort_unstable();
+        assert_eq!(dropped, vec!["b1", "old", "s1"]);
+        assert!(other
+            .garbage
+            .iter()
+            .filter(|g| g.key != "old")
+            .all(|g| g.since_ms == 30));
+    }
+
+    #[test]
+    fn an_owner_is_alive_for_a_few_intervals() {
+        let m = Manifest::new(0, 1, "a", 1000, 10_000);
+        assert!(m.owner_alive(10_000 + 4_999));
+        assert!(!m.owner_alive(10_000 + 5_000));
+    }
+
+    #[test]
+    fn commits_are_compare_and_swap() {
+        let (_dir, store) = local();
+        run(async {
+            assert!(load(&store, 0).await.expect("load").is_none());
+            let m = Manifest::new(0, 1, "a", 1000, 1);
+            let tag = commit(&store, &m, None).await.expect("create");
+            assert!(
+                matches!(commit(&store, &m, None).await, Err(CommitError::Conflict)),
+                "create-only"
+            );
+            let (got, got_tag) = load(&store, 0).await.expect("load").expect("present");
+            assert_eq!((got, got_tag.as_str()), (m.clone(), tag.as_str()));
+            // Two owners start from the same read: exactly one wins the epoch.
+            let a = m.successor("a", 1000, true, 2);
+            let b = m.successor("b", 1000, false, 2);
+            let won = commit(&store, &a, Some(&tag)).await.expect("first wins");
+            assert!(matches!(
+                commit(&store, &b, Some(&tag)).await,
+                Err(CommitError::Conflict)
+            ));
+            let (now, now_tag) = load(&store, 0).await.expect("load").expect("present");
+            assert_eq!((now.epoch, now.owner.as_str(), now_tag), (2, "a", won));
+            assert!(
+                load(&store, 1).await.expect("load").is_none(),
+                "other shard untouched"
+            );
+        });
+    }
+
+    #[test]
+    fn the_layout_is_created_once_and_checked() {
+        let (_dir, store) = local();
+        run(async {
+            ensure_layout(&store, 4).await.expect("create");
+            ensure_layout(&store, 4).await.expect("same count");
+            let err = ensure_layout(&store, 2).await.expect_err("other count");
+            assert!(
+                err.contains("4 shards") && err.contains("--cores 4"),
+                "{err}"
+            );
+        });
+    }
+}

@@ -1,0 +1,163 @@
+//! `ursula restore`: build a data dir from the cold tier alone.
+//!
+//! Every shard's manifest names a checkpoint, the index files it refers to, snapshot
+//! blobs, and the segments of the log up to the archived end (the one being written as
+//! slices). The restored segments are preallocated to their original size, so the data dir
+//! is exactly what a crash right after the archived end would have left: the server's
+//! recovery replays it from the checkpoint, and everything after the archived end is gone.
+
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ursula_s3::DynStore;
+use ursula_storage::segment::{self, SegmentHeader, DATA_START};
+
+use crate::archiver::RESTORED_FILE;
+use crate::manifest::{self, Manifest, Object};
+
+/// What a restore wrote.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    pub shards: u32,
+    pub objects: u64,
+    pub bytes: u64,
+    pub elapsed: Duration,
+    /// Per shard: the archived end it was rewound to (segment, position, LSN).
+    pub ends: Vec<manifest::End>,
+}
+
+/// Restore the archive in `store` into `data_dir`, which must be empty or absent.
+pub async fn restore(store: &DynStore, data_dir: &Path) -> Result<Report, String> {
+    let started = Instant::now();
+    if let Ok(mut entries) = std::fs::read_dir(data_dir) {
+        if entries.next().is_some() {
+            return Err(format!(
+                "{} is not empty; restore builds a new data dir",
+                data_dir.display()
+            ));
+        }
+    }
+    let at = store.describe();
+    let layout = manifest::load_layout(store).await?.ok_or_else(|| {
+        format!(
+            "{at} holds no archive ({} is missing)",
+            manifest::LAYOUT_KEY
+        )
+    })?;
+    segment::create_dir_durable(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let mut report = Report {
+        shards: layout.shards,
+        ..Report::default()
+    };
+    let mut epochs = Vec::new();
+    for shard in 0..layout.shards {
+        let (m, _) = manifest::load(store, shard)
+            .await?
+            .ok_or_else(|| format!("{at}: shard {shard} has no manifest"))?;
+        restore_shard(store, &m, data_dir, &mut report).await?;
+        epochs.push(m.epoch);
+        report.ends.push(m.archived);
+    }
+    let write = |name: &str, content: Vec<u8>| {
+        let path = data_dir.join(name);
+        std::fs::write(&path, content)
+            .and_then(|()| std::fs::File::open(&path)?.sync_all())
+            .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let restored = sonic_rs::to_vec(&epochs).map_err(|e| e.to_string())?;
+    write(RESTORED_FILE, restored)?;
+    // The layout last: a data dir with one was restored completely.
+    write(
+        "ursula.layout",
+        format!("shards={}\n", layout.shards).into_bytes(),
+    )?;
+    segment::sync_dir(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+async fn restore_shard(
+    store: &DynStore,
+    m: &Manifest,
+    data_dir: &Path,
+    report: &mut Report,
+) -> Result<(), String> {
+    let dir = data_dir.join(format!("shard-{}", m.shard));
+    let fail = |what: &Path, e: io::Error| format!("{}: {e}", what.display());
+    segment::create_dir_durable(&dir).map_err(|e| fail(&dir, e))?;
+    for seg in m.segments.iter().filter(|s| s.index <= m.archived.segment) {
+        let path = segment::segment_path(&dir, seg.index);
+        let mut pieces = Vec::new();
+        for p in &seg.pieces {
+            pieces.push((p.start, fetch(store, &p.object, report).await?));
+        }
+        let header = pieces
+            .first()
+            .filter(|(start, b)| *start == 0 && b.len() >= DATA_START as usize)
+            .and_then(|(_, b)| SegmentHeader::decode(b))
+            .filter(|h| h.shard == m.shard && h.index == seg.index)
+            .ok_or_else(|| {
+                format!(
+                    "segment {} of shard {}: no valid header",
+                    seg.index, m.shard
+                )
+            })?;
+        drop(segment::create_segment(&dir, header, seg.file_len).map_err(|e| fail(&path, e))?);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| fail(&path, e))?;
+        for (start, bytes) in pieces {
+            file.write_all_at(&bytes, start)
+                .map_err(|e| fail(&path, e))?;
+        }
+        file.sync_all().map_err(|e| fail(&path, e))?;
+    }
+    for f in &m.index_files {
+        let path = dir.join(format!("{:010}.idx", f.segment));
+        write_file(&path, &fetch(store, &f.object, report).await?)?;
+    }
+    if !m.blobs.is_empty() {
+        let blobs = dir.join("snapshots");
+        segment::create_dir_durable(&blobs).map_err(|e| fail(&blobs, e))?;
+        for b in &m.blobs {
+            write_file(
+                &blobs.join(&b.name),
+                &fetch(store, &b.object, report).await?,
+            )?;
+        }
+        segment::sync_dir(&blobs).map_err(|e| fail(&blobs, e))?;
+    }
+    if let Some(c) = &m.checkpoint {
+        let path = dir.join(ursula_storage::CHECKPOINT_FILE);
+        write_file(&path, &fetch(store, &c.object, report).await?)?;
+    }
+    segment::sync_dir(&dir).map_err(|e| fail(&dir, e))
+}
+
+/// Download `o` and check it is what the manifest says.
+async fn fetch(store: &DynStore, o: &Object, report: &mut Report) -> Result<Bytes, String> {
+    let got = store
+        .get(&o.key)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} is missing from {}", o.key, store.describe()))?;
+    if got.bytes.len() as u64 != o.len || crc32c::crc32c(&got.bytes) != o.crc {
+        return Err(format!(
+            "{}: content differs from its manifest entry",
+            o.key
+        ));
+    }
+    report.objects += 1;
+    report.bytes += o.len;
+    Ok(got.bytes)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    std::fs::write(path, bytes)
+        .and_then(|()| std::fs::File::open(path)?.sync_all())
+        .map_err(|e| format!("{}: {e}", path.display()))
+}

@@ -1,0 +1,779 @@
+//! The S3 cold tier through the real binaries: `ursula server` archiving to a real S3
+//! server (`ursula-test-s3`, s3s-fs with serialised writes) on a loopback port, and
+//! `ursula restore` building a data dir from it.
+//!
+//! Segments are the engine's smallest (~48 MiB, `segment_bytes = 1`) so that a roll takes
+//! one stream of big appends; archive intervals are a fraction of a second. Each test takes
+//! 10-30 s.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use support::{expect, req, temp_dir, write_config, Server, URSULA_BIN};
+
+const BUCKET: &str = "cold-test";
+const CREDS: [(&str, &str); 3] = [
+    ("AWS_ACCESS_KEY_ID", "testak"),
+    ("AWS_SECRET_ACCESS_KEY", "testsecretkey"),
+    ("AWS_EC2_METADATA_DISABLED", "true"),
+];
+const OCTETS: (&str, &str) = ("content-type", "application/octet-stream");
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+/// `ursula-test-s3`, built next to `ursula` by the workspace build.
+fn test_s3_bin() -> PathBuf {
+    let p = Path::new(URSULA_BIN).with_file_name("ursula-test-s3");
+    assert!(
+        p.exists(),
+        "{} not found: the cold tier tests need the S3 test server; build the workspace \
+         first (cargo build --release --workspace)",
+        p.display()
+    );
+    p
+}
+
+/// A running S3 server whose objects are files under `root/BUCKET/`.
+struct S3 {
+    child: Child,
+    addr: String,
+    root: PathBuf,
+}
+
+impl S3 {
+    fn start(root: &Path, port: u16) -> S3 {
+        std::fs::create_dir_all(root).expect("mkdir s3 root");
+        let mut child = Command::new(test_s3_bin())
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--root"])
+            .arg(root)
+            .args(["--bucket", BUCKET])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ursula-test-s3");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        let mut reader = BufReader::new(stdout);
+        reader.read_line(&mut line).expect("listening line");
+        thread::spawn(move || for _ in reader.lines() {});
+        let addr = line
+            .trim()
+            .strip_prefix("ursula-test-s3 listening on http://")
+            .unwrap_or_else(|| panic!("unexpected line from ursula-test-s3: {line:?}"))
+            .to_string();
+        S3 {
+            child,
+            addr,
+            root: root.to_path_buf(),
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port")
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The object `key` under `prefix`, read from the server's files.
+    fn object(&self, prefix: &str, key: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.root.join(BUCKET).join(prefix).join(key)).ok()
+    }
+
+    fn manifest(&self, prefix: &str, shard: u32) -> Option<sonic_rs::Value> {
+        let b = self.object(prefix, &format!("shard-{shard}/manifest.json"))?;
+        Some(sonic_rs::from_slice(&b).expect("manifest is JSON"))
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn u64_at(v: &sonic_rs::Value, path: &[&str]) -> u64 {
+    let mut at = v;
+    for p in path {
+        at = at
+            .get(p)
+            .unwrap_or_else(|| panic!("{path:?} missing in {v}"));
+    }
+    at.as_u64()
+        .unwrap_or_else(|| panic!("{path:?} not a number in {v}"))
+}
+
+/// Every object key a manifest lists (not its garbage).
+fn manifest_keys(m: &sonic_rs::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let key = |o: &sonic_rs::Value| {
+        o.get("object")
+            .and_then(|o| o.get("key"))
+            .and_then(|k| k.as_str())
+            .map(str::to_string)
+    };
+    if let Some(segs) = m.get("segments").and_then(|s| s.as_array()) {
+        for s in segs.iter() {
+            for p in s
+                .get("pieces")
+                .and_then(|p| p.as_array())
+                .expect("pieces")
+                .iter()
+            {
+                out.extend(key(p));
+            }
+        }
+    }
+    if let Some(c) = m.get("checkpoint") {
+        out.extend(key(c));
+    }
+    for list in ["index_files", "blobs"] {
+        for o in m.get(list).and_then(|l| l.as_array()).expect("list").iter() {
+            out.extend(key(o));
+        }
+    }
+    out
+}
+
+struct Setup {
+    interval_ms: u64,
+    grace_ms: u64,
+    cores: usize,
+}
+
+impl Setup {
+    fn config(&self, dir: &Path, s3: &S3, prefix: &str) -> String {
+        write_config(
+            dir,
+            &format!(
+                "segment_bytes = 1\n[cold_tier]\ns3_bucket = \"{BUCKET}\"\ns3_prefix = \"{prefix}\"\n\
+                 s3_endpoint = \"{}\"\ns3_region = \"us-east-1\"\narchive_interval_ms = {}\ngrace_ms = {}\n",
+                s3.endpoint(),
+                self.interval_ms,
+                self.grace_ms
+            ),
+        )
+    }
+
+    fn args(&self, data: &Path, config: &str, extra: &[&str]) -> Vec<String> {
+        let mut args = support::server_args(data, "disk", self.cores, &["--config", config]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    }
+
+    fn start(&self, data: &Path, config: &str, log: &Path, extra: &[&str]) -> Server {
+        let args = self.args(data, config, extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Server::spawn_with_env(&args, &CREDS, Some(log), Duration::from_secs(60))
+    }
+}
+
+fn restore(s3: &S3, prefix: &str, data: &Path) -> std::process::Output {
+    Command::new(URSULA_BIN)
+        .args(["restore", "--data-dir"])
+        .arg(data)
+        .args([
+            "--cold-s3-bucket",
+            BUCKET,
+            "--cold-s3-prefix",
+            prefix,
+            "--cold-s3-endpoint",
+        ])
+        .arg(s3.endpoint())
+        .args(["--cold-s3-region", "us-east-1"])
+        .envs(CREDS)
+        .output()
+        .expect("run ursula restore")
+}
+
+fn restore_ok(s3: &S3, prefix: &str, data: &Path) {
+    let out = restore(s3, prefix, data);
+    assert!(
+        out.status.success(),
+        "restore failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The value of an unlabelled metric.
+fn metric(s: &Server, name: &str) -> f64 {
+    let r = expect(s, "GET", "/__ursula/metrics", &[], b"", 200);
+    let body = r.body_str();
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing:\n{body}"))
+}
+
+/// Wait until everything durable is in a committed manifest: the lag is 0 after the cores
+/// have published their durable ends at least once since the last write.
+fn wait_archived(s: &Server, timeout: Duration) {
+    thread::sleep(Duration::from_millis(2_500));
+    let deadline = Instant::now() + timeout;
+    while metric(s, "ursula_cold_archive_lag_bytes") > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the archive did not catch up within {timeout:?}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What a stream looks like to a client, for comparing before and after a restore.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    incarnation: Option<String>,
+    next: Option<String>,
+    retained: Option<String>,
+    content_type: Option<String>,
+    body: Vec<u8>,
+}
+
+fn seen(s: &Server, path: &str) -> Seen {
+    let h = expect(s, "HEAD", path, &[], b"", 200);
+    let retained = h.header("stream-retained-offset").map(str::to_string);
+    let from = retained.clone().unwrap_or_else(|| "-1".to_string());
+    let body = expect(s, "GET", &format!("{path}?offset={from}"), &[], b"", 200).body;
+    Seen {
+        incarnation: h.header("stream-incarnation").map(str::to_string),
+        next: h.header("stream-next-offset").map(str::to_string),
+        retained,
+        content_type: h.header("content-type").map(str::to_string),
+        body,
+    }
+}
+
+/// The whole body of a stream, read in pieces until its tail.
+fn read_all(s: &Server, path: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut offset = "-1".to_string();
+    loop {
+        let r = expect(s, "GET", &format!("{path}?offset={offset}"), &[], b"", 200);
+        out.extend_from_slice(&r.body);
+        let next = r
+            .header("stream-next-offset")
+            .expect("next offset")
+            .to_string();
+        if r.header("stream-up-to-date") == Some("true") || next == offset {
+            return out;
+        }
+        offset = next;
+    }
+}
+
+/// The path of a redirect's (absolute) location.
+fn location_path(r: &support::Response) -> String {
+    let loc = r.header("location").expect("location");
+    match loc.split_once("://") {
+        Some((_, rest)) => rest[rest.find('/').unwrap_or(rest.len())..].to_string(),
+        None => loc.to_string(),
+    }
+}
+
+fn pattern(stream: usize, n: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (stream * 31 + n * 7 + i) as u8).collect()
+}
+
+#[test]
+fn archive_kill_restore_and_continue_under_a_new_epoch() {
+    let dir = temp_dir("ursula-cold-restore");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let setup = Setup {
+        interval_ms: 300,
+        grace_ms: 600_000,
+        cores: 2,
+    };
+    let config = setup.config(dir.path(), &s3, "restore");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &[]);
+
+    // Byte streams with appends of many sizes, and one that rolls its shard's log.
+    let mut paths = Vec::new();
+    for i in 0..12 {
+        let path = format!("/v1/stream/bytes-{i}");
+        expect(&s, "PUT", &path, &[OCTETS], &pattern(i, 0, 10 + i), 201);
+        for n in 1..(3 + i % 5) {
+            expect(
+                &s,
+                "POST",
+                &path,
+                &[OCTETS],
+                &pattern(i, n, 1 + n * 97 * i),
+                204,
+            );
+        }
+        paths.push(path);
+    }
+    expect(&s, "PUT", "/v1/stream/big", &[OCTETS], b"", 201);
+    for n in 0..56 {
+        expect(
+            &s,
+            "POST",
+            "/v1/stream/big",
+            &[OCTETS],
+            &pattern(99, n, 1 << 20),
+            204,
+        );
+    }
+    paths.push("/v1/stream/big".to_string());
+    // JSON streams in a bucket, one with a snapshot and retention past its first records.
+    expect(&s, "PUT", "/demo", &[], b"", 201);
+    for i in 0..4 {
+        let path = format!("/demo/ev-{i}");
+        expect(
+            &s,
+            "PUT",
+            &path,
+            &[JSON],
+            format!(r#"[{{"i":{i},"n":0}},{{"i":{i},"n":1}}]"#).as_bytes(),
+            201,
+        );
+        for n in 2..6 {
+            expect(
+                &s,
+                "POST",
+                &path,
+                &[JSON],
+                format!(r#"{{"i":{i},"n":{n}}}"#).as_bytes(),
+                204,
+            );
+        }
+        paths.push(path);
+    }
+    expect(
+        &s,
+        "PUT",
+        "/demo/ev-0/snapshot?record=3",
+        &[JSON],
+        br#"{"upto":3}"#,
+        204,
+    );
+    expect(&s, "PUT", "/demo/ev-0/retention?record=3", &[], b"", 204);
+    // Deleted, and deleted then recreated.
+    expect(&s, "DELETE", "/v1/stream/bytes-3", &[], b"", 204);
+    expect(&s, "DELETE", "/v1/stream/bytes-4", &[], b"", 204);
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/bytes-4",
+        &[OCTETS],
+        b"second life",
+        201,
+    );
+    paths.retain(|p| p != "/v1/stream/bytes-3");
+
+    let before: Vec<Seen> = paths.iter().map(|p| seen(&s, p)).collect();
+    let records_before: Vec<Vec<u8>> = (0..4)
+        .map(|i| expect(&s, "GET", &format!("/demo/ev-{i}?record=4"), &[], b"", 200).body)
+        .collect();
+    let snapshot_before = expect(&s, "GET", "/demo/ev-0/snapshot", &[], b"", 307);
+    let big_before = read_all(&s, "/v1/stream/big");
+    assert_eq!(big_before.len(), 56 << 20);
+    wait_archived(&s, Duration::from_secs(30));
+    let sealed = (0..2).any(|c| {
+        let m = s3.manifest("restore", c).expect("manifest");
+        m.get("segments")
+            .and_then(|s| s.as_array())
+            .is_some_and(|segs| {
+                segs.iter()
+                    .any(|s| s.get("sealed").and_then(|b| b.as_bool()) == Some(true))
+            })
+            && m.get("checkpoint").is_some_and(|c| !c.is_null())
+    });
+    assert!(
+        sealed,
+        "a rolled log archives a sealed segment and its checkpoint"
+    );
+    s.kill9();
+
+    std::fs::remove_dir_all(&data).expect("lose the host's disk");
+    let started = Instant::now();
+    restore_ok(&s3, "restore", &data);
+    eprintln!("restore took {:?}", started.elapsed());
+    let out = restore(&s3, "restore", &data);
+    assert!(!out.status.success(), "a non-empty data dir is refused");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
+
+    let s = setup.start(&data, &config, &log, &[]);
+    let after: Vec<Seen> = paths.iter().map(|p| seen(&s, p)).collect();
+    for ((p, b), a) in paths.iter().zip(&before).zip(&after) {
+        assert_eq!(b, a, "{p} after restore");
+    }
+    assert_eq!(read_all(&s, "/v1/stream/big"), big_before);
+    for (i, want) in records_before.iter().enumerate() {
+        let r = expect(&s, "GET", &format!("/demo/ev-{i}?record=4"), &[], b"", 200);
+        assert_eq!(&r.body, want, "record 4 of ev-{i}");
+    }
+    let snap = expect(&s, "GET", "/demo/ev-0/snapshot", &[], b"", 307);
+    let path = location_path(&snap);
+    assert_eq!(path, location_path(&snapshot_before), "the same snapshot");
+    assert_eq!(
+        expect(&s, "GET", &path, &[], b"", 200).body,
+        br#"{"upto":3}"#
+    );
+    expect(&s, "HEAD", "/v1/stream/bytes-3", &[], b"", 404);
+    assert_eq!(read_all(&s, "/v1/stream/bytes-4"), b"second life");
+
+    // The restored server owns the archive under the next epoch and keeps archiving.
+    expect(
+        &s,
+        "POST",
+        "/v1/stream/bytes-0",
+        &[OCTETS],
+        b"after the restore",
+        204,
+    );
+    wait_archived(&s, Duration::from_secs(30));
+    for c in 0..2 {
+        let m = s3.manifest("restore", c).expect("manifest");
+        assert_eq!(u64_at(&m, &["epoch"]), 2, "shard {c}: {m}");
+    }
+    let new_epoch_objects = (0..2)
+        .flat_map(|c| manifest_keys(&s3.manifest("restore", c).expect("manifest")))
+        .filter(|k| k.contains("/e2/"))
+        .count();
+    assert!(
+        new_epoch_objects > 0,
+        "the append after the restore is archived under epoch 2"
+    );
+    let want = [before[0].body.clone(), b"after the restore".to_vec()].concat();
+    s.kill9();
+    let again = dir.path().join("again");
+    restore_ok(&s3, "restore", &again);
+    let s = setup.start(&again, &config, &log, &[]);
+    assert_eq!(read_all(&s, "/v1/stream/bytes-0"), want);
+    assert_eq!(read_all(&s, "/v1/stream/big"), big_before);
+}
+
+#[test]
+fn a_single_append_on_a_quiet_server_reaches_s3_within_the_interval() {
+    let dir = temp_dir("ursula-cold-quiet");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let setup = Setup {
+        interval_ms: 2_000,
+        grace_ms: 600_000,
+        cores: 2,
+    };
+    let config = setup.config(dir.path(), &s3, "quiet");
+    let s = setup.start(
+        &dir.path().join("data"),
+        &config,
+        &dir.path().join("server.log"),
+        &[],
+    );
+    expect(&s, "PUT", "/v1/stream/q", &[OCTETS], b"", 201);
+    wait_archived(&s, Duration::from_secs(20));
+    let lsn = |c| {
+        u64_at(
+            &s3.manifest("quiet", c).expect("manifest"),
+            &["archived", "lsn"],
+        )
+    };
+    let before: Vec<u64> = (0..2).map(lsn).collect();
+    thread::sleep(Duration::from_millis(2_500));
+    let acked = Instant::now();
+    expect(
+        &s,
+        "POST",
+        "/v1/stream/q",
+        &[OCTETS],
+        b"one quiet append",
+        204,
+    );
+    // Published by the core within 1 s, archived by the next round.
+    let slack = Duration::from_millis(2_000 + 4_000);
+    loop {
+        if (0..2).map(lsn).zip(&before).any(|(now, b)| now > *b) {
+            break;
+        }
+        assert!(
+            acked.elapsed() < slack,
+            "not in S3 after {:?}",
+            acked.elapsed()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("a quiet append reached S3 after {:?}", acked.elapsed());
+}
+
+#[test]
+fn a_second_server_is_refused_and_a_takeover_fences_the_first() {
+    let dir = temp_dir("ursula-cold-fence");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let setup = Setup {
+        interval_ms: 1_000,
+        grace_ms: 600_000,
+        cores: 1,
+    };
+    let config = setup.config(dir.path(), &s3, "fence");
+    let first = setup.start(
+        &dir.path().join("a"),
+        &config,
+        &dir.path().join("a.log"),
+        &[],
+    );
+    expect(&first, "PUT", "/v1/stream/f", &[OCTETS], b"first", 201);
+    wait_archived(&first, Duration::from_secs(20));
+
+    let second = dir.path().join("b");
+    let out = Command::new(URSULA_BIN)
+        .args(setup.args(&second, &config, &[]))
+        .envs(CREDS)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a second server");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a second owner must be refused: {err}"
+    );
+    assert!(
+        err.contains("is owned by server") && err.contains("--cold-takeover"),
+        "{err}"
+    );
+
+    let second = setup.start(
+        &second,
+        &config,
+        &dir.path().join("b.log"),
+        &["--cold-takeover"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = req(&first, "GET", "/__ursula/readyz", &[], b"");
+        if r.status == 503 {
+            assert!(
+                r.body_str().contains("cold tier archiving stopped"),
+                "{}",
+                r.body_str()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first server was not fenced: {r:?}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(metric(&first, "ursula_cold_fenced"), 1.0);
+    // Appends keep working locally on the fenced server.
+    expect(
+        &first,
+        "POST",
+        "/v1/stream/f",
+        &[OCTETS],
+        b" still durable",
+        204,
+    );
+    assert_eq!(read_all(&first, "/v1/stream/f"), b"first still durable");
+    expect(&second, "GET", "/__ursula/readyz", &[], b"", 200);
+    let m = s3.manifest("fence", 0).expect("manifest");
+    assert_eq!(u64_at(&m, &["epoch"]), 2);
+}
+
+#[test]
+fn an_s3_outage_loses_nothing_and_the_archive_catches_up() {
+    let dir = temp_dir("ursula-cold-outage");
+    let s3_root = dir.path().join("s3");
+    let s3 = S3::start(&s3_root, 0);
+    let port = s3.port();
+    let setup = Setup {
+        interval_ms: 300,
+        grace_ms: 600_000,
+        cores: 2,
+    };
+    let config = setup.config(dir.path(), &s3, "outage");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = Arc::new(setup.start(&data, &config, &log, &[]));
+    const STREAMS: usize = 8;
+    for i in 0..STREAMS {
+        expect(&s, "PUT", &format!("/v1/stream/o-{i}"), &[OCTETS], b"", 201);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(vec![Vec::new(); STREAMS]));
+    let writer = {
+        let (s, stop, acked) = (s.clone(), stop.clone(), acked.clone());
+        thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let i = n % STREAMS;
+                let body = pattern(i, n, 200 + n % 3000);
+                let r = req(&s, "POST", &format!("/v1/stream/o-{i}"), &[OCTETS], &body);
+                assert_eq!(r.status, 204, "append {n} during the outage: {r:?}");
+                acked.lock().expect("lock")[i].extend_from_slice(&body);
+                n += 1;
+                thread::sleep(Duration::from_millis(2));
+            }
+            n
+        })
+    };
+    thread::sleep(Duration::from_secs(2));
+    s3.stop();
+    thread::sleep(Duration::from_secs(4));
+    let lag = metric(&s, "ursula_cold_archive_lag_seconds");
+    assert!(lag >= 2.0, "the lag grows while S3 is down: {lag}");
+    assert!(metric(&s, "ursula_cold_archive_lag_bytes") > 0.0);
+    let s3 = S3::start(&s3_root, port);
+    thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    let appends = writer.join().expect("every append succeeded");
+    wait_archived(&s, Duration::from_secs(30));
+    assert!(metric(&s, "ursula_cold_archive_lag_seconds") < 1.0);
+    eprintln!("{appends} appends across the outage");
+    let want = acked.lock().expect("lock").clone();
+    match Arc::try_unwrap(s) {
+        Ok(s) => s.kill9(),
+        Err(_) => panic!("server still shared"),
+    }
+    let restored = dir.path().join("restored");
+    restore_ok(&s3, "outage", &restored);
+    let s = setup.start(&restored, &config, &log, &[]);
+    for (i, want) in want.iter().enumerate() {
+        assert_eq!(
+            &read_all(&s, &format!("/v1/stream/o-{i}")),
+            want,
+            "stream o-{i}"
+        );
+    }
+}
+
+#[test]
+fn objects_no_manifest_needs_are_deleted_after_the_grace_period() {
+    let dir = temp_dir("ursula-cold-grace");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let grace = Duration::from_millis(8_000);
+    let setup = Setup {
+        interval_ms: 300,
+        grace_ms: grace.as_millis() as u64,
+        cores: 1,
+    };
+    let config = setup.config(dir.path(), &s3, "grace");
+    let s = setup.start(
+        &dir.path().join("data"),
+        &config,
+        &dir.path().join("server.log"),
+        &[],
+    );
+    expect(&s, "PUT", "/demo", &[], b"", 201);
+    expect(
+        &s,
+        "PUT",
+        "/demo/g",
+        &[JSON],
+        br#"[{"n":0},{"n":1},{"n":2}]"#,
+        201,
+    );
+    expect(
+        &s,
+        "PUT",
+        "/demo/g/snapshot?record=1",
+        &[JSON],
+        br#"{"first":1}"#,
+        204,
+    );
+    wait_archived(&s, Duration::from_secs(20));
+    let blob_key = |m: &sonic_rs::Value| -> Vec<String> {
+        m.get("blobs")
+            .and_then(|b| b.as_array())
+            .expect("blobs")
+            .iter()
+            .filter_map(|b| {
+                b.get("object")
+                    .and_then(|o| o.get("key"))
+                    .and_then(|k| k.as_str())
+                    .map(str::to_string)
+            })
+            .collect()
+    };
+    let first = blob_key(&s3.manifest("grace", 0).expect("manifest"));
+    assert_eq!(first.len(), 1, "the snapshot blob is archived");
+    // A newer snapshot drops the first blob; deleting the stream drops the second.
+    expect(
+        &s,
+        "PUT",
+        "/demo/g/snapshot?record=2",
+        &[JSON],
+        br#"{"second":2}"#,
+        204,
+    );
+    wait_archived(&s, Duration::from_secs(20));
+    let second = blob_key(&s3.manifest("grace", 0).expect("manifest"));
+    assert_eq!(second.len(), 1);
+    assert_ne!(second, first);
+    expect(&s, "DELETE", "/demo/g", &[], b"", 204);
+    wait_archived(&s, Duration::from_secs(20));
+    let dropped_at = Instant::now();
+    let m = s3.manifest("grace", 0).expect("manifest");
+    assert!(
+        blob_key(&m).is_empty(),
+        "a deleted stream's blob leaves the manifest: {m}"
+    );
+    let garbage: Vec<String> = m
+        .get("garbage")
+        .and_then(|g| g.as_array())
+        .expect("garbage")
+        .iter()
+        .filter_map(|g| g.get("key").and_then(|k| k.as_str()).map(str::to_string))
+        .collect();
+    for k in first.iter().chain(&second) {
+        assert!(garbage.contains(k), "{k} waits in the garbage list: {m}");
+        assert!(
+            s3.object("grace", k).is_some(),
+            "{k} is kept during the grace period"
+        );
+    }
+    let deadline = dropped_at + grace + Duration::from_secs(10);
+    while first
+        .iter()
+        .chain(&second)
+        .any(|k| s3.object("grace", k).is_some())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "garbage not deleted after the grace period"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    wait_archived(&s, Duration::from_secs(20));
+    let m = s3.manifest("grace", 0).expect("manifest");
+    let still: Vec<_> = m
+        .get("garbage")
+        .and_then(|g| g.as_array())
+        .expect("garbage")
+        .iter()
+        .filter_map(|g| g.get("key").and_then(|k| k.as_str()).map(str::to_string))
+        .filter(|k| first.contains(k) || second.contains(k))
+        .collect();
+    assert!(
+        still.is_empty(),
+        "deleted garbage leaves the list: {still:?}"
+    );
+    for k in manifest_keys(&m) {
+        assert!(
+            s3.object("grace", &k).is_some(),
+            "{k} is listed and present"
+        );
+    }
+}
