@@ -61,8 +61,6 @@ pub struct Status {
     pub objects_deleted: AtomicU64,
     /// Bytes of archived segments read back for the engine.
     pub cold_read_bytes: AtomicU64,
-    /// Cold reads answered from the engine's local cache of archived segments.
-    pub cold_cache_hits: AtomicU64,
     /// Per shard: durable log bytes not yet in a committed manifest, and since when
     /// (ms since the epoch; 0: none).
     lag: Mutex<Vec<(u64, i64)>>,

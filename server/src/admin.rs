@@ -439,6 +439,48 @@ impl prometheus_client::collector::Collector for Scrape {
         )?;
         per_core(
             &mut e,
+            "ursula_storage_cold_reads",
+            "Fetches of archived segment blocks from the cold tier",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.cold_reads))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_cold_cache_hits",
+            "Reads of cold segment blocks answered from the in-memory cold cache",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.cold_cache_hits))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_cold_cache_misses",
+            "Reads of cold segment blocks that had to fetch from the cold tier",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.cold_cache_misses))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_evicted_segments",
+            "Archived sealed segments whose local file was deleted to keep within local_bytes",
+            "shard",
+            c().map(|s| (s.core, counter(s.stats.evicted_segments))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_cold_segments",
+            "Sealed segments that live only in the cold tier",
+            "shard",
+            c().map(|s| (s.core, gauge(s.stats.cold_segments))),
+        )?;
+        per_core(
+            &mut e,
+            "ursula_storage_local_segment_bytes",
+            "Bytes of segment files on the local disk",
+            "shard",
+            c().map(|s| (s.core, gauge(s.stats.local_segment_bytes))),
+        )?;
+        per_core(
+            &mut e,
             "ursula_storage_fsync_duration_seconds",
             "fdatasync latency of the log",
             "shard",
@@ -562,11 +604,6 @@ fn encode_cold(
             "ursula_cold_read_bytes",
             "Bytes of archived segments read back from the cold tier",
             &s.cold_read_bytes,
-        ),
-        (
-            "ursula_cold_cache_hits",
-            "Reads of archived segments answered from the local cache",
-            &s.cold_cache_hits,
         ),
     ];
     for (name, help, v) in counters {

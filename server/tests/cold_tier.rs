@@ -162,11 +162,16 @@ struct Setup {
 
 impl Setup {
     fn config(&self, dir: &Path, s3: &S3, prefix: &str) -> String {
+        self.config_with(dir, s3, prefix, "", "")
+    }
+
+    /// The config with extra top-level lines and extra `[cold_tier]` lines.
+    fn config_with(&self, dir: &Path, s3: &S3, prefix: &str, top: &str, cold: &str) -> String {
         write_config(
             dir,
             &format!(
-                "segment_bytes = 1\n[cold_tier]\ns3_bucket = \"{BUCKET}\"\ns3_prefix = \"{prefix}\"\n\
-                 s3_endpoint = \"{}\"\ns3_region = \"us-east-1\"\narchive_interval_ms = {}\ngrace_ms = {}\n",
+                "segment_bytes = 1\n{top}[cold_tier]\ns3_bucket = \"{BUCKET}\"\ns3_prefix = \"{prefix}\"\n\
+                 s3_endpoint = \"{}\"\ns3_region = \"us-east-1\"\narchive_interval_ms = {}\ngrace_ms = {}\n{cold}",
                 s3.endpoint(),
                 self.interval_ms,
                 self.grace_ms
@@ -776,4 +781,144 @@ fn objects_no_manifest_needs_are_deleted_after_the_grace_period() {
             "{k} is listed and present"
         );
     }
+}
+
+/// Bytes of the segment files in `data`'s shard directories, and the largest one.
+fn local_segments(data: &Path) -> (u64, u64) {
+    let mut total = 0;
+    let mut largest = 0;
+    for shard in std::fs::read_dir(data).expect("read data dir").flatten() {
+        let Ok(files) = std::fs::read_dir(shard.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            if f.path().extension().is_some_and(|e| e == "seg") {
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                total += len;
+                largest = largest.max(len);
+            }
+        }
+    }
+    (total, largest)
+}
+
+/// The sum of a per-shard metric over its shards.
+fn shard_metric(s: &Server, name: &str) -> f64 {
+    let r = expect(s, "GET", "/__ursula/metrics", &[], b"", 200);
+    r.body_str()
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter_map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .sum()
+}
+
+#[test]
+fn a_bounded_local_disk_reads_evicted_segments_back_from_s3() {
+    let dir = temp_dir("ursula-cold-local");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let setup = Setup {
+        interval_ms: 300,
+        grace_ms: 600_000,
+        cores: 1,
+    };
+    // Two of the engine's smallest segments stay local; a 1 MiB cache keeps reads off memory.
+    let local_bytes: u64 = 100 << 20;
+    let config = setup.config_with(
+        dir.path(),
+        &s3,
+        "local",
+        "cache_bytes = 1048576\n",
+        &format!("local_bytes = {local_bytes}\n"),
+    );
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &[]);
+
+    // JSON records first, so that they end up in evicted segments, then 300 MiB of bytes
+    // over six streams, then more records at the head.
+    expect(&s, "PUT", "/demo", &[], b"", 201);
+    expect(&s, "PUT", "/demo/ev", &[JSON], b"[]", 201);
+    let record = |n: usize| format!(r#"{{"n":{n},"pad":"{}"}}"#, "x".repeat(n % 200));
+    let post_records = |from: usize| {
+        let batch: Vec<String> = (from..from + 100).map(record).collect();
+        let body = format!("[{}]", batch.join(","));
+        expect(&s, "POST", "/demo/ev", &[JSON], body.as_bytes(), 204);
+    };
+    for b in 0..20 {
+        post_records(b * 100);
+    }
+    let streams = 6;
+    let appends = 50;
+    for i in 0..streams {
+        expect(&s, "PUT", &format!("/v1/stream/b-{i}"), &[OCTETS], b"", 201);
+    }
+    for n in 0..appends {
+        for i in 0..streams {
+            let path = format!("/v1/stream/b-{i}");
+            expect(&s, "POST", &path, &[OCTETS], &pattern(i, n, 1 << 20), 204);
+        }
+    }
+    for b in 20..25 {
+        post_records(b * 100);
+    }
+    let want_bytes: Vec<Vec<u8>> = (0..streams)
+        .map(|i| (0..appends).flat_map(|n| pattern(i, n, 1 << 20)).collect())
+        .collect();
+    let read_record = |s: &Server, n: usize| {
+        let path = format!("/demo/ev?record={n}&max_records=1");
+        expect(s, "GET", &path, &[], b"", 200).body
+    };
+    let probes = [0usize, 1, 99, 100, 777, 1999, 2000, 2499];
+    for n in probes {
+        let body = read_record(&s, n);
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains(&format!(r#""n":{n},"#)), "record {n}: {text}");
+    }
+    let records_before: Vec<Vec<u8>> = probes.iter().map(|&n| read_record(&s, n)).collect();
+
+    // Everything reaches S3, and the local files shrink to the budget.
+    wait_archived(&s, Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let bound = |seg: u64| local_bytes + 3 * seg;
+    loop {
+        let (local, seg) = local_segments(&data);
+        if shard_metric(&s, "ursula_storage_cold_segments") > 0.0 && local <= bound(seg) {
+            eprintln!(
+                "local segment files {} MiB (budget {} MiB, segment {} MiB)",
+                local >> 20,
+                local_bytes >> 20,
+                seg >> 20
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "local segment files {local} bytes never came within {} (segment {seg})",
+            bound(seg)
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+
+    let check = |s: &Server, when: &str| {
+        let cold_before = metric(s, "ursula_cold_read_bytes_total");
+        for (i, want) in want_bytes.iter().enumerate() {
+            let got = read_all(s, &format!("/v1/stream/b-{i}"));
+            assert!(got == *want, "stream b-{i} {when}: {} bytes", got.len());
+        }
+        for (k, &n) in probes.iter().enumerate() {
+            assert_eq!(read_record(s, n), records_before[k], "record {n} {when}");
+        }
+        let cold = metric(s, "ursula_cold_read_bytes_total") - cold_before;
+        assert!(cold > 0.0, "reads {when} came from S3");
+        let (local, seg) = local_segments(&data);
+        assert!(local <= bound(seg), "reads {when} keep the disk in budget");
+    };
+    check(&s, "after eviction");
+    s.kill9();
+    let s = setup.start(&data, &config, &log, &[]);
+    check(&s, "after a kill -9 and restart");
 }
