@@ -1171,18 +1171,7 @@ impl ColdStore for DirColdStore {
             if !latency.is_zero() {
                 monoio::time::sleep(latency).await;
             }
-            let file = File::open(path)?;
-            let mut buf = vec![0u8; len];
-            let mut got = 0;
-            while got < len {
-                let n = file.read_at(&mut buf[got..], offset + got as u64)?;
-                if n == 0 {
-                    break;
-                }
-                got += n;
-            }
-            buf.truncate(got);
-            Ok(Bytes::from(buf))
+            segment::read_up_to(&path, offset, len).map(Bytes::from)
         })
     }
 }

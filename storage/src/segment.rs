@@ -248,6 +248,24 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Up to `len` bytes of the file at `path` from `offset`: fewer at its end, as a ranged GET
+/// of an archived segment returns (used by stand-in cold tiers in tests and benches).
+pub fn read_up_to(path: &Path, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = File::open(path)?;
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = file.read_at(&mut buf[got..], offset + got as u64)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    buf.truncate(got);
+    Ok(buf)
+}
+
 /// Read a whole segment with direct I/O.
 pub fn read_whole(path: &Path) -> io::Result<AlignedBuf> {
     use std::os::unix::fs::FileExt;

@@ -80,7 +80,7 @@ impl ColdStore for DirStore {
             if !latency.is_zero() {
                 monoio::time::sleep(latency).await;
             }
-            let result = read_range(&path, offset, len);
+            let result = segment::read_up_to(&path, offset, len).map(Bytes::from);
             counters.in_flight.fetch_sub(len, Ordering::SeqCst);
             counters.reads.fetch_add(1, Ordering::SeqCst);
             if let Ok(b) = &result {
@@ -91,23 +91,6 @@ impl ColdStore for DirStore {
             result
         })
     }
-}
-
-/// Up to `len` bytes at `offset` (fewer at the end of the file, as a ranged GET returns).
-fn read_range(path: &Path, offset: u64, len: usize) -> io::Result<Bytes> {
-    use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; len];
-    let mut got = 0;
-    while got < len {
-        let n = file.read_at(&mut buf[got..], offset + got as u64)?;
-        if n == 0 {
-            break;
-        }
-        got += n;
-    }
-    buf.truncate(got);
-    Ok(Bytes::from(buf))
 }
 
 pub(super) const SEGMENT: u64 = 16 << 10;
