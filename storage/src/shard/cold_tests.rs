@@ -511,6 +511,70 @@ fn the_cleaner_reclaims_cold_segments_after_deletes() {
 }
 
 #[test]
+fn the_cleaner_keeps_a_sealed_segment_until_the_archive_has_it_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = DirStore::new(&dir.path().join("cold"), Duration::ZERO);
+    // A budget far beyond the log: nothing is evicted, only cleaning removes files.
+    let cfg = cold_config(&dir.path().join("data"), &store, 1_000);
+    let seg_dir = dir.path().join("data").join("shard-0");
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        let (keep, c) = shard.create(json_stream("keep")).expect("create");
+        c.durable().await.expect("durable");
+        let (doomed, c) = shard.create(json_stream("doomed")).expect("create");
+        c.durable().await.expect("durable");
+        let mut kept = Vec::new();
+        for i in 0..300 {
+            let (rec, recs) = records(0, i, 2);
+            let (_, c) = shard.append(doomed, rec).expect("append");
+            c.durable().await.expect("durable");
+            if i % 50 == 0 {
+                let (rec, recs) = records(1, kept.len(), 1);
+                kept.extend(recs);
+                let (_, c) = shard.append(keep, rec).expect("append");
+                c.durable().await.expect("durable");
+            }
+            drop(recs);
+        }
+        shard
+            .delete(doomed)
+            .expect("delete")
+            .durable()
+            .await
+            .expect("durable");
+        shard.checkpoint().await.expect("checkpoint");
+        let before = segment::list_segments(&seg_dir).expect("list");
+        assert!(before.len() > 4, "{before:?}");
+        // Mostly dead, but nothing archived: every sealed segment stays.
+        assert_eq!(shard.clean().await.expect("clean"), 0);
+        assert_eq!(segment::list_segments(&seg_dir).expect("list"), before);
+        // Only the oldest archived: only it may go, the next one stops the cleaner.
+        let oldest = before[0];
+        store.archive_where(&shard, |s| s == oldest);
+        assert_eq!(shard.clean().await.expect("clean"), 1);
+        let after = segment::list_segments(&seg_dir).expect("list");
+        assert!(!after.contains(&oldest));
+        for s in &before[1..] {
+            assert!(after.contains(s), "segment {s} went before it was archived");
+        }
+        // Once everything sealed is archived the log shrinks toward the live data.
+        store.archive_sealed(&shard);
+        assert!(shard.clean().await.expect("clean") > 0);
+        for s in before
+            .iter()
+            .filter(|s| !segment::list_segments(&seg_dir).expect("list").contains(s))
+        {
+            assert!(
+                segment::segment_path(&store.dir, *s).exists(),
+                "segment {s} left the disk without being archived"
+            );
+        }
+        let got = shard.read(keep, 0, u64::MAX).await.expect("read").concat();
+        assert_eq!(got, kept.concat());
+    });
+}
+
+#[test]
 fn a_full_disk_with_nothing_archived_names_the_archive_lag() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = DirStore::new(&dir.path().join("cold"), Duration::ZERO);
