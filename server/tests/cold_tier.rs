@@ -922,3 +922,213 @@ fn a_bounded_local_disk_reads_evicted_segments_back_from_s3() {
     let s = setup.start(&data, &config, &log, &[]);
     check(&s, "after a kill -9 and restart");
 }
+
+/// The garbage list's keys.
+fn garbage_keys(m: &sonic_rs::Value) -> Vec<String> {
+    m.get("garbage")
+        .and_then(|g| g.as_array())
+        .expect("garbage")
+        .iter()
+        .filter_map(|g| g.get("key").and_then(|k| k.as_str()).map(str::to_string))
+        .collect()
+}
+
+/// Write `content` as the S3 server's object `key` under `prefix`, last modified `age` ago:
+/// what a round that uploaded and then never committed leaves (the S3 server's objects
+/// are its files).
+fn plant(s3: &S3, prefix: &str, key: &str, age: Duration) -> PathBuf {
+    let path = s3.root.join(BUCKET).join(prefix).join(key);
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&path, format!("uploaded, never committed: {key}")).expect("write");
+    let when = std::time::SystemTime::now() - age;
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_modified(when))
+        .expect("set mtime");
+    path
+}
+
+#[test]
+fn objects_no_manifest_names_are_swept_once_older_than_the_grace_period() {
+    let dir = temp_dir("ursula-cold-orphans");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let grace = Duration::from_millis(10_000);
+    let setup = Setup {
+        interval_ms: 300,
+        grace_ms: grace.as_millis() as u64,
+        cores: 2,
+    };
+    let config = setup.config(dir.path(), &s3, "orphans");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &[]);
+    let mut paths = Vec::new();
+    for i in 0..6 {
+        let path = format!("/v1/stream/o-{i}");
+        expect(&s, "PUT", &path, &[OCTETS], &pattern(i, 0, 100 + i), 201);
+        expect(&s, "POST", &path, &[OCTETS], &pattern(i, 1, 5_000), 204);
+        paths.push(path);
+    }
+    // A sealed segment too, so that the sweep walks past a whole segment object.
+    expect(&s, "PUT", "/v1/stream/big", &[OCTETS], b"", 201);
+    for n in 0..52 {
+        let body = pattern(98, n, 1 << 20);
+        expect(&s, "POST", "/v1/stream/big", &[OCTETS], &body, 204);
+    }
+    paths.push("/v1/stream/big".to_string());
+    wait_archived(&s, Duration::from_secs(30));
+    let before: Vec<Vec<u8>> = paths.iter().map(|p| read_all(&s, p)).collect();
+    s.kill9();
+
+    // Left by rounds whose commit never happened, under this owner's epoch and older ones.
+    let hour = Duration::from_secs(3600);
+    let old = [
+        plant(
+            &s3,
+            "orphans",
+            "shard-0/e1/0000000042.seg.000000004096-000000008192",
+            hour,
+        ),
+        plant(&s3, "orphans", "shard-1/e1/0000000042.seg", hour),
+        plant(
+            &s3,
+            "orphans",
+            "shard-1/e0/checkpoint.00000000000000000009.0000abcd",
+            hour,
+        ),
+    ];
+    let young = plant(
+        &s3,
+        "orphans",
+        "shard-0/e1/0000000043.seg.000000000000-000000004096",
+        Duration::ZERO,
+    );
+    let planted_at = Instant::now();
+    // Not this archive's to sweep: a shard this server does not have, another prefix in the
+    // bucket, and a key outside the epoch directories.
+    let foreign = [
+        plant(&s3, "orphans", "shard-2/e1/0000000042.seg", hour),
+        plant(&s3, "elsewhere", "shard-0/e1/0000000042.seg", hour),
+        plant(&s3, "orphans", "shard-0/operator-notes.txt", hour),
+    ];
+
+    // The restart's sweep (at start, after the claim) takes the old ones only.
+    let s = setup.start(&data, &config, &log, &[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while old.iter().any(|p| p.exists()) {
+        assert!(Instant::now() < deadline, "old orphans not swept at start");
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        planted_at.elapsed() < grace && young.exists(),
+        "an object younger than the grace period is kept"
+    );
+    assert!(metric(&s, "ursula_cold_objects_deleted_total") >= old.len() as f64);
+    let deadline = planted_at + 2 * grace + Duration::from_secs(5);
+    while young.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the young orphan outlived two grace periods"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    for p in &foreign {
+        assert!(p.exists(), "{} is not this archive's to sweep", p.display());
+    }
+    assert!(s3.object("orphans", "layout.json").is_some());
+    for c in 0..2 {
+        let m = s3.manifest("orphans", c).expect("manifest");
+        for k in manifest_keys(&m) {
+            assert!(s3.object("orphans", &k).is_some(), "{k} is named and kept");
+        }
+    }
+    s.kill9();
+
+    let restored = dir.path().join("restored");
+    restore_ok(&s3, "orphans", &restored);
+    let s = setup.start(&restored, &config, &log, &[]);
+    for (p, want) in paths.iter().zip(&before) {
+        assert!(
+            read_all(&s, p) == *want,
+            "{p} after the sweep and a restore"
+        );
+    }
+}
+
+#[test]
+fn a_clean_stop_archives_what_the_interval_had_not_yet() {
+    let dir = temp_dir("ursula-cold-stop");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let setup = Setup {
+        interval_ms: 60_000,
+        grace_ms: 600_000,
+        cores: 2,
+    };
+    let config = setup.config(dir.path(), &s3, "stop");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &[]);
+    // The first round after a start archives the (empty) log at once; from then on the
+    // interval rules, so nothing written after it reaches S3 for a minute.
+    let head = |c| {
+        u64_at(
+            &s3.manifest("stop", c).expect("manifest"),
+            &["archived", "segment"],
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (0..2).any(|c| head(c) == 0) {
+        assert!(Instant::now() < deadline, "no first round");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let lsn = |c| {
+        u64_at(
+            &s3.manifest("stop", c).expect("manifest"),
+            &["archived", "lsn"],
+        )
+    };
+    let archived: Vec<u64> = (0..2).map(lsn).collect();
+    let paths: Vec<String> = (0..6).map(|i| format!("/v1/stream/s-{i}")).collect();
+    let mut want = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        expect(&s, "PUT", p, &[OCTETS], &pattern(i, 0, 300), 201);
+        let last = pattern(i, 1, 2_000 + i);
+        expect(&s, "POST", p, &[OCTETS], &last, 204);
+        want.push([pattern(i, 0, 300), last].concat());
+    }
+    // Durable and published by the cores, but an interval away from S3.
+    thread::sleep(Duration::from_millis(2_500));
+    assert!(metric(&s, "ursula_cold_archive_lag_bytes") > 0.0);
+    assert_eq!((0..2).map(lsn).collect::<Vec<_>>(), archived);
+
+    let stopped_at = Instant::now();
+    let status = s
+        .sigterm(Duration::from_secs(30))
+        .expect("a clean stop exits");
+    assert!(status.success(), "{status:?}");
+    eprintln!("the clean stop took {:?}", stopped_at.elapsed());
+    let now: Vec<u64> = (0..2).map(lsn).collect();
+    assert!(
+        now.iter().zip(&archived).all(|(n, a)| n >= a)
+            && now.iter().sum::<u64>() > archived.iter().sum(),
+        "the last round archived the appends: {archived:?} then {now:?}"
+    );
+    let text = std::fs::read_to_string(&log).expect("server log");
+    assert_eq!(
+        text.matches("archived up to the final durable end").count(),
+        2,
+        "every shard's last round is logged:\n{text}"
+    );
+
+    std::fs::remove_dir_all(&data).expect("lose the host's disk");
+    restore_ok(&s3, "stop", &data);
+    let s = setup.start(&data, &config, &log, &[]);
+    for (p, want) in paths.iter().zip(&want) {
+        assert_eq!(
+            &read_all(&s, p),
+            want,
+            "{p} after a clean stop and a restore"
+        );
+    }
+}
