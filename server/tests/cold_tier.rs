@@ -933,6 +933,49 @@ fn garbage_keys(m: &sonic_rs::Value) -> Vec<String> {
         .collect()
 }
 
+/// The object keys of archived segment `index`, if the manifest lists it.
+fn segment_keys(m: &sonic_rs::Value, index: u64) -> Option<Vec<String>> {
+    let segs = m
+        .get("segments")
+        .and_then(|s| s.as_array())
+        .expect("segments");
+    let seg = segs
+        .iter()
+        .find(|s| s.get("index").and_then(|i| i.as_u64()) == Some(index))?;
+    Some(
+        seg.get("pieces")
+            .and_then(|p| p.as_array())
+            .expect("pieces")
+            .iter()
+            .filter_map(|p| {
+                p.get("object")
+                    .and_then(|o| o.get("key"))
+                    .and_then(|k| k.as_str())
+                    .map(str::to_string)
+            })
+            .collect(),
+    )
+}
+
+/// Every segment of the archived log before the one being written is archived whole: no
+/// sealed segment is left as slices that may stop short of its end.
+fn assert_whole_below_the_head(m: &sonic_rs::Value) {
+    let head = u64_at(m, &["archived", "segment"]);
+    for s in m
+        .get("segments")
+        .and_then(|s| s.as_array())
+        .expect("segments")
+        .iter()
+    {
+        let index = s.get("index").and_then(|i| i.as_u64()).expect("index");
+        let sealed = s.get("sealed").and_then(|b| b.as_bool()).expect("sealed");
+        assert!(
+            index >= head || sealed,
+            "segment {index} below the head {head} is not archived whole: {m}"
+        );
+    }
+}
+
 /// Write `content` as the S3 server's object `key` under `prefix`, last modified `age` ago:
 /// what a round that uploaded and then never committed leaves (the S3 server's objects
 /// are its files).
@@ -1131,4 +1174,152 @@ fn a_clean_stop_archives_what_the_interval_had_not_yet() {
             "{p} after a clean stop and a restore"
         );
     }
+}
+
+#[test]
+fn segments_the_cleaner_drops_leave_s3_after_the_grace_period() {
+    let dir = temp_dir("ursula-cold-segments");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let grace = Duration::from_millis(6_000);
+    let setup = Setup {
+        interval_ms: 300,
+        grace_ms: grace.as_millis() as u64,
+        cores: 1,
+    };
+    let config = setup.config(dir.path(), &s3, "segs");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &[]);
+
+    // ~100 MiB over two mostly dead segments: a stream to delete, a JSON stream whose
+    // history retention drops, and a small stream that lives on, written in between.
+    let keep = "/v1/stream/keep";
+    expect(&s, "PUT", keep, &[OCTETS], b"", 201);
+    let mut kept = Vec::new();
+    let mut keep_append = |s: &Server, n: usize| {
+        let body = pattern(7, n, 3_000 + n);
+        expect(s, "POST", keep, &[OCTETS], &body, 204);
+        kept.extend_from_slice(&body);
+    };
+    expect(&s, "PUT", "/v1/stream/doomed", &[OCTETS], b"", 201);
+    for n in 0..60 {
+        let body = pattern(1, n, 1 << 20);
+        expect(&s, "POST", "/v1/stream/doomed", &[OCTETS], &body, 204);
+        if n % 10 == 0 {
+            keep_append(&s, n);
+        }
+    }
+    expect(&s, "PUT", "/demo", &[], b"", 201);
+    expect(&s, "PUT", "/demo/trim", &[JSON], b"[]", 201);
+    let pad = "y".repeat(1000);
+    let mut records = 0;
+    for b in 0..10 {
+        let batch: Vec<String> = (0..4000)
+            .map(|i| format!(r#"{{"n":{},"pad":"{pad}"}}"#, records + i))
+            .collect();
+        records += batch.len();
+        let body = format!("[{}]", batch.join(","));
+        expect(&s, "POST", "/demo/trim", &[JSON], body.as_bytes(), 204);
+        keep_append(&s, 100 + b);
+    }
+    wait_archived(&s, Duration::from_secs(30));
+    let m = s3.manifest("segs", 0).expect("manifest");
+    assert_whole_below_the_head(&m);
+    assert!(u64_at(&m, &["archived", "segment"]) >= 3, "{m}");
+    let doomed_keys: Vec<String> = [1, 2]
+        .iter()
+        .flat_map(|&i| segment_keys(&m, i).unwrap_or_else(|| panic!("segment {i}: {m}")))
+        .collect();
+    for k in &doomed_keys {
+        assert!(s3.object("segs", k).is_some(), "{k} archived");
+    }
+
+    // Delete one, drop the other's history: segments 1 and 2 hold almost nothing live.
+    expect(&s, "DELETE", "/v1/stream/doomed", &[], b"", 204);
+    let last = records - 1;
+    expect(
+        &s,
+        "PUT",
+        &format!("/demo/trim/snapshot?record={last}"),
+        &[JSON],
+        br#"{"folded":true}"#,
+        204,
+    );
+    expect(
+        &s,
+        "PUT",
+        &format!("/demo/trim/retention?record={last}"),
+        &[],
+        b"",
+        204,
+    );
+    let shard_dir = data.join("shard-0");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while [1u64, 2]
+        .iter()
+        .any(|i| shard_dir.join(format!("{i:010}.seg")).exists())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the cleaner never removed segments 1 and 2"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    // A roll: the checkpoint after it no longer needs the cleaned segments.
+    expect(&s, "PUT", "/v1/stream/after", &[OCTETS], b"", 201);
+    let mut after = Vec::new();
+    for n in 0..50 {
+        let body = pattern(3, n, 1 << 20);
+        expect(&s, "POST", "/v1/stream/after", &[OCTETS], &body, 204);
+        after.extend_from_slice(&body);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dropped_at = loop {
+        let m = s3.manifest("segs", 0).expect("manifest");
+        assert_whole_below_the_head(&m);
+        if segment_keys(&m, 1).is_none() && segment_keys(&m, 2).is_none() {
+            let garbage = garbage_keys(&m);
+            for k in &doomed_keys {
+                assert!(garbage.contains(k), "{k} waits in the garbage list: {m}");
+                assert!(
+                    s3.object("segs", k).is_some(),
+                    "{k} kept during the grace period"
+                );
+            }
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "segments 1 and 2 never left the manifest: {m}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    let deadline = dropped_at + grace + Duration::from_secs(10);
+    while doomed_keys.iter().any(|k| s3.object("segs", k).is_some()) {
+        assert!(
+            Instant::now() < deadline,
+            "segment objects outlived the grace period"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    wait_archived(&s, Duration::from_secs(30));
+    let m = s3.manifest("segs", 0).expect("manifest");
+    let garbage = garbage_keys(&m);
+    assert!(
+        doomed_keys.iter().all(|k| !garbage.contains(k)),
+        "deleted objects leave the garbage list: {m}"
+    );
+    for k in manifest_keys(&m) {
+        assert!(s3.object("segs", &k).is_some(), "{k} is named and present");
+    }
+    let trimmed = seen(&s, "/demo/trim");
+    s.kill9();
+
+    let restored = dir.path().join("restored");
+    restore_ok(&s3, "segs", &restored);
+    let s = setup.start(&restored, &config, &log, &[]);
+    assert!(read_all(&s, keep) == kept, "{keep} after a restore");
+    assert!(read_all(&s, "/v1/stream/after") == after, "after, restored");
+    assert_eq!(seen(&s, "/demo/trim"), trimmed);
+    expect(&s, "HEAD", "/v1/stream/doomed", &[], b"", 404);
 }
