@@ -191,6 +191,10 @@ impl ColdStore for Archive {
         self.committed(shard).is_some_and(|m| m.sealed(segment))
     }
 
+    fn stopped(&self) -> bool {
+        self.status.fenced().is_some()
+    }
+
     fn read(&self, shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead {
         let (tx, rx) = futures_channel::oneshot::channel();
         let manifest = self.committed(shard);

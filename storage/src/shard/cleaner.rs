@@ -93,10 +93,16 @@ impl Shard {
     /// may stop short of its end, and until a newer checkpoint is archived the archived log
     /// would have a hole a restore replays across. Cleaning waits for the next archive
     /// round instead (a second, or the length of an S3 outage: the disk holds the log
-    /// meanwhile, as for eviction).
+    /// meanwhile, as for eviction). Once archiving has stopped for good (fenced), nothing
+    /// will archive the segment and no archive of this log is kept: cleaning goes on as
+    /// without a cold tier.
     fn archived_whole(&self, segment: u64) -> bool {
         match &self.inner.cfg.cold {
-            Some(cold) => self.is_cold(segment) || cold.is_archived(self.inner.cfg.shard, segment),
+            Some(cold) => {
+                self.is_cold(segment)
+                    || cold.is_archived(self.inner.cfg.shard, segment)
+                    || cold.stopped()
+            }
             None => true,
         }
     }
