@@ -21,6 +21,17 @@
 //! A commit that finds a newer epoch in the manifest stops the archiver for good: another
 //! server owns the prefix now. Any other failure (S3 down) is retried with capped backoff;
 //! appends never notice, the archive lag grows, and the next good round catches up.
+//!
+//! Objects a round uploaded but never committed (the commit failed, or the server died or
+//! was fenced in between) are named by no manifest and are on no garbage list. The orphan
+//! sweep finds them: at start and then once per grace period it lists the shard's epoch
+//! directories and deletes what the manifest neither names nor lists as garbage, once it
+//! is older than the grace period (an upload still in flight, ours or a fenced owner's, is
+//! younger than that).
+//!
+//! On a clean stop the server hands the cores' final durable ends over and calls
+//! [`Archive::finish`]: every shard runs one last round, so a planned restart leaves
+//! nothing acknowledged only on the local disk.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
@@ -55,6 +66,21 @@ pub struct Archive {
     pub status: Arc<Status>,
     store: DynStore,
     runtime: tokio::runtime::Handle,
+    /// Set by [`Archive::finish`]: every worker runs its last round and reports on
+    /// `finished`.
+    finishing: tokio::sync::watch::Sender<bool>,
+    finished: Mutex<std::sync::mpsc::Receiver<(u32, FinalRound)>>,
+}
+
+/// How one shard's last round on a clean stop ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinalRound {
+    /// Everything durable is in the committed manifest, up to this end.
+    Archived(End),
+    /// Archiving had stopped: another server owns the archive.
+    Fenced(String),
+    /// Out of time: this many durable bytes are only on the local disk.
+    TimedOut { lag_bytes: u64 },
 }
 
 struct Slot {
@@ -106,6 +132,8 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
                         return;
                     }
                 };
+                let (finishing, finish) = tokio::sync::watch::channel(false);
+                let (done, finished) = std::sync::mpsc::channel();
                 let archive = Arc::new(Archive {
                     shards: claimed
                         .iter()
@@ -117,14 +145,22 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
                     status: Arc::new(Status::new(shards as usize)),
                     store: store.clone(),
                     runtime: tokio::runtime::Handle::current(),
+                    finishing,
+                    finished: Mutex::new(finished),
                 });
                 if restored.is_some() {
                     let _ = std::fs::remove_file(data_dir.join(RESTORED_FILE));
                 }
                 let mut tasks = Vec::new();
                 for (shard, (m, etag)) in claimed.into_iter().enumerate() {
-                    let worker =
-                        Worker::new(archive.clone(), &settings, &data_dir, shard as u32, m, etag);
+                    let worker = Worker::new(
+                        archive.clone(),
+                        &settings,
+                        &data_dir,
+                        shard as u32,
+                        (m, etag),
+                        (finish.clone(), done.clone()),
+                    );
                     tasks.push(tokio::spawn(worker.run()));
                 }
                 let _ = tx.send(Ok(archive));
@@ -142,13 +178,21 @@ impl ColdStore for Archive {
     fn durable(&self, shard: u32, end: DurableEnd) {
         if let Some(slot) = self.shards.get(shard as usize) {
             if let Ok(mut d) = slot.durable.lock() {
-                *d = Some(end);
+                // A shard's log only grows: a late report from its upkeep must not take
+                // back the end its shutdown reported.
+                if d.is_none_or(|old| end > old) {
+                    *d = Some(end);
+                }
             }
         }
     }
 
     fn is_archived(&self, shard: u32, segment: u64) -> bool {
         self.committed(shard).is_some_and(|m| m.sealed(segment))
+    }
+
+    fn stopped(&self) -> bool {
+        self.status.fenced().is_some()
     }
 
     fn read(&self, shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead {
@@ -176,6 +220,40 @@ impl ColdStore for Archive {
 }
 
 impl Archive {
+    /// The last round of a clean stop, after every shard's final durable end was reported:
+    /// each shard uploads what its archive lacks and commits, retrying within `timeout`.
+    /// Returns how each shard's round ended, in shard order. A fenced archive runs none.
+    pub fn finish(&self, timeout: Duration) -> Vec<FinalRound> {
+        let shards = self.shards.len();
+        if let Some(why) = self.status.fenced() {
+            return vec![FinalRound::Fenced(why); shards];
+        }
+        let deadline = Instant::now() + timeout;
+        let _ = self.finishing.send(true);
+        let mut out: Vec<Option<FinalRound>> = vec![None; shards];
+        if let Ok(finished) = self.finished.lock() {
+            while out.iter().any(Option::is_none) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match finished.recv_timeout(left) {
+                    Ok((shard, r)) => {
+                        if let Some(slot) = out.get_mut(shard as usize) {
+                            *slot = Some(r);
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(shard, r)| {
+                r.unwrap_or_else(|| FinalRound::TimedOut {
+                    lag_bytes: self.status.shard_lag_bytes(shard as u32),
+                })
+            })
+            .collect()
+    }
+
     fn committed(&self, shard: u32) -> Option<Arc<Manifest>> {
         let slot = self.shards.get(shard as usize)?;
         slot.committed.lock().ok().map(|m| m.clone())
@@ -380,6 +458,20 @@ struct Worker {
     /// Durable ends seen and when, oldest first, while not yet archived: the archive lag.
     observed: VecDeque<(DurableEnd, i64)>,
     segment_bytes: u64,
+    /// When the orphan sweep last ran (never: it runs before the first round).
+    last_sweep: Option<Instant>,
+    /// Turns true when the server stops cleanly; the worker then reports its last round.
+    finish: tokio::sync::watch::Receiver<bool>,
+    done: std::sync::mpsc::Sender<(u32, FinalRound)>,
+}
+
+/// How often a shard's orphans are looked for. An orphan may only go once it is a grace
+/// period old, so sweeping more often finds nothing new to delete; once per grace period
+/// deletes every orphan within two grace periods of its upload for one LIST request (per
+/// 1000 objects) per shard per period. The floor keeps a tiny grace from listing the
+/// prefix every round.
+fn sweep_every(grace: Duration) -> Duration {
+    grace.max(Duration::from_secs(1))
 }
 
 impl Worker {
@@ -388,8 +480,11 @@ impl Worker {
         settings: &Settings,
         data_dir: &Path,
         shard: u32,
-        manifest: Manifest,
-        etag: String,
+        (manifest, etag): (Manifest, String),
+        (finish, done): (
+            tokio::sync::watch::Receiver<bool>,
+            std::sync::mpsc::Sender<(u32, FinalRound)>,
+        ),
     ) -> Worker {
         Worker {
             archive,
@@ -405,6 +500,9 @@ impl Worker {
             checkpoint_seen: None,
             observed: VecDeque::new(),
             segment_bytes: 0,
+            last_sweep: None,
+            finish,
+            done,
         }
     }
 
@@ -415,7 +513,24 @@ impl Worker {
         let mut backoff = Duration::ZERO;
         let mut failing_since: Option<Instant> = None;
         loop {
-            tokio::time::sleep(tick.max(backoff)).await;
+            let grace = Duration::from_millis(self.grace_ms.max(0) as u64);
+            if self
+                .last_sweep
+                .is_none_or(|t| t.elapsed() >= sweep_every(grace))
+                && !*self.finish.borrow()
+            {
+                self.last_sweep = Some(Instant::now());
+                self.sweep_orphans().await;
+            }
+            let finishing = tokio::select! {
+                () = tokio::time::sleep(tick.max(backoff)) => false,
+                r = self.finish.wait_for(|f| *f) => r.is_ok(),
+            };
+            if finishing {
+                let last = self.final_round().await;
+                let _ = self.done.send((self.shard, last));
+                return;
+            }
             // aws-sdk-s3 sets no operation timeout: a request that hangs must not stop
             // this shard's archiving for good.
             let result = match tokio::time::timeout(ROUND_TIMEOUT, self.round()).await {
@@ -463,6 +578,39 @@ impl Worker {
             }
             if self.archive.status.fenced().is_some() {
                 return;
+            }
+        }
+    }
+
+    /// The last round before a clean stop: everything up to the final durable end, the
+    /// open segment's slice without waiting for the interval, retried until it commits
+    /// (the server stops waiting at its deadline).
+    async fn final_round(&mut self) -> FinalRound {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            self.last_slice = None;
+            self.checkpoint_seen = None;
+            let result = match tokio::time::timeout(ROUND_TIMEOUT, self.round()).await {
+                Ok(r) => r,
+                Err(_) => Err(RoundError::Retry(format!(
+                    "no progress in {ROUND_TIMEOUT:?}"
+                ))),
+            };
+            self.report_lag();
+            match result {
+                Ok(()) => return FinalRound::Archived(self.manifest.archived),
+                Err(RoundError::Fenced(why)) => {
+                    self.archive.status.fence(why.clone());
+                    return FinalRound::Fenced(why);
+                }
+                Err(RoundError::Retry(why)) => {
+                    tracing::warn!(
+                        shard = self.shard,
+                        "cold tier: the last archive round failed, retrying: {why}"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
             }
         }
     }
@@ -747,6 +895,73 @@ impl Worker {
         Ok(())
     }
 
+    /// Delete this shard's orphans (see the module comment); a failure is logged and the
+    /// next sweep tries again. Never touches the manifest, the layout or another shard.
+    async fn sweep_orphans(&self) {
+        let status = &self.archive.status;
+        let store = &self.archive.store;
+        // The manifest as stored, besides ours: a commit whose answer was lost names
+        // objects our copy does not.
+        let stored = match manifest::load(store, self.shard).await {
+            Ok(m) => {
+                status.count(Request::Manifest, Outcome::Ok);
+                m
+            }
+            Err(e) => {
+                status.count(Request::Manifest, Outcome::Error);
+                tracing::warn!(shard = self.shard, "cold tier orphan sweep: {e}");
+                return;
+            }
+        };
+        let stored = match stored {
+            Some((m, _)) if m.epoch == self.manifest.epoch && m.owner == self.manifest.owner => m,
+            // Another owner's now (the next commit notices): its objects are its to sweep.
+            _ => return,
+        };
+        let listed = match store.list(&format!("shard-{}/", self.shard)).await {
+            Ok(l) => {
+                status.count(Request::List, Outcome::Ok);
+                l
+            }
+            Err(e) => {
+                status.count(Request::List, Outcome::Error);
+                tracing::warn!(shard = self.shard, "cold tier orphan sweep: {e}");
+                return;
+            }
+        };
+        let doomed = orphans(
+            self.shard,
+            &[&self.manifest, &stored],
+            &listed,
+            ursula_storage::now_ms(),
+            self.grace_ms,
+        );
+        let mut deleted = 0;
+        for key in &doomed {
+            match store.delete(key).await {
+                Ok(()) => {
+                    status.count(Request::Delete, Outcome::Ok);
+                    status
+                        .objects_deleted
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    deleted += 1;
+                }
+                Err(e) => {
+                    status.count(Request::Delete, Outcome::Error);
+                    tracing::debug!(shard = self.shard, "cold tier orphan {key}: {e}");
+                }
+            }
+        }
+        if !doomed.is_empty() {
+            tracing::info!(
+                shard = self.shard,
+                deleted,
+                failed = doomed.len() - deleted,
+                "cold tier: deleted objects no manifest names"
+            );
+        }
+    }
+
     /// Delete garbage whose grace period is over; what fails stays for the next round.
     async fn collect_garbage(&self, m: &mut Manifest, now: i64) {
         let mut kept = Vec::new();
@@ -912,6 +1127,49 @@ impl Worker {
     }
 }
 
+/// The keys in `listed` that are shard `shard`'s orphans: under one of its epoch
+/// directories (`shard-<c>/e<epoch>/`, the only objects the archiver writes), named by none
+/// of `manifests` nor on their garbage lists, and last modified at least `grace_ms` before
+/// `now_ms`. An object whose age the store does not report is kept.
+fn orphans(
+    shard: u32,
+    manifests: &[&Manifest],
+    listed: &[ursula_s3::Listed],
+    now_ms: i64,
+    grace_ms: i64,
+) -> Vec<String> {
+    let known: BTreeSet<&str> = manifests
+        .iter()
+        .flat_map(|m| {
+            let named = m
+                .segments
+                .iter()
+                .flat_map(|s| s.pieces.iter().map(|p| &p.object));
+            named
+                .chain(m.checkpoint.iter().map(|c| &c.object))
+                .chain(m.index_files.iter().map(|f| &f.object))
+                .chain(m.blobs.iter().map(|b| &b.object))
+                .map(|o| o.key.as_str())
+                .chain(m.garbage.iter().map(|g| g.key.as_str()))
+        })
+        .collect();
+    let base = format!("shard-{shard}/");
+    let in_an_epoch_dir = |key: &str| {
+        key.strip_prefix(&base)
+            .and_then(|rest| rest.strip_prefix('e'))
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(epoch, name)| {
+                !epoch.is_empty() && epoch.bytes().all(|b| b.is_ascii_digit()) && !name.is_empty()
+            })
+    };
+    listed
+        .iter()
+        .filter(|o| in_an_epoch_dir(&o.key) && !known.contains(o.key.as_str()))
+        .filter(|o| o.modified_ms.is_some_and(|t| now_ms - t >= grace_ms))
+        .map(|o| o.key.clone())
+        .collect()
+}
+
 /// Snapshot blob files of a shard directory and their lengths.
 fn list_blobs(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
     let mut out = BTreeMap::new();
@@ -937,4 +1195,91 @@ fn list_blobs(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(key: &str, modified_ms: Option<i64>) -> ursula_s3::Listed {
+        ursula_s3::Listed {
+            key: key.to_string(),
+            size: 1,
+            modified_ms,
+        }
+    }
+
+    fn object(key: &str) -> Object {
+        Object {
+            key: key.to_string(),
+            len: 1,
+            crc: 0,
+        }
+    }
+
+    #[test]
+    fn orphans_are_old_unnamed_objects_of_this_shards_epochs() {
+        let mut m = Manifest::new(1, 3, "a", 1000, 0);
+        m.segments.push(manifest::Segment {
+            index: 2,
+            file_len: 1 << 20,
+            sealed: true,
+            pieces: vec![Piece {
+                start: 0,
+                object: object("shard-1/e3/0000000002.seg"),
+            }],
+        });
+        m.blobs.push(manifest::Blob {
+            name: "b".into(),
+            object: object("shard-1/e2/snapshots/b.blob.4"),
+        });
+        m.drop_object("shard-1/e2/0000000001.seg".into(), 0);
+        // What a commit whose answer was lost added: the stored manifest names it.
+        let mut stored = m.clone();
+        stored.index_files.push(manifest::IndexFile {
+            segment: 2,
+            object: object("shard-1/e3/0000000002.idx"),
+        });
+        let (now, grace) = (100_000, 10_000);
+        let old = Some(now - grace);
+        let young = Some(now - grace + 1);
+        let all = [
+            listed("shard-1/manifest.json", old),
+            listed("shard-1/e3/0000000002.seg", old),
+            listed("shard-1/e2/snapshots/b.blob.4", old),
+            listed("shard-1/e2/0000000001.seg", old),
+            listed("shard-1/e3/0000000002.idx", old),
+            listed("shard-1/e3/0000000003.seg.000000004096-000000009000", old),
+            listed("shard-1/e1/checkpoint.00000000000000000007.0000abcd", old),
+            listed("shard-1/e3/0000000004.seg", young),
+            listed("shard-1/e3/0000000005.seg", None),
+            listed("shard-1/notes.txt", old),
+            listed("shard-1/ex/0000000003.seg", old),
+            listed("shard-1/e/0000000003.seg", old),
+            listed("shard-10/e3/0000000003.seg", old),
+            listed("layout.json", old),
+        ];
+        let got = orphans(1, &[&m, &stored], &all, now, grace);
+        assert_eq!(
+            got,
+            vec![
+                "shard-1/e3/0000000003.seg.000000004096-000000009000".to_string(),
+                "shard-1/e1/checkpoint.00000000000000000007.0000abcd".to_string(),
+            ]
+        );
+        // Without the stored manifest the index file would have gone.
+        assert!(orphans(1, &[&m], &all, now, grace).contains(&"shard-1/e3/0000000002.idx".into()));
+    }
+
+    #[test]
+    fn sweeps_come_once_per_grace_period_and_at_most_every_second() {
+        assert_eq!(
+            sweep_every(Duration::from_secs(600)),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            sweep_every(Duration::from_millis(7)),
+            Duration::from_secs(1)
+        );
+    }
 }

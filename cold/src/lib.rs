@@ -13,4 +13,4 @@ pub mod manifest;
 pub mod restore;
 pub mod status;
 
-pub use archiver::{start, Archive, Settings, OWNER_FILE, RESTORED_FILE};
+pub use archiver::{start, Archive, FinalRound, Settings, OWNER_FILE, RESTORED_FILE};

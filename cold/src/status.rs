@@ -12,14 +12,17 @@ pub enum Request {
     Get,
     Delete,
     Manifest,
+    /// Listing a shard's prefix for objects no manifest names (the orphan sweep).
+    List,
 }
 
 impl Request {
-    pub const ALL: [Request; 4] = [
+    pub const ALL: [Request; 5] = [
         Request::Put,
         Request::Get,
         Request::Delete,
         Request::Manifest,
+        Request::List,
     ];
 
     pub fn label(self) -> &'static str {
@@ -28,6 +31,7 @@ impl Request {
             Request::Get => "get",
             Request::Delete => "delete",
             Request::Manifest => "manifest",
+            Request::List => "list",
         }
     }
 }
@@ -55,7 +59,7 @@ impl Outcome {
 
 #[derive(Debug, Default)]
 pub struct Status {
-    requests: [[AtomicU64; 3]; 4],
+    requests: [[AtomicU64; 3]; 5],
     pub objects_uploaded: AtomicU64,
     pub bytes_uploaded: AtomicU64,
     pub objects_deleted: AtomicU64,
@@ -83,6 +87,15 @@ impl Status {
     /// Requests of `kind` that ended as `outcome`.
     pub fn requests(&self, kind: Request, outcome: Outcome) -> u64 {
         self.requests[kind as usize][outcome as usize].load(Ordering::Relaxed)
+    }
+
+    /// Shard `shard`'s durable log bytes not yet in a committed manifest.
+    pub fn shard_lag_bytes(&self, shard: u32) -> u64 {
+        self.lag
+            .lock()
+            .ok()
+            .and_then(|l| l.get(shard as usize).map(|l| l.0))
+            .unwrap_or(0)
     }
 
     pub(crate) fn set_lag(&self, shard: u32, bytes: u64, since_ms: i64) {

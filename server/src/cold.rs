@@ -23,6 +23,43 @@ pub fn archive() -> Option<&'static Arc<Archive>> {
     ARCHIVE.get()
 }
 
+/// A clean stop's last archive round, once the cores have stopped taking writes and
+/// reported their final durable ends: log how far each shard's archive got, or how much is
+/// left only on the local disk when the round ran out of time.
+pub fn finish() {
+    use ursula_cold::FinalRound;
+    let Some(archive) = archive() else { return };
+    let started = std::time::Instant::now();
+    let rounds = archive.finish(crate::limits::FINAL_ARCHIVE_ROUND);
+    let took_ms = started.elapsed().as_millis() as u64;
+    if let Some(FinalRound::Fenced(why)) = rounds.first() {
+        tracing::info!("cold tier: no last archive round, archiving had stopped: {why}");
+        return;
+    }
+    for (shard, round) in rounds.into_iter().enumerate() {
+        match round {
+            FinalRound::Archived(end) => tracing::info!(
+                shard,
+                segment = end.segment,
+                position = end.position,
+                lsn = end.lsn,
+                took_ms,
+                "cold tier: archived up to the final durable end"
+            ),
+            FinalRound::Fenced(why) => {
+                tracing::warn!(shard, "cold tier: no last archive round: {why}")
+            }
+            FinalRound::TimedOut { lag_bytes } => tracing::warn!(
+                shard,
+                lag_bytes,
+                took_ms,
+                "cold tier: the last archive round ran out of time; the archive lag is only \
+                 on the local disk (a restore from S3 now would miss it)"
+            ),
+        }
+    }
+}
+
 /// `ursula restore`: build `args.data_dir` from the archive.
 pub fn restore(args: &crate::config::RestoreArgs) -> Result<ursula_cold::restore::Report, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()

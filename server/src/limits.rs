@@ -72,6 +72,10 @@ pub const HEARTBEAT: Duration = Duration::from_millis(10);
 pub const EXPIRY_SWEEP: Duration = Duration::from_secs(1);
 /// How long shutdown lets in-flight requests (and other cores' hand-overs) finish.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(8);
+/// How long a clean stop waits for the cold tier's last archive round. With the drain it
+/// stays within the 30 s a service manager gives a stop (deploy/systemd: TimeoutStopSec)
+/// and leaves it time for the final checkpoint.
+pub const FINAL_ARCHIVE_ROUND: Duration = Duration::from_secs(15);
 
 const _: () = assert!(SNAPSHOT_BODY_BYTES_MAX > BODY_BYTES_MAX);
 const _: () = assert!(BODY_RESERVE_BYTES_MAX as u64 <= BODY_BYTES_MAX);

@@ -922,3 +922,404 @@ fn a_bounded_local_disk_reads_evicted_segments_back_from_s3() {
     let s = setup.start(&data, &config, &log, &[]);
     check(&s, "after a kill -9 and restart");
 }
+
+/// The garbage list's keys.
+fn garbage_keys(m: &sonic_rs::Value) -> Vec<String> {
+    m.get("garbage")
+        .and_then(|g| g.as_array())
+        .expect("garbage")
+        .iter()
+        .filter_map(|g| g.get("key").and_then(|k| k.as_str()).map(str::to_string))
+        .collect()
+}
+
+/// The object keys of archived segment `index`, if the manifest lists it.
+fn segment_keys(m: &sonic_rs::Value, index: u64) -> Option<Vec<String>> {
+    let segs = m
+        .get("segments")
+        .and_then(|s| s.as_array())
+        .expect("segments");
+    let seg = segs
+        .iter()
+        .find(|s| s.get("index").and_then(|i| i.as_u64()) == Some(index))?;
+    Some(
+        seg.get("pieces")
+            .and_then(|p| p.as_array())
+            .expect("pieces")
+            .iter()
+            .filter_map(|p| {
+                p.get("object")
+                    .and_then(|o| o.get("key"))
+                    .and_then(|k| k.as_str())
+                    .map(str::to_string)
+            })
+            .collect(),
+    )
+}
+
+/// Every segment of the archived log before the one being written is archived whole: no
+/// sealed segment is left as slices that may stop short of its end.
+fn assert_whole_below_the_head(m: &sonic_rs::Value) {
+    let head = u64_at(m, &["archived", "segment"]);
+    for s in m
+        .get("segments")
+        .and_then(|s| s.as_array())
+        .expect("segments")
+        .iter()
+    {
+        let index = s.get("index").and_then(|i| i.as_u64()).expect("index");
+        let sealed = s.get("sealed").and_then(|b| b.as_bool()).expect("sealed");
+        assert!(
+            index >= head || sealed,
+            "segment {index} below the head {head} is not archived whole: {m}"
+        );
+    }
+}
+
+/// Write `content` as the S3 server's object `key` under `prefix`, last modified `age` ago:
+/// what a round that uploaded and then never committed leaves (the S3 server's objects
+/// are its files).
+fn plant(s3: &S3, prefix: &str, key: &str, age: Duration) -> PathBuf {
+    let path = s3.root.join(BUCKET).join(prefix).join(key);
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&path, format!("uploaded, never committed: {key}")).expect("write");
+    let when = std::time::SystemTime::now() - age;
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_modified(when))
+        .expect("set mtime");
+    path
+}
+
+#[test]
+fn objects_no_manifest_names_are_swept_once_older_than_the_grace_period() {
+    let dir = temp_dir("ursula-cold-orphans");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let grace = Duration::from_millis(10_000);
+    let setup = Setup {
+        interval_ms: 300,
+        grace_ms: grace.as_millis() as u64,
+        cores: 2,
+    };
+    let config = setup.config(dir.path(), &s3, "orphans");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &[]);
+    let mut paths = Vec::new();
+    for i in 0..6 {
+        let path = format!("/v1/stream/o-{i}");
+        expect(&s, "PUT", &path, &[OCTETS], &pattern(i, 0, 100 + i), 201);
+        expect(&s, "POST", &path, &[OCTETS], &pattern(i, 1, 5_000), 204);
+        paths.push(path);
+    }
+    // A sealed segment too, so that the sweep walks past a whole segment object.
+    expect(&s, "PUT", "/v1/stream/big", &[OCTETS], b"", 201);
+    for n in 0..52 {
+        let body = pattern(98, n, 1 << 20);
+        expect(&s, "POST", "/v1/stream/big", &[OCTETS], &body, 204);
+    }
+    paths.push("/v1/stream/big".to_string());
+    wait_archived(&s, Duration::from_secs(30));
+    let before: Vec<Vec<u8>> = paths.iter().map(|p| read_all(&s, p)).collect();
+    s.kill9();
+
+    // Left by rounds whose commit never happened, under this owner's epoch and older ones.
+    let hour = Duration::from_secs(3600);
+    let old = [
+        plant(
+            &s3,
+            "orphans",
+            "shard-0/e1/0000000042.seg.000000004096-000000008192",
+            hour,
+        ),
+        plant(&s3, "orphans", "shard-1/e1/0000000042.seg", hour),
+        plant(
+            &s3,
+            "orphans",
+            "shard-1/e0/checkpoint.00000000000000000009.0000abcd",
+            hour,
+        ),
+    ];
+    let young = plant(
+        &s3,
+        "orphans",
+        "shard-0/e1/0000000043.seg.000000000000-000000004096",
+        Duration::ZERO,
+    );
+    let planted_at = Instant::now();
+    // Not this archive's to sweep: a shard this server does not have, another prefix in the
+    // bucket, and a key outside the epoch directories.
+    let foreign = [
+        plant(&s3, "orphans", "shard-2/e1/0000000042.seg", hour),
+        plant(&s3, "elsewhere", "shard-0/e1/0000000042.seg", hour),
+        plant(&s3, "orphans", "shard-0/operator-notes.txt", hour),
+    ];
+
+    // The restart's sweep (at start, after the claim) takes the old ones only.
+    let s = setup.start(&data, &config, &log, &[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while old.iter().any(|p| p.exists()) {
+        assert!(Instant::now() < deadline, "old orphans not swept at start");
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        planted_at.elapsed() < grace && young.exists(),
+        "an object younger than the grace period is kept"
+    );
+    assert!(metric(&s, "ursula_cold_objects_deleted_total") >= old.len() as f64);
+    let deadline = planted_at + 2 * grace + Duration::from_secs(5);
+    while young.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the young orphan outlived two grace periods"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    for p in &foreign {
+        assert!(p.exists(), "{} is not this archive's to sweep", p.display());
+    }
+    assert!(s3.object("orphans", "layout.json").is_some());
+    for c in 0..2 {
+        let m = s3.manifest("orphans", c).expect("manifest");
+        for k in manifest_keys(&m) {
+            assert!(s3.object("orphans", &k).is_some(), "{k} is named and kept");
+        }
+    }
+    s.kill9();
+
+    let restored = dir.path().join("restored");
+    restore_ok(&s3, "orphans", &restored);
+    let s = setup.start(&restored, &config, &log, &[]);
+    for (p, want) in paths.iter().zip(&before) {
+        assert!(
+            read_all(&s, p) == *want,
+            "{p} after the sweep and a restore"
+        );
+    }
+}
+
+#[test]
+fn a_clean_stop_archives_what_the_interval_had_not_yet() {
+    let dir = temp_dir("ursula-cold-stop");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let setup = Setup {
+        interval_ms: 60_000,
+        grace_ms: 600_000,
+        cores: 2,
+    };
+    let config = setup.config(dir.path(), &s3, "stop");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &[]);
+    // The first round after a start archives the (empty) log at once; from then on the
+    // interval rules, so nothing written after it reaches S3 for a minute.
+    let head = |c| {
+        u64_at(
+            &s3.manifest("stop", c).expect("manifest"),
+            &["archived", "segment"],
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (0..2).any(|c| head(c) == 0) {
+        assert!(Instant::now() < deadline, "no first round");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let lsn = |c| {
+        u64_at(
+            &s3.manifest("stop", c).expect("manifest"),
+            &["archived", "lsn"],
+        )
+    };
+    let archived: Vec<u64> = (0..2).map(lsn).collect();
+    let paths: Vec<String> = (0..6).map(|i| format!("/v1/stream/s-{i}")).collect();
+    let mut want = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        expect(&s, "PUT", p, &[OCTETS], &pattern(i, 0, 300), 201);
+        let last = pattern(i, 1, 2_000 + i);
+        expect(&s, "POST", p, &[OCTETS], &last, 204);
+        want.push([pattern(i, 0, 300), last].concat());
+    }
+    // Durable and published by the cores, but an interval away from S3.
+    thread::sleep(Duration::from_millis(2_500));
+    assert!(metric(&s, "ursula_cold_archive_lag_bytes") > 0.0);
+    assert_eq!((0..2).map(lsn).collect::<Vec<_>>(), archived);
+
+    let stopped_at = Instant::now();
+    let status = s
+        .sigterm(Duration::from_secs(30))
+        .expect("a clean stop exits");
+    assert!(status.success(), "{status:?}");
+    eprintln!("the clean stop took {:?}", stopped_at.elapsed());
+    let now: Vec<u64> = (0..2).map(lsn).collect();
+    assert!(
+        now.iter().zip(&archived).all(|(n, a)| n >= a)
+            && now.iter().sum::<u64>() > archived.iter().sum(),
+        "the last round archived the appends: {archived:?} then {now:?}"
+    );
+    let text = std::fs::read_to_string(&log).expect("server log");
+    assert_eq!(
+        text.matches("archived up to the final durable end").count(),
+        2,
+        "every shard's last round is logged:\n{text}"
+    );
+
+    std::fs::remove_dir_all(&data).expect("lose the host's disk");
+    restore_ok(&s3, "stop", &data);
+    let s = setup.start(&data, &config, &log, &[]);
+    for (p, want) in paths.iter().zip(&want) {
+        assert_eq!(
+            &read_all(&s, p),
+            want,
+            "{p} after a clean stop and a restore"
+        );
+    }
+}
+
+#[test]
+fn segments_the_cleaner_drops_leave_s3_after_the_grace_period() {
+    let dir = temp_dir("ursula-cold-segments");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let grace = Duration::from_millis(6_000);
+    let setup = Setup {
+        interval_ms: 300,
+        grace_ms: grace.as_millis() as u64,
+        cores: 1,
+    };
+    let config = setup.config(dir.path(), &s3, "segs");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &[]);
+
+    // ~100 MiB over two mostly dead segments: a stream to delete, a JSON stream whose
+    // history retention drops, and a small stream that lives on, written in between.
+    let keep = "/v1/stream/keep";
+    expect(&s, "PUT", keep, &[OCTETS], b"", 201);
+    let mut kept = Vec::new();
+    let mut keep_append = |s: &Server, n: usize| {
+        let body = pattern(7, n, 3_000 + n);
+        expect(s, "POST", keep, &[OCTETS], &body, 204);
+        kept.extend_from_slice(&body);
+    };
+    expect(&s, "PUT", "/v1/stream/doomed", &[OCTETS], b"", 201);
+    for n in 0..60 {
+        let body = pattern(1, n, 1 << 20);
+        expect(&s, "POST", "/v1/stream/doomed", &[OCTETS], &body, 204);
+        if n % 10 == 0 {
+            keep_append(&s, n);
+        }
+    }
+    expect(&s, "PUT", "/demo", &[], b"", 201);
+    expect(&s, "PUT", "/demo/trim", &[JSON], b"[]", 201);
+    let pad = "y".repeat(1000);
+    let mut records = 0;
+    for b in 0..10 {
+        let batch: Vec<String> = (0..4000)
+            .map(|i| format!(r#"{{"n":{},"pad":"{pad}"}}"#, records + i))
+            .collect();
+        records += batch.len();
+        let body = format!("[{}]", batch.join(","));
+        expect(&s, "POST", "/demo/trim", &[JSON], body.as_bytes(), 204);
+        keep_append(&s, 100 + b);
+    }
+    wait_archived(&s, Duration::from_secs(30));
+    let m = s3.manifest("segs", 0).expect("manifest");
+    assert_whole_below_the_head(&m);
+    assert!(u64_at(&m, &["archived", "segment"]) >= 3, "{m}");
+    let doomed_keys: Vec<String> = [1, 2]
+        .iter()
+        .flat_map(|&i| segment_keys(&m, i).unwrap_or_else(|| panic!("segment {i}: {m}")))
+        .collect();
+    for k in &doomed_keys {
+        assert!(s3.object("segs", k).is_some(), "{k} archived");
+    }
+
+    // Delete one, drop the other's history: segments 1 and 2 hold almost nothing live.
+    expect(&s, "DELETE", "/v1/stream/doomed", &[], b"", 204);
+    let last = records - 1;
+    expect(
+        &s,
+        "PUT",
+        &format!("/demo/trim/snapshot?record={last}"),
+        &[JSON],
+        br#"{"folded":true}"#,
+        204,
+    );
+    expect(
+        &s,
+        "PUT",
+        &format!("/demo/trim/retention?record={last}"),
+        &[],
+        b"",
+        204,
+    );
+    let shard_dir = data.join("shard-0");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while [1u64, 2]
+        .iter()
+        .any(|i| shard_dir.join(format!("{i:010}.seg")).exists())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the cleaner never removed segments 1 and 2"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    // A roll: the checkpoint after it no longer needs the cleaned segments.
+    expect(&s, "PUT", "/v1/stream/after", &[OCTETS], b"", 201);
+    let mut after = Vec::new();
+    for n in 0..50 {
+        let body = pattern(3, n, 1 << 20);
+        expect(&s, "POST", "/v1/stream/after", &[OCTETS], &body, 204);
+        after.extend_from_slice(&body);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dropped_at = loop {
+        let m = s3.manifest("segs", 0).expect("manifest");
+        assert_whole_below_the_head(&m);
+        if segment_keys(&m, 1).is_none() && segment_keys(&m, 2).is_none() {
+            let garbage = garbage_keys(&m);
+            for k in &doomed_keys {
+                assert!(garbage.contains(k), "{k} waits in the garbage list: {m}");
+                assert!(
+                    s3.object("segs", k).is_some(),
+                    "{k} kept during the grace period"
+                );
+            }
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "segments 1 and 2 never left the manifest: {m}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    let deadline = dropped_at + grace + Duration::from_secs(10);
+    while doomed_keys.iter().any(|k| s3.object("segs", k).is_some()) {
+        assert!(
+            Instant::now() < deadline,
+            "segment objects outlived the grace period"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    wait_archived(&s, Duration::from_secs(30));
+    let m = s3.manifest("segs", 0).expect("manifest");
+    let garbage = garbage_keys(&m);
+    assert!(
+        doomed_keys.iter().all(|k| !garbage.contains(k)),
+        "deleted objects leave the garbage list: {m}"
+    );
+    for k in manifest_keys(&m) {
+        assert!(s3.object("segs", &k).is_some(), "{k} is named and present");
+    }
+    let trimmed = seen(&s, "/demo/trim");
+    s.kill9();
+
+    let restored = dir.path().join("restored");
+    restore_ok(&s3, "segs", &restored);
+    let s = setup.start(&restored, &config, &log, &[]);
+    assert!(read_all(&s, keep) == kept, "{keep} after a restore");
+    assert!(read_all(&s, "/v1/stream/after") == after, "after, restored");
+    assert_eq!(seen(&s, "/demo/trim"), trimmed);
+    expect(&s, "HEAD", "/v1/stream/doomed", &[], b"", 404);
+}

@@ -36,6 +36,13 @@ pub trait ColdStore: Send + Sync + std::fmt::Debug {
     /// committed manifest, so that its local file may be deleted.
     fn is_archived(&self, shard: u32, segment: u64) -> bool;
 
+    /// Whether archiving has stopped for good (another server took the archive over): the
+    /// local log is on its own again, and cleaning no longer waits for the archive.
+    /// Eviction still does: an evicted segment must be readable from the archive.
+    fn stopped(&self) -> bool {
+        false
+    }
+
     /// `len` bytes at byte `offset` of archived segment `segment` of `shard` (offsets are
     /// positions in the segment file, header included).
     fn read(&self, shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead;

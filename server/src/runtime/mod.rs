@@ -103,6 +103,8 @@ pub fn run(config: Config) -> Result<(), String> {
     for t in threads {
         let _ = t.join();
     }
+    // Every core has stopped and reported its final durable end.
+    crate::cold::finish();
     tracing::info!("stopped");
     Ok(())
 }

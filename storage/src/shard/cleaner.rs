@@ -65,6 +65,9 @@ impl Shard {
             if oldest >= write_seg || usage.segment_bytes <= 2 * usage.live_bytes + seg {
                 return Ok(removed);
             }
+            if !self.archived_whole(oldest) {
+                return Ok(removed);
+            }
             if self
                 .inner
                 .checkpoint_segment
@@ -81,6 +84,26 @@ impl Shard {
             if removed >= round {
                 return Ok(removed);
             }
+        }
+    }
+
+    /// With a cold tier, a sealed segment leaves the local disk only once the archive has
+    /// it whole. Otherwise the archiver, which finds sealed segments by listing the local
+    /// files, would never upload it: the archive would keep it as the slices it had, which
+    /// may stop short of its end, and until a newer checkpoint is archived the archived log
+    /// would have a hole a restore replays across. Cleaning waits for the next archive
+    /// round instead (a second, or the length of an S3 outage: the disk holds the log
+    /// meanwhile, as for eviction). Once archiving has stopped for good (fenced), nothing
+    /// will archive the segment and no archive of this log is kept: cleaning goes on as
+    /// without a cold tier.
+    fn archived_whole(&self, segment: u64) -> bool {
+        match &self.inner.cfg.cold {
+            Some(cold) => {
+                self.is_cold(segment)
+                    || cold.is_archived(self.inner.cfg.shard, segment)
+                    || cold.stopped()
+            }
+            None => true,
         }
     }
 

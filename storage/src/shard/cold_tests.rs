@@ -27,6 +27,8 @@ pub(super) struct DirStore {
     pub dir: PathBuf,
     pub latency: Duration,
     pub counters: Arc<StoreCounters>,
+    /// Archiving stopped for good (as when another server fenced this one out).
+    pub stopped: std::sync::atomic::AtomicBool,
 }
 
 impl DirStore {
@@ -36,6 +38,7 @@ impl DirStore {
             dir: dir.to_path_buf(),
             latency,
             counters: Arc::default(),
+            stopped: Default::default(),
         })
     }
 
@@ -68,6 +71,10 @@ impl DirStore {
 impl ColdStore for DirStore {
     fn is_archived(&self, _shard: u32, segment: u64) -> bool {
         segment::segment_path(&self.dir, segment).exists()
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
     }
 
     fn read(&self, _shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead {
@@ -507,6 +514,121 @@ fn the_cleaner_reclaims_cold_segments_after_deletes() {
             let id = shard.lookup(&format!("s{s}")).expect("stream");
             assert!(!shard.read(id, 0, u64::MAX).await.expect("read").is_empty());
         }
+    });
+}
+
+#[test]
+fn the_cleaner_keeps_a_sealed_segment_until_the_archive_has_it_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = DirStore::new(&dir.path().join("cold"), Duration::ZERO);
+    // A budget far beyond the log: nothing is evicted, only cleaning removes files.
+    let cfg = cold_config(&dir.path().join("data"), &store, 1_000);
+    let seg_dir = dir.path().join("data").join("shard-0");
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        let (keep, c) = shard.create(json_stream("keep")).expect("create");
+        c.durable().await.expect("durable");
+        let (doomed, c) = shard.create(json_stream("doomed")).expect("create");
+        c.durable().await.expect("durable");
+        let mut kept = Vec::new();
+        for i in 0..300 {
+            let (rec, recs) = records(0, i, 2);
+            let (_, c) = shard.append(doomed, rec).expect("append");
+            c.durable().await.expect("durable");
+            if i % 50 == 0 {
+                let (rec, recs) = records(1, kept.len(), 1);
+                kept.extend(recs);
+                let (_, c) = shard.append(keep, rec).expect("append");
+                c.durable().await.expect("durable");
+            }
+            drop(recs);
+        }
+        shard
+            .delete(doomed)
+            .expect("delete")
+            .durable()
+            .await
+            .expect("durable");
+        shard.checkpoint().await.expect("checkpoint");
+        let before = segment::list_segments(&seg_dir).expect("list");
+        assert!(before.len() > 4, "{before:?}");
+        // Mostly dead, but nothing archived: every sealed segment stays.
+        assert_eq!(shard.clean().await.expect("clean"), 0);
+        assert_eq!(segment::list_segments(&seg_dir).expect("list"), before);
+        // Only the oldest archived: only it may go, the next one stops the cleaner.
+        let oldest = before[0];
+        store.archive_where(&shard, |s| s == oldest);
+        assert_eq!(shard.clean().await.expect("clean"), 1);
+        let after = segment::list_segments(&seg_dir).expect("list");
+        assert!(!after.contains(&oldest));
+        for s in &before[1..] {
+            assert!(after.contains(s), "segment {s} went before it was archived");
+        }
+        // Once everything sealed is archived the log shrinks toward the live data.
+        store.archive_sealed(&shard);
+        assert!(shard.clean().await.expect("clean") > 0);
+        for s in before
+            .iter()
+            .filter(|s| !segment::list_segments(&seg_dir).expect("list").contains(s))
+        {
+            assert!(
+                segment::segment_path(&store.dir, *s).exists(),
+                "segment {s} left the disk without being archived"
+            );
+        }
+        let got = shard.read(keep, 0, u64::MAX).await.expect("read").concat();
+        assert_eq!(got, kept.concat());
+    });
+}
+
+#[test]
+fn once_archiving_stopped_for_good_the_cleaner_no_longer_waits_for_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = DirStore::new(&dir.path().join("cold"), Duration::ZERO);
+    let cfg = cold_config(&dir.path().join("data"), &store, 1_000);
+    let seg_dir = dir.path().join("data").join("shard-0");
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        let (keep, c) = shard.create(json_stream("keep")).expect("create");
+        c.durable().await.expect("durable");
+        let (kept, _) = records(1, 0, 3);
+        let want = kept.data.clone();
+        shard
+            .append(keep, kept)
+            .expect("append")
+            .1
+            .durable()
+            .await
+            .expect("durable");
+        let (doomed, c) = shard.create(json_stream("doomed")).expect("create");
+        c.durable().await.expect("durable");
+        for i in 0..300 {
+            let (rec, _) = records(0, i, 2);
+            let (_, c) = shard.append(doomed, rec).expect("append");
+            c.durable().await.expect("durable");
+        }
+        shard
+            .delete(doomed)
+            .expect("delete")
+            .durable()
+            .await
+            .expect("durable");
+        shard.checkpoint().await.expect("checkpoint");
+        let before = segment::list_segments(&seg_dir).expect("list").len();
+        assert_eq!(
+            shard.clean().await.expect("clean"),
+            0,
+            "waits for the archive"
+        );
+        store.stopped.store(true, Ordering::SeqCst);
+        assert!(shard.clean().await.expect("clean") > 0);
+        assert!(segment::list_segments(&seg_dir).expect("list").len() < before);
+        assert_eq!(
+            shard.read(keep, 0, u64::MAX).await.expect("read").concat(),
+            want.to_vec()
+        );
+        // Eviction still needs the archive: nothing was archived, nothing is cold.
+        assert_eq!(shard.stats().cold_segments, 0);
     });
 }
 

@@ -477,7 +477,8 @@ impl Shard {
         result
     }
 
-    /// Wait until everything accepted so far is durable, write a checkpoint, then stop the
+    /// Wait until everything accepted so far is durable, write a checkpoint, tell the cold
+    /// tier how far the log now is durable (for its last archive round), then stop the
     /// flusher.
     pub async fn shutdown(&self) -> Result<(), StorageError> {
         let last = self.inner.next_lsn.get() - 1;
@@ -488,6 +489,11 @@ impl Shard {
         }
         self.inner.readers.borrow_mut().clear();
         self.inner.stopping.set(true);
+        if result.is_ok() {
+            if let Some(cold) = &self.inner.cfg.cold {
+                cold.durable(self.inner.cfg.shard, self.durable_end());
+            }
+        }
         self.wake_flusher();
         result
     }
