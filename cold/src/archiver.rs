@@ -531,14 +531,7 @@ impl Worker {
                 let _ = self.done.send((self.shard, last));
                 return;
             }
-            // aws-sdk-s3 sets no operation timeout: a request that hangs must not stop
-            // this shard's archiving for good.
-            let result = match tokio::time::timeout(ROUND_TIMEOUT, self.round()).await {
-                Ok(r) => r,
-                Err(_) => Err(RoundError::Retry(format!(
-                    "no progress in {ROUND_TIMEOUT:?}"
-                ))),
-            };
+            let result = self.bounded_round().await;
             self.report_lag();
             match result {
                 Ok(()) => {
@@ -585,17 +578,23 @@ impl Worker {
     /// The last round before a clean stop: everything up to the final durable end, the
     /// open segment's slice without waiting for the interval, retried until it commits
     /// (the server stops waiting at its deadline).
+    /// One round, given up after `ROUND_TIMEOUT`: aws-sdk-s3 sets no operation timeout,
+    /// and a request that hangs must not stop this shard's archiving for good.
+    async fn bounded_round(&mut self) -> Result<(), RoundError> {
+        match tokio::time::timeout(ROUND_TIMEOUT, self.round()).await {
+            Ok(r) => r,
+            Err(_) => Err(RoundError::Retry(format!(
+                "no progress in {ROUND_TIMEOUT:?}"
+            ))),
+        }
+    }
+
     async fn final_round(&mut self) -> FinalRound {
         let mut backoff = Duration::from_millis(100);
         loop {
             self.last_slice = None;
             self.checkpoint_seen = None;
-            let result = match tokio::time::timeout(ROUND_TIMEOUT, self.round()).await {
-                Ok(r) => r,
-                Err(_) => Err(RoundError::Retry(format!(
-                    "no progress in {ROUND_TIMEOUT:?}"
-                ))),
-            };
+            let result = self.bounded_round().await;
             self.report_lag();
             match result {
                 Ok(()) => return FinalRound::Archived(self.manifest.archived),
