@@ -5,6 +5,13 @@
 //! slices). The restored segments are preallocated to their original size, so the data dir
 //! is exactly what a crash right after the archived end would have left: the server's
 //! recovery replays it from the checkpoint, and everything after the archived end is gone.
+//!
+//! With a local budget (`--cold-local-bytes`, the server's `local_bytes`), a restore onto a
+//! smaller disk downloads what recovery replays (the segments from the checkpoint's
+//! position on), then the newest older segments that still fit in each shard's share of
+//! the budget. The rest stays cold: the shard's directory gets the cold marker, and the
+//! server, started with the same cold tier, reads those segments from S3 like any it
+//! evicted itself.
 
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -27,10 +34,20 @@ pub struct Report {
     pub elapsed: Duration,
     /// Per shard: the archived end it was rewound to (segment, position, LSN).
     pub ends: Vec<manifest::End>,
+    /// Sealed segments left in the cold tier to keep within the local budget, and their
+    /// bytes.
+    pub cold_segments: u64,
+    pub cold_bytes: u64,
 }
 
-/// Restore the archive in `store` into `data_dir`, which must be empty or absent.
-pub async fn restore(store: &DynStore, data_dir: &Path) -> Result<Report, String> {
+/// Restore the archive in `store` into `data_dir`, which must be empty or absent. With
+/// `local_bytes`, older sealed segments beyond that budget (split evenly over the shards)
+/// stay in the cold tier.
+pub async fn restore(
+    store: &DynStore,
+    data_dir: &Path,
+    local_bytes: Option<u64>,
+) -> Result<Report, String> {
     let started = Instant::now();
     if let Ok(mut entries) = std::fs::read_dir(data_dir) {
         if entries.next().is_some() {
@@ -57,7 +74,8 @@ pub async fn restore(store: &DynStore, data_dir: &Path) -> Result<Report, String
         let (m, _) = manifest::load(store, shard)
             .await?
             .ok_or_else(|| format!("{at}: shard {shard} has no manifest"))?;
-        restore_shard(store, &m, data_dir, &mut report).await?;
+        let budget = local_bytes.map(|b| b / u64::from(layout.shards.max(1)));
+        restore_shard(store, &m, data_dir, budget, &mut report).await?;
         epochs.push(m.epoch);
         report.ends.push(m.archived);
     }
@@ -83,12 +101,19 @@ async fn restore_shard(
     store: &DynStore,
     m: &Manifest,
     data_dir: &Path,
+    budget: Option<u64>,
     report: &mut Report,
 ) -> Result<(), String> {
     let dir = data_dir.join(format!("shard-{}", m.shard));
     let fail = |what: &Path, e: io::Error| format!("{}: {e}", what.display());
     segment::create_dir_durable(&dir).map_err(|e| fail(&dir, e))?;
-    for seg in m.segments.iter().filter(|s| s.index <= m.archived.segment) {
+    let (local, cold) = local_segments(m, budget);
+    if !cold.is_empty() {
+        ursula_storage::write_cold_marker(&dir).map_err(|e| fail(&dir, e))?;
+        report.cold_segments += cold.len() as u64;
+        report.cold_bytes += cold.iter().map(|s| s.file_len).sum::<u64>();
+    }
+    for seg in local {
         let path = segment::segment_path(&dir, seg.index);
         let mut pieces = Vec::new();
         for p in &seg.pieces {
@@ -136,6 +161,45 @@ async fn restore_shard(
         write_file(&path, &fetch(store, &c.object, report).await?)?;
     }
     segment::sync_dir(&dir).map_err(|e| fail(&dir, e))
+}
+
+/// Which of the manifest's segments up to the archived end to download, and which to leave
+/// in the cold tier. Recovery replays the log from the checkpoint's position, so those
+/// segments are always local (even beyond the budget; the server cannot evict them until
+/// its next checkpoint either). Older ones the checkpoint's segment map does not name hold
+/// no live data and are skipped; of the rest, the newest that fit stay local, because
+/// readers mostly read recent data.
+fn local_segments(
+    m: &Manifest,
+    budget: Option<u64>,
+) -> (Vec<&manifest::Segment>, Vec<&manifest::Segment>) {
+    let archived: Vec<&manifest::Segment> = m
+        .segments
+        .iter()
+        .filter(|s| s.index <= m.archived.segment)
+        .collect();
+    let (Some(budget), Some(c)) = (budget, &m.checkpoint) else {
+        return (archived, Vec::new());
+    };
+    let (replayed, older): (Vec<_>, Vec<_>) =
+        archived.into_iter().partition(|s| s.index >= c.segment);
+    let mut used: u64 = replayed.iter().map(|s| s.file_len).sum();
+    let mut local = replayed;
+    let mut cold = Vec::new();
+    for seg in older.into_iter().rev() {
+        if !c.segments.contains(&seg.index) {
+            continue;
+        }
+        if used + seg.file_len <= budget {
+            used += seg.file_len;
+            local.push(seg);
+        } else {
+            cold.push(seg);
+        }
+    }
+    local.sort_by_key(|s| s.index);
+    cold.sort_by_key(|s| s.index);
+    (local, cold)
 }
 
 /// Download `o` and check it is what the manifest says.

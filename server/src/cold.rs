@@ -68,6 +68,6 @@ pub fn restore(args: &crate::config::RestoreArgs) -> Result<ursula_cold::restore
         .map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(async {
         let store: ursula_s3::DynStore = Arc::new(ursula_s3::S3Store::connect(&args.s3()).await);
-        ursula_cold::restore::restore(&store, &args.data_dir).await
+        ursula_cold::restore::restore(&store, &args.data_dir, args.cold_local_bytes).await
     })
 }

@@ -37,6 +37,11 @@ pub struct RestoreArgs {
     pub cold_s3_endpoint: Option<String>,
     #[arg(long)]
     pub cold_s3_region: Option<String>,
+    /// Bytes of segment files to download (all shards together), as the server's
+    /// `--cold-local-bytes`: what recovery replays, then the newest older segments that
+    /// fit. The rest stays in the cold tier; start the server with this cold tier.
+    #[arg(long)]
+    pub cold_local_bytes: Option<u64>,
 }
 
 impl RestoreArgs {

@@ -96,6 +96,13 @@ fn main() {
                     report.bytes,
                     report.elapsed.as_millis()
                 );
+                if report.cold_segments > 0 {
+                    println!(
+                        "{} sealed segments ({} bytes) stay in the cold tier, over \
+                         --cold-local-bytes: start the server with the same cold tier",
+                        report.cold_segments, report.cold_bytes
+                    );
+                }
                 for (shard, end) in report.ends.iter().enumerate() {
                     println!(
                         "shard {shard}: rewound to segment {} position {} (LSN {})",

@@ -193,6 +193,10 @@ impl Setup {
 }
 
 fn restore(s3: &S3, prefix: &str, data: &Path) -> std::process::Output {
+    restore_with(s3, prefix, data, &[])
+}
+
+fn restore_with(s3: &S3, prefix: &str, data: &Path, extra: &[&str]) -> std::process::Output {
     Command::new(URSULA_BIN)
         .args(["restore", "--data-dir"])
         .arg(data)
@@ -205,6 +209,7 @@ fn restore(s3: &S3, prefix: &str, data: &Path) -> std::process::Output {
         ])
         .arg(s3.endpoint())
         .args(["--cold-s3-region", "us-east-1"])
+        .args(extra)
         .envs(CREDS)
         .output()
         .expect("run ursula restore")
@@ -595,6 +600,88 @@ fn a_second_server_is_refused_and_a_takeover_fences_the_first() {
     expect(&second, "GET", "/__ursula/readyz", &[], b"", 200);
     let m = s3.manifest("fence", 0).expect("manifest");
     assert_eq!(u64_at(&m, &["epoch"]), 2);
+
+    // The fenced server's clean stop does not try a last round on an archive it lost.
+    let status = first
+        .sigterm(Duration::from_secs(30))
+        .expect("a fenced server stops cleanly");
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(dir.path().join("a.log")).expect("server log");
+    assert!(text.contains("no last archive round"), "{text}");
+    assert!(
+        !text.contains("archived up to the final durable end"),
+        "{text}"
+    );
+    assert_eq!(
+        u64_at(&s3.manifest("fence", 0).expect("manifest"), &["epoch"]),
+        2
+    );
+}
+
+#[test]
+fn a_clean_stop_with_s3_down_gives_up_in_time_and_archives_after_the_restart() {
+    let dir = temp_dir("ursula-cold-stop-down");
+    let s3_root = dir.path().join("s3");
+    let s3 = S3::start(&s3_root, 0);
+    let port = s3.port();
+    let setup = Setup {
+        interval_ms: 60_000,
+        grace_ms: 600_000,
+        cores: 1,
+    };
+    let config = setup.config(dir.path(), &s3, "down");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s3
+        .manifest("down", 0)
+        .is_none_or(|m| u64_at(&m, &["archived", "segment"]) == 0)
+    {
+        assert!(Instant::now() < deadline, "no first round");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let paths: Vec<String> = (0..4).map(|i| format!("/v1/stream/d-{i}")).collect();
+    let mut want = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        let body = pattern(i, 0, 5_000 + i);
+        expect(&s, "PUT", p, &[OCTETS], &body, 201);
+        want.push(body);
+    }
+    thread::sleep(Duration::from_millis(2_500));
+    assert!(metric(&s, "ursula_cold_archive_lag_bytes") > 0.0);
+
+    // S3 goes away before the stop: the last round retries, gives up within its bound and
+    // says what is only on the local disk; the stop still succeeds.
+    s3.stop();
+    let stopped_at = Instant::now();
+    let status = s
+        .sigterm(Duration::from_secs(40))
+        .expect("the stop is bounded even with S3 down");
+    let took = stopped_at.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(25), "the stop took {took:?}");
+    let text = std::fs::read_to_string(&log).expect("server log");
+    assert!(
+        text.contains("the last archive round ran out of time") && text.contains("lag_bytes"),
+        "{text}"
+    );
+
+    // Nothing was lost: with S3 back, the same data dir archives what the stop could not.
+    let s3 = S3::start(&s3_root, port);
+    let s = setup.start(&data, &config, &log, &[]);
+    wait_archived(&s, Duration::from_secs(30));
+    s.kill9();
+    let restored = dir.path().join("restored");
+    restore_ok(&s3, "down", &restored);
+    let s = setup.start(&restored, &config, &log, &[]);
+    for (p, want) in paths.iter().zip(&want) {
+        assert_eq!(
+            &read_all(&s, p),
+            want,
+            "{p} after the restart and a restore"
+        );
+    }
 }
 
 #[test]
@@ -903,7 +990,7 @@ fn a_bounded_local_disk_reads_evicted_segments_back_from_s3() {
         thread::sleep(Duration::from_millis(200));
     }
 
-    let check = |s: &Server, when: &str| {
+    let check = |s: &Server, data: &Path, when: &str| {
         let cold_before = metric(s, "ursula_cold_read_bytes_total");
         for (i, want) in want_bytes.iter().enumerate() {
             let got = read_all(s, &format!("/v1/stream/b-{i}"));
@@ -914,13 +1001,69 @@ fn a_bounded_local_disk_reads_evicted_segments_back_from_s3() {
         }
         let cold = metric(s, "ursula_cold_read_bytes_total") - cold_before;
         assert!(cold > 0.0, "reads {when} came from S3");
-        let (local, seg) = local_segments(&data);
+        let (local, seg) = local_segments(data);
         assert!(local <= bound(seg), "reads {when} keep the disk in budget");
     };
-    check(&s, "after eviction");
+    check(&s, &data, "after eviction");
     s.kill9();
     let s = setup.start(&data, &config, &log, &[]);
-    check(&s, "after a kill -9 and restart");
+    check(&s, &data, "after a kill -9 and restart");
+
+    // The host is lost; a new one with as small a disk restores only what fits. What
+    // recovery replays comes down, then the newest older segments within the budget.
+    wait_archived(&s, Duration::from_secs(60));
+    s.kill9();
+    let restored = dir.path().join("restored");
+    let budget = local_bytes.to_string();
+    let out = restore_with(&s3, "local", &restored, &["--cold-local-bytes", &budget]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "restore failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("stay in the cold tier"), "{stdout}");
+    let (local, seg) = local_segments(&restored);
+    assert!(
+        local <= bound(seg),
+        "the restore wrote {local} bytes of segments, over {}",
+        bound(seg)
+    );
+    eprintln!(
+        "restored {} MiB of segment files locally; the rest stays in S3",
+        local >> 20
+    );
+
+    // Without its cold tier the restored dir would have holes: refused, and left as it was.
+    let plain = support::server_args(&restored, "disk", setup.cores, &[]);
+    let mut child = Command::new(URSULA_BIN)
+        .args(&plain)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ursula");
+    let status = support::wait_timeout(&mut child, Duration::from_secs(30));
+    if status.is_none() {
+        let _ = child.kill();
+        panic!("a server without the cold tier started on a dir with cold segments");
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(
+        status.is_some_and(|s| !s.success()) && err.contains("only in the S3 cold tier"),
+        "{err}"
+    );
+    assert_eq!(
+        local_segments(&restored),
+        (local, seg),
+        "the refusal changed nothing"
+    );
+
+    let s = setup.start(&restored, &config, &log, &[]);
+    check(&s, &restored, "after a bounded restore");
 }
 
 /// The garbage list's keys.

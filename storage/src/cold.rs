@@ -37,8 +37,9 @@ pub trait ColdStore: Send + Sync + std::fmt::Debug {
     fn is_archived(&self, shard: u32, segment: u64) -> bool;
 
     /// Whether archiving has stopped for good (another server took the archive over): the
-    /// local log is on its own again, and cleaning no longer waits for the archive.
-    /// Eviction still does: an evicted segment must be readable from the archive.
+    /// local log is on its own again: cleaning no longer waits for the archive, and no
+    /// further segment is evicted, because the new owner decides from now on which archived
+    /// objects live (its cleaner may delete what this server's streams still point to).
     fn stopped(&self) -> bool {
         false
     }

@@ -24,8 +24,8 @@ pub use checkpoint::{
 pub use index::DEFAULT_INDEX_CACHE_BYTES;
 pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta};
 pub use shard::{
-    Changed, Commit, DiskUsage, Durability, NewStream, RecoveryReport, Shard, ShardConfig,
-    ShardStats, StorageError,
+    write_cold_marker, Changed, Commit, DiskUsage, Durability, NewStream, RecoveryReport, Shard,
+    ShardConfig, ShardStats, StorageError, COLD_MARKER,
 };
 pub use stream::{Chunk, DiskLoc, Piece, Producer, Receipt, Stream, StreamId};
 

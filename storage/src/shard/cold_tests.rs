@@ -292,7 +292,8 @@ fn far_more_than_the_local_budget_reads_back_hot_and_cold_across_restarts() {
         assert!(shard.stats().cold_reads > 0);
         shard.shutdown().await.expect("shutdown");
     });
-    // A clean stop, and a start without the cold tier: its segments are missing now.
+    // A clean stop, and a start without the cold tier: refused, because its streams
+    // would have holes where the cold segments were.
     block_on(async {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("reopen");
         check_reads(&shard, &model, 4).await;
@@ -300,12 +301,49 @@ fn far_more_than_the_local_budget_reads_back_hot_and_cold_across_restarts() {
         let mut plain = cfg.clone();
         plain.cold = None;
         plain.local_bytes = None;
-        let (shard, _) = Shard::open(plain).await.expect("reopen without cold tier");
-        let id = shard.lookup("s0").expect("s0");
+        let err = match Shard::open(plain).await {
+            Ok(_) => panic!("a shard with cold segments opened without its cold tier"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("only in the S3 cold tier"), "{err}");
+        // Nothing was changed by the refusal.
+        let (shard, _) = Shard::open(cfg.clone())
+            .await
+            .expect("reopen with the cold tier");
+        check_reads(&shard, &model, 5).await;
+        shard.halt().await.expect("halt");
+    });
+}
+
+#[test]
+fn once_archiving_stopped_for_good_nothing_more_is_evicted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = DirStore::new(&dir.path().join("cold"), Duration::ZERO);
+    let cfg = cold_config(&dir.path().join("data"), &store, 1);
+    let seg_dir = dir.path().join("data").join("shard-0");
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        assert!(!seg_dir.join(COLD_MARKER).exists());
+        let (id, c) = shard.create(json_stream("s0")).expect("create");
+        c.durable().await.expect("durable");
+        for i in 0..400 {
+            let (rec, _) = records(0, i, 2);
+            let c = shard.append(id, rec).expect("append").1;
+            c.durable().await.expect("durable");
+        }
+        shard.checkpoint().await.expect("checkpoint");
+        store.archive_sealed(&shard);
+        // Fenced: the new owner decides what stays in the archive, so nothing leaves.
+        store.stopped.store(true, Ordering::SeqCst);
+        assert_eq!(shard.evict_archived().await.expect("evict"), 0);
+        assert!(!seg_dir.join(COLD_MARKER).exists());
+        store.stopped.store(false, Ordering::SeqCst);
+        assert!(shard.evict_archived().await.expect("evict") > 0);
         assert!(
-            shard.read(id, 0, u64::MAX).await.is_err(),
-            "a missing segment is an error, not a gap"
+            seg_dir.join(COLD_MARKER).exists(),
+            "the marker is written before the first segment leaves"
         );
+        shard.halt().await.expect("halt");
     });
 }
 

@@ -20,7 +20,10 @@
 //! map names, below the position recovery replays from, whose file is gone, is cold (see
 //! `recover`). Eviction only ever removes such segments, and with a cold tier configured
 //! the cleaner's own deletions look the same to recovery (their chunks were relocated, so
-//! nothing points into them and the next cleaning round drops them).
+//! nothing points into them and the next cleaning round drops them). What is written down
+//! is *that* a shard has cold segments: [`COLD_MARKER`] in its directory, created before the
+//! first eviction (and by a restore that leaves segments in S3), so a server started on it
+//! without its cold tier refuses instead of serving streams with holes.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -36,6 +39,8 @@ pub const COLD_BLOCK_BYTES: u64 = 1 << 20;
 /// blocks one read sets off that way.
 const READAHEAD_BYTES: u64 = 4 << 20;
 const READAHEAD_BLOCKS: usize = 4;
+/// A file in a shard's directory saying some of its segments may be only in the cold tier.
+pub const COLD_MARKER: &str = "cold-segments";
 /// Default bound of the fetched blocks each shard keeps in memory.
 pub const DEFAULT_COLD_CACHE_BYTES: usize = 64 << 20;
 /// Default bound of the bytes of cold fetches in flight per shard.
@@ -59,6 +64,8 @@ pub(super) struct ColdTier {
     throttled: RefCell<Vec<Waker>>,
     /// Fetches started by readahead that no reader has joined yet.
     ahead_in_flight: Cell<usize>,
+    /// Whether [`COLD_MARKER`] is known to exist (durably) in the shard's directory.
+    pub(super) marked: Cell<bool>,
 }
 
 impl ColdTier {
@@ -77,6 +84,7 @@ impl ColdTier {
             in_flight_limit: cfg.cold_in_flight_bytes.max(1),
             throttled: RefCell::new(Vec::new()),
             ahead_in_flight: Cell::new(0),
+            marked: Cell::new(false),
         }
     }
 
@@ -114,6 +122,19 @@ pub(super) fn effective_segment_bytes(cfg: &ShardConfig) -> u64 {
     } else {
         MIN_SEGMENT_BYTES
     }) as usize) as u64
+}
+
+/// Create [`COLD_MARKER`] in `dir` durably (the file and its directory entry), before any
+/// segment leaves: a crash in between leaves a marker and no cold segment, which is only
+/// a conservative refusal to start without the cold tier.
+pub fn write_cold_marker(dir: &Path) -> io::Result<()> {
+    let path = dir.join(COLD_MARKER);
+    std::fs::write(
+        &path,
+        b"some sealed segments of this shard are only in the S3 cold tier\n",
+    )?;
+    std::fs::File::open(&path)?.sync_all()?;
+    crate::segment::sync_dir(dir)
 }
 
 impl Shard {
@@ -155,9 +176,18 @@ impl Shard {
             return Ok(0);
         }
         let evicted = doomed.len();
+        let marker = self
+            .cold_tier()
+            .filter(|t| !t.marked.get())
+            .and_then(|_| doomed.first())
+            .and_then(|p| p.parent())
+            .map(Path::to_path_buf);
         let unlink = std::thread::Builder::new()
             .name(format!("ursula-evict-{}", self.inner.cfg.shard))
             .spawn(move || -> io::Result<()> {
+                if let Some(dir) = marker {
+                    write_cold_marker(&dir)?;
+                }
                 for path in doomed {
                     match std::fs::remove_file(&path) {
                         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -170,7 +200,12 @@ impl Shard {
             monoio::time::sleep(Duration::from_millis(1)).await;
         }
         match unlink.join() {
-            Ok(result) => result?,
+            Ok(result) => {
+                result?;
+                if let Some(t) = self.cold_tier() {
+                    t.marked.set(true);
+                }
+            }
             Err(_) => {
                 return Err(StorageError::Failed(
                     "segment unlink thread panicked".into(),
@@ -186,6 +221,9 @@ impl Shard {
         let (Some(tier), Some(budget)) = (self.cold_tier(), self.inner.cfg.local_bytes) else {
             return Ok(Vec::new());
         };
+        if tier.store.stopped() {
+            return Ok(Vec::new());
+        }
         let Some(checkpoint_segment) = self.inner.checkpoint_segment.get() else {
             return Ok(Vec::new());
         };

@@ -57,7 +57,10 @@ mod upkeep;
 mod writer;
 
 pub use cleaner::DiskUsage;
-pub use cold_tier::{COLD_BLOCK_BYTES, DEFAULT_COLD_CACHE_BYTES, DEFAULT_COLD_IN_FLIGHT_BYTES};
+pub use cold_tier::{
+    write_cold_marker, COLD_BLOCK_BYTES, COLD_MARKER, DEFAULT_COLD_CACHE_BYTES,
+    DEFAULT_COLD_IN_FLIGHT_BYTES,
+};
 pub use commit::Commit;
 use writer::{Batch, Log, Zeroing};
 

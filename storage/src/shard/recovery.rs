@@ -12,6 +12,20 @@ impl Shard {
         report: &mut RecoveryReport,
     ) -> Result<Log, StorageError> {
         let cfg = &self.inner.cfg;
+        let marked = dir.join(cold_tier::COLD_MARKER).exists();
+        match self.cold_tier() {
+            None if marked => {
+                return Err(StorageError::Failed(format!(
+                    "some sealed segments of {} are only in the S3 cold tier ({} is there): \
+                     start with the cold tier it was archived to (the same bucket, prefix \
+                     and endpoint)",
+                    dir.display(),
+                    cold_tier::COLD_MARKER
+                )))
+            }
+            Some(tier) => tier.marked.set(marked),
+            None => {}
+        }
         let indexes = segment::list_segments(dir)?;
         let mut rebuild = FastSet::default();
         let resume = self.load_checkpoint(dir, &mut rebuild)?;
@@ -233,6 +247,13 @@ impl Shard {
             }
         }
         segments.retain(|seg, _| kept.binary_search(seg).is_ok() || self.is_cold(*seg));
+        // Every cold segment has been cleaned away: the shard no longer needs S3 to start.
+        if let Some(tier) = self.cold_tier().filter(|t| t.marked.get()) {
+            if tier.segments.borrow().is_empty() {
+                std::fs::remove_file(dir.join(cold_tier::COLD_MARKER))?;
+                tier.marked.set(false);
+            }
+        }
         if segments.is_empty() {
             segments.insert(1, FastSet::default());
         }
