@@ -22,11 +22,15 @@
 # hit rate of the cold block cache (the server's metrics). The in-memory stream cache is
 # kept at CACHE_BYTES (1 MiB) on both servers, so that hot reads come from the disk.
 #
+# A full run takes 4-5 minutes; it builds nothing (cargo build --release -p ursula-server
+# -p ursula-indexer -p ursula-loadgen makes the three binaries).
+#
 # Output: a markdown table on stdout (medians over the rounds, each round's MB/s beside
 # them); with --out, DIR also keeps every loadgen report, the server logs and summary.md.
-# --quick: less data, one short round, for a smoke run (about 1.5 min).
+# --quick: less data, one short round, for a smoke run (under a minute).
 #
-# Env: BIN_DIR (default target/release; needs ursula, ursula-test-s3, ursula-loadgen),
+# Env: BIN_DIR (default $CARGO_TARGET_DIR/release, else target/release; needs ursula,
+#      ursula-test-s3 and ursula-loadgen),
 #      CORES (server cores, 2), STREAMS (16), FILL (bytes per stream, 128m),
 #      LOCAL_BYTES (the cold server's local segment budget, all cores, 256m),
 #      SEGMENT_BYTES (1: the engine's smallest segments, about 48 MiB), CACHE_BYTES (1m),
@@ -36,7 +40,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-BIN="${BIN_DIR:-target/release}"
+BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}"
 
 QUICK=""
 OUT=""
@@ -44,7 +48,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
     --quick) QUICK=1 ;;
     --out) OUT="$2"; shift ;;
-    -h | --help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
     shift
