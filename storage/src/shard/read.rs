@@ -80,7 +80,9 @@ impl Shard {
         }
         if cold {
             let end = from.saturating_add(out.iter().map(|b| b.len() as u64).sum());
-            self.read_ahead(id, end);
+            if self.cold_read_is_sequential(id, from, end) {
+                self.read_ahead(id, end);
+            }
         }
         self.evict_over_budget();
         Ok(out)
