@@ -41,8 +41,7 @@ const READAHEAD_BYTES: u64 = 4 << 20;
 const READAHEAD_BLOCKS: usize = 4;
 /// A cold read at least this long, or one that starts where the stream's previous cold
 /// read ended, is taken for catch-up reading and sets off readahead. Random small reads do
-/// not: each would fetch `READAHEAD_BYTES` it never reads (measured through the server:
-/// 1.9 MB from S3 per 4 KiB seek).
+/// not: each would fetch `READAHEAD_BYTES` it never reads.
 const SEQUENTIAL_READ_BYTES: u64 = 256 << 10;
 /// Streams whose last cold read's end is remembered; past that, the memory starts over.
 const TRACKED_READERS: usize = 4096;

@@ -248,7 +248,11 @@ impl Shard {
         }
         segments.retain(|seg, _| kept.binary_search(seg).is_ok() || self.is_cold(*seg));
         // Every cold segment has been cleaned away: the shard no longer needs S3 to start.
-        if let Some(tier) = self.cold_tier().filter(|t| t.marked.get()) {
+        // Only known with a checkpoint: without one, no segment is taken for cold.
+        if let Some(tier) = self
+            .cold_tier()
+            .filter(|t| t.marked.get() && resume.is_some())
+        {
             if tier.segments.borrow().is_empty() {
                 std::fs::remove_file(dir.join(cold_tier::COLD_MARKER))?;
                 tier.marked.set(false);
