@@ -149,6 +149,21 @@ fn local_files(dir: &Path) -> usize {
         .len()
 }
 
+/// Stream `s0` with 400 durable appends of two records each (many tiny segments); returns
+/// its id and records.
+async fn one_stream_over_many_segments(shard: &Shard) -> (StreamId, Vec<Vec<u8>>) {
+    let (id, c) = shard.create(json_stream("s0")).expect("create");
+    c.durable().await.expect("durable");
+    let mut all = Vec::new();
+    for i in 0..400 {
+        let (rec, recs) = records(0, i, 2);
+        all.extend(recs);
+        let c = shard.append(id, rec).expect("append").1;
+        c.durable().await.expect("durable");
+    }
+    (id, all)
+}
+
 /// Archive what is sealed, checkpoint (which moves the position eviction stops at), evict.
 async fn archive_and_evict(shard: &Shard, store: &DirStore) -> usize {
     shard.checkpoint().await.expect("checkpoint");
@@ -324,13 +339,7 @@ fn once_archiving_stopped_for_good_nothing_more_is_evicted() {
     block_on(async {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
         assert!(!seg_dir.join(COLD_MARKER).exists());
-        let (id, c) = shard.create(json_stream("s0")).expect("create");
-        c.durable().await.expect("durable");
-        for i in 0..400 {
-            let (rec, _) = records(0, i, 2);
-            let c = shard.append(id, rec).expect("append").1;
-            c.durable().await.expect("durable");
-        }
+        one_stream_over_many_segments(&shard).await;
         shard.checkpoint().await.expect("checkpoint");
         store.archive_sealed(&shard);
         // Fenced: the new owner decides what stays in the archive, so nothing leaves.
@@ -475,20 +484,7 @@ fn eviction_never_removes_an_unarchived_segment() {
     let seg_dir = dir.path().join("data").join("shard-0");
     block_on(async {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
-        let (id, c) = shard.create(json_stream("s0")).expect("create");
-        c.durable().await.expect("durable");
-        let mut all = Vec::new();
-        for i in 0..400 {
-            let (rec, recs) = records(0, i, 2);
-            all.extend(recs);
-            shard
-                .append(id, rec)
-                .expect("append")
-                .1
-                .durable()
-                .await
-                .expect("durable");
-        }
+        let (id, all) = one_stream_over_many_segments(&shard).await;
         shard.checkpoint().await.expect("checkpoint");
         // Nothing archived: nothing leaves, however far over the budget.
         assert_eq!(shard.evict_archived().await.expect("evict"), 0);
