@@ -1011,7 +1011,7 @@ async fn read_ranges(
     let mut out = Vec::with_capacity(range);
     loop {
         for &id in ids {
-            let tail = shard.stream(id).map(|s| s.visible_tail).unwrap_or(0);
+            let tail = shard.stream(id).map(|s| s.next_offset()).unwrap_or(0);
             let mut from = 0;
             while from < tail {
                 let pieces = shard.read(id, from, from + range as u64).await?;
@@ -1052,7 +1052,7 @@ async fn read_run(dir: &Path, per_chunk_bytes: u64) -> Result<Vec<ReadRow>, BoxE
                 let (shard, data) = (shard.clone(), data.clone());
                 let id = ids[w % ids.len()];
                 tasks.push(monoio::spawn(async move {
-                    while shard.stream(id).map(|s| s.tail).unwrap_or(u64::MAX) < per_stream {
+                    while shard.head(id).map(|s| s.tail()).unwrap_or(u64::MAX) < per_stream {
                         // A buffer of its own per append, so cached reads touch real memory.
                         let own = Bytes::copy_from_slice(&data);
                         let (_, c) = shard.append(id, data_rec(own))?;
@@ -1337,7 +1337,7 @@ async fn cold_reads(
         let key = format!("bench/cold-{r:06}");
         tasks.push(monoio::spawn(async move {
             let id = shard.lookup(&key).ok_or("stream missing")?;
-            let tail = shard.stream(id).map_or(0, |s| s.visible_tail).min(limit);
+            let tail = shard.stream(id).map_or(0, |s| s.next_offset()).min(limit);
             let (mut from, mut bytes) = (0, 0u64);
             let mut out = Vec::with_capacity(MIB);
             while from < tail {

@@ -29,12 +29,11 @@ pub fn find(core: &Rc<Core>, key: &str) -> Found {
         return Found::Absent;
     };
     let now = ursula_storage::now_ms();
-    let expired = match s.lifetime {
+    let expired = match s.lifetime() {
         Lifetime::Forever => false,
         Lifetime::TtlSeconds(t) => {
             now >= s
-                .last_access_ms
-                .get()
+                .last_access_ms()
                 .saturating_add((t as i64).saturating_mul(1000))
         }
         Lifetime::ExpiresAtMs(at) => now >= at,
@@ -42,7 +41,7 @@ pub fn find(core: &Rc<Core>, key: &str) -> Found {
     if expired {
         return Found::Expired(id);
     }
-    if Ext::is_soft_deleted(&s.ext) {
+    if Ext::is_soft_deleted(s.ext()) {
         return Found::SoftDeleted;
     }
     Found::Live(id)

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use ursula_protocol::content_type::is_json;
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::Query;
-use ursula_storage::Stream;
+use ursula_storage::StreamView;
 
 use crate::http::{ApiError, Response};
 use crate::limits::ENVELOPE_SLICE_BYTES_MIN;
@@ -26,13 +26,13 @@ pub fn active(surface: Surface, content_type: &str) -> bool {
 }
 
 /// First retained record (`F`).
-pub fn first(s: &Stream) -> u64 {
+pub fn first(s: &StreamView<'_>) -> u64 {
     s.first_message()
 }
 
 /// Next record (record tail) as readers see it.
-pub fn visible_next(s: &Stream) -> u64 {
-    s.visible_message_count()
+pub fn visible_next(s: &StreamView<'_>) -> u64 {
+    s.message_count()
 }
 
 pub use ursula_protocol::records::{RecordParams, RecordStart};
@@ -49,7 +49,7 @@ pub fn parse(query: &Query, json: bool) -> Result<Option<RecordParams>, Response
 }
 
 /// Resolve a record start against the readable records, or the error response (§8.6).
-pub fn resolve(s: &Stream, start: RecordStart) -> Result<u64, Response> {
+pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<u64, Response> {
     let (first, next) = (first(s), visible_next(s));
     let r = match start {
         RecordStart::At(r) => r,
@@ -62,7 +62,7 @@ pub fn resolve(s: &Stream, start: RecordStart) -> Result<u64, Response> {
             .header("stream-extensions", TOKEN)
             .header("stream-record-first", first.to_string())
             .header("stream-record-next", next.to_string())
-            .header("stream-next-offset", format_offset(s.retained_start)));
+            .header("stream-next-offset", format_offset(s.retained_start())));
     }
     if r > next {
         return Err(
@@ -78,7 +78,12 @@ pub fn resolve(s: &Stream, start: RecordStart) -> Result<u64, Response> {
 
 /// The end record of a record-aligned read from `start`: whole records only, at most
 /// `max_records`, within `max_bytes` unless the first record alone is larger.
-pub fn end_record(s: &Stream, start: u64, max_records: Option<u64>, max_bytes: usize) -> u64 {
+pub fn end_record(
+    s: &StreamView<'_>,
+    start: u64,
+    max_records: Option<u64>,
+    max_bytes: usize,
+) -> u64 {
     let next = visible_next(s);
     let limit = max_records.map_or(next, |m| start.saturating_add(m).min(next));
     let Some(start_off) = s.message_start(start) else {
@@ -123,7 +128,7 @@ pub fn envelope_parts(parts: &[Bytes], first_record: u64) -> Vec<Bytes> {
 }
 
 /// Stream-level record headers (HEAD, offset reads).
-pub fn push_stream_headers(resp: &mut Response, s: &Stream) {
+pub fn push_stream_headers(resp: &mut Response, s: &StreamView<'_>) {
     resp.push("stream-extensions", TOKEN);
     resp.push("stream-record-first", first(s).to_string());
     resp.push("stream-record-next", visible_next(s).to_string());

@@ -11,7 +11,7 @@ use crate::ext::{Ext, ForkLink};
 /// DELETE: soft-delete while forks reference the stream, otherwise remove it.
 pub async fn delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
     let mut ext = match core.shard.stream(id) {
-        Some(s) => Ext::decode(&s.ext),
+        Some(s) => Ext::decode(s.ext()),
         None => return Ok(()),
     };
     if ext.refs > 0 {
@@ -22,7 +22,10 @@ pub async fn delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
 }
 
 async fn hard_delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
-    let link = core.shard.stream(id).and_then(|s| Ext::decode(&s.ext).fork);
+    let link = core
+        .shard
+        .stream(id)
+        .and_then(|s| Ext::decode(s.ext()).fork);
     core.shard.delete(id)?.durable().await?;
     if let Some(link) = link {
         release(core, link).await;
@@ -35,7 +38,10 @@ async fn hard_delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> 
 /// needs its key.
 pub fn remove_expired(core: &Rc<Core>, id: StreamId) {
     let core = core.clone();
-    let link = core.shard.stream(id).and_then(|s| Ext::decode(&s.ext).fork);
+    let link = core
+        .shard
+        .stream(id)
+        .and_then(|s| Ext::decode(s.ext()).fork);
     match core.shard.delete(id) {
         Ok(commit) => {
             monoio::spawn(async move {
@@ -60,7 +66,7 @@ pub async fn release(core: &Rc<Core>, link: ForkLink) {
                 return;
             };
             let (mut ext, incarnation) = match c.shard.stream(id) {
-                Some(s) => (Ext::decode(&s.ext), s.incarnation),
+                Some(s) => (Ext::decode(s.ext()), s.incarnation()),
                 None => return,
             };
             if incarnation != link.source_incarnation {

@@ -17,6 +17,7 @@ pub mod record;
 pub mod segment;
 pub mod shard;
 pub mod stream;
+mod view;
 
 pub use checkpoint::{
     summary as checkpoint_summary, CheckpointSummary, FILE_NAME as CHECKPOINT_FILE,
@@ -28,6 +29,7 @@ pub use shard::{
     ShardConfig, ShardStats, StorageError, COLD_MARKER,
 };
 pub use stream::{Chunk, DiskLoc, Piece, Producer, Receipt, Stream, StreamId};
+pub use view::{StreamHead, StreamView};
 
 /// Wall-clock Unix milliseconds.
 pub fn now_ms() -> i64 {

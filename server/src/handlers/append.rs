@@ -39,10 +39,10 @@ enum ProducerVerdict {
 }
 
 fn check_producer(core: &Rc<Core>, id: StreamId, p: &ProducerHeaders) -> ProducerVerdict {
-    let Some(s) = core.shard.stream(id) else {
+    let Some(s) = core.shard.head(id) else {
         return ProducerVerdict::Accept;
     };
-    let Some(state) = s.producers.get(p.id.as_str()) else {
+    let Some(state) = s.producer(p.id.as_str()) else {
         return if p.seq == 0 {
             ProducerVerdict::Accept
         } else {
@@ -193,14 +193,14 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
         }
     }
     let (tail, closed, stored_type, last_seq, record_next) = {
-        let Some(s) = core.shard.stream(id) else {
+        let Some(s) = core.shard.head(id) else {
             return ApiError::owner_unavailable().response();
         };
         (
-            s.tail,
-            s.closed,
-            s.content_type.clone(),
-            s.last_stream_seq.clone(),
+            s.tail(),
+            s.closed(),
+            s.content_type().to_owned(),
+            s.last_stream_seq().cloned(),
             s.message_count(),
         )
     };
@@ -305,7 +305,7 @@ async fn duplicate(
         // The original may still be in the group commit; never acknowledge before it is.
         loop {
             let (visible, version) = match core.shard.stream(id) {
-                Some(s) => (s.visible_tail >= r.next, s.version()),
+                Some(s) => (s.next_offset() >= r.next, s.version()),
                 None => return ApiError::StreamNotFound.response(),
             };
             if visible {
@@ -315,7 +315,7 @@ async fn duplicate(
         }
     }
     let (closed, coords) = core.shard.stream(id).map_or((false, false), |s| {
-        (s.closed, records::active(surface, &s.content_type))
+        (s.is_closed(), records::active(surface, s.content_type()))
     });
     let mut resp = Response::new(204)
         .header("producer-epoch", epoch.to_string())

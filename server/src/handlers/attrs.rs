@@ -37,7 +37,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
         let Some(s) = core.shard.stream(id) else {
             return ApiError::owner_unavailable().response();
         };
-        let body = Attrs::render(Ext::decode(&s.ext).attrs.as_ref());
+        let body = Attrs::render(Ext::decode(s.ext()).attrs.as_ref());
         return Response::new(200)
             .header("content-type", "application/json")
             .header("cache-control", "no-store")
@@ -58,7 +58,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     // Read-modify-write of the state blob with no `.await` in between: atomic on the owner.
     let commit = {
         let mut ext = match core.shard.stream(id) {
-            Some(s) => Ext::decode(&s.ext),
+            Some(s) => Ext::decode(s.ext()),
             None => return ApiError::owner_unavailable().response(),
         };
         ext.attrs = attrs;

@@ -271,8 +271,8 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     drop(frames);
     let (type_ok, coords) = match core.shard.stream(id) {
         Some(s) => (
-            same_media_type(&request_type, &s.content_type),
-            records::active(Surface::Bucketed, &s.content_type),
+            same_media_type(&request_type, s.content_type()),
+            records::active(Surface::Bucketed, s.content_type()),
         ),
         None => return ApiError::owner_unavailable().response(),
     };
@@ -281,7 +281,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
         payloads,
         type_ok,
         coords,
-        || core.shard.stream(id).map(|s| (s.tail, s.closed)),
+        || core.shard.head(id).map(|s| (s.tail(), s.closed())),
         |rec| core.shard.append(id, rec),
     );
     if let Some(commit) = last {
@@ -296,7 +296,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
             Ack::Committed { next, .. } => Some(*next),
             _ => None,
         })
-        .or_else(|| core.shard.stream(id).map(|s| s.tail))
+        .or_else(|| core.shard.stream(id).map(|s| s.next_offset()))
         .unwrap_or(0);
     let all_ok = acks.iter().all(|a| matches!(a, Ack::Committed { .. }));
     let mut resp = Response::new(200)

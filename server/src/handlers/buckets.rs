@@ -145,11 +145,11 @@ async fn entries(core: &Rc<Core>, bucket: &str) -> Vec<Entry> {
                     if let Some(s) = c.shard.stream(id) {
                         out.push(Entry {
                             name: name.to_string(),
-                            closed: s.visible_closed,
-                            content_type: s.content_type.to_string(),
-                            tail: s.visible_tail,
-                            created_ms: s.created_ms,
-                            last_write_ms: s.last_access_ms.get(),
+                            closed: s.is_closed(),
+                            content_type: s.content_type().to_string(),
+                            tail: s.next_offset(),
+                            created_ms: s.created_ms(),
+                            last_write_ms: s.last_access_ms(),
                         });
                     }
                 }

@@ -25,19 +25,19 @@ pub fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Response
     let Some(s) = core.shard.stream(id) else {
         return ApiError::StreamNotFound.response();
     };
-    let json = is_json(&s.content_type);
+    let json = is_json(s.content_type());
     let mut resp = Response::new(200)
-        .header("content-type", read_content_type(surface, &s.content_type))
-        .header("stream-next-offset", format_offset(s.visible_tail))
+        .header("content-type", read_content_type(surface, s.content_type()))
+        .header("stream-next-offset", format_offset(s.next_offset()))
         .header("stream-up-to-date", "true")
         .header("cache-control", "no-store");
-    if s.visible_closed {
+    if s.is_closed() {
         resp.push("stream-closed", "true");
     }
     if json && surface == Surface::Compat {
         resp = resp.with_body(vec![Bytes::from_static(b"[]")]);
     }
-    if records::active(surface, &s.content_type) {
+    if records::active(surface, s.content_type()) {
         records::push_stream_headers(&mut resp, &s);
     }
     resp
@@ -55,13 +55,13 @@ pub async fn collect(
         let Some(s) = core.shard.stream(id) else {
             return Ok((Vec::new(), start));
         };
-        if surface == Surface::Compat && is_json(&s.content_type) {
+        if surface == Surface::Compat && is_json(s.content_type()) {
             // Whole messages only; at least one even if it alone exceeds the limit.
             let first = s.message_at_or_after(start);
-            let visible = s.visible_message_count();
+            let visible = s.message_count();
             let mut end_msg = first;
             while end_msg < visible {
-                let next_end = s.message_start(end_msg + 1).unwrap_or(s.visible_tail);
+                let next_end = s.message_start(end_msg + 1).unwrap_or(s.next_offset());
                 if end_msg > first && (next_end - start) as usize > max {
                     break;
                 }
@@ -70,10 +70,10 @@ pub async fn collect(
                     break;
                 }
             }
-            let end = s.message_start(end_msg).unwrap_or(s.visible_tail);
-            (end.min(s.visible_tail), true)
+            let end = s.message_start(end_msg).unwrap_or(s.next_offset());
+            (end.min(s.next_offset()), true)
         } else {
-            (s.visible_tail.min(start.saturating_add(max as u64)), false)
+            (s.next_offset().min(start.saturating_add(max as u64)), false)
         }
     };
     let parts = core
@@ -106,21 +106,21 @@ pub async fn catch_up(
     let Some(s) = core.shard.stream(id) else {
         return ApiError::StreamNotFound.response();
     };
-    let up_to_date = end == s.visible_tail;
-    let closed = up_to_date && s.visible_closed;
+    let up_to_date = end == s.next_offset();
+    let closed = up_to_date && s.is_closed();
     let etag = format!(
         "\"{}:{}:{}{}\"",
-        s.incarnation,
+        s.incarnation(),
         start,
         end,
         if closed { ":c" } else { "" }
     );
     let mut resp = Response::new(200)
-        .header("content-type", read_content_type(surface, &s.content_type))
+        .header("content-type", read_content_type(surface, s.content_type()))
         .header("stream-next-offset", format_offset(end))
         .header("cache-control", "no-store");
     push_read_state(&mut resp, up_to_date, closed, cursor);
-    if records::active(surface, &s.content_type) {
+    if records::active(surface, s.content_type()) {
         records::push_stream_headers(&mut resp, &s);
     }
     finish_read(resp, etag, req, || parts)

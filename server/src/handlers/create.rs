@@ -50,15 +50,15 @@ fn created_headers(
         return ApiError::StreamNotFound.response();
     };
     let mut resp = Response::new(status)
-        .header("content-type", s.content_type.to_string())
-        .header("stream-next-offset", format_offset(s.visible_tail))
-        .header("stream-incarnation", s.incarnation.to_string())
+        .header("content-type", s.content_type().to_string())
+        .header("stream-next-offset", format_offset(s.next_offset()))
+        .header("stream-incarnation", s.incarnation().to_string())
         .header("cache-control", "no-store");
-    if s.visible_closed {
+    if s.is_closed() {
         resp.push("stream-closed", "true");
     }
-    push_lifetime(&mut resp, s.lifetime);
-    if records::active(surface, &s.content_type) {
+    push_lifetime(&mut resp, s.lifetime());
+    if records::active(surface, s.content_type()) {
         // A create reports the records of its initial body; an idempotent 200 creates none.
         let next = records::visible_next(&s);
         let start = if status == 201 { 0 } else { next };
@@ -105,22 +105,24 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
         }
         Found::Live(id) => {
             let matches = {
-                let Some(s) = core.shard.stream(id) else {
+                // Compared with the head: a create that repeats one still in its group
+                // commit must match it, not the state before it.
+                let Some(s) = core.shard.head(id) else {
                     return ApiError::owner_unavailable().response();
                 };
-                let ext = Ext::decode(&s.ext);
+                let ext = Ext::decode(s.ext());
                 let type_ok = match (&content_type, &fork) {
-                    (Some(ct), _) => same_media_type(ct, &s.content_type),
+                    (Some(ct), _) => same_media_type(ct, s.content_type()),
                     (None, Some(_)) => true,
-                    (None, None) => same_media_type("application/octet-stream", &s.content_type),
+                    (None, None) => same_media_type("application/octet-stream", s.content_type()),
                 };
                 let lifetime_ok = match (lifetime, &fork) {
                     (None, Some(_)) => true,
-                    (l, _) => l.unwrap_or_default() == s.lifetime,
+                    (l, _) => l.unwrap_or_default() == s.lifetime(),
                 };
                 type_ok
                     && lifetime_ok
-                    && closed == s.closed
+                    && closed == s.closed()
                     && fork::same_link(fork.as_ref(), ext.fork.as_ref())
                     && ext.attrs == attrs
             };

@@ -197,17 +197,17 @@ async fn build(
         return ApiError::owner_unavailable().response();
     };
     let mut resp = Response::new(201)
-        .header("content-type", s.content_type.to_string())
+        .header("content-type", s.content_type().to_string())
         .header(
             "stream-next-offset",
-            ursula_protocol::offset::format_offset(s.visible_tail),
+            ursula_protocol::offset::format_offset(s.next_offset()),
         )
-        .header("stream-incarnation", s.incarnation.to_string())
+        .header("stream-incarnation", s.incarnation().to_string())
         .header("cache-control", "no-store");
-    if s.visible_closed {
+    if s.is_closed() {
         resp.push("stream-closed", "true");
     }
-    match s.lifetime {
+    match s.lifetime() {
         Lifetime::Forever => {}
         Lifetime::TtlSeconds(t) => resp.push("stream-ttl", t.to_string()),
         Lifetime::ExpiresAtMs(ms) => resp.push(
@@ -241,20 +241,20 @@ async fn take_source(
             .stream(id)
             .ok_or_else(|| ApiError::owner_unavailable().response())?;
         if let Some(t) = &wanted_type {
-            if !same_media_type(t, &s.content_type) {
+            if !same_media_type(t, s.content_type()) {
                 return Err(ApiError::ContentTypeMismatch(
                     "fork content type differs from the source's",
                 )
                 .response());
             }
         }
-        let tail = s.visible_tail;
+        let tail = s.next_offset();
         let anchor = offset.unwrap_or(tail);
         let beyond = || ApiError::InvalidOffset("fork point is beyond the source").response();
         if anchor > tail {
             return Err(beyond());
         }
-        let json = is_json(&s.content_type);
+        let json = is_json(s.content_type());
         if json && !s.is_message_boundary(anchor) {
             return Err(ApiError::OffsetNotAligned("fork offset inside a message").response());
         }
@@ -292,9 +292,9 @@ async fn take_source(
             append_lens.clone()
         };
         Inherited {
-            content_type: s.content_type.to_string(),
-            lifetime: s.lifetime,
-            incarnation: s.incarnation,
+            content_type: s.content_type().to_string(),
+            lifetime: s.lifetime(),
+            incarnation: s.incarnation(),
             data: Vec::new(),
             append_lens,
             msg_lens,
@@ -305,7 +305,7 @@ async fn take_source(
     // The read awaited: make sure the source is still the stream we validated.
     match (
         find(core, key),
-        core.shard.stream(id).map(|s| s.incarnation),
+        core.shard.stream(id).map(|s| s.incarnation()),
     ) {
         (Found::Live(now), Some(inc)) if now == id && inc == inherited.incarnation => {}
         _ => return Err(ApiError::ForkSourceNotFound.response()),
@@ -316,7 +316,7 @@ async fn take_source(
             .shard
             .stream(id)
             .ok_or_else(|| ApiError::owner_unavailable().response())?;
-        let mut ext = Ext::decode(&s.ext);
+        let mut ext = Ext::decode(s.ext());
         ext.refs += 1;
         ext.encode()
     };

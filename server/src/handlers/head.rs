@@ -20,20 +20,20 @@ pub fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Response {
         return ApiError::owner_unavailable().response();
     };
     let mut resp = Response::new(200)
-        .header("content-type", s.content_type.to_string())
-        .header("stream-next-offset", format_offset(s.visible_tail))
-        .header("stream-retained-offset", format_offset(s.retained_start))
-        .header("stream-incarnation", s.incarnation.to_string())
+        .header("content-type", s.content_type().to_string())
+        .header("stream-next-offset", format_offset(s.next_offset()))
+        .header("stream-retained-offset", format_offset(s.retained_start()))
+        .header("stream-incarnation", s.incarnation().to_string())
         .header("cache-control", "no-store");
-    if s.visible_closed {
+    if s.is_closed() {
         resp.push("stream-closed", "true");
     }
-    push_lifetime(&mut resp, s.lifetime);
-    if let Some(snap) = &s.snapshot {
+    push_lifetime(&mut resp, s.lifetime());
+    if let Some(snap) = s.snapshot() {
         resp.push("stream-snapshot-offset", format_offset(snap.offset));
         resp.push("stream-snapshot-digest", snap.digest.to_string());
     }
-    if records::active(surface, &s.content_type) {
+    if records::active(surface, s.content_type()) {
         records::push_stream_headers(&mut resp, &s);
     }
     resp

@@ -24,7 +24,7 @@ pub fn push_lifetime(resp: &mut Response, lifetime: Lifetime) {
 }
 
 pub fn closed_response(core: &Rc<Core>, id: StreamId, status: u16) -> Response {
-    let tail = core.shard.stream(id).map_or(0, |s| s.visible_tail);
+    let tail = core.shard.stream(id).map_or(0, |s| s.next_offset());
     Response::new(status)
         .header("stream-closed", "true")
         .header("stream-next-offset", format_offset(tail))
@@ -49,7 +49,7 @@ pub fn with_stream_records(
     mut resp: Response,
 ) -> Response {
     if let Some(s) = core.shard.stream(id) {
-        if records::active(surface, &s.content_type) {
+        if records::active(surface, s.content_type()) {
             records::push_stream_headers(&mut resp, &s);
         }
     }

@@ -26,7 +26,7 @@ pub async fn long_poll(
         std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
     loop {
         let (has_data, closed, version) = match core.shard.stream(id) {
-            Some(s) => (s.visible_tail > start, s.visible_closed, s.version()),
+            Some(s) => (s.next_offset() > start, s.is_closed(), s.version()),
             None => return ApiError::StreamNotFound.response(),
         };
         if has_data {
@@ -39,7 +39,7 @@ pub async fn long_poll(
         }
         let now = std::time::Instant::now();
         if now >= deadline || core.shutting_down() {
-            let tail = core.shard.stream(id).map_or(start, |s| s.visible_tail);
+            let tail = core.shard.stream(id).map_or(start, |s| s.next_offset());
             let resp = Response::new(204)
                 .header("stream-next-offset", format_offset(tail))
                 .header("stream-up-to-date", "true")

@@ -30,25 +30,25 @@ fn resolve_start(
     };
     let start = match offset {
         OffsetParam::Start => 0,
-        OffsetParam::Now => s.visible_tail,
+        OffsetParam::Now => s.next_offset(),
         OffsetParam::At(p) => p,
     };
     // P§3.3: `-1` means byte 0, so after retention it is trimmed like any earlier offset.
-    if start < s.retained_start {
+    if start < s.retained_start() {
         let mut resp = ApiError::OffsetTrimmed("offset was removed by retention")
             .response()
-            .header("stream-next-offset", format_offset(s.retained_start));
-        if records::active(surface, &s.content_type) {
+            .header("stream-next-offset", format_offset(s.retained_start()));
+        if records::active(surface, s.content_type()) {
             records::push_stream_headers(&mut resp, &s);
         }
         return Err(resp);
     }
-    if start > s.visible_tail {
+    if start > s.next_offset() {
         return Err(ApiError::OffsetBeyondTail("offset is beyond the tail")
             .response()
-            .header("stream-next-offset", format_offset(s.visible_tail)));
+            .header("stream-next-offset", format_offset(s.next_offset())));
     }
-    if surface == Surface::Compat && is_json(&s.content_type) && !s.is_message_boundary(start) {
+    if surface == Surface::Compat && is_json(s.content_type()) && !s.is_message_boundary(start) {
         return Err(ApiError::OffsetNotAligned("offset is inside a JSON message").response());
     }
     Ok(start)
@@ -83,7 +83,7 @@ pub async fn read(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -
         let json = core
             .shard
             .stream(id)
-            .is_some_and(|s| is_json(&s.content_type));
+            .is_some_and(|s| is_json(s.content_type()));
         if !json {
             return ApiError::InvalidRequest(
                 "record coordinates are only available on application/json streams",

@@ -38,7 +38,7 @@ pub async fn record_read(
             let offset = core
                 .shard
                 .stream(id)
-                .and_then(|s| s.message_start(start).map(|o| o.min(s.visible_tail)))
+                .and_then(|s| s.message_start(start).map(|o| o.min(s.next_offset())))
                 .unwrap_or(0);
             ReadReply::Sse(SseStart {
                 surface: Surface::Bucketed,
@@ -72,7 +72,7 @@ async fn record_long_poll(
         let (has, closed, version) = match core.shard.stream(id) {
             Some(s) => (
                 records::visible_next(&s) > start,
-                s.visible_closed,
+                s.is_closed(),
                 s.version(),
             ),
             None => return ApiError::StreamNotFound.response(),
@@ -87,7 +87,7 @@ async fn record_long_poll(
                 return ApiError::StreamNotFound.response();
             };
             let mut resp = Response::new(204)
-                .header("stream-next-offset", format_offset(s.visible_tail))
+                .header("stream-next-offset", format_offset(s.next_offset()))
                 .header("stream-up-to-date", "true")
                 .header("cache-control", "no-store");
             if closed {
@@ -113,11 +113,11 @@ fn record_now(core: &Rc<Core>, id: StreamId, start: u64, rp: records::RecordPara
     };
     let mut resp = Response::new(200)
         .header("content-type", record_content_type(rp))
-        .header("stream-next-offset", format_offset(s.visible_tail))
+        .header("stream-next-offset", format_offset(s.next_offset()))
         .header("stream-up-to-date", "true")
         .header("cache-control", "no-store")
         .header("stream-record-first", records::first(&s).to_string());
-    if s.visible_closed {
+    if s.is_closed() {
         resp.push("stream-closed", "true");
     }
     records::push_ack_headers(&mut resp, start, start);
@@ -147,11 +147,11 @@ async fn record_catch_up(
             return ApiError::StreamNotFound.response();
         };
         let end = records::end_record(&s, start, rp.max_records, MAX_READ_BYTES as usize);
-        let from = s.message_start(start).unwrap_or(s.visible_tail);
+        let from = s.message_start(start).unwrap_or(s.next_offset());
         let to = s
             .message_start(end)
-            .unwrap_or(s.visible_tail)
-            .min(s.visible_tail);
+            .unwrap_or(s.next_offset())
+            .min(s.next_offset());
         (end, from, to)
     };
     let parts = match core.shard.read(id, from, to).await {
@@ -162,10 +162,10 @@ async fn record_catch_up(
         return ApiError::StreamNotFound.response();
     };
     let up_to_date = end == records::visible_next(&s);
-    let closed = up_to_date && s.visible_closed;
+    let closed = up_to_date && s.is_closed();
     let etag = format!(
         "\"{}:{}:{}{}{}\"",
-        s.incarnation,
+        s.incarnation(),
         from,
         to,
         if closed { ":c" } else { "" },

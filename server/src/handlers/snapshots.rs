@@ -12,7 +12,7 @@ use ursula_protocol::content_type::{is_json, normalize};
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::{parse_query, percent_decode};
-use ursula_storage::{SnapshotMeta, Stream, StreamId};
+use ursula_storage::{SnapshotMeta, StreamId, StreamView};
 
 use crate::core::Core;
 use crate::handlers::buckets::require_bucket;
@@ -90,14 +90,18 @@ fn parse_target(path: Option<&str>, req: &Request) -> Result<(Option<u64>, Optio
 
 /// Resolve a target given as a path offset or `?record=n` (§3.1 / §4.1) against the
 /// stream: Ok(offset), or the error response.
-fn target_offset(s: &Stream, path: &Option<u64>, record: Option<u64>) -> Result<u64, Response> {
+fn target_offset(
+    s: &StreamView<'_>,
+    path: &Option<u64>,
+    record: Option<u64>,
+) -> Result<u64, Response> {
     if let Some(o) = path {
         return Ok(*o);
     }
     let Some(n) = record else {
         return Err(ApiError::InvalidRequest("give an offset in the path or ?record=").response());
     };
-    if !is_json(&s.content_type) {
+    if !is_json(s.content_type()) {
         return Err(
             ApiError::InvalidRequest("?record= needs an application/json stream").response(),
         );
@@ -106,7 +110,7 @@ fn target_offset(s: &Stream, path: &Option<u64>, record: Option<u64>) -> Result<
     if n < first {
         let mut resp = ApiError::OffsetTrimmed("record was removed by retention")
             .response()
-            .header("stream-next-offset", format_offset(s.retained_start));
+            .header("stream-next-offset", format_offset(s.retained_start()));
         records::push_stream_headers(&mut resp, s);
         return Err(resp);
     }
@@ -116,8 +120,8 @@ fn target_offset(s: &Stream, path: &Option<u64>, record: Option<u64>) -> Result<
         return Err(resp);
     }
     Ok(s.message_start(n)
-        .unwrap_or(s.visible_tail)
-        .min(s.visible_tail))
+        .unwrap_or(s.next_offset())
+        .min(s.next_offset()))
 }
 
 /// `Stream-Snapshot-Digest`: BLAKE3 over `u64_le(len(content_type)) ‖ content_type ‖ body`.
@@ -137,8 +141,8 @@ fn live(core: &Rc<Core>, key: &str) -> Result<StreamId, Response> {
     }
 }
 
-fn json_headers(resp: &mut Response, s: &Stream) {
-    if is_json(&s.content_type) {
+fn json_headers(resp: &mut Response, s: &StreamView<'_>) {
+    if is_json(s.content_type()) {
         records::push_stream_headers(resp, s);
     }
 }
@@ -174,12 +178,12 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
     };
     // 9. publish: the blob first (durable in its own file), then the record that makes it
     // visible. The write awaited, so check again that nothing moved meanwhile.
-    let incarnation = core.shard.stream(id).map(|s| s.incarnation);
+    let incarnation = core.shard.stream(id).map(|s| s.incarnation());
     let blob = match core.shard.write_blob(body.clone()).await {
         Ok(b) => b,
         Err(e) => return Response::from(e),
     };
-    let still = core.shard.stream(id).map(|s| s.incarnation) == incarnation
+    let still = core.shard.stream(id).map(|s| s.incarnation()) == incarnation
         && matches!(find(core, key), Found::Live(now) if now == id);
     let recheck = if still {
         check_publish(core, id, Some(offset), None, snapshot_match, &digest)
@@ -225,17 +229,17 @@ fn check_publish(
 ) -> Result<Option<u64>, Response> {
     let s = core.shard.stream(id).ok_or_else(not_found)?;
     let offset = target_offset(&s, &path, record)?;
-    if offset < s.retained_start {
+    if offset < s.retained_start() {
         return Err(ApiError::OffsetTrimmed("offset was removed by retention")
             .response()
-            .header("stream-next-offset", format_offset(s.retained_start)));
+            .header("stream-next-offset", format_offset(s.retained_start())));
     }
-    if offset > s.visible_tail {
+    if offset > s.next_offset() {
         return Err(ApiError::SnapshotBeyondTail
             .response()
-            .header("stream-next-offset", format_offset(s.visible_tail)));
+            .header("stream-next-offset", format_offset(s.next_offset())));
     }
-    let visible = s.snapshot.as_ref();
+    let visible = s.snapshot();
     if let Some(expected) = snapshot_match {
         if visible.is_none_or(|v| &*v.digest != expected) {
             return Err(ApiError::SnapshotMismatch.response());
@@ -264,9 +268,9 @@ fn published(core: &Rc<Core>, id: StreamId) -> Response {
         return not_found();
     };
     let mut resp = Response::new(204)
-        .header("stream-next-offset", format_offset(s.visible_tail))
+        .header("stream-next-offset", format_offset(s.next_offset()))
         .header("cache-control", "no-store");
-    if let Some(v) = &s.snapshot {
+    if let Some(v) = s.snapshot() {
         resp.push("stream-snapshot-offset", format_offset(v.offset));
         resp.push("stream-snapshot-digest", v.digest.to_string());
     }
@@ -283,7 +287,7 @@ fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Response {
     let Some(s) = core.shard.stream(id) else {
         return not_found();
     };
-    let Some(v) = &s.snapshot else {
+    let Some(v) = s.snapshot() else {
         return ApiError::SnapshotNotFound("no snapshot").response();
     };
     let base = req.path.trim_end_matches('/');
@@ -298,7 +302,7 @@ fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Response {
             format!("http://{host}{base}/{}", format_offset(v.offset)),
         );
     }
-    if v.offset == s.visible_tail {
+    if v.offset == s.next_offset() {
         resp.push("stream-up-to-date", "true");
     }
     json_headers(&mut resp, &s);
@@ -315,7 +319,7 @@ async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Response {
         Ok(id) => id,
         Err(r) => return r,
     };
-    let meta = match core.shard.stream(id).and_then(|s| s.snapshot.clone()) {
+    let meta = match core.shard.stream(id).and_then(|s| s.snapshot().cloned()) {
         Some(m) if m.offset == offset => m,
         _ => return ApiError::SnapshotNotFound("no snapshot at this offset").response(),
     };
@@ -332,10 +336,10 @@ async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Response {
         .header("stream-snapshot-digest", meta.digest.to_string())
         .header("stream-next-offset", format_offset(meta.offset))
         .header("cache-control", "no-store");
-    if meta.offset == s.visible_tail {
+    if meta.offset == s.next_offset() {
         resp.push("stream-up-to-date", "true");
     }
-    if s.visible_closed {
+    if s.is_closed() {
         resp.push("stream-closed", "true");
     }
     json_headers(&mut resp, &s);
@@ -355,7 +359,7 @@ fn delete(core: &Rc<Core>, key: &str, raw: &str) -> Response {
     match core
         .shard
         .stream(id)
-        .and_then(|s| s.snapshot.as_ref().map(|m| m.offset))
+        .and_then(|s| s.snapshot().map(|m| m.offset))
     {
         Some(v) if v == offset => ApiError::SnapshotInUse.response(),
         _ => ApiError::SnapshotNotFound("no snapshot at this offset").response(),
@@ -380,15 +384,15 @@ async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Reque
             Ok(o) => o,
             Err(r) => return r,
         };
-        if offset < s.retained_start {
+        if offset < s.retained_start() {
             return ApiError::RetentionBackwards
                 .response()
-                .header("stream-retained-offset", format_offset(s.retained_start));
+                .header("stream-retained-offset", format_offset(s.retained_start()));
         }
-        if offset == s.retained_start {
+        if offset == s.retained_start() {
             return retained(core, id);
         }
-        match &s.snapshot {
+        match s.snapshot() {
             None => return ApiError::NoSnapshot.response(),
             Some(v) if offset > v.offset => return ApiError::BeyondSnapshot.response(),
             Some(_) => {}
@@ -413,7 +417,7 @@ fn retained(core: &Rc<Core>, id: StreamId) -> Response {
         return not_found();
     };
     let mut resp = Response::new(204)
-        .header("stream-retained-offset", format_offset(s.retained_start))
+        .header("stream-retained-offset", format_offset(s.retained_start()))
         .header("cache-control", "no-store");
     json_headers(&mut resp, &s);
     resp
@@ -438,18 +442,17 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
             return not_found();
         };
         let from = s
-            .snapshot
-            .as_ref()
-            .map_or(s.retained_start, |m| m.offset.max(s.retained_start));
+            .snapshot()
+            .map_or(s.retained_start(), |m| m.offset.max(s.retained_start()));
         // One part per retained message after the snapshot: whole messages, capped.
         let mut bounds = Vec::new();
         let mut ordinal = s.message_at_or_after(from);
         let mut total = 0u64;
-        while let Some(start) = s.message_start(ordinal).filter(|&o| o < s.visible_tail) {
+        while let Some(start) = s.message_start(ordinal).filter(|&o| o < s.next_offset()) {
             let end = s
                 .message_start(ordinal + 1)
-                .unwrap_or(s.visible_tail)
-                .min(s.visible_tail);
+                .unwrap_or(s.next_offset())
+                .min(s.next_offset());
             if !bounds.is_empty() && total + (end - start) > BOOTSTRAP_UPDATE_BYTES_MAX {
                 break;
             }
@@ -457,7 +460,12 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
             bounds.push((start, end));
             ordinal += 1;
         }
-        (s.snapshot.clone(), from, bounds, s.content_type.to_string())
+        (
+            s.snapshot().cloned(),
+            from,
+            bounds,
+            s.content_type().to_string(),
+        )
     };
     let snapshot_body = match &snapshot {
         Some(meta) => match core.shard.read_blob(meta).await {
@@ -490,7 +498,7 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
     let Some(s) = core.shard.stream(id) else {
         return ApiError::owner_unavailable().response();
     };
-    let complete = end >= s.visible_tail;
+    let complete = end >= s.next_offset();
     let mut resp = Response::new(200)
         .header(
             "content-type",
@@ -506,7 +514,7 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
         .header("cache-control", "no-store");
     if complete {
         resp.push("stream-up-to-date", "true");
-        if s.visible_closed {
+        if s.is_closed() {
             resp.push("stream-closed", "true");
         }
     }

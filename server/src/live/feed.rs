@@ -350,7 +350,7 @@ async fn step_on_owner(
     wait: Duration,
 ) -> Step {
     let current = match core.shard.stream(id) {
-        Some(s) if s.incarnation == incarnation => s.version(),
+        Some(s) if s.incarnation() == incarnation => s.version(),
         _ => return Step::Gone,
     };
     if current == seen {
@@ -358,7 +358,7 @@ async fn step_on_owner(
             .await;
     }
     let (version, tail, closed) = match core.shard.stream(id) {
-        Some(s) if s.incarnation == incarnation => (s.version(), s.visible_tail, s.visible_closed),
+        Some(s) if s.incarnation() == incarnation => (s.version(), s.next_offset(), s.is_closed()),
         _ => return Step::Gone,
     };
     if version == seen {

@@ -61,7 +61,7 @@ pub fn start(core: &Rc<Core>, start: SseStart) -> Result<(Response, SseSession),
     let Some(s) = core.shard.stream(start.id) else {
         return Err(ApiError::StreamNotFound.response());
     };
-    let ct = s.content_type.to_string();
+    let ct = s.content_type().to_string();
     let mode = if is_json(&ct) {
         if start.surface == Surface::Compat {
             Mode::JsonArray
@@ -94,7 +94,7 @@ pub fn start(core: &Rc<Core>, start: SseStart) -> Result<(Response, SseSession),
         owner: core.index,
         surface: start.surface,
         id: start.id,
-        incarnation: s.incarnation,
+        incarnation: s.incarnation(),
         offset: start.start,
         cursor: start.cursor,
         max_bytes: start.max_bytes,
@@ -262,8 +262,8 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
     let max_age = core.config.sse_max_connection;
     loop {
         let (tail, closed, version) = match core.shard.stream(sess.id) {
-            Some(s) if s.incarnation == sess.incarnation => {
-                (s.visible_tail, s.visible_closed, s.version())
+            Some(s) if s.incarnation() == sess.incarnation => {
+                (s.next_offset(), s.is_closed(), s.version())
             }
             _ => return (Vec::new(), true),
         };
@@ -325,7 +325,7 @@ async fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) ->
     let (tail, closed) = core
         .shard
         .stream(sess.id)
-        .map_or((end, false), |s| (s.visible_tail, s.visible_closed));
+        .map_or((end, false), |s| (s.next_offset(), s.is_closed()));
     render_data(core, sess, parts, end, tail, closed, out)
 }
 
@@ -398,11 +398,11 @@ async fn emit_records(
         };
         let max = if rp.envelope { Some(1) } else { rp.max_records };
         let end = records::end_record(&s, record, max, sess.max_bytes);
-        let from = s.message_start(record).unwrap_or(s.visible_tail);
+        let from = s.message_start(record).unwrap_or(s.next_offset());
         let to = s
             .message_start(end)
-            .unwrap_or(s.visible_tail)
-            .min(s.visible_tail);
+            .unwrap_or(s.next_offset())
+            .min(s.next_offset());
         (end, from, to)
     };
     let Ok(parts) = core.shard.read(sess.id, from, to).await else {
@@ -417,9 +417,10 @@ async fn emit_records(
     }
     sess.records = Some((rp, end));
     sess.offset = to;
-    let (next, closed) = core.shard.stream(sess.id).map_or((end, false), |s| {
-        (records::visible_next(&s), s.visible_closed)
-    });
+    let (next, closed) = core
+        .shard
+        .stream(sess.id)
+        .map_or((end, false), |s| (records::visible_next(&s), s.is_closed()));
     let at_tail = end >= next;
     let closed_now = at_tail && closed;
     let c = cursor(core, sess.cursor.as_deref());

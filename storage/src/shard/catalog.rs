@@ -10,13 +10,28 @@ impl Shard {
         self.inner.keys.borrow().get(key).copied()
     }
 
-    pub fn stream(&self, id: StreamId) -> Option<Ref<'_, Stream>> {
+    /// What readers may see of stream `id`: its durable state (see [`StreamView`]).
+    pub fn stream(&self, id: StreamId) -> Option<StreamView<'_>> {
+        self.state(id).map(StreamView::new)
+    }
+
+    pub fn stream_by_key(&self, key: &str) -> Option<StreamView<'_>> {
+        self.stream(self.lookup(key)?)
+    }
+
+    /// Stream `id`'s head, for checking a new write against (see [`StreamHead`]).
+    pub fn head(&self, id: StreamId) -> Option<StreamHead<'_>> {
+        self.state(id).map(StreamHead::new)
+    }
+
+    /// The whole state of stream `id`, head and visible end, for the engine itself.
+    pub(crate) fn state(&self, id: StreamId) -> Option<Ref<'_, Stream>> {
         Ref::filter_map(self.inner.streams.borrow(), |m| m.get(&id)).ok()
     }
 
-    pub fn stream_by_key(&self, key: &str) -> Option<Ref<'_, Stream>> {
-        let id = self.lookup(key)?;
-        self.stream(id)
+    #[cfg(test)]
+    pub(crate) fn state_by_key(&self, key: &str) -> Option<Ref<'_, Stream>> {
+        self.state(self.lookup(key)?)
     }
 
     /// Keys of all streams, in no particular order.
@@ -71,7 +86,7 @@ impl Shard {
         id: StreamId,
         mut a: AppendRec,
     ) -> Result<(Receipt, Commit), StorageError> {
-        let tail = self.stream(id).map(|s| s.tail).ok_or_else(missing)?;
+        let tail = self.state(id).map(|s| s.tail).ok_or_else(missing)?;
         self.admit(a.data.len())?;
         a.id = id;
         a.start = tail;

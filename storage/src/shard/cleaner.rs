@@ -122,18 +122,18 @@ impl Shard {
         let mut moves = Vec::new();
         let mut last_lsn = 0;
         for id in ids {
-            let (image, chunks) = match self.stream(id) {
+            let (image, chunks) = match self.state(id) {
                 Some(s) => (s.image(), s.chunks_in_segment(segment)),
                 None => continue,
             };
             last_lsn = self.log_record(&Record::Image(image), None)?.0;
             for (start, len, loc, msg_lens) in chunks {
-                let cached = self.stream(id).and_then(|s| s.cached_chunk(start, len));
+                let cached = self.state(id).and_then(|s| s.cached_chunk(start, len));
                 let data = match cached {
                     Some(d) => d,
                     None => self.load(loc, len).await?,
                 };
-                if self.stream(id).is_none() {
+                if self.state(id).is_none() {
                     break;
                 }
                 let rec = Record::Relocate(AppendRec {

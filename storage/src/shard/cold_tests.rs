@@ -231,7 +231,7 @@ async fn check_reads(shard: &Shard, model: &[Vec<Vec<u8>>], seed: u64) {
         let got = shard.read(id, 0, u64::MAX).await.expect("read").concat();
         assert_eq!(got, whole, "s{s} whole");
         let starts: Vec<u64> = {
-            let st = shard.stream(id).expect("stream");
+            let st = shard.state(id).expect("stream");
             assert_eq!(st.message_count(), recs.len() as u64, "s{s} records");
             (0..=recs.len() as u64)
                 .map(|o| st.message_start(o).expect("ordinal"))
@@ -709,12 +709,12 @@ fn a_full_disk_with_nothing_archived_names_the_archive_lag() {
             }
             other => panic!("expected a full disk naming the archive lag, got {other:?}"),
         }
-        let tail = shard.stream(id).expect("s0").tail;
+        let tail = shard.state(id).expect("s0").tail;
         // Once the archive catches up, segments leave and appends go on.
         archive_and_evict(&shard, &store).await;
         let (rec, _) = records(0, written, 3);
         let (_, c) = shard.append(id, rec).expect("append after eviction");
         c.durable().await.expect("durable");
-        assert!(shard.stream(id).expect("s0").tail > tail);
+        assert!(shard.state(id).expect("s0").tail > tail);
     });
 }

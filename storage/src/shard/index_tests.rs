@@ -70,7 +70,7 @@ async fn check(shard: &Shard, models: &[(StreamId, Model)]) {
         let tail = m.bytes.len() as u64;
         let first = m.starts.partition_point(|&s| s < m.retained);
         {
-            let s = shard.stream(*id).expect("stream");
+            let s = shard.state(*id).expect("stream");
             assert_eq!((s.visible_tail, s.first_message()), (tail, first as u64));
             assert_eq!(s.message_count(), m.starts.len() as u64);
             for (ordinal, &start) in m.starts.iter().enumerate().skip(first) {
@@ -127,7 +127,7 @@ fn sealed_pages_leave_memory_and_every_lookup_survives_restarts() {
         let index_bytes = |shard: &Shard, models: &[(StreamId, Model)]| -> usize {
             models
                 .iter()
-                .map(|(id, _)| shard.stream(*id).expect("s").index_heap_bytes())
+                .map(|(id, _)| shard.state(*id).expect("s").index_heap_bytes())
                 .sum()
         };
         fill(&shard, &mut models, 1500).await;

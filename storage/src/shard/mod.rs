@@ -35,6 +35,7 @@ use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Recor
 use crate::segment::segment_path;
 use crate::segment::{self, SegmentHeader, DATA_START};
 use crate::stream::{DiskLoc, Piece, Receipt, Stream, StreamId};
+use crate::view::{StreamHead, StreamView};
 
 mod blobs;
 mod cache_budget;

@@ -97,7 +97,7 @@ async fn check(shard: &Shard, key: &str, m: &Model, rng: &mut Rng) {
     let tail = m.bytes.len() as u64;
     let first = m.first_record();
     {
-        let s = shard.stream(id).expect("stream");
+        let s = shard.state(id).expect("stream");
         assert_eq!(s.incarnation, m.incarnation, "{key}");
         assert_eq!((s.tail, s.visible_tail), (tail, tail), "{key}");
         assert_eq!(s.retained_start, m.retained, "{key}");

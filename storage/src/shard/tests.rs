@@ -122,7 +122,7 @@ fn appends_survive_reopen_with_all_state() {
         assert_eq!(read_all(&shard, "a").await, b"hello world");
         assert!(shard.lookup("gone").is_none());
         {
-            let s = shard.stream_by_key("a").expect("a");
+            let s = shard.state_by_key("a").expect("a");
             assert!(s.visible_closed && s.closed);
             assert_eq!(s.incarnation, 7);
             assert_eq!(s.lifetime, Lifetime::TtlSeconds(60));
@@ -137,7 +137,7 @@ fn appends_survive_reopen_with_all_state() {
         assert!(shard.next_incarnation(0) > 7);
         let (_, c) = shard.create(new_stream("b", b"more")).expect("create");
         c.durable().await.expect("durable");
-        assert_eq!(shard.stream(id).map(|s| s.tail), Some(11));
+        assert_eq!(shard.state(id).map(|s| s.tail), Some(11));
         shard.shutdown().await.expect("shutdown");
     });
     block_on(async {
@@ -173,7 +173,7 @@ fn many_concurrent_appends_share_flushes() {
         let flushes = shard.stats().flushes - before;
         assert!(flushes < 50, "1000 appends took {flushes} flushes");
         for &id in &ids {
-            assert_eq!(shard.stream(id).map(|s| s.visible_tail), Some(2000));
+            assert_eq!(shard.state(id).map(|s| s.visible_tail), Some(2000));
         }
     });
 }
@@ -280,7 +280,7 @@ fn spare_segments_are_adopted_and_a_leftover_one_is_removed() {
         let (shard, report) = Shard::open(cfg.clone()).await.expect("reopen");
         assert_eq!(report.dropped_bytes, 0);
         assert!(!spare.exists(), "leftover spare removed");
-        let tail = shard.stream_by_key("a").expect("a").visible_tail;
+        let tail = shard.state_by_key("a").expect("a").visible_tail;
         assert_eq!(tail, appends * big.len() as u64);
         let data = read_all(&shard, "a").await;
         assert!(data.len() == appends as usize * big.len() && data.iter().all(|&b| b == 9));
@@ -412,7 +412,7 @@ fn segments_roll_and_orphans_after_a_break_are_removed() {
     block_on(async {
         let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
         assert_eq!(report.segments, segs.len());
-        let s = shard.stream_by_key("a").expect("a");
+        let s = shard.state_by_key("a").expect("a");
         assert_eq!(s.visible_tail, 6 * big.len() as u64);
     });
     // Damage the first segment's last record: everything after it is unacknowledged
@@ -425,7 +425,7 @@ fn segments_roll_and_orphans_after_a_break_are_removed() {
     block_on(async {
         let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
         assert_eq!(report.orphan_segments, segs.len() - 1);
-        let tail = shard.stream_by_key("a").expect("a").visible_tail;
+        let tail = shard.state_by_key("a").expect("a").visible_tail;
         assert!(tail < 6 * big.len() as u64);
         assert_eq!(tail % big.len() as u64, 0);
     });
@@ -556,7 +556,7 @@ fn cold_data_is_read_from_disk_and_verified() {
         let (shard, _) = Shard::open(cfg).await.expect("reopen");
         let id = shard.lookup("a").expect("a");
         // Recovery truncated the log at the corrupt record: the stream ends before it.
-        let tail = shard.stream(id).expect("a").visible_tail;
+        let tail = shard.state(id).expect("a").visible_tail;
         assert_eq!(tail, 3 * 10_000);
     });
 }
@@ -630,11 +630,11 @@ fn deleted_data_gives_its_space_back_and_survivors_stay_intact() {
             let got = read_all(&shard, &format!("s{s}")).await;
             let want: Vec<u8> = (0..per_stream).flat_map(|i| payload(s, i)).collect();
             assert!(got == want, "stream s{s} changed across restart");
-            let st = shard.stream_by_key(&format!("s{s}")).expect("stream");
+            let st = shard.state_by_key(&format!("s{s}")).expect("stream");
             assert_eq!(st.tail, expected_tail);
             assert_eq!(st.message_count(), per_stream as u64);
         }
-        let st = shard.stream_by_key("s0").expect("s0");
+        let st = shard.state_by_key("s0").expect("s0");
         let p = &st.producers["p"];
         assert_eq!(p.last_seq, per_stream as u64 - 1);
         assert_eq!(p.receipt(p.last_seq).map(|r| r.next), Some(expected_tail));
@@ -662,7 +662,7 @@ fn records_queued_across_several_segments_in_one_flush() {
         }
         assert!(shard.failure().is_none());
         assert_eq!(
-            shard.stream(id).map(|s| s.visible_tail),
+            shard.state(id).map(|s| s.visible_tail),
             Some(5 * big.len() as u64)
         );
         stop_without_checkpoint(&shard).await;
@@ -726,7 +726,7 @@ fn snapshots_and_retention_survive_restart_and_keep_ordinals() {
             .expect("durable");
         assert!(shard.disk_usage().live_bytes < live_before);
         {
-            let s = shard.stream(id).expect("s");
+            let s = shard.state(id).expect("s");
             assert_eq!(s.retained_start, at);
             assert_eq!(s.first_message(), 10);
             assert_eq!(s.message_count(), 20);
@@ -750,7 +750,7 @@ fn snapshots_and_retention_survive_restart_and_keep_ordinals() {
         assert_eq!(std::fs::read_dir(&blobs).expect("dir").count(), 1);
         let id = shard.lookup("j").expect("j");
         let meta = {
-            let s = shard.stream(id).expect("s");
+            let s = shard.state(id).expect("s");
             assert_eq!(s.retained_start, retain_at);
             assert_eq!(s.first_message(), 10);
             assert_eq!(s.message_count(), 20);
@@ -802,7 +802,7 @@ async fn describe(shard: &Shard) -> Vec<String> {
             continue;
         };
         let meta = {
-            let s = shard.stream(id).expect("listed");
+            let s = shard.state(id).expect("listed");
             let mut producers: Vec<_> = s
                 .producers
                 .iter()
@@ -827,7 +827,7 @@ async fn describe(shard: &Shard) -> Vec<String> {
                 s.message_count(),
             )
         };
-        let from = shard.stream(id).map_or(0, |s| s.retained_start);
+        let from = shard.state(id).map_or(0, |s| s.retained_start);
         let data = shard.read(id, from, u64::MAX).await.expect("read").concat();
         out.push(format!("{meta} data={}", String::from_utf8_lossy(&data)));
     }
@@ -978,7 +978,7 @@ fn checkpoint_bounds_replay_and_restores_every_stream_state() {
     block_on(async {
         let (shard, report) = Shard::open(cfg).await.expect("reopen");
         assert_eq!(report.records, 0);
-        let s = shard.stream_by_key("a").expect("a");
+        let s = shard.state_by_key("a").expect("a");
         assert_eq!((s.first_message(), s.message_count()), (1, 5));
     });
 }
@@ -1177,5 +1177,47 @@ fn memory_mode_acknowledges_at_once() {
         let (_, c) = shard.append(id, data_rec(b"y")).expect("append");
         assert_eq!(read_all(&shard, "a").await, b"xy");
         c.durable().await.expect("durable");
+    });
+}
+
+#[test]
+fn readers_see_an_append_only_once_it_is_durable_and_the_head_sees_it_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+        let (id, c) = shard.create(new_stream("a", b"")).expect("create");
+        c.durable().await.expect("durable");
+        let (_, c) = shard
+            .append(id, json_rec(&["{\"a\":1}\n", "{\"b\":2}\n"]))
+            .expect("append");
+        c.durable().await.expect("durable");
+        let durable_end = 16;
+
+        let mut pending = json_rec(&["{\"c\":3}\n"]);
+        pending.close = true;
+        let (_, commit) = shard.append(id, pending).expect("append");
+        {
+            let head = shard.head(id).expect("head");
+            assert_eq!((head.tail(), head.closed(), head.message_count()), (24, true, 3));
+            let view = shard.stream(id).expect("view");
+            assert_eq!((view.next_offset(), view.is_closed()), (durable_end, false));
+            assert_eq!(view.message_count(), 2);
+            assert_eq!(view.message_start(1), Some(8));
+            assert_eq!(view.message_start(2), Some(durable_end));
+            assert_eq!(view.message_start(3), None);
+            assert!(view.is_message_boundary(durable_end));
+            assert!(!view.is_message_boundary(24));
+            assert_eq!(view.message_at_or_after(20), 2);
+            assert_eq!(view.records_within(0, u64::MAX, u64::MAX), 2);
+            assert_eq!(view.message_lens(0, 4), vec![8, 8, 0]);
+            assert_eq!(view.chunks().map(|c| c.start).collect::<Vec<_>>(), vec![0]);
+            assert!(view.chunk_at(durable_end).is_none());
+        }
+        commit.durable().await.expect("durable");
+        let view = shard.stream(id).expect("view");
+        assert_eq!((view.next_offset(), view.is_closed()), (24, true));
+        assert_eq!((view.message_count(), view.message_start(3)), (3, Some(24)));
+        assert_eq!(view.message_lens(0, 4), vec![8, 8, 8, 0]);
+        assert!(view.chunk_at(durable_end).is_some());
     });
 }
