@@ -629,7 +629,7 @@ impl Worker {
         let mut m = self.manifest.clone();
         let archived = (m.archived.segment, m.archived.position);
         let durable = (point.segment, point.position);
-        if durable < archived || point.lsn < m.archived.lsn {
+        if durable < archived || point.lsn.get() < m.archived.lsn {
             return Err(RoundError::Fenced(format!(
                 "shard {}: the local log ends at segment {} position {} (LSN {}), before its \
                  archive (segment {} position {}); restore the data dir from the archive or \
@@ -651,7 +651,7 @@ impl Worker {
             m.archived = End {
                 segment: point.segment,
                 position: point.position,
-                lsn: point.lsn,
+                lsn: point.lsn.get(),
             };
             self.last_slice = Some(Instant::now());
         }
@@ -774,7 +774,7 @@ impl Worker {
         let crc = crc32c::crc32c(&bytes);
         if m.checkpoint
             .as_ref()
-            .is_some_and(|c| c.object.crc == crc && c.lsn == summary.lsn)
+            .is_some_and(|c| c.object.crc == crc && c.lsn == summary.lsn.get())
         {
             self.checkpoint_seen = Some(seen);
             return Ok(());
@@ -805,10 +805,10 @@ impl Worker {
             });
         }
         let object = self
-            .upload(&self.keys.checkpoint(summary.lsn, crc), bytes)
+            .upload(&self.keys.checkpoint(summary.lsn.get(), crc), bytes)
             .await?;
         let next = manifest::Checkpoint {
-            lsn: summary.lsn,
+            lsn: summary.lsn.get(),
             segment: summary.segment,
             position: summary.position,
             segments: summary.segments,

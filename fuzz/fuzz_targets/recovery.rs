@@ -125,7 +125,7 @@ fn build(ops: &[u8]) -> Log {
                 Record::Delete { id }
             }
         };
-        record.encode(lsn, &mut log.body);
+        record.encode(ursula_storage::Lsn::new(lsn), &mut log.body);
         log.ends.push(log.body.len());
         log.states.push(streams.clone());
     }
@@ -139,7 +139,7 @@ fn write_segment(dir: &Path, body: &[u8]) {
     SegmentHeader {
         shard: 0,
         index: 1,
-        first_lsn: 1,
+        first_lsn: ursula_storage::Lsn::FIRST,
     }
     .encode(&mut file);
     file.extend_from_slice(body);
@@ -203,10 +203,11 @@ fuzz_target!(|data: &[u8]| {
                 let Some(s) = shard.stream_by_key(&m.key) else {
                     panic!("stream {id} ({}) lost", m.key)
                 };
-                assert_eq!(s.tail, m.data.len() as u64, "{}", m.key);
-                assert_eq!(s.next_offset(), s.tail);
-                assert_eq!(s.closed, m.closed);
-                s.id
+                let head = shard.head(s.id()).expect("head");
+                assert_eq!(head.tail(), m.data.len() as u64, "{}", m.key);
+                assert_eq!(s.next_offset(), head.tail());
+                assert_eq!((s.is_closed(), head.closed()), (m.closed, m.closed));
+                s.id()
             };
             let parts = shard
                 .read(sid, 0, m.data.len() as u64)

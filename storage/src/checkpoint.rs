@@ -41,6 +41,7 @@ use bytes::Bytes;
 
 use crate::index::IndexFile;
 use crate::packed::Packed;
+use crate::position::Lsn;
 use crate::record::{decode_at, ImageRec, Record};
 use crate::stream::{Chunk, DiskLoc, Stream, StreamId};
 
@@ -59,7 +60,7 @@ pub(crate) const TMP_NAME: &str = "checkpoint.tmp";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Position {
     /// Last LSN whose effects are in the checkpoint.
-    pub lsn: u64,
+    pub lsn: Lsn,
     /// Where the record after `lsn` is (or will be) written.
     pub segment: u64,
     pub offset: u64,
@@ -96,7 +97,7 @@ pub(crate) fn encode<'a>(
     let mut count = 0u64;
     for s in streams {
         count += 1;
-        Record::Image(s.image()).encode(0, &mut body);
+        Record::Image(s.image()).encode(Lsn::NONE, &mut body);
         let (chunks, msgs) = s.tables();
         chunks.encode_into(&mut body);
         msgs.encode_into(&mut body);
@@ -116,7 +117,7 @@ pub(crate) fn encode<'a>(
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&shard.to_le_bytes());
     for v in [
-        pos.lsn,
+        pos.lsn.get(),
         pos.segment,
         pos.offset,
         pos.next_id,
@@ -140,7 +141,7 @@ pub(crate) fn encode<'a>(
 /// data of its streams.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointSummary {
-    pub lsn: u64,
+    pub lsn: Lsn,
     pub segment: u64,
     pub position: u64,
     /// Segments whose index files the checkpoint's pages are in, ascending.
@@ -191,7 +192,7 @@ pub(crate) fn decode(
     }
     let field = |i: usize| le_u64(&header[20 + 8 * i..28 + 8 * i]);
     let pos = Position {
-        lsn: field(0),
+        lsn: Lsn::new(field(0)),
         segment: field(1),
         offset: field(2),
         next_id: field(3),
@@ -397,7 +398,7 @@ mod tests {
     fn round_trips_streams_and_position() {
         let s = stream_with_data();
         let pos = Position {
-            lsn: 42,
+            lsn: Lsn::new(42),
             segment: 5,
             offset: 8192,
             next_id: 10,
@@ -412,7 +413,7 @@ mod tests {
         let summary = summary(2, &file).expect("summarises");
         assert_eq!(
             (summary.lsn, summary.segment, summary.position),
-            (42, 5, 8192)
+            (Lsn::new(42), 5, 8192)
         );
         assert_eq!(summary.segments, vec![3, 4]);
         assert!(summary.index_files.is_empty(), "every page is inline");

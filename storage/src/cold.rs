@@ -21,7 +21,7 @@ pub type ColdRead = Pin<Box<dyn Future<Output = io::Result<Bytes>>>>;
 pub struct DurableEnd {
     pub segment: u64,
     pub position: u64,
-    pub lsn: u64,
+    pub lsn: crate::Lsn,
 }
 
 /// Where a shard's archived segments can be found again.

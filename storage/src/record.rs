@@ -16,6 +16,7 @@
 //! A zero length with a zero LSN marks the unwritten (preallocated, zero-filled) end of a
 //! segment. Records are packed back to back; only whole flushes are block-aligned.
 
+use crate::position::Lsn;
 use bytes::Bytes;
 
 /// Bytes of frame header in front of every payload.
@@ -212,14 +213,14 @@ impl Record {
     }
 
     /// Append the framed record to `out`.
-    pub fn encode(&self, lsn: u64, out: &mut Vec<u8>) {
+    pub fn encode(&self, lsn: Lsn, out: &mut Vec<u8>) {
         let mut scratch = Vec::new();
         self.encode_with(lsn, &mut scratch, |piece| out.extend_from_slice(piece));
     }
 
     /// Frame the record, handing `sink` the header and metadata (built in `scratch`) and then
     /// the stream data as a second piece, so the data is copied only once, by the sink.
-    pub fn encode_with(&self, lsn: u64, scratch: &mut Vec<u8>, mut sink: impl FnMut(&[u8])) {
+    pub fn encode_with(&self, lsn: Lsn, scratch: &mut Vec<u8>, mut sink: impl FnMut(&[u8])) {
         scratch.clear();
         scratch.extend_from_slice(&[0; FRAME_HEADER]);
         let out = &mut *scratch;
@@ -281,7 +282,7 @@ impl Record {
         let payload_len = scratch.len() - FRAME_HEADER + tail.len();
         debug_assert_eq!(payload_len, self.payload_len());
         scratch[0..4].copy_from_slice(&(payload_len as u32).to_le_bytes());
-        scratch[8..16].copy_from_slice(&lsn.to_le_bytes());
+        scratch[8..16].copy_from_slice(&lsn.get().to_le_bytes());
         scratch[16] = kind;
         let crc = crc32c::crc32c_append(crc32c::crc32c(&scratch[8..]), tail);
         scratch[4..8].copy_from_slice(&crc.to_le_bytes());
@@ -294,7 +295,7 @@ impl Record {
 
 /// A record decoded from a log buffer, with its position.
 pub struct Framed {
-    pub lsn: u64,
+    pub lsn: Lsn,
     pub record: Record,
     /// Framed length in bytes (header + payload).
     pub len: usize,
@@ -307,8 +308,10 @@ pub fn decode_at(buf: &Bytes, pos: usize) -> Result<Framed, FrameError> {
         return Err(FrameError::Truncated);
     };
     let payload_len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
-    let lsn = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
-    if payload_len == 0 && lsn == 0 {
+    let lsn = Lsn::new(u64::from_le_bytes(
+        header[8..16].try_into().expect("8 bytes"),
+    ));
+    if payload_len == 0 && lsn.is_none() {
         return Err(FrameError::End);
     }
     if payload_len > MAX_PAYLOAD {
@@ -735,11 +738,11 @@ mod tests {
 
     fn roundtrip(rec: Record) {
         let mut out = vec![0xAA; 3];
-        rec.encode(99, &mut out);
+        rec.encode(Lsn::new(99), &mut out);
         assert_eq!(out.len() - 3, rec.framed_len());
         let buf = Bytes::from(out);
         let framed = decode_at(&buf, 3).expect("decodes");
-        assert_eq!(framed.lsn, 99);
+        assert_eq!(framed.lsn, Lsn::new(99));
         assert_eq!(framed.len, rec.framed_len());
         assert_eq!(framed.record, rec);
     }
@@ -812,7 +815,7 @@ mod tests {
     #[test]
     fn corruption_is_detected_anywhere() {
         let mut out = Vec::new();
-        Record::Append(sample_append()).encode(1, &mut out);
+        Record::Append(sample_append()).encode(Lsn::FIRST, &mut out);
         for i in 4..out.len() {
             let mut bad = out.clone();
             bad[i] ^= 0x40;
@@ -824,7 +827,7 @@ mod tests {
     #[test]
     fn torn_record_is_truncated_and_zeroes_are_end() {
         let mut out = Vec::new();
-        Record::Delete { id: 1 }.encode(1, &mut out);
+        Record::Delete { id: 1 }.encode(Lsn::FIRST, &mut out);
         let torn = Bytes::from(out[..out.len() - 1].to_vec());
         assert_eq!(decode_at(&torn, 0).err(), Some(FrameError::Truncated));
         let zeros = Bytes::from(vec![0u8; 64]);
@@ -838,7 +841,7 @@ mod tests {
     fn non_canonical_fields_are_malformed_even_with_a_valid_crc() {
         fn patched(rec: &Record, at: usize, byte: u8) -> Bytes {
             let mut out = Vec::new();
-            rec.encode(1, &mut out);
+            rec.encode(Lsn::FIRST, &mut out);
             out[at] = byte;
             let crc = crc32c::crc32c(&out[8..]);
             out[4..8].copy_from_slice(&crc.to_le_bytes());
@@ -887,7 +890,7 @@ mod tests {
         // The same shape as an append (or a creation's initial data) is malformed: there,
         // the records cover the data exactly.
         let mut out = Vec::new();
-        Record::Append(cut.clone()).encode(1, &mut out);
+        Record::Append(cut.clone()).encode(Lsn::FIRST, &mut out);
         assert_eq!(
             decode_at(&Bytes::from(out), 0).err(),
             Some(FrameError::Malformed)
@@ -898,7 +901,7 @@ mod tests {
             ..cut
         };
         let mut out = Vec::new();
-        Record::Relocate(over).encode(1, &mut out);
+        Record::Relocate(over).encode(Lsn::FIRST, &mut out);
         assert_eq!(
             decode_at(&Bytes::from(out), 0).err(),
             Some(FrameError::Malformed)
@@ -918,7 +921,7 @@ mod tests {
             initial: sample_append(),
         });
         let mut out = Vec::new();
-        rec.encode(1, &mut out);
+        rec.encode(Lsn::FIRST, &mut out);
         let buf = Bytes::from(out);
         let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
         let Record::Create(c) = decode_at(&buf, 0).expect("decodes").record else {
@@ -936,7 +939,7 @@ mod tests {
     #[test]
     fn data_is_a_zero_copy_slice() {
         let mut out = Vec::new();
-        Record::Append(sample_append()).encode(1, &mut out);
+        Record::Append(sample_append()).encode(Lsn::FIRST, &mut out);
         let buf = Bytes::from(out);
         let Record::Append(a) = decode_at(&buf, 0).expect("ok").record else {
             panic!("kind");

@@ -17,6 +17,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::aligned::{AlignedBuf, BLOCK};
+use crate::position::Lsn;
 
 pub const MAGIC: &[u8; 8] = b"URSLSEG1";
 pub const FORMAT_VERSION: u32 = 1;
@@ -27,7 +28,7 @@ pub const DATA_START: u64 = BLOCK as u64;
 pub struct SegmentHeader {
     pub shard: u32,
     pub index: u64,
-    pub first_lsn: u64,
+    pub first_lsn: Lsn,
 }
 
 impl SegmentHeader {
@@ -37,7 +38,7 @@ impl SegmentHeader {
         block[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         block[12..16].copy_from_slice(&self.shard.to_le_bytes());
         block[16..24].copy_from_slice(&self.index.to_le_bytes());
-        block[24..32].copy_from_slice(&self.first_lsn.to_le_bytes());
+        block[24..32].copy_from_slice(&self.first_lsn.get().to_le_bytes());
         let crc = crc32c::crc32c(&block[0..32]);
         block[32..36].copy_from_slice(&crc.to_le_bytes());
     }
@@ -56,7 +57,7 @@ impl SegmentHeader {
         Some(SegmentHeader {
             shard: u32::from_le_bytes(block[12..16].try_into().ok()?),
             index: u64::from_le_bytes(block[16..24].try_into().ok()?),
-            first_lsn: u64::from_le_bytes(block[24..32].try_into().ok()?),
+            first_lsn: Lsn::new(u64::from_le_bytes(block[24..32].try_into().ok()?)),
         })
     }
 }
@@ -294,7 +295,7 @@ mod tests {
         let h = SegmentHeader {
             shard: 3,
             index: 17,
-            first_lsn: 1234,
+            first_lsn: Lsn::new(1234),
         };
         let mut block = vec![0u8; BLOCK];
         h.encode(&mut block);
@@ -309,7 +310,7 @@ mod tests {
         let h = SegmentHeader {
             shard: 0,
             index: 2,
-            first_lsn: 1,
+            first_lsn: Lsn::FIRST,
         };
         create_segment(dir.path(), h, 1 << 20).expect("create");
         assert!(

@@ -71,7 +71,7 @@ impl Shard {
     }
 
     /// Delete a blob once everything up to `lsn` is durable (memory mode: now).
-    pub(super) fn drop_blob(&self, lsn: u64, name: Box<str>) {
+    pub(super) fn drop_blob(&self, lsn: Lsn, name: Box<str>) {
         if self.memory() {
             self.inner.memory_blobs.borrow_mut().remove(&name);
         } else {

@@ -200,7 +200,7 @@ impl Shard {
         }
     }
 
-    pub(super) fn insert_stream(&self, stream: Stream, lsn: u64) {
+    pub(super) fn insert_stream(&self, stream: Stream, lsn: Lsn) {
         let id = stream.id;
         if stream.incarnation > self.inner.last_incarnation.get() {
             self.inner.last_incarnation.set(stream.incarnation);

@@ -123,7 +123,7 @@ impl Shard {
             None => return Ok(()),
         };
         let pos = checkpoint::Position {
-            lsn: self.inner.next_lsn.get() - 1,
+            lsn: self.inner.next_lsn.get().prev(),
             segment,
             offset,
             next_id: self.inner.next_id.get(),
@@ -172,7 +172,7 @@ impl Shard {
         }
         tracing::debug!(
             shard = self.inner.cfg.shard,
-            lsn = pos.lsn,
+            lsn = pos.lsn.get(),
             bytes,
             encode_us,
             elapsed_ms = started.elapsed().as_millis() as u64,

@@ -111,7 +111,9 @@ impl Shard {
     /// records there, and its chunks stored there) at the head, then delete the file.
     pub(super) async fn clean_segment(&self, segment: u64) -> Result<(), StorageError> {
         // Everything in older segments must be durable before we rely on rewriting it.
-        self.commit(self.inner.next_lsn.get() - 1).durable().await?;
+        self.commit(self.inner.next_lsn.get().prev())
+            .durable()
+            .await?;
         let ids: Vec<StreamId> = self
             .inner
             .segments
@@ -120,7 +122,7 @@ impl Shard {
             .map(|set| set.iter().copied().collect())
             .unwrap_or_default();
         let mut moves = Vec::new();
-        let mut last_lsn = 0;
+        let mut last_lsn = Lsn::NONE;
         for id in ids {
             let (image, chunks) = match self.state(id) {
                 Some(s) => (s.image(), s.chunks_in_segment(segment)),
@@ -151,7 +153,7 @@ impl Shard {
                 last_lsn = lsn;
             }
         }
-        if last_lsn > 0 {
+        if !last_lsn.is_none() {
             self.commit(last_lsn).durable().await?;
         }
         for (id, start, loc) in moves {

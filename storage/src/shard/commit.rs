@@ -19,7 +19,7 @@ impl Shard {
         Ok(())
     }
 
-    pub(super) fn commit(&self, lsn: u64) -> Commit {
+    pub(super) fn commit(&self, lsn: Lsn) -> Commit {
         Commit {
             inner: self.inner.clone(),
             lsn,
@@ -38,7 +38,7 @@ impl Shard {
         &self,
         record: &Record,
         create_effect: Option<(StreamId, u64, bool)>,
-    ) -> Result<(u64, Option<DiskLoc>), StorageError> {
+    ) -> Result<(Lsn, Option<DiskLoc>), StorageError> {
         if let Some(why) = self.inner.failed.borrow().as_ref() {
             return Err(StorageError::Failed(why.clone()));
         }
@@ -75,14 +75,14 @@ impl Shard {
             loc = Some(at);
             self.wake_flusher();
         }
-        self.inner.next_lsn.set(lsn + 1);
+        self.inner.next_lsn.set(lsn.next());
         if self.memory() {
             self.inner.durable_lsn.set(lsn);
         }
         Ok((lsn, loc))
     }
 
-    pub(super) fn set_effect_tail(&self, lsn: u64, id: StreamId, tail: u64, closed: bool) {
+    pub(super) fn set_effect_tail(&self, lsn: Lsn, id: StreamId, tail: u64, closed: bool) {
         if let Some(log) = self.inner.log.borrow_mut().as_mut() {
             log.set_effect(lsn, id, tail, closed);
         }
@@ -238,6 +238,13 @@ impl Shard {
                 if let Some((id, tail, closed)) = e.visible {
                     self.make_visible(id, tail, closed);
                 }
+                // Batches complete in log order, so the durable LSN only moves forward.
+                assert!(
+                    e.lsn > self.inner.durable_lsn.get(),
+                    "durable LSN went from {} to {}",
+                    self.inner.durable_lsn.get(),
+                    e.lsn
+                );
                 self.inner.durable_lsn.set(e.lsn);
             }
             if let Some(buf) = &batch.buf {
@@ -281,7 +288,7 @@ impl Shard {
 #[must_use = "a change is durable only once its Commit resolves"]
 pub struct Commit {
     inner: Rc<Inner>,
-    lsn: u64,
+    lsn: Lsn,
 }
 
 impl Commit {

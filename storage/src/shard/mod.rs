@@ -30,6 +30,7 @@ use bytes::{Bytes, BytesMut};
 use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
 use crate::checkpoint;
 use crate::index::{self, IndexFile};
+use crate::position::Lsn;
 use crate::readback::{self, Part, Span, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
 use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
 use crate::segment::segment_path;
@@ -232,7 +233,7 @@ pub struct RecoveryReport {
     /// Segments deleted because they only held records after a break in the log.
     pub orphan_segments: usize,
     /// LSN of the checkpoint recovery started from (0: none, the whole log was replayed).
-    pub checkpoint_lsn: u64,
+    pub checkpoint_lsn: Lsn,
     pub elapsed: Duration,
 }
 
@@ -303,8 +304,8 @@ struct Inner {
     next_id: Cell<StreamId>,
     last_incarnation: Cell<u64>,
     log: RefCell<Option<Log>>,
-    next_lsn: Cell<u64>,
-    durable_lsn: Cell<u64>,
+    next_lsn: Cell<Lsn>,
+    durable_lsn: Cell<Lsn>,
     /// Segment and position after the last durable record (what `durable_lsn` names).
     durable_end: Cell<(u64, u64)>,
     /// Framed bytes queued since the flusher last took the batches, and those it is
@@ -339,7 +340,7 @@ struct Inner {
     /// checkpoint, and the cleaner does not carry deletions forward.
     checkpoint_segment: Cell<Option<u64>>,
     /// Snapshot blobs to delete once the record that dropped them is durable: (lsn, name).
-    dead_blobs: RefCell<Vec<(u64, Box<str>)>>,
+    dead_blobs: RefCell<Vec<(Lsn, Box<str>)>>,
     /// Snapshot blobs of a memory shard.
     memory_blobs: RefCell<HashMap<Box<str>, Bytes>>,
     blob_counter: Cell<u64>,
@@ -365,8 +366,8 @@ impl Shard {
             next_id: Cell::new(1),
             last_incarnation: Cell::new(0),
             log: RefCell::new(None),
-            next_lsn: Cell::new(1),
-            durable_lsn: Cell::new(0),
+            next_lsn: Cell::new(Lsn::FIRST),
+            durable_lsn: Cell::new(Lsn::NONE),
             durable_end: Cell::new((0, DATA_START)),
             queued_bytes: Cell::new(0),
             flushing_bytes: Cell::new(0),
@@ -473,7 +474,7 @@ impl Shard {
     /// Stop once everything accepted so far is durable, without the final checkpoint: the
     /// state a crash right after the last fdatasync leaves. For crash and recovery tests.
     pub async fn halt(&self) -> Result<(), StorageError> {
-        let last = self.inner.next_lsn.get() - 1;
+        let last = self.inner.next_lsn.get().prev();
         let result = self.commit(last).durable().await;
         self.inner.readers.borrow_mut().clear();
         self.inner.stopping.set(true);
@@ -485,7 +486,7 @@ impl Shard {
     /// tier how far the log now is durable (for its last archive round), then stop the
     /// flusher.
     pub async fn shutdown(&self) -> Result<(), StorageError> {
-        let last = self.inner.next_lsn.get() - 1;
+        let last = self.inner.next_lsn.get().prev();
         let mut result = self.commit(last).durable().await;
         // A clean stop leaves a checkpoint at the head, so the next start replays nothing.
         if result.is_ok() && self.inner.logged_bytes.get() > self.inner.checkpointed_at.get() {

@@ -29,7 +29,7 @@ impl Shard {
         let indexes = segment::list_segments(dir)?;
         let mut rebuild = FastSet::default();
         let resume = self.load_checkpoint(dir, &mut rebuild)?;
-        report.checkpoint_lsn = resume.map_or(0, |p| p.lsn);
+        report.checkpoint_lsn = resume.map_or(Lsn::NONE, |p| p.lsn);
         if let Some(p) = resume.filter(|_| !rebuild.is_empty()) {
             let not_local = self
                 .inner
@@ -49,7 +49,7 @@ impl Shard {
         }
         // With a checkpoint, replay starts right after its LSN at the position it names;
         // segments before that position are not read at all.
-        let mut expected: Option<u64> = resume.map(|p| p.lsn + 1);
+        let mut expected: Option<Lsn> = resume.map(|p| p.lsn.next());
         let mut prev_index: Option<u64> = None;
         let mut tail: Option<(u64, u64, Bytes)> = None; // (segment, end of valid records, contents)
         let mut stop_at: Option<usize> = None;
@@ -97,7 +97,7 @@ impl Shard {
                             p.offset
                         )));
                     }
-                    (p.lsn + 1, p.offset as usize)
+                    (p.lsn.next(), p.offset as usize)
                 }
                 None => (header.first_lsn, DATA_START as usize),
             };
@@ -114,7 +114,7 @@ impl Shard {
                         self.replay(f.record, loc, &mut stash);
                         report.records += 1;
                         pos += f.len;
-                        lsn += 1;
+                        lsn = lsn.next();
                     }
                     Ok(_) => break FrameError::Malformed,
                     Err(e) => break e,
@@ -154,14 +154,14 @@ impl Shard {
                 p.segment
             )));
         }
-        let next_lsn = expected.unwrap_or(1);
+        let next_lsn = expected.unwrap_or(Lsn::FIRST);
         // The segment replay continues in is not sealed; the ones before it were indexed by
         // the checkpoint's roll, or their pages are in the checkpoint itself.
         if let Some((index, ..)) = &tail {
             self.inner.indexed_through.set(index.saturating_sub(1));
         }
         self.inner.next_lsn.set(next_lsn);
-        self.inner.durable_lsn.set(next_lsn - 1);
+        self.inner.durable_lsn.set(next_lsn.prev());
         let pool = BufPool::new(BATCH_BUF_BYTES, 4, POOLED_BUF_BYTES);
         let mut log = Log {
             dir: dir.to_path_buf(),
@@ -317,7 +317,7 @@ impl Shard {
                     Stream::needing_rebuild(&st.image, now)
                 }
             };
-            self.insert_stream(stream, 0);
+            self.insert_stream(stream, Lsn::NONE);
         }
         {
             let mut map = self.inner.segments.borrow_mut();
@@ -345,7 +345,7 @@ impl Shard {
         self.inner.checkpoint_size.set(file.len() as u64);
         tracing::info!(
             shard = self.inner.cfg.shard,
-            lsn = pos.lsn,
+            lsn = pos.lsn.get(),
             streams = self.inner.streams.borrow().len(),
             "loaded checkpoint"
         );
@@ -370,7 +370,7 @@ impl Shard {
                 let mut stream = Stream::from_create(&c, now);
                 let loc = loc.with_data(c.initial.data.len());
                 stream.apply_append(&c.initial, window, now, Some(loc), false);
-                self.insert_stream(stream, 0);
+                self.insert_stream(stream, Lsn::NONE);
             }
             Record::Append(a) => {
                 let loc = loc.with_data(a.data.len());
@@ -397,7 +397,7 @@ impl Shard {
                         s.apply_image(&i);
                     }
                 } else {
-                    self.insert_stream(Stream::from_image(&i, now), 0);
+                    self.insert_stream(Stream::from_image(&i, now), Lsn::NONE);
                 }
                 if let Some(pending) = stash.remove(&i.id) {
                     if let Some(s) = self.inner.streams.borrow_mut().get_mut(&i.id) {
@@ -446,7 +446,7 @@ impl Shard {
         &self,
         dir: &Path,
         indexes: &[u64],
-        lsn: u64,
+        lsn: Lsn,
         ids: &FastSet<StreamId>,
     ) -> Result<(), StorageError> {
         tracing::warn!(

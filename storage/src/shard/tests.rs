@@ -117,7 +117,7 @@ fn appends_survive_reopen_with_all_state() {
     block_on(async {
         let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
         // The clean stop left a checkpoint at the head: nothing to replay.
-        assert_eq!((report.checkpoint_lsn, report.records), (5, 0));
+        assert_eq!((report.checkpoint_lsn, report.records), (Lsn::new(5), 0));
         assert_eq!(report.dropped_bytes, 0);
         assert_eq!(read_all(&shard, "a").await, b"hello world");
         assert!(shard.lookup("gone").is_none());
@@ -142,7 +142,7 @@ fn appends_survive_reopen_with_all_state() {
     });
     block_on(async {
         let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
-        assert_eq!((report.checkpoint_lsn, report.records), (6, 0));
+        assert_eq!((report.checkpoint_lsn, report.records), (Lsn::new(6), 0));
         assert_eq!(read_all(&shard, "b").await, b"more");
     });
 }
@@ -927,7 +927,7 @@ fn checkpoint_bounds_replay_and_restores_every_stream_state() {
             .await
             .expect("ok");
         assert!(shard.checkpoint().await.expect("checkpoint"));
-        let lsn = shard.inner.next_lsn.get() - 1;
+        let lsn = shard.inner.next_lsn.get().prev();
         // After the checkpoint: appends to old streams, a new stream, a deletion.
         let mut rec = json_rec(&["{\"n\":4}\n"]);
         rec.producer = Some(ProducerStamp {
@@ -1025,11 +1025,11 @@ fn cleaning_after_a_checkpoint_keeps_every_live_stream() {
         // the checkpoint know it.
         let (_, c) = shard.create(new_stream("empty", b"")).expect("create");
         c.durable().await.expect("durable");
-        let mut lsn = 0;
+        let mut lsn = Lsn::NONE;
         for i in 0..per_stream {
             if i == 100 {
                 assert!(shard.checkpoint().await.expect("checkpoint"));
-                lsn = shard.inner.next_lsn.get() - 1;
+                lsn = shard.inner.next_lsn.get().prev();
             }
             let mut commits = Vec::new();
             for (s, &id) in ids.iter().enumerate() {
@@ -1198,7 +1198,10 @@ fn readers_see_an_append_only_once_it_is_durable_and_the_head_sees_it_at_once() 
         let (_, commit) = shard.append(id, pending).expect("append");
         {
             let head = shard.head(id).expect("head");
-            assert_eq!((head.tail(), head.closed(), head.message_count()), (24, true, 3));
+            assert_eq!(
+                (head.tail(), head.closed(), head.message_count()),
+                (24, true, 3)
+            );
             let view = shard.stream(id).expect("view");
             assert_eq!((view.next_offset(), view.is_closed()), (durable_end, false));
             assert_eq!(view.message_count(), 2);

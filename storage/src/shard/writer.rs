@@ -57,12 +57,12 @@ pub(super) struct Batch {
     /// `None` only while the flusher has lent it to the kernel.
     pub(super) buf: Option<AlignedBuf>,
     /// LSN of the first record in the batch (0 while it holds none).
-    pub(super) first_lsn: u64,
+    pub(super) first_lsn: Lsn,
     pub(super) effects: Vec<Effect>,
 }
 
 pub(super) struct Effect {
-    pub(super) lsn: u64,
+    pub(super) lsn: Lsn,
     /// Stream made readable up to (tail, closed) once this record is durable.
     pub(super) visible: Option<(StreamId, u64, bool)>,
 }
@@ -80,7 +80,7 @@ impl Log {
             seg,
             base,
             buf: Some(buf),
-            first_lsn: 0,
+            first_lsn: Lsn::NONE,
             effects: Vec::new(),
         });
     }
@@ -88,7 +88,7 @@ impl Log {
     pub(super) fn enqueue(
         &mut self,
         record: &Record,
-        lsn: u64,
+        lsn: Lsn,
         visible: Option<(StreamId, u64, bool)>,
     ) -> Result<DiskLoc, StorageError> {
         let len = record.framed_len();
@@ -117,7 +117,7 @@ impl Log {
             data_off: 0,
         };
         record.encode_with(lsn, &mut self.scratch, |piece| buf.extend_from_slice(piece));
-        if batch.first_lsn == 0 {
+        if batch.first_lsn.is_none() {
             batch.first_lsn = lsn;
         }
         batch.effects.push(Effect { lsn, visible });
@@ -126,7 +126,7 @@ impl Log {
         Ok(loc)
     }
 
-    pub(super) fn set_effect(&mut self, lsn: u64, id: StreamId, tail: u64, closed: bool) {
+    pub(super) fn set_effect(&mut self, lsn: Lsn, id: StreamId, tail: u64, closed: bool) {
         for batch in self.batches.iter_mut().rev() {
             if let Some(e) = batch.effects.iter_mut().rev().find(|e| e.lsn == lsn) {
                 e.visible = Some((id, tail, closed));
@@ -140,7 +140,7 @@ impl Log {
     /// reserved) here, before the caller changes any state, so a full disk is reported as
     /// `NoSpace` with nothing changed. This blocks the core for one fallocate and two
     /// fsyncs, once per segment.
-    pub(super) fn roll(&mut self, first_lsn: u64) -> Result<(), StorageError> {
+    pub(super) fn roll(&mut self, first_lsn: Lsn) -> Result<(), StorageError> {
         let next = self.write_seg + 1;
         self.create(next, first_lsn)?;
         self.write_seg = next;
@@ -161,7 +161,7 @@ impl Log {
         Ok(())
     }
 
-    pub(super) fn create(&mut self, seg: u64, first_lsn: u64) -> Result<(), StorageError> {
+    pub(super) fn create(&mut self, seg: u64, first_lsn: Lsn) -> Result<(), StorageError> {
         if let Some(most) = self.disk_segments {
             if segment::list_segments(&self.dir)?.len() >= most {
                 return Err(StorageError::NoSpace);
