@@ -86,54 +86,111 @@ pub(crate) fn path(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
 }
 
-/// Serialize `streams` and the segment map at `pos` into a complete checkpoint file image.
+/// One stream as a checkpoint captured it: its image and its two tables as of the
+/// checkpoint's LSN. A capture shares the tables' pages and frozen blocks with the live
+/// stream and copies only their newest, unpacked entries, so capturing every stream of a
+/// shard holds its core for far less than encoding them would; the encoding then runs
+/// from the captures while the core serves requests in between.
+pub(crate) struct CapturedStream {
+    image: ImageRec,
+    chunks: Packed<Chunk>,
+    msgs: Packed<u64>,
+}
+
+impl CapturedStream {
+    pub(crate) fn of(s: &Stream) -> CapturedStream {
+        let (chunks, msgs) = s.tables();
+        CapturedStream {
+            image: s.image(),
+            chunks: chunks.clone(),
+            msgs: msgs.clone(),
+        }
+    }
+}
+
+/// Builds a checkpoint file image one captured stream at a time, checksumming the body as
+/// it grows, so a caller can yield between streams.
+#[derive(Default)]
+pub(crate) struct Encoder {
+    body: Vec<u8>,
+    body_crc: u32,
+    count: u64,
+}
+
+impl Encoder {
+    pub(crate) fn push(&mut self, s: CapturedStream) {
+        let from = self.body.len();
+        Record::Image(s.image).encode(Lsn::NONE, &mut self.body);
+        s.chunks.encode_into(&mut self.body);
+        s.msgs.encode_into(&mut self.body);
+        self.body_crc = crc32c::crc32c_append(self.body_crc, &self.body[from..]);
+        self.count += 1;
+    }
+
+    /// Bytes of body encoded so far.
+    pub(crate) fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// The complete file image: the header at `pos`, the streams pushed so far, then the
+    /// segment map.
+    pub(crate) fn finish(
+        mut self,
+        shard: u32,
+        pos: Position,
+        segments: impl Iterator<Item = (u64, Vec<StreamId>)>,
+    ) -> Vec<u8> {
+        let from = self.body.len();
+        let segments: Vec<_> = segments.collect();
+        put_varint(&mut self.body, segments.len() as u64);
+        for (index, ids) in segments {
+            put_varint(&mut self.body, index);
+            put_varint(&mut self.body, ids.len() as u64);
+            for id in ids {
+                put_varint(&mut self.body, id);
+            }
+        }
+        let body_crc = crc32c::crc32c_append(self.body_crc, &self.body[from..]);
+        let mut out = Vec::with_capacity(HEADER_LEN + self.body.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&shard.to_le_bytes());
+        for v in [
+            pos.lsn.get(),
+            pos.segment,
+            pos.offset,
+            pos.next_id,
+            pos.last_incarnation,
+            pos.blob_counter,
+            self.count,
+            self.body.len() as u64,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&body_crc.to_le_bytes());
+        debug_assert_eq!(out.len(), HEADER_LEN);
+        let header_crc = crc32c::crc32c(&out[12..HEADER_LEN]);
+        out[8..12].copy_from_slice(&header_crc.to_le_bytes());
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+/// Serialize `streams` and the segment map at `pos` into a complete checkpoint file image
+/// in one go (tests; the shard captures, then encodes with [`Encoder`]).
+#[cfg(test)]
 pub(crate) fn encode<'a>(
     shard: u32,
     pos: Position,
     streams: impl Iterator<Item = &'a Stream>,
     segments: impl Iterator<Item = (u64, Vec<StreamId>)>,
 ) -> Vec<u8> {
-    let mut body = Vec::new();
-    let mut count = 0u64;
+    let mut encoder = Encoder::default();
     for s in streams {
-        count += 1;
-        Record::Image(s.image()).encode(Lsn::NONE, &mut body);
-        let (chunks, msgs) = s.tables();
-        chunks.encode_into(&mut body);
-        msgs.encode_into(&mut body);
+        encoder.push(CapturedStream::of(s));
     }
-    let segments: Vec<_> = segments.collect();
-    put_varint(&mut body, segments.len() as u64);
-    for (index, ids) in segments {
-        put_varint(&mut body, index);
-        put_varint(&mut body, ids.len() as u64);
-        for id in ids {
-            put_varint(&mut body, id);
-        }
-    }
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&shard.to_le_bytes());
-    for v in [
-        pos.lsn.get(),
-        pos.segment,
-        pos.offset,
-        pos.next_id,
-        pos.last_incarnation,
-        pos.blob_counter,
-        count,
-        body.len() as u64,
-    ] {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-    debug_assert_eq!(out.len(), HEADER_LEN);
-    let header_crc = crc32c::crc32c(&out[12..HEADER_LEN]);
-    out[8..12].copy_from_slice(&header_crc.to_le_bytes());
-    out.extend_from_slice(&body);
-    out
+    encoder.finish(shard, pos, segments)
 }
 
 /// What a checkpoint file needs around it, for a copy of the shard elsewhere (the cold
@@ -431,6 +488,55 @@ mod tests {
         assert_eq!(
             msgs.iter().collect::<Vec<_>>(),
             vec![0, 3, 7, 307, 308, 309]
+        );
+    }
+
+    /// Appends `count` one-record appends of `len` bytes to `s`, each in its own record at
+    /// a new log position.
+    fn append_more(s: &mut Stream, count: u64, len: u32) {
+        for i in 0..count {
+            let start = s.tail;
+            let a = AppendRec {
+                id: s.id,
+                start,
+                append_lens: vec![len],
+                msg_lens: vec![len],
+                data: Bytes::from(vec![b'y'; len as usize]),
+                ..Default::default()
+            };
+            let loc = DiskLoc {
+                segment: 7,
+                record_pos: 4096 + 512 * i,
+                record_len: 100 + len,
+                data_off: 100,
+            };
+            s.apply_append(&a, 8, 0, Some(loc), false);
+        }
+    }
+
+    #[test]
+    fn a_capture_encodes_the_stream_as_it_was_whatever_happens_after() {
+        let mut s = stream_with_data();
+        // Enough history for pages and frozen blocks (pages are 4 blocks in tests).
+        append_more(&mut s, 700, 5);
+        let pos = Position {
+            lsn: Lsn::new(900),
+            ..Position::default()
+        };
+        let map = vec![(3, vec![9])];
+        let at_capture = encode(2, pos, std::iter::once(&s), map.clone().into_iter());
+        let captured = CapturedStream::of(&s);
+        // The stream moves on: more blocks freeze, a page completes, retention drops the
+        // front.
+        append_more(&mut s, 1300, 3);
+        let (cut, first_kept) = (s.tail - 99, s.message_count() - 33);
+        s.retain(cut, first_kept);
+        let mut encoder = Encoder::default();
+        encoder.push(captured);
+        assert_eq!(encoder.finish(2, pos, map.into_iter()), at_capture);
+        assert_ne!(
+            encode(2, pos, std::iter::once(&s), std::iter::empty()),
+            at_capture
         );
     }
 

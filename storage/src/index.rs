@@ -294,8 +294,7 @@ pub(crate) async fn write(
     }
     let tmp = tmp_path(dir, segment);
     crate::segment::write_synced(&tmp, image).await?;
-    std::fs::rename(&tmp, index_path(dir, segment))?;
-    crate::segment::sync_dir(dir)?;
+    crate::segment::rename_durable(&tmp, &index_path(dir, segment), dir).await?;
     let opened = IndexFile::open(dir, shard, segment)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok((Rc::new(opened), offsets))

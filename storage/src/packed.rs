@@ -92,8 +92,9 @@ pub(crate) struct Packed<T: Delta> {
 #[derive(Clone, Debug)]
 struct Block<T> {
     first: T,
-    /// The other `BLOCK - 1` entries, each a delta from the one before.
-    rest: Box<[u8]>,
+    /// The other `BLOCK - 1` entries, each a delta from the one before. Shared, so that a
+    /// checkpoint captures a table by cloning it without copying its blocks.
+    rest: Rc<[u8]>,
 }
 
 #[derive(Clone, Debug)]

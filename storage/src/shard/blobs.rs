@@ -30,7 +30,7 @@ impl Shard {
             res?;
         }
         file.sync_all().await?;
-        segment::sync_dir(&dir)?;
+        segment::sync_dir_on_ring(&dir).await?;
         Ok(name)
     }
 

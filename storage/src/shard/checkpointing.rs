@@ -4,6 +4,24 @@
 
 use super::*;
 
+/// Body bytes a checkpoint encodes between two chances for the core's requests to run
+/// (about a tenth of a millisecond of copying and checksumming).
+const ENCODE_SLICE_BYTES: usize = 256 << 10;
+
+/// Let every other task that is ready run before this one goes on.
+async fn yield_to_requests() {
+    let mut yielded = false;
+    poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
 impl Shard {
     /// Whether enough log was written since the last checkpoint to write the next one:
     /// `checkpoint_bytes`, or [`CHECKPOINT_LOG_RATIO`] times the last checkpoint's size if
@@ -131,21 +149,9 @@ impl Shard {
             blob_counter: self.inner.blob_counter.get(),
         };
         let logged = self.inner.logged_bytes.get();
-        // Captured synchronously, so it is exactly the head state after record `pos.lsn`;
-        // the core runs nothing else meanwhile (`encode_us` in the log below).
-        let encode_started = Instant::now();
-        let image = checkpoint::encode(
-            self.inner.cfg.shard,
-            pos,
-            self.inner.streams.borrow().values(),
-            self.inner
-                .segments
-                .borrow()
-                .iter()
-                .map(|(&seg, ids)| (seg, ids.iter().copied().collect())),
-        );
         // Index files no page points into: once this checkpoint (which does not name them)
-        // is installed, nothing needs them.
+        // is installed, nothing needs them. Counted before the capture, which holds pages
+        // of the others.
         let unused: Vec<u64> = self
             .inner
             .index_files
@@ -154,14 +160,52 @@ impl Shard {
             .filter(|(_, f)| Rc::strong_count(f) == 1)
             .map(|(&seg, _)| seg)
             .collect();
+        // Captured synchronously, so it is exactly the head state after record `pos.lsn`;
+        // the core runs nothing else meanwhile (`capture_us` in the log below). The capture
+        // shares pages and frozen blocks with the streams, so this is bounded by the
+        // streams' unpacked entries, not by their pages.
+        let capture_started = Instant::now();
+        let captured: Vec<checkpoint::CapturedStream> = self
+            .inner
+            .streams
+            .borrow()
+            .values()
+            .map(checkpoint::CapturedStream::of)
+            .collect();
+        let segments: Vec<(u64, Vec<StreamId>)> = self
+            .inner
+            .segments
+            .borrow()
+            .iter()
+            .map(|(&seg, ids)| (seg, ids.iter().copied().collect()))
+            .collect();
+        let capture_us = capture_started.elapsed().as_micros() as u64;
+        // Encoding copies the pages not in an index file yet (up to a segment's worth) and
+        // checksums everything: the core serves its requests between slices of it.
+        // Wall time, so on a loaded host it includes preemption and the io_uring
+        // completions that interrupts run on this thread: an upper bound on the hold.
+        let encode_started = Instant::now();
+        let mut encoder = checkpoint::Encoder::default();
+        let (mut since_yield, mut slice_started) = (0, Instant::now());
+        let mut slice_max = Duration::ZERO;
+        for s in captured {
+            encoder.push(s);
+            if encoder.len() - since_yield >= ENCODE_SLICE_BYTES {
+                since_yield = encoder.len();
+                slice_max = slice_max.max(slice_started.elapsed());
+                yield_to_requests().await;
+                slice_started = Instant::now();
+            }
+        }
+        let image = encoder.finish(self.inner.cfg.shard, pos, segments.into_iter());
+        let slice_max_us = slice_max.max(slice_started.elapsed()).as_micros() as u64;
         let encode_us = encode_started.elapsed().as_micros() as u64;
         let bytes = image.len();
         let tmp = dir.join(checkpoint::TMP_NAME);
         segment::write_synced(&tmp, image).await?;
         // The checkpoint may only replace the log before it once that log is durable.
         self.commit(pos.lsn).durable().await?;
-        std::fs::rename(&tmp, checkpoint::path(dir))?;
-        segment::sync_dir(dir)?;
+        segment::rename_durable(&tmp, &checkpoint::path(dir), dir).await?;
         self.inner.checkpointed_at.set(logged);
         self.inner.checkpoint_size.set(bytes as u64);
         self.inner.checkpoint_segment.set(Some(pos.segment));
@@ -174,7 +218,9 @@ impl Shard {
             shard = self.inner.cfg.shard,
             lsn = pos.lsn.get(),
             bytes,
+            capture_us,
             encode_us,
+            slice_max_us,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "checkpoint written"
         );

@@ -168,12 +168,12 @@ impl Shard {
             // Its objects in the cold tier go once no checkpoint names the segment.
             tier.forget(segment);
         }
-        if let Some(log) = self.inner.log.borrow_mut().as_mut() {
+        let dir = self.inner.log.borrow_mut().as_mut().map(|log| {
             log.files.remove(&segment);
-            if !cold {
-                std::fs::remove_file(segment_path(&log.dir, segment))?;
-                segment::sync_dir(&log.dir)?;
-            }
+            log.dir.clone()
+        });
+        if let Some(dir) = dir.filter(|_| !cold) {
+            segment::remove_durable(&segment_path(&dir, segment), &dir).await?;
         }
         tracing::debug!(shard = self.inner.cfg.shard, segment, "segment reclaimed");
         Ok(())
