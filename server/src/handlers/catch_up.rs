@@ -71,7 +71,7 @@ pub async fn collect(
                 }
             }
             let end = s.message_start(end_msg).unwrap_or(s.next_offset());
-            (end.min(s.next_offset()), true)
+            (end, true)
         } else {
             (s.next_offset().min(start.saturating_add(max as u64)), false)
         }

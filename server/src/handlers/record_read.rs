@@ -38,7 +38,7 @@ pub async fn record_read(
             let offset = core
                 .shard
                 .stream(id)
-                .and_then(|s| s.message_start(start).map(|o| o.min(s.next_offset())))
+                .and_then(|s| s.message_start(start))
                 .unwrap_or(0);
             ReadReply::Sse(SseStart {
                 surface: Surface::Bucketed,
@@ -148,10 +148,7 @@ async fn record_catch_up(
         };
         let end = records::end_record(&s, start, rp.max_records, MAX_READ_BYTES as usize);
         let from = s.message_start(start).unwrap_or(s.next_offset());
-        let to = s
-            .message_start(end)
-            .unwrap_or(s.next_offset())
-            .min(s.next_offset());
+        let to = s.message_start(end).unwrap_or(s.next_offset());
         (end, from, to)
     };
     let parts = match core.shard.read(id, from, to).await {
