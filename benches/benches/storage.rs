@@ -1160,11 +1160,17 @@ struct DirColdStore {
 }
 
 impl ColdStore for DirColdStore {
-    fn is_archived(&self, _shard: u32, segment: u64) -> bool {
+    fn is_archived(&self, _shard: u32, segment: ursula_storage::SegmentNo) -> bool {
         segment::segment_path(&self.dir, segment).exists()
     }
 
-    fn read(&self, _shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead {
+    fn read(
+        &self,
+        _shard: u32,
+        segment: ursula_storage::SegmentNo,
+        offset: u64,
+        len: usize,
+    ) -> ColdRead {
         let path = segment::segment_path(&self.dir, segment);
         let latency = Duration::from_micros(self.latency_us.load(Ordering::Relaxed));
         Box::pin(async move {

@@ -44,6 +44,7 @@ use bytes::Bytes;
 use ursula_s3::{DynStore, PutMode, StoreError};
 use ursula_storage::cold::{ColdRead, ColdStore, DurableEnd};
 use ursula_storage::segment::{self, DATA_START};
+use ursula_storage::SegmentNo;
 
 use crate::manifest::{self, CommitError, End, Keys, Manifest, Object, Piece};
 use crate::status::{Outcome, Request, Status};
@@ -187,22 +188,23 @@ impl ColdStore for Archive {
         }
     }
 
-    fn is_archived(&self, shard: u32, segment: u64) -> bool {
-        self.committed(shard).is_some_and(|m| m.sealed(segment))
+    fn is_archived(&self, shard: u32, segment: SegmentNo) -> bool {
+        self.committed(shard)
+            .is_some_and(|m| m.sealed(segment.get()))
     }
 
     fn stopped(&self) -> bool {
         self.status.fenced().is_some()
     }
 
-    fn read(&self, shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead {
+    fn read(&self, shard: u32, segment: SegmentNo, offset: u64, len: usize) -> ColdRead {
         let (tx, rx) = futures_channel::oneshot::channel();
         let manifest = self.committed(shard);
         let store = self.store.clone();
         let status = self.status.clone();
         self.runtime.spawn(async move {
             let result = match manifest {
-                Some(m) => read_range(&store, &status, &m, segment, offset, len).await,
+                Some(m) => read_range(&store, &status, &m, segment.get(), offset, len).await,
                 None => Err(io::Error::new(io::ErrorKind::NotFound, "no such shard")),
             };
             if let Ok(b) = &result {
@@ -617,7 +619,10 @@ impl Worker {
     async fn round(&mut self) -> Result<(), RoundError> {
         let now = ursula_storage::now_ms();
         // Listed before the durable end is read (see the module comment).
-        let local: BTreeSet<u64> = segment::list_segments(&self.dir)?.into_iter().collect();
+        let local: BTreeSet<u64> = segment::list_segments(&self.dir)?
+            .into_iter()
+            .map(SegmentNo::get)
+            .collect();
         let blobs_before = list_blobs(&self.dir)?;
         let slot = &self.archive.shards[self.shard as usize];
         let Some(point) = slot.durable.lock().ok().and_then(|d| *d) else {
@@ -628,19 +633,24 @@ impl Worker {
         }
         let mut m = self.manifest.clone();
         let archived = (m.archived.segment, m.archived.position);
-        let durable = (point.segment, point.position);
+        let durable = (point.segment.get(), point.position);
         if durable < archived || point.lsn.get() < m.archived.lsn {
             return Err(RoundError::Fenced(format!(
                 "shard {}: the local log ends at segment {} position {} (LSN {}), before its \
                  archive (segment {} position {}); restore the data dir from the archive or \
                  archive to a new prefix",
-                self.shard, point.segment, point.position, point.lsn, archived.0, archived.1,
+                self.shard,
+                point.segment.get(),
+                point.position,
+                point.lsn,
+                archived.0,
+                archived.1,
             )));
         }
         let sealed_new: Vec<u64> = local
             .iter()
             .copied()
-            .filter(|&s| s < point.segment && s >= m.archived.segment && !m.sealed(s))
+            .filter(|&s| s < point.segment.get() && s >= m.archived.segment && !m.sealed(s))
             .collect();
         let interval_over = self.last_slice.is_none_or(|t| t.elapsed() >= self.interval);
         if durable > archived && (!sealed_new.is_empty() || interval_over) {
@@ -649,7 +659,7 @@ impl Worker {
             }
             self.archive_slice(&mut m, point, now).await?;
             m.archived = End {
-                segment: point.segment,
+                segment: point.segment.get(),
                 position: point.position,
                 lsn: point.lsn.get(),
             };
@@ -675,7 +685,7 @@ impl Worker {
         s: u64,
         now: i64,
     ) -> Result<(), RoundError> {
-        let path = segment::segment_path(&self.dir, s);
+        let path = segment::segment_path(&self.dir, SegmentNo::new(s));
         let file = std::fs::File::open(&path)?;
         let file_len = file.metadata()?.len();
         let mut bytes = vec![0u8; file_len as usize];
@@ -719,7 +729,7 @@ impl Worker {
         point: DurableEnd,
         _now: i64,
     ) -> Result<(), RoundError> {
-        let seg = point.segment;
+        let seg = point.segment.get();
         let start = match m.segments.iter().find(|e| e.index == seg) {
             Some(e) if e.sealed => return Ok(()),
             Some(e) => e.pieces.last().map_or(0, |p| p.start + p.object.len),
@@ -728,7 +738,7 @@ impl Worker {
         if point.position <= start {
             return Ok(());
         }
-        let path = segment::segment_path(&self.dir, seg);
+        let path = segment::segment_path(&self.dir, point.segment);
         let file = std::fs::File::open(&path)?;
         let file_len = file.metadata()?.len();
         self.segment_bytes = file_len;
@@ -779,12 +789,12 @@ impl Worker {
             self.checkpoint_seen = Some(seen);
             return Ok(());
         }
-        if (summary.segment, summary.position) > (m.archived.segment, m.archived.position) {
+        if (summary.segment.get(), summary.position) > (m.archived.segment, m.archived.position) {
             // The log it continues is not archived yet; look again next round.
             return Ok(());
         }
         let mut index_files = Vec::new();
-        for &seg in &summary.index_files {
+        for seg in summary.index_files.iter().map(|s| s.get()) {
             if let Some(f) = m.index_files.iter().find(|f| f.segment == seg) {
                 index_files.push(f.clone());
                 continue;
@@ -809,9 +819,9 @@ impl Worker {
             .await?;
         let next = manifest::Checkpoint {
             lsn: summary.lsn.get(),
-            segment: summary.segment,
+            segment: summary.segment.get(),
             position: summary.position,
-            segments: summary.segments,
+            segments: summary.segments.iter().map(|s| s.get()).collect(),
             object,
         };
         if let Some(old) = m.checkpoint.replace(next) {
@@ -1042,11 +1052,9 @@ impl Worker {
         if let Ok(mut c) = self.archive.shards[self.shard as usize].committed.lock() {
             *c = Arc::new(m);
         }
-        while self
-            .observed
-            .front()
-            .is_some_and(|(p, _)| (p.segment, p.position) <= (archived.segment, archived.position))
-        {
+        while self.observed.front().is_some_and(|(p, _)| {
+            (p.segment.get(), p.position) <= (archived.segment, archived.position)
+        }) {
             self.observed.pop_front();
         }
     }
@@ -1058,13 +1066,13 @@ impl Worker {
             return;
         };
         let a = self.manifest.archived;
-        let bytes = if (point.segment, point.position) <= (a.segment, a.position) {
+        let bytes = if (point.segment.get(), point.position) <= (a.segment, a.position) {
             0
-        } else if point.segment == a.segment {
+        } else if point.segment.get() == a.segment {
             point.position - a.position
         } else {
             let seg = self.segment_bytes.max(point.position);
-            (point.segment - a.segment.max(1)) * seg + point.position - a.position.min(seg)
+            (point.segment.get() - a.segment.max(1)) * seg + point.position - a.position.min(seg)
         };
         let since = self.observed.front().map_or(0, |(_, t)| *t);
         self.archive.status.set_lag(self.shard, bytes, since);

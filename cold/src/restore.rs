@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ursula_s3::DynStore;
 use ursula_storage::segment::{self, SegmentHeader, DATA_START};
+use ursula_storage::SegmentNo;
 
 use crate::archiver::RESTORED_FILE;
 use crate::manifest::{self, Manifest, Object};
@@ -114,7 +115,7 @@ async fn restore_shard(
         report.cold_bytes += cold.iter().map(|s| s.file_len).sum::<u64>();
     }
     for seg in local {
-        let path = segment::segment_path(&dir, seg.index);
+        let path = segment::segment_path(&dir, SegmentNo::new(seg.index));
         let mut pieces = Vec::new();
         for p in &seg.pieces {
             pieces.push((p.start, fetch(store, &p.object, report).await?));
@@ -123,7 +124,7 @@ async fn restore_shard(
             .first()
             .filter(|(start, b)| *start == 0 && b.len() >= DATA_START as usize)
             .and_then(|(_, b)| SegmentHeader::decode(b))
-            .filter(|h| h.shard == m.shard && h.index == seg.index)
+            .filter(|h| h.shard == m.shard && h.index.get() == seg.index)
             .ok_or_else(|| {
                 format!(
                     "segment {} of shard {}: no valid header",

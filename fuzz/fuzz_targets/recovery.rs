@@ -138,7 +138,7 @@ fn write_segment(dir: &Path, body: &[u8]) {
     let mut file = vec![0u8; DATA_START as usize];
     SegmentHeader {
         shard: 0,
-        index: 1,
+        index: ursula_storage::SegmentNo::new(1),
         first_lsn: ursula_storage::Lsn::FIRST,
     }
     .encode(&mut file);
@@ -146,7 +146,7 @@ fn write_segment(dir: &Path, body: &[u8]) {
     // Segments are whole blocks, with unwritten (zero) space after the records.
     let len = (file.len() + 4096).div_ceil(4096) * 4096;
     file.resize(len, 0);
-    std::fs::write(segment_path(&shard_dir, 1), file).expect("write segment");
+    std::fs::write(segment_path(&shard_dir, ursula_storage::SegmentNo::new(1)), file).expect("write segment");
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -41,7 +41,7 @@ use bytes::Bytes;
 
 use crate::index::IndexFile;
 use crate::packed::Packed;
-use crate::position::Lsn;
+use crate::position::{Lsn, SegmentNo};
 use crate::record::{decode_at, ImageRec, Record};
 use crate::stream::{Chunk, DiskLoc, Stream, StreamId};
 
@@ -62,7 +62,7 @@ pub(crate) struct Position {
     /// Last LSN whose effects are in the checkpoint.
     pub lsn: Lsn,
     /// Where the record after `lsn` is (or will be) written.
-    pub segment: u64,
+    pub segment: SegmentNo,
     pub offset: u64,
     pub next_id: u64,
     pub last_incarnation: u64,
@@ -80,7 +80,7 @@ pub(crate) struct SavedStream {
 }
 
 /// Which streams have data in which segment (the cleaner's work list).
-pub(crate) type SegmentMap = BTreeMap<u64, Vec<StreamId>>;
+pub(crate) type SegmentMap = BTreeMap<SegmentNo, Vec<StreamId>>;
 
 pub(crate) fn path(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
@@ -138,13 +138,13 @@ impl Encoder {
         mut self,
         shard: u32,
         pos: Position,
-        segments: impl Iterator<Item = (u64, Vec<StreamId>)>,
+        segments: impl Iterator<Item = (SegmentNo, Vec<StreamId>)>,
     ) -> Vec<u8> {
         let from = self.body.len();
         let segments: Vec<_> = segments.collect();
         put_varint(&mut self.body, segments.len() as u64);
         for (index, ids) in segments {
-            put_varint(&mut self.body, index);
+            put_varint(&mut self.body, index.get());
             put_varint(&mut self.body, ids.len() as u64);
             for id in ids {
                 put_varint(&mut self.body, id);
@@ -158,7 +158,7 @@ impl Encoder {
         out.extend_from_slice(&shard.to_le_bytes());
         for v in [
             pos.lsn.get(),
-            pos.segment,
+            pos.segment.get(),
             pos.offset,
             pos.next_id,
             pos.last_incarnation,
@@ -184,7 +184,7 @@ pub(crate) fn encode<'a>(
     shard: u32,
     pos: Position,
     streams: impl Iterator<Item = &'a Stream>,
-    segments: impl Iterator<Item = (u64, Vec<StreamId>)>,
+    segments: impl Iterator<Item = (SegmentNo, Vec<StreamId>)>,
 ) -> Vec<u8> {
     let mut encoder = Encoder::default();
     for s in streams {
@@ -199,12 +199,12 @@ pub(crate) fn encode<'a>(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointSummary {
     pub lsn: Lsn,
-    pub segment: u64,
+    pub segment: SegmentNo,
     pub position: u64,
     /// Segments whose index files the checkpoint's pages are in, ascending.
-    pub index_files: Vec<u64>,
+    pub index_files: Vec<SegmentNo>,
     /// Segments holding data of its streams (its segment map), ascending.
-    pub segments: Vec<u64>,
+    pub segments: Vec<SegmentNo>,
 }
 
 /// Summarise a checkpoint file of `shard` (checked like a load, without opening anything).
@@ -228,7 +228,7 @@ pub fn summary(shard: u32, file: &Bytes) -> Result<CheckpointSummary, String> {
 pub(crate) fn decode(
     shard: u32,
     file: &Bytes,
-    index: &mut impl FnMut(u64) -> Option<Rc<IndexFile>>,
+    index: &mut impl FnMut(SegmentNo) -> Option<Rc<IndexFile>>,
 ) -> Result<(Position, Vec<SavedStream>, SegmentMap), String> {
     let header = file
         .get(..HEADER_LEN)
@@ -250,7 +250,7 @@ pub(crate) fn decode(
     let field = |i: usize| le_u64(&header[20 + 8 * i..28 + 8 * i]);
     let pos = Position {
         lsn: Lsn::new(field(0)),
-        segment: field(1),
+        segment: SegmentNo::new(field(1)),
         offset: field(2),
         next_id: field(3),
         last_incarnation: field(4),
@@ -296,7 +296,7 @@ pub(crate) fn decode(
         for _ in 0..ids {
             list.push(r.next().ok_or("segment stream")?);
         }
-        segments.insert(index, list);
+        segments.insert(SegmentNo::new(index), list);
     }
     at = r.at;
     if at != body_end {
@@ -333,7 +333,7 @@ fn decode_inline_tables(
             let start = expected.wrapping_add(next("chunk start")?);
             let len = u32::try_from(next("chunk length")?).map_err(|_| bad("chunk length"))?;
             let loc = DiskLoc {
-                segment: next("chunk segment")?,
+                segment: SegmentNo::new(next("chunk segment")?),
                 record_pos: next("chunk position")?,
                 record_len: u32::try_from(next("record length")?)
                     .map_err(|_| bad("record length"))?,
@@ -411,6 +411,7 @@ impl Varints<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::seg;
     use crate::record::{AppendRec, CreateRec, Lifetime};
 
     fn stream_with_data() -> Stream {
@@ -440,7 +441,7 @@ mod tests {
                 ..Default::default()
             };
             let loc = DiskLoc {
-                segment: 3 + i as u64,
+                segment: crate::position::seg(3 + i as u64),
                 record_pos: 4096 + 1000 * i as u64,
                 record_len: 100 + total,
                 data_off: 100,
@@ -456,13 +457,13 @@ mod tests {
         let s = stream_with_data();
         let pos = Position {
             lsn: Lsn::new(42),
-            segment: 5,
+            segment: crate::position::seg(5),
             offset: 8192,
             next_id: 10,
             last_incarnation: 77,
             blob_counter: 3,
         };
-        let map = vec![(3, vec![9]), (4, vec![9, 11])];
+        let map = vec![(seg(3), vec![9]), (seg(4), vec![9, 11])];
         let file = Bytes::from(encode(2, pos, std::iter::once(&s), map.clone().into_iter()));
         let (got, streams, segments) = decode(2, &file, &mut |_| None).expect("decodes");
         assert_eq!(got, pos);
@@ -470,9 +471,9 @@ mod tests {
         let summary = summary(2, &file).expect("summarises");
         assert_eq!(
             (summary.lsn, summary.segment, summary.position),
-            (Lsn::new(42), 5, 8192)
+            (Lsn::new(42), seg(5), 8192)
         );
-        assert_eq!(summary.segments, vec![3, 4]);
+        assert_eq!(summary.segments, vec![seg(3), seg(4)]);
         assert!(summary.index_files.is_empty(), "every page is inline");
         assert!(
             super::summary(1, &file).is_err(),
@@ -505,7 +506,7 @@ mod tests {
                 ..Default::default()
             };
             let loc = DiskLoc {
-                segment: 7,
+                segment: seg(7),
                 record_pos: 4096 + 512 * i,
                 record_len: 100 + len,
                 data_off: 100,
@@ -523,7 +524,7 @@ mod tests {
             lsn: Lsn::new(900),
             ..Position::default()
         };
-        let map = vec![(3, vec![9])];
+        let map = vec![(seg(3), vec![9])];
         let at_capture = encode(2, pos, std::iter::once(&s), map.clone().into_iter());
         let captured = CapturedStream::of(&s);
         // The stream moves on: more blocks freeze, a page completes, retention drops the
@@ -547,7 +548,7 @@ mod tests {
             0,
             Position::default(),
             std::iter::once(&s),
-            std::iter::once((1, vec![9])),
+            std::iter::once((seg(1), vec![9])),
         );
         let none = &mut |_| None;
         assert!(

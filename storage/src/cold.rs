@@ -12,6 +12,8 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 
+use crate::position::SegmentNo;
+
 /// A pending ranged read of an archived segment.
 pub type ColdRead = Pin<Box<dyn Future<Output = io::Result<Bytes>>>>;
 
@@ -19,7 +21,7 @@ pub type ColdRead = Pin<Box<dyn Future<Output = io::Result<Bytes>>>>;
 /// covered, and that record's LSN. Everything before it in the log never changes again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DurableEnd {
-    pub segment: u64,
+    pub segment: SegmentNo,
     pub position: u64,
     pub lsn: crate::Lsn,
 }
@@ -34,7 +36,7 @@ pub trait ColdStore: Send + Sync + std::fmt::Debug {
 
     /// Whether sealed segment `segment` of `shard` is archived whole and named by a
     /// committed manifest, so that its local file may be deleted.
-    fn is_archived(&self, shard: u32, segment: u64) -> bool;
+    fn is_archived(&self, shard: u32, segment: SegmentNo) -> bool;
 
     /// Whether archiving has stopped for good (another server took the archive over): the
     /// local log is on its own again: cleaning no longer waits for the archive, and no
@@ -46,5 +48,5 @@ pub trait ColdStore: Send + Sync + std::fmt::Debug {
 
     /// `len` bytes at byte `offset` of archived segment `segment` of `shard` (offsets are
     /// positions in the segment file, header included).
-    fn read(&self, shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead;
+    fn read(&self, shard: u32, segment: SegmentNo, offset: u64, len: usize) -> ColdRead;
 }

@@ -33,6 +33,8 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 
+use crate::position::SegmentNo;
+
 const MAGIC: &[u8; 8] = b"URSLIDX1";
 const VERSION: u32 = 1;
 pub(crate) const HEADER_LEN: usize = 48;
@@ -40,16 +42,16 @@ pub(crate) const HEADER_LEN: usize = 48;
 /// Bytes of index pages a core caches when its shard does not say otherwise.
 pub const DEFAULT_INDEX_CACHE_BYTES: usize = 8 << 20;
 
-pub(crate) fn index_path(dir: &Path, segment: u64) -> PathBuf {
+pub(crate) fn index_path(dir: &Path, segment: SegmentNo) -> PathBuf {
     dir.join(format!("{segment:010}.idx"))
 }
 
-pub(crate) fn tmp_path(dir: &Path, segment: u64) -> PathBuf {
+pub(crate) fn tmp_path(dir: &Path, segment: SegmentNo) -> PathBuf {
     dir.join(format!("{segment:010}.idx.tmp"))
 }
 
 /// Index files present in `dir` (by segment), ascending; stale `.idx.tmp` files are removed.
-pub(crate) fn list(dir: &Path) -> io::Result<Vec<u64>> {
+pub(crate) fn list(dir: &Path) -> io::Result<Vec<SegmentNo>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name();
@@ -58,7 +60,7 @@ pub(crate) fn list(dir: &Path) -> io::Result<Vec<u64>> {
             std::fs::remove_file(dir.join(name))?;
         } else if let Some(stem) = name.strip_suffix(".idx") {
             if let Ok(i) = stem.parse::<u64>() {
-                out.push(i);
+                out.push(SegmentNo::new(i));
             }
         }
     }
@@ -67,12 +69,17 @@ pub(crate) fn list(dir: &Path) -> io::Result<Vec<u64>> {
 }
 
 /// The header of an index file holding `pages` pages in `body_len` bytes.
-pub(crate) fn header(shard: u32, segment: u64, pages: u64, body_len: u64) -> [u8; HEADER_LEN] {
+pub(crate) fn header(
+    shard: u32,
+    segment: SegmentNo,
+    pages: u64,
+    body_len: u64,
+) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[..8].copy_from_slice(MAGIC);
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());
     h[12..16].copy_from_slice(&shard.to_le_bytes());
-    h[16..24].copy_from_slice(&segment.to_le_bytes());
+    h[16..24].copy_from_slice(&segment.get().to_le_bytes());
     h[24..32].copy_from_slice(&pages.to_le_bytes());
     h[32..40].copy_from_slice(&body_len.to_le_bytes());
     let crc = crc32c::crc32c(&h[..40]);
@@ -85,7 +92,7 @@ pub(crate) fn header(shard: u32, segment: u64, pages: u64, body_len: u64) -> [u8
 pub(crate) struct IndexFile {
     /// Identifies the file in the page cache (never reused while the process runs).
     id: u64,
-    pub(crate) segment: u64,
+    pub(crate) segment: SegmentNo,
     path: PathBuf,
     file: File,
     len: u64,
@@ -105,7 +112,7 @@ thread_local! {
 impl IndexFile {
     /// Open `segment`'s index file and check its header: written by `shard`, complete (its
     /// length is what the header says). A torn or foreign file is an error.
-    pub(crate) fn open(dir: &Path, shard: u32, segment: u64) -> Result<IndexFile, String> {
+    pub(crate) fn open(dir: &Path, shard: u32, segment: SegmentNo) -> Result<IndexFile, String> {
         let path = index_path(dir, segment);
         let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let len = file
@@ -130,7 +137,7 @@ impl IndexFile {
         if field(8..12) != u64::from(VERSION) {
             return Err(bad("unsupported version"));
         }
-        if field(12..16) != u64::from(shard) || field(16..24) != segment {
+        if field(12..16) != u64::from(shard) || field(16..24) != segment.get() {
             return Err(bad("written for another shard or segment"));
         }
         if HEADER_LEN as u64 + field(32..40) != len {
@@ -281,7 +288,7 @@ impl PageCache {
 pub(crate) async fn write(
     dir: &Path,
     shard: u32,
-    segment: u64,
+    segment: SegmentNo,
     pages: &[Bytes],
 ) -> Result<(Rc<IndexFile>, Vec<u64>), io::Error> {
     let body_len: usize = pages.iter().map(Bytes::len).sum();
@@ -303,6 +310,7 @@ pub(crate) async fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::seg;
 
     #[test]
     fn the_cache_stays_within_its_budget_and_keeps_recent_pages() {
@@ -323,21 +331,27 @@ mod tests {
     fn a_header_is_checked_and_a_torn_file_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let body = vec![7u8; 100];
-        let mut file = header(3, 9, 1, body.len() as u64).to_vec();
+        let mut file = header(3, seg(9), 1, body.len() as u64).to_vec();
         file.extend_from_slice(&body);
-        std::fs::write(index_path(dir.path(), 9), &file).expect("write");
-        let f = IndexFile::open(dir.path(), 3, 9).expect("opens");
+        std::fs::write(index_path(dir.path(), seg(9)), &file).expect("write");
+        let f = IndexFile::open(dir.path(), 3, seg(9)).expect("opens");
         assert!(f.holds(HEADER_LEN as u64, 100));
         assert!(!f.holds(HEADER_LEN as u64, 101));
-        assert!(IndexFile::open(dir.path(), 4, 9).is_err(), "other shard");
-        std::fs::write(index_path(dir.path(), 9), &file[..file.len() - 1]).expect("write");
-        assert!(IndexFile::open(dir.path(), 3, 9).is_err(), "torn tail");
+        assert!(
+            IndexFile::open(dir.path(), 4, seg(9)).is_err(),
+            "other shard"
+        );
+        std::fs::write(index_path(dir.path(), seg(9)), &file[..file.len() - 1]).expect("write");
+        assert!(IndexFile::open(dir.path(), 3, seg(9)).is_err(), "torn tail");
         let mut bad = file.clone();
         bad[20] ^= 1;
-        std::fs::write(index_path(dir.path(), 9), &bad).expect("write");
-        assert!(IndexFile::open(dir.path(), 3, 9).is_err(), "header flip");
-        std::fs::write(tmp_path(dir.path(), 10), b"x").expect("write");
-        assert_eq!(list(dir.path()).expect("list"), vec![9]);
-        assert!(!tmp_path(dir.path(), 10).exists());
+        std::fs::write(index_path(dir.path(), seg(9)), &bad).expect("write");
+        assert!(
+            IndexFile::open(dir.path(), 3, seg(9)).is_err(),
+            "header flip"
+        );
+        std::fs::write(tmp_path(dir.path(), seg(10)), b"x").expect("write");
+        assert_eq!(list(dir.path()).expect("list"), vec![seg(9)]);
+        assert!(!tmp_path(dir.path(), seg(10)).exists());
     }
 }

@@ -430,7 +430,7 @@ impl<T: Delta> Packed<T> {
                 }
                 Body::Disk(d) => {
                     out.push(1);
-                    put_varint(out, d.file.segment);
+                    put_varint(out, d.file.segment.get());
                     put_varint(out, d.off);
                     put_varint(out, u64::from(d.len));
                 }
@@ -456,7 +456,7 @@ impl<T: Delta> Packed<T> {
     pub(crate) fn decode_from(
         buf: &[u8],
         at: &mut usize,
-        file: &mut impl FnMut(u64) -> Option<Rc<IndexFile>>,
+        file: &mut impl FnMut(crate::position::SegmentNo) -> Option<Rc<IndexFile>>,
     ) -> Result<Option<Self>, String> {
         let mut t = Packed::default();
         let mut lost = false;
@@ -475,7 +475,7 @@ impl<T: Delta> Packed<T> {
                     Body::Memory(b)
                 }
                 1 => {
-                    let segment = r.varint()?;
+                    let segment = crate::position::SegmentNo::new(r.varint()?);
                     let off = r.varint()?;
                     let len = u32::try_from(r.varint()?).map_err(|_| "page length")?;
                     match file(segment).filter(|f| f.holds(off, len)) {
@@ -967,7 +967,11 @@ mod tests {
 
     /// Write the unwritten pages of `t` to `segment`'s index file in `dir` and point the
     /// table at them, as the shard does when the log rolls.
-    fn write_pages(t: &mut Packed<u64>, dir: &std::path::Path, segment: u64) -> Rc<IndexFile> {
+    fn write_pages(
+        t: &mut Packed<u64>,
+        dir: &std::path::Path,
+        segment: crate::position::SegmentNo,
+    ) -> Rc<IndexFile> {
         let pages: Vec<Bytes> = t.unwritten_pages().cloned().collect();
         let body: usize = pages.iter().map(Bytes::len).sum();
         let mut file = crate::index::header(0, segment, pages.len() as u64, body as u64).to_vec();
@@ -1023,7 +1027,7 @@ mod tests {
         check_same(&t, &want);
         let in_memory = t.heap_bytes();
         let paged: usize = t.unwritten_pages().map(Bytes::len).sum();
-        let f = write_pages(&mut t, dir.path(), 4);
+        let f = write_pages(&mut t, dir.path(), crate::position::seg(4));
         assert_eq!(t.unwritten_pages().count(), 0);
         assert_eq!(t.page_files().count(), 3);
         assert_eq!(in_memory - t.heap_bytes(), paged, "pages left memory");
@@ -1037,10 +1041,11 @@ mod tests {
         let mut out = Vec::new();
         t.encode_into(&mut out);
         let mut at = 0;
-        let back =
-            Packed::<u64>::decode_from(&out, &mut at, &mut |seg| (seg == 4).then(|| f.clone()))
-                .expect("decodes")
-                .expect("all files present");
+        let back = Packed::<u64>::decode_from(&out, &mut at, &mut |seg| {
+            (seg == crate::position::seg(4)).then(|| f.clone())
+        })
+        .expect("decodes")
+        .expect("all files present");
         assert_eq!(at, out.len());
         check_same(&back, &want);
         let mut at = 0;

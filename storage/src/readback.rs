@@ -14,6 +14,7 @@ use std::task::Poll;
 use bytes::Bytes;
 
 use crate::aligned::{align_down, align_up, AlignedBuf};
+use crate::position::SegmentNo;
 use crate::stream::DiskLoc;
 
 /// A gap of unwanted bytes up to this size between two wanted records is read through: it
@@ -43,7 +44,7 @@ pub(crate) struct Part {
 pub(crate) struct Span {
     /// The local segment file; `None` for a segment only in the cold tier.
     pub file: Option<Rc<monoio::fs::File>>,
-    pub segment: u64,
+    pub segment: SegmentNo,
     /// Segment positions of the first record and the end of the last (not aligned).
     pub start: u64,
     pub end: u64,
@@ -128,9 +129,10 @@ pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::seg;
     use crate::test_support::block_on;
 
-    fn part(segment: u64, record_pos: u64, record_len: u32) -> Part {
+    fn part(segment: SegmentNo, record_pos: u64, record_len: u32) -> Part {
         Part {
             slot: 0,
             loc: DiskLoc {
@@ -158,14 +160,14 @@ mod tests {
     }
 
     fn neighbours() {
-        let mut s = span(part(1, 4096, 1000));
-        assert!(s.try_add(part(1, 5096, 1000)).is_ok(), "adjacent");
+        let mut s = span(part(seg(1), 4096, 1000));
+        assert!(s.try_add(part(seg(1), 5096, 1000)).is_ok(), "adjacent");
         assert!(
-            s.try_add(part(1, 5096, 1000)).is_ok(),
+            s.try_add(part(seg(1), 5096, 1000)).is_ok(),
             "another chunk of the same record"
         );
         assert!(
-            s.try_add(part(1, 6096 + MAX_GAP, 1000)).is_ok(),
+            s.try_add(part(seg(1), 6096 + MAX_GAP, 1000)).is_ok(),
             "a gap of MAX_GAP"
         );
         assert_eq!(s.parts.len(), 4);
@@ -183,16 +185,19 @@ mod tests {
     }
 
     fn strangers() {
-        let mut s = span(part(1, 1 << 20, 1000));
+        let mut s = span(part(seg(1), 1 << 20, 1000));
         let end = (1 << 20) + 1000;
-        assert!(s.try_add(part(2, end, 1000)).is_err(), "other segment");
-        assert!(s.try_add(part(1, 4096, 1000)).is_err(), "before the span");
+        assert!(s.try_add(part(seg(2), end, 1000)).is_err(), "other segment");
         assert!(
-            s.try_add(part(1, end + MAX_GAP + 1, 1000)).is_err(),
+            s.try_add(part(seg(1), 4096, 1000)).is_err(),
+            "before the span"
+        );
+        assert!(
+            s.try_add(part(seg(1), end + MAX_GAP + 1, 1000)).is_err(),
             "too far"
         );
         assert!(
-            s.try_add(part(1, end, MAX_SPAN as u32)).is_err(),
+            s.try_add(part(seg(1), end, MAX_SPAN as u32)).is_err(),
             "span too long"
         );
         assert_eq!(s.parts.len(), 1);

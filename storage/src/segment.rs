@@ -17,7 +17,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::aligned::{AlignedBuf, BLOCK};
-use crate::position::Lsn;
+use crate::position::{Lsn, SegmentNo};
 
 pub const MAGIC: &[u8; 8] = b"URSLSEG1";
 pub const FORMAT_VERSION: u32 = 1;
@@ -27,7 +27,7 @@ pub const DATA_START: u64 = BLOCK as u64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentHeader {
     pub shard: u32,
-    pub index: u64,
+    pub index: SegmentNo,
     pub first_lsn: Lsn,
 }
 
@@ -37,7 +37,7 @@ impl SegmentHeader {
         block[0..8].copy_from_slice(MAGIC);
         block[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         block[12..16].copy_from_slice(&self.shard.to_le_bytes());
-        block[16..24].copy_from_slice(&self.index.to_le_bytes());
+        block[16..24].copy_from_slice(&self.index.get().to_le_bytes());
         block[24..32].copy_from_slice(&self.first_lsn.get().to_le_bytes());
         let crc = crc32c::crc32c(&block[0..32]);
         block[32..36].copy_from_slice(&crc.to_le_bytes());
@@ -56,25 +56,25 @@ impl SegmentHeader {
         }
         Some(SegmentHeader {
             shard: u32::from_le_bytes(block[12..16].try_into().ok()?),
-            index: u64::from_le_bytes(block[16..24].try_into().ok()?),
+            index: SegmentNo::new(u64::from_le_bytes(block[16..24].try_into().ok()?)),
             first_lsn: Lsn::new(u64::from_le_bytes(block[24..32].try_into().ok()?)),
         })
     }
 }
 
-pub fn segment_path(dir: &Path, index: u64) -> PathBuf {
-    dir.join(format!("{index:010}.seg"))
+pub fn segment_path(dir: &Path, index: SegmentNo) -> PathBuf {
+    dir.join(format!("{:010}.seg", index.get()))
 }
 
 /// Segment indexes present in `dir`, ascending.
-pub fn list_segments(dir: &Path) -> io::Result<Vec<u64>> {
+pub fn list_segments(dir: &Path) -> io::Result<Vec<SegmentNo>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name();
         let Some(name) = name.to_str() else { continue };
         if let Some(stem) = name.strip_suffix(".seg") {
             if let Ok(i) = stem.parse::<u64>() {
-                out.push(i);
+                out.push(SegmentNo::new(i));
             }
         }
     }
@@ -319,7 +319,7 @@ mod tests {
     fn header_roundtrip_and_rejects_corruption() {
         let h = SegmentHeader {
             shard: 3,
-            index: 17,
+            index: SegmentNo::new(17),
             first_lsn: Lsn::new(1234),
         };
         let mut block = vec![0u8; BLOCK];
@@ -334,7 +334,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let h = SegmentHeader {
             shard: 0,
-            index: 2,
+            index: SegmentNo::new(2),
             first_lsn: Lsn::FIRST,
         };
         create_segment(dir.path(), h, 1 << 20).expect("create");
@@ -342,8 +342,11 @@ mod tests {
             create_segment(dir.path(), h, 1 << 20).is_err(),
             "never overwrite"
         );
-        assert_eq!(list_segments(dir.path()).expect("list"), vec![2]);
-        let buf = read_whole(&segment_path(dir.path(), 2)).expect("read");
+        assert_eq!(
+            list_segments(dir.path()).expect("list"),
+            vec![SegmentNo::new(2)]
+        );
+        let buf = read_whole(&segment_path(dir.path(), SegmentNo::new(2))).expect("read");
         assert_eq!(buf.len(), 1 << 20);
         assert_eq!(SegmentHeader::decode(buf.as_slice()), Some(h));
         assert!(buf.as_slice()[BLOCK..].iter().all(|&b| b == 0));

@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use crate::cache::{Extent, StreamCache};
 use crate::packed::{get_signed, get_varint, put_signed, put_varint, Delta, Memo, Packed};
+use crate::position::SegmentNo;
 use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, SnapshotMeta};
 
 /// Shard-local stream identifier; never reused while the process runs.
@@ -87,7 +88,7 @@ const NOWHERE: u32 = u32::MAX;
 /// Position of a chunk's bytes inside a log record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DiskLoc {
-    pub segment: u64,
+    pub segment: SegmentNo,
     /// Segment position of the record's frame header.
     pub record_pos: u64,
     /// Framed length of the record.
@@ -133,7 +134,7 @@ impl Chunk {
     /// Where the chunk's bytes are in the log (none in memory mode).
     pub(crate) fn loc(&self) -> Option<DiskLoc> {
         (self.segment != NOWHERE).then_some(DiskLoc {
-            segment: u64::from(self.segment),
+            segment: SegmentNo::new(u64::from(self.segment)),
             record_pos: self.record_pos,
             record_len: self.record_len,
             data_off: self.data_off,
@@ -147,7 +148,7 @@ impl Chunk {
         };
         // Segment numbers count segment files, one per `segment_bytes` (>= 1 MiB) of log:
         // 2^32 - 1 of them is an exabyte written to one shard.
-        self.segment = u32::try_from(l.segment)
+        self.segment = u32::try_from(l.segment.get())
             .ok()
             .filter(|&s| s != NOWHERE)
             .expect("segment number below 2^32 - 1");
@@ -485,7 +486,10 @@ impl Stream {
     /// Chunks whose bytes live in `segment`, with their message lengths, for relocation. A
     /// chunk that retention cut into lists only the records from the retention point on;
     /// they are its last bytes (a Relocate record allows that, `record::Lens::Trailing`).
-    pub(crate) fn chunks_in_segment(&self, segment: u64) -> Vec<(u64, u32, DiskLoc, Vec<u32>)> {
+    pub(crate) fn chunks_in_segment(
+        &self,
+        segment: SegmentNo,
+    ) -> Vec<(u64, u32, DiskLoc, Vec<u32>)> {
         self.chunks
             .iter()
             .filter_map(|c| {
@@ -985,7 +989,7 @@ mod tests {
             ..Default::default()
         };
         let loc = DiskLoc {
-            segment: 4,
+            segment: crate::position::seg(4),
             record_pos: 4096,
             record_len: 100,
             data_off: 94,
@@ -1032,7 +1036,7 @@ mod tests {
         // The newest entries of every stream stay unpacked: keep them at 40 bytes.
         assert_eq!(std::mem::size_of::<Chunk>(), 40);
         let loc = DiskLoc {
-            segment: 7,
+            segment: crate::position::seg(7),
             record_pos: 1 << 40,
             record_len: 300,
             data_off: 12,
@@ -1056,7 +1060,7 @@ mod tests {
             };
             // Records of 1,000 interleaved streams: each 300 KB after the last.
             let loc = DiskLoc {
-                segment: 3 + i / 400,
+                segment: crate::position::seg(3 + i / 400),
                 record_pos: 4096 + (i % 400) * 300_000,
                 record_len: 160,
                 data_off: 60,
@@ -1070,7 +1074,7 @@ mod tests {
             let c = s.chunk_at(i * 100 + 7).expect("chunk");
             assert_eq!((c.start, c.len, c.first_msg), (i * 100, 100, 2 * i));
             let loc = c.loc().expect("on disk");
-            assert_eq!(loc.segment, 3 + i / 400);
+            assert_eq!(loc.segment, crate::position::seg(3 + i / 400));
             assert_eq!(loc.record_pos, 4096 + (i % 400) * 300_000);
             assert_eq!(s.message_start(2 * i + 1), Some(i * 100 + 60));
             assert_eq!(s.message_at_or_after(i * 100 + 1), 2 * i + 1);

@@ -78,9 +78,9 @@ impl Shard {
     }
 
     /// The newest sealed segment whose roll has not written an index file yet.
-    pub(super) fn unindexed_segment(&self) -> Option<u64> {
+    pub(super) fn unindexed_segment(&self) -> Option<SegmentNo> {
         let write_seg = self.inner.log.borrow().as_ref()?.write_seg;
-        let sealed = write_seg.checked_sub(1)?;
+        let sealed = write_seg.prev()?;
         (sealed > self.inner.indexed_through.get()).then_some(sealed)
     }
 
@@ -123,7 +123,7 @@ impl Shard {
             self.inner.index_files.borrow_mut().insert(segment, file);
             tracing::debug!(
                 shard = self.inner.cfg.shard,
-                segment,
+                segment = %segment,
                 pages = bytes.len(),
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "index file written"
@@ -152,7 +152,7 @@ impl Shard {
         // Index files no page points into: once this checkpoint (which does not name them)
         // is installed, nothing needs them. Counted before the capture, which holds pages
         // of the others.
-        let unused: Vec<u64> = self
+        let unused: Vec<SegmentNo> = self
             .inner
             .index_files
             .borrow()
@@ -172,7 +172,7 @@ impl Shard {
             .values()
             .map(checkpoint::CapturedStream::of)
             .collect();
-        let segments: Vec<(u64, Vec<StreamId>)> = self
+        let segments: Vec<(SegmentNo, Vec<StreamId>)> = self
             .inner
             .segments
             .borrow()

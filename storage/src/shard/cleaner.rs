@@ -96,7 +96,7 @@ impl Shard {
     /// meanwhile, as for eviction). Once archiving has stopped for good (fenced), nothing
     /// will archive the segment and no archive of this log is kept: cleaning goes on as
     /// without a cold tier.
-    fn archived_whole(&self, segment: u64) -> bool {
+    fn archived_whole(&self, segment: SegmentNo) -> bool {
         match &self.inner.cfg.cold {
             Some(cold) => {
                 self.is_cold(segment)
@@ -109,7 +109,7 @@ impl Shard {
 
     /// Rewrite what is still needed from `segment` (an image of every live stream with
     /// records there, and its chunks stored there) at the head, then delete the file.
-    pub(super) async fn clean_segment(&self, segment: u64) -> Result<(), StorageError> {
+    pub(super) async fn clean_segment(&self, segment: SegmentNo) -> Result<(), StorageError> {
         // Everything in older segments must be durable before we rely on rewriting it.
         self.commit(self.inner.next_lsn.get().prev())
             .durable()
@@ -175,7 +175,11 @@ impl Shard {
         if let Some(dir) = dir.filter(|_| !cold) {
             segment::remove_durable(&segment_path(&dir, segment), &dir).await?;
         }
-        tracing::debug!(shard = self.inner.cfg.shard, segment, "segment reclaimed");
+        tracing::debug!(
+            shard = self.inner.cfg.shard,
+            segment = segment.get(),
+            "segment reclaimed"
+        );
         Ok(())
     }
 }

@@ -48,7 +48,7 @@ impl DirStore {
         self.archive_where(shard, |_| true)
     }
 
-    pub(super) fn archive_where(&self, shard: &Shard, pick: impl Fn(u64) -> bool) -> usize {
+    pub(super) fn archive_where(&self, shard: &Shard, pick: impl Fn(SegmentNo) -> bool) -> usize {
         let (dir, write_seg) = {
             let log = shard.inner.log.borrow();
             let log = log.as_ref().expect("disk shard");
@@ -69,7 +69,7 @@ impl DirStore {
 }
 
 impl ColdStore for DirStore {
-    fn is_archived(&self, _shard: u32, segment: u64) -> bool {
+    fn is_archived(&self, _shard: u32, segment: SegmentNo) -> bool {
         segment::segment_path(&self.dir, segment).exists()
     }
 
@@ -77,7 +77,7 @@ impl ColdStore for DirStore {
         self.stopped.load(Ordering::SeqCst)
     }
 
-    fn read(&self, _shard: u32, segment: u64, offset: u64, len: usize) -> ColdRead {
+    fn read(&self, _shard: u32, segment: SegmentNo, offset: u64, len: usize) -> ColdRead {
         let path = segment::segment_path(&self.dir, segment);
         let latency = self.latency;
         let counters = self.counters.clone();
@@ -369,8 +369,8 @@ fn a_corrupt_byte_in_the_cold_tier_is_an_error_not_wrong_data() {
         model
     });
     // Flip a byte inside the first record of s0, in its archived copy (segment 1 is cold).
-    let path = segment::segment_path(&store.dir, 1);
-    assert!(!segment::segment_path(&data.join("shard-0"), 1).exists());
+    let path = segment::segment_path(&store.dir, SegmentNo::new(1));
+    assert!(!segment::segment_path(&data.join("shard-0"), SegmentNo::new(1)).exists());
     let mut bytes = std::fs::read(&path).expect("read");
     let needle = b"{\"s\":0,\"i\":0,";
     let at = bytes
@@ -491,7 +491,7 @@ fn eviction_never_removes_an_unarchived_segment() {
         let before = segment::list_segments(&seg_dir).expect("list");
         assert!(before.len() > 5);
         // Only odd segments archived: only they may go.
-        store.archive_where(&shard, |s| s % 2 == 1);
+        store.archive_where(&shard, |s| s.get() % 2 == 1);
         let evicted = shard.evict_archived().await.expect("evict");
         assert!(evicted > 0);
         let after = segment::list_segments(&seg_dir).expect("list");

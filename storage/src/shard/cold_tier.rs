@@ -60,11 +60,11 @@ pub(super) struct ColdTier {
     block: u64,
     segment_bytes: u64,
     /// Sealed segments whose local file is gone; always keys of `Inner::segments` too.
-    pub(super) segments: RefCell<BTreeSet<u64>>,
+    pub(super) segments: RefCell<BTreeSet<SegmentNo>>,
     /// When each segment sealed (this run only): how long an unarchived one has waited.
-    pub(super) sealed_at: RefCell<BTreeMap<u64, Instant>>,
+    pub(super) sealed_at: RefCell<BTreeMap<SegmentNo, Instant>>,
     cache: RefCell<BlockCache>,
-    fetches: RefCell<HashMap<(u64, u64), Rc<Fetch>>>,
+    fetches: RefCell<HashMap<(SegmentNo, u64), Rc<Fetch>>>,
     in_flight: Cell<usize>,
     in_flight_limit: usize,
     throttled: RefCell<Vec<Waker>>,
@@ -97,7 +97,7 @@ impl ColdTier {
         }
     }
 
-    pub(super) fn is_cold(&self, segment: u64) -> bool {
+    pub(super) fn is_cold(&self, segment: SegmentNo) -> bool {
         self.segments.borrow().contains(&segment)
     }
 
@@ -111,7 +111,7 @@ impl ColdTier {
     }
 
     /// Forget a segment that is gone from the cold tier's view (cleaned).
-    pub(super) fn forget(&self, segment: u64) {
+    pub(super) fn forget(&self, segment: SegmentNo) {
         self.segments.borrow_mut().remove(&segment);
         self.sealed_at.borrow_mut().remove(&segment);
         self.cache.borrow_mut().drop_segment(segment);
@@ -152,7 +152,7 @@ impl Shard {
     }
 
     /// Whether `segment` is only in the cold tier.
-    pub(super) fn is_cold(&self, segment: u64) -> bool {
+    pub(super) fn is_cold(&self, segment: SegmentNo) -> bool {
         self.cold_tier().is_some_and(|t| t.is_cold(segment))
     }
 
@@ -250,7 +250,7 @@ impl Shard {
         if local <= budget {
             return Ok(Vec::new());
         }
-        let candidates: Vec<u64> = self
+        let candidates: Vec<SegmentNo> = self
             .inner
             .segments
             .borrow()
@@ -275,7 +275,7 @@ impl Shard {
             }
             doomed.push(segment_path(&dir, segment));
             local -= seg_bytes;
-            tracing::debug!(shard = self.inner.cfg.shard, segment, "segment evicted");
+            tracing::debug!(shard = self.inner.cfg.shard, segment = %segment, "segment evicted");
         }
         let mut stats = self.inner.stats.get();
         stats.evicted_segments += doomed.len() as u64;
@@ -295,8 +295,8 @@ impl Shard {
             .try_borrow()
             .ok()
             .and_then(|l| l.as_ref().map(|l| l.write_seg))
-            .unwrap_or(0);
-        let waiting: Vec<u64> = self
+            .unwrap_or_default();
+        let waiting: Vec<SegmentNo> = self
             .inner
             .segments
             .borrow()
@@ -327,7 +327,7 @@ impl Shard {
     /// the caches never pin a whole block for one record). Returns them and `start`.
     pub(super) async fn read_cold(
         &self,
-        segment: u64,
+        segment: SegmentNo,
         start: u64,
         end: u64,
     ) -> Result<(Bytes, u64), StorageError> {
@@ -361,7 +361,7 @@ impl Shard {
     }
 
     /// Block `k` of cold `segment`, from the cache or fetched.
-    async fn cold_block(&self, segment: u64, k: u64) -> Result<Bytes, StorageError> {
+    async fn cold_block(&self, segment: SegmentNo, k: u64) -> Result<Bytes, StorageError> {
         let Some(tier) = self.cold_tier() else {
             return Err(StorageError::Failed("cold read without a cold tier".into()));
         };
@@ -451,7 +451,7 @@ impl Shard {
 
     /// The fetch of block `k` of `segment`: the one in flight, or a new one. Each runs as
     /// its own task, so a reader that goes away does not waste it: the block is cached.
-    fn fetch_block(&self, segment: u64, k: u64) -> Rc<Fetch> {
+    fn fetch_block(&self, segment: SegmentNo, k: u64) -> Rc<Fetch> {
         let tier = self
             .cold_tier()
             .expect("fetches only happen with a cold tier");
@@ -549,9 +549,9 @@ impl Fetch {
 
 /// Fetched blocks, least recently used out once they exceed their byte budget.
 struct BlockCache {
-    blocks: HashMap<(u64, u64), Cached>,
+    blocks: HashMap<(SegmentNo, u64), Cached>,
     /// Use stamp → block, oldest first.
-    order: BTreeMap<u64, (u64, u64)>,
+    order: BTreeMap<u64, (SegmentNo, u64)>,
     clock: u64,
     bytes: usize,
     limit: usize,
@@ -577,11 +577,11 @@ impl BlockCache {
         }
     }
 
-    fn contains(&self, key: (u64, u64)) -> bool {
+    fn contains(&self, key: (SegmentNo, u64)) -> bool {
         self.blocks.contains_key(&key)
     }
 
-    fn get(&mut self, key: (u64, u64)) -> Option<Bytes> {
+    fn get(&mut self, key: (SegmentNo, u64)) -> Option<Bytes> {
         let c = self.blocks.get_mut(&key)?;
         self.order.remove(&c.stamp);
         self.clock += 1;
@@ -594,7 +594,7 @@ impl BlockCache {
     }
 
     /// Cache `block`; `unread` if it was read ahead and nobody has read it yet.
-    fn insert(&mut self, key: (u64, u64), block: Bytes, unread: bool) {
+    fn insert(&mut self, key: (SegmentNo, u64), block: Bytes, unread: bool) {
         if block.len() > self.limit {
             return;
         }
@@ -620,7 +620,7 @@ impl BlockCache {
         }
     }
 
-    fn remove(&mut self, key: (u64, u64)) {
+    fn remove(&mut self, key: (SegmentNo, u64)) {
         if let Some(c) = self.blocks.get(&key) {
             self.order.remove(&c.stamp);
             self.forget(key);
@@ -628,15 +628,15 @@ impl BlockCache {
     }
 
     /// Drop a block whose stamp is already out of `order`.
-    fn forget(&mut self, key: (u64, u64)) {
+    fn forget(&mut self, key: (SegmentNo, u64)) {
         if let Some(c) = self.blocks.remove(&key) {
             self.bytes -= c.block.len();
             self.unread -= usize::from(c.unread);
         }
     }
 
-    fn drop_segment(&mut self, segment: u64) {
-        let keys: Vec<(u64, u64)> = self
+    fn drop_segment(&mut self, segment: SegmentNo) {
+        let keys: Vec<(SegmentNo, u64)> = self
             .blocks
             .keys()
             .filter(|k| k.0 == segment)
@@ -651,29 +651,30 @@ impl BlockCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::seg;
 
     #[test]
     fn the_block_cache_drops_the_least_recently_used_first() {
         let mut c = BlockCache::new(3);
         let b = || Bytes::from_static(b"x");
-        c.insert((1, 0), b(), false);
-        c.insert((1, 1), b(), true);
-        c.insert((1, 2), b(), true);
+        c.insert((seg(1), 0), b(), false);
+        c.insert((seg(1), 1), b(), true);
+        c.insert((seg(1), 2), b(), true);
         assert_eq!(c.unread, 2);
-        assert!(c.get((1, 0)).is_some(), "touched: now the newest");
-        assert!(c.get((1, 2)).is_some(), "read: no longer unread");
+        assert!(c.get((seg(1), 0)).is_some(), "touched: now the newest");
+        assert!(c.get((seg(1), 2)).is_some(), "read: no longer unread");
         assert_eq!(c.unread, 1);
-        c.insert((2, 0), b(), false);
+        c.insert((seg(2), 0), b(), false);
         assert_eq!(c.unread, 0, "the unread block went unread");
-        assert!(!c.contains((1, 1)), "the least recently used went");
-        assert!(c.contains((1, 0)) && c.contains((1, 2)) && c.contains((2, 0)));
+        assert!(!c.contains((seg(1), 1)), "the least recently used went");
+        assert!(c.contains((seg(1), 0)) && c.contains((seg(1), 2)) && c.contains((seg(2), 0)));
         assert_eq!(c.order.len(), 3);
         assert_eq!(c.bytes, 3);
-        c.drop_segment(1);
+        c.drop_segment(seg(1));
         assert_eq!((c.bytes, c.blocks.len(), c.order.len()), (1, 1, 1));
-        c.insert((3, 0), Bytes::from_static(b"toolarge"), false);
+        c.insert((seg(3), 0), Bytes::from_static(b"toolarge"), false);
         assert!(
-            !c.contains((3, 0)),
+            !c.contains((seg(3), 0)),
             "a block larger than the cache is not kept"
         );
     }

@@ -30,7 +30,7 @@ use bytes::{Bytes, BytesMut};
 use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
 use crate::checkpoint;
 use crate::index::{self, IndexFile};
-use crate::position::Lsn;
+use crate::position::{Lsn, SegmentNo};
 use crate::readback::{self, Part, Span, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
 use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
 use crate::segment::segment_path;
@@ -307,7 +307,7 @@ struct Inner {
     next_lsn: Cell<Lsn>,
     durable_lsn: Cell<Lsn>,
     /// Segment and position after the last durable record (what `durable_lsn` names).
-    durable_end: Cell<(u64, u64)>,
+    durable_end: Cell<(SegmentNo, u64)>,
     /// Framed bytes queued since the flusher last took the batches, and those it is
     /// writing now: what [`ShardConfig::write_budget_bytes`] bounds.
     queued_bytes: Cell<u64>,
@@ -322,9 +322,9 @@ struct Inner {
     resident_bytes: Cell<usize>,
     evict_queue: RefCell<VecDeque<(StreamId, u64)>>,
     /// Read handles of segment files, opened on first cold read.
-    readers: RefCell<HashMap<u64, Rc<monoio::fs::File>>>,
+    readers: RefCell<HashMap<SegmentNo, Rc<monoio::fs::File>>>,
     /// For every segment file, the streams with records in it (the cleaner's work list).
-    segments: RefCell<BTreeMap<u64, FastSet<StreamId>>>,
+    segments: RefCell<BTreeMap<SegmentNo, FastSet<StreamId>>>,
     /// Bytes of data held by live streams.
     live_bytes: Cell<u64>,
     /// Set while the cleaner or a checkpoint runs; they must not interleave, because a
@@ -338,7 +338,7 @@ struct Inner {
     /// Segment where replay from the durable checkpoint starts. Only segments before it
     /// may be deleted: a record in a later one (a deletion, say) is needed on top of the
     /// checkpoint, and the cleaner does not carry deletions forward.
-    checkpoint_segment: Cell<Option<u64>>,
+    checkpoint_segment: Cell<Option<SegmentNo>>,
     /// Snapshot blobs to delete once the record that dropped them is durable: (lsn, name).
     dead_blobs: RefCell<Vec<(Lsn, Box<str>)>>,
     /// Snapshot blobs of a memory shard.
@@ -347,9 +347,9 @@ struct Inner {
     /// Ids for `Changed` futures, so each waiting task holds one waker slot.
     next_waiter: Cell<u64>,
     /// Open index files by segment (see `crate::index`); pages hold them too.
-    index_files: RefCell<BTreeMap<u64, Rc<IndexFile>>>,
+    index_files: RefCell<BTreeMap<SegmentNo, Rc<IndexFile>>>,
     /// Segments up to this one are sealed and their pages written to an index file.
-    indexed_through: Cell<u64>,
+    indexed_through: Cell<SegmentNo>,
     /// Segments that left the local disk, and how they are read (with a cold tier only).
     cold: Option<cold_tier::ColdTier>,
 }
@@ -368,7 +368,7 @@ impl Shard {
             log: RefCell::new(None),
             next_lsn: Cell::new(Lsn::FIRST),
             durable_lsn: Cell::new(Lsn::NONE),
-            durable_end: Cell::new((0, DATA_START)),
+            durable_end: Cell::new((SegmentNo::default(), DATA_START)),
             queued_bytes: Cell::new(0),
             flushing_bytes: Cell::new(0),
             failed: RefCell::new(None),
@@ -391,7 +391,7 @@ impl Shard {
             blob_counter: Cell::new(0),
             next_waiter: Cell::new(0),
             index_files: RefCell::new(BTreeMap::new()),
-            indexed_through: Cell::new(0),
+            indexed_through: Cell::new(SegmentNo::default()),
             cold: match (&cfg.cold, &cfg.durability) {
                 (Some(store), Durability::Disk(_)) => {
                     Some(cold_tier::ColdTier::new(store.clone(), &cfg))

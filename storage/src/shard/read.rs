@@ -173,7 +173,7 @@ impl Shard {
         Ok(bytes.slice(data_start..data_start + len as usize))
     }
 
-    pub(super) fn reader(&self, segment: u64) -> Result<Rc<monoio::fs::File>, StorageError> {
+    pub(super) fn reader(&self, segment: SegmentNo) -> Result<Rc<monoio::fs::File>, StorageError> {
         if let Some(f) = self.inner.readers.borrow().get(&segment) {
             return Ok(f.clone());
         }

@@ -50,8 +50,8 @@ impl Shard {
         // With a checkpoint, replay starts right after its LSN at the position it names;
         // segments before that position are not read at all.
         let mut expected: Option<Lsn> = resume.map(|p| p.lsn.next());
-        let mut prev_index: Option<u64> = None;
-        let mut tail: Option<(u64, u64, Bytes)> = None; // (segment, end of valid records, contents)
+        let mut prev_index: Option<SegmentNo> = None;
+        let mut tail: Option<(SegmentNo, u64, Bytes)> = None; // (segment, end of valid records, contents)
         let mut stop_at: Option<usize> = None;
         let mut stash = Stash::new();
         for (i, &index) in indexes.iter().enumerate() {
@@ -77,7 +77,7 @@ impl Shard {
                 )));
             };
             let resume_here = resume.filter(|p| p.segment == index);
-            let adjacent = prev_index.is_some_and(|p| p + 1 == index);
+            let adjacent = prev_index.is_some_and(|p| p.next() == index);
             if let (Some(exp), None) = (expected, resume_here) {
                 let chains = if adjacent {
                     header.first_lsn == exp
@@ -123,7 +123,7 @@ impl Shard {
             if why != FrameError::End {
                 tracing::warn!(
                     shard = cfg.shard,
-                    segment = index,
+                    segment = %index,
                     position = pos,
                     reason = ?why,
                     "log ends in a torn or corrupt record; truncating there"
@@ -139,7 +139,7 @@ impl Shard {
             for &index in &indexes[first_orphan..] {
                 tracing::warn!(
                     shard = cfg.shard,
-                    segment = index,
+                    segment = %index,
                     "removing segment written after the end of the valid log"
                 );
                 std::fs::remove_file(segment::segment_path(dir, index))?;
@@ -158,7 +158,9 @@ impl Shard {
         // The segment replay continues in is not sealed; the ones before it were indexed by
         // the checkpoint's roll, or their pages are in the checkpoint itself.
         if let Some((index, ..)) = &tail {
-            self.inner.indexed_through.set(index.saturating_sub(1));
+            self.inner
+                .indexed_through
+                .set(index.prev().unwrap_or_default());
         }
         self.inner.next_lsn.set(next_lsn);
         self.inner.durable_lsn.set(next_lsn.prev());
@@ -168,7 +170,7 @@ impl Shard {
             shard: cfg.shard,
             segment_bytes: cold_tier::effective_segment_bytes(cfg),
             disk_segments: cfg.disk_segments,
-            write_seg: 0,
+            write_seg: SegmentNo::default(),
             write_end: DATA_START,
             files: HashMap::new(),
             batches: VecDeque::new(),
@@ -204,11 +206,12 @@ impl Shard {
                 log.start_batch(index, base as u64, &contents[base..end as usize]);
             }
             None => {
-                log.create(1, next_lsn)?;
-                log.write_seg = 1;
+                let first = SegmentNo::new(1);
+                log.create(first, next_lsn)?;
+                log.write_seg = first;
                 log.write_end = DATA_START;
-                self.inner.durable_end.set((1, DATA_START));
-                log.start_batch(1, DATA_START, &[]);
+                self.inner.durable_end.set((first, DATA_START));
+                log.start_batch(first, DATA_START, &[]);
             }
         }
         if !stash.is_empty() {
@@ -259,7 +262,7 @@ impl Shard {
             }
         }
         if segments.is_empty() {
-            segments.insert(1, FastSet::default());
+            segments.insert(SegmentNo::new(1), FastSet::default());
         }
         drop(segments);
         Ok(log)
@@ -280,8 +283,8 @@ impl Shard {
             Err(e) => return Err(e.into()),
         };
         let shard = self.inner.cfg.shard;
-        let mut opened: BTreeMap<u64, Option<Rc<IndexFile>>> = BTreeMap::new();
-        let mut open_index = |segment: u64| {
+        let mut opened: BTreeMap<SegmentNo, Option<Rc<IndexFile>>> = BTreeMap::new();
+        let mut open_index = |segment: SegmentNo| {
             opened
                 .entry(segment)
                 .or_insert_with(|| match IndexFile::open(dir, shard, segment) {
@@ -289,7 +292,7 @@ impl Shard {
                     Err(why) => {
                         tracing::warn!(
                             shard,
-                            segment,
+                            segment = %segment,
                             "index file unusable ({why}); rebuilding from the log"
                         );
                         None
@@ -445,7 +448,7 @@ impl Shard {
     fn rebuild_tables(
         &self,
         dir: &Path,
-        indexes: &[u64],
+        indexes: &[SegmentNo],
         lsn: Lsn,
         ids: &FastSet<StreamId>,
     ) -> Result<(), StorageError> {
@@ -532,7 +535,7 @@ pub(super) fn add_chunks(s: &mut Stream, a: &AppendRec, loc: DiskLoc) {
 /// read back as valid. Returns the number of non-zero bytes dropped.
 pub(super) fn zero_stale_tail(
     dir: &Path,
-    index: u64,
+    index: SegmentNo,
     end: u64,
     contents: &[u8],
 ) -> Result<u64, StorageError> {
@@ -546,7 +549,7 @@ pub(super) fn zero_stale_tail(
     };
     let dropped = (last_nonzero + 1 - end) as u64;
     tracing::warn!(
-        segment = index,
+        segment = %index,
         bytes = dropped,
         "zeroing the discarded log tail"
     );

@@ -192,7 +192,7 @@ fn torn_and_corrupt_tails_are_cut_at_the_last_valid_record() {
         }
         stop_without_checkpoint(&shard).await;
     });
-    let seg = segment::segment_path(&seg_dir, 1);
+    let seg = segment::segment_path(&seg_dir, SegmentNo::new(1));
     let contents = std::fs::read(&seg).expect("read");
     let end = DATA_START as usize
         + contents[DATA_START as usize..]
@@ -544,7 +544,7 @@ fn cold_data_is_read_from_disk_and_verified() {
         );
     });
     // Corrupt one record in place: reading it fails instead of serving bad bytes.
-    let seg = segment::segment_path(&dir.path().join("shard-0"), 1);
+    let seg = segment::segment_path(&dir.path().join("shard-0"), SegmentNo::new(1));
     let mut contents = std::fs::read(&seg).expect("read");
     let at = contents
         .windows(8)
@@ -1153,10 +1153,16 @@ fn a_read_racing_the_cleaner_follows_moved_chunks() {
         let id = shard.lookup("a").expect("a");
         // Move the first chunks to the head, so the read below starts with segment 3
         // (or later) and only then reaches segment 2, which is cleaned meanwhile.
-        shard.clean_segment(1).await.expect("clean segment 1");
+        shard
+            .clean_segment(SegmentNo::new(1))
+            .await
+            .expect("clean segment 1");
         let reader = shard.clone();
         let read = monoio::spawn(async move { reader.read(id, 0, u64::MAX).await });
-        shard.clean_segment(2).await.expect("clean segment 2");
+        shard
+            .clean_segment(SegmentNo::new(2))
+            .await
+            .expect("clean segment 2");
         let got = read
             .await
             .expect("the read follows the moved chunks")

@@ -9,9 +9,9 @@ pub(super) struct Log {
     pub(super) shard: u32,
     pub(super) segment_bytes: u64,
     /// Segment receiving new records, and the position after the last one.
-    pub(super) write_seg: u64,
+    pub(super) write_seg: SegmentNo,
     pub(super) write_end: u64,
-    pub(super) files: HashMap<u64, Rc<monoio::fs::File>>,
+    pub(super) files: HashMap<SegmentNo, Rc<monoio::fs::File>>,
     /// Batches waiting for the flusher, oldest first; the last one is open for appends.
     pub(super) batches: VecDeque<Batch>,
     pub(super) pool: BufPool,
@@ -44,14 +44,14 @@ pub(super) struct Log {
 
 /// Zeros being written to `[from, ..)` of segment `seg`, ahead of the records.
 pub(super) struct Zeroing {
-    pub(super) seg: u64,
+    pub(super) seg: SegmentNo,
     pub(super) from: u64,
     pub(super) write: monoio::task::JoinHandle<(io::Result<()>, AlignedBuf)>,
 }
 
 /// Records bound for one contiguous, block-aligned range of one segment.
 pub(super) struct Batch {
-    pub(super) seg: u64,
+    pub(super) seg: SegmentNo,
     /// Block-aligned segment position where `buf` starts.
     pub(super) base: u64,
     /// `None` only while the flusher has lent it to the kernel.
@@ -73,7 +73,7 @@ impl Log {
     }
 
     /// Open a new batch at `base`, starting with the already-written bytes of its first block.
-    pub(super) fn start_batch(&mut self, seg: u64, base: u64, carried: &[u8]) {
+    pub(super) fn start_batch(&mut self, seg: SegmentNo, base: u64, carried: &[u8]) {
         let mut buf = self.pool.take(BATCH_BUF_BYTES);
         buf.extend_from_slice(carried);
         self.batches.push_back(Batch {
@@ -141,7 +141,7 @@ impl Log {
     /// `NoSpace` with nothing changed. This blocks the core for one fallocate and two
     /// fsyncs, once per segment.
     pub(super) fn roll(&mut self, first_lsn: Lsn) -> Result<(), StorageError> {
-        let next = self.write_seg + 1;
+        let next = self.write_seg.next();
         self.create(next, first_lsn)?;
         self.write_seg = next;
         self.write_end = DATA_START;
@@ -161,7 +161,7 @@ impl Log {
         Ok(())
     }
 
-    pub(super) fn create(&mut self, seg: u64, first_lsn: Lsn) -> Result<(), StorageError> {
+    pub(super) fn create(&mut self, seg: SegmentNo, first_lsn: Lsn) -> Result<(), StorageError> {
         if let Some(most) = self.disk_segments {
             if segment::list_segments(&self.dir)?.len() >= most {
                 return Err(StorageError::NoSpace);
@@ -252,7 +252,7 @@ impl Log {
     /// wait for it only if the records catch up with it. At a fast fill the commits are
     /// large, the conversions already few, and writing every block twice would cost
     /// bandwidth, so the blocks are left to the data writes.
-    pub(super) fn zero_ahead(&mut self, seg: u64, end: u64) {
+    pub(super) fn zero_ahead(&mut self, seg: SegmentNo, end: u64) {
         // Move on when the records reach the middle of the zeroed range, so the next commits
         // keep landing on zeros.
         if seg != self.write_seg
@@ -290,7 +290,7 @@ impl Log {
     }
 
     /// The write handle of segment `seg` (created when the log rolled into it).
-    pub(super) fn file_for(&self, seg: u64) -> Result<Rc<monoio::fs::File>, StorageError> {
+    pub(super) fn file_for(&self, seg: SegmentNo) -> Result<Rc<monoio::fs::File>, StorageError> {
         self.files
             .get(&seg)
             .cloned()
