@@ -441,7 +441,7 @@ mod tests {
                 ..Default::default()
             };
             let loc = DiskLoc {
-                segment: crate::position::seg(3 + i as u64),
+                segment: seg(3 + i as u64),
                 record_pos: 4096 + 1000 * i as u64,
                 record_len: 100 + total,
                 data_off: 100,
@@ -457,7 +457,7 @@ mod tests {
         let s = stream_with_data();
         let pos = Position {
             lsn: Lsn::new(42),
-            segment: crate::position::seg(5),
+            segment: seg(5),
             offset: 8192,
             next_id: 10,
             last_incarnation: 77,

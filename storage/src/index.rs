@@ -199,9 +199,10 @@ impl IndexFile {
         std::process::abort()
     }
 
-    pub(crate) fn remove(&self) -> io::Result<()> {
+    /// Delete the file (through the core's io_uring), once no checkpoint names it.
+    pub(crate) async fn remove(&self) -> io::Result<()> {
         CACHE.with(|c| c.borrow_mut().forget(self.id));
-        std::fs::remove_file(&self.path)
+        monoio::fs::remove_file(&self.path).await
     }
 }
 

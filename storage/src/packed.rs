@@ -24,6 +24,7 @@ use std::thread::LocalKey;
 use bytes::Bytes;
 
 use crate::index::IndexFile;
+use crate::position::SegmentNo;
 
 /// Entries per frozen block: a lookup decodes at most this many.
 pub(crate) const BLOCK: usize = 64;
@@ -456,7 +457,7 @@ impl<T: Delta> Packed<T> {
     pub(crate) fn decode_from(
         buf: &[u8],
         at: &mut usize,
-        file: &mut impl FnMut(crate::position::SegmentNo) -> Option<Rc<IndexFile>>,
+        file: &mut impl FnMut(SegmentNo) -> Option<Rc<IndexFile>>,
     ) -> Result<Option<Self>, String> {
         let mut t = Packed::default();
         let mut lost = false;
@@ -475,7 +476,7 @@ impl<T: Delta> Packed<T> {
                     Body::Memory(b)
                 }
                 1 => {
-                    let segment = crate::position::SegmentNo::new(r.varint()?);
+                    let segment = SegmentNo::new(r.varint()?);
                     let off = r.varint()?;
                     let len = u32::try_from(r.varint()?).map_err(|_| "page length")?;
                     match file(segment).filter(|f| f.holds(off, len)) {
@@ -773,6 +774,7 @@ impl Delta for u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::seg;
 
     fn model(n: u64) -> Vec<u64> {
         (0..n).map(|i| i * 3 + (i % 7) * 1000).collect()
@@ -970,7 +972,7 @@ mod tests {
     fn write_pages(
         t: &mut Packed<u64>,
         dir: &std::path::Path,
-        segment: crate::position::SegmentNo,
+        segment: SegmentNo,
     ) -> Rc<IndexFile> {
         let pages: Vec<Bytes> = t.unwritten_pages().cloned().collect();
         let body: usize = pages.iter().map(Bytes::len).sum();
@@ -1027,7 +1029,7 @@ mod tests {
         check_same(&t, &want);
         let in_memory = t.heap_bytes();
         let paged: usize = t.unwritten_pages().map(Bytes::len).sum();
-        let f = write_pages(&mut t, dir.path(), crate::position::seg(4));
+        let f = write_pages(&mut t, dir.path(), seg(4));
         assert_eq!(t.unwritten_pages().count(), 0);
         assert_eq!(t.page_files().count(), 3);
         assert_eq!(in_memory - t.heap_bytes(), paged, "pages left memory");
@@ -1041,11 +1043,10 @@ mod tests {
         let mut out = Vec::new();
         t.encode_into(&mut out);
         let mut at = 0;
-        let back = Packed::<u64>::decode_from(&out, &mut at, &mut |seg| {
-            (seg == crate::position::seg(4)).then(|| f.clone())
-        })
-        .expect("decodes")
-        .expect("all files present");
+        let back =
+            Packed::<u64>::decode_from(&out, &mut at, &mut |s| (s == seg(4)).then(|| f.clone()))
+                .expect("decodes")
+                .expect("all files present");
         assert_eq!(at, out.len());
         check_same(&back, &want);
         let mut at = 0;

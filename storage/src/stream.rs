@@ -868,6 +868,7 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::seg;
     use crate::record::ProducerStamp;
 
     fn stream() -> Stream {
@@ -989,7 +990,7 @@ mod tests {
             ..Default::default()
         };
         let loc = DiskLoc {
-            segment: crate::position::seg(4),
+            segment: seg(4),
             record_pos: 4096,
             record_len: 100,
             data_off: 94,
@@ -1036,7 +1037,7 @@ mod tests {
         // The newest entries of every stream stay unpacked: keep them at 40 bytes.
         assert_eq!(std::mem::size_of::<Chunk>(), 40);
         let loc = DiskLoc {
-            segment: crate::position::seg(7),
+            segment: seg(7),
             record_pos: 1 << 40,
             record_len: 300,
             data_off: 12,
@@ -1060,7 +1061,7 @@ mod tests {
             };
             // Records of 1,000 interleaved streams: each 300 KB after the last.
             let loc = DiskLoc {
-                segment: crate::position::seg(3 + i / 400),
+                segment: seg(3 + i / 400),
                 record_pos: 4096 + (i % 400) * 300_000,
                 record_len: 160,
                 data_off: 60,
@@ -1074,7 +1075,7 @@ mod tests {
             let c = s.chunk_at(i * 100 + 7).expect("chunk");
             assert_eq!((c.start, c.len, c.first_msg), (i * 100, 100, 2 * i));
             let loc = c.loc().expect("on disk");
-            assert_eq!(loc.segment, crate::position::seg(3 + i / 400));
+            assert_eq!(loc.segment, seg(3 + i / 400));
             assert_eq!(loc.record_pos, 4096 + (i % 400) * 300_000);
             assert_eq!(s.message_start(2 * i + 1), Some(i * 100 + 60));
             assert_eq!(s.message_at_or_after(i * 100 + 1), 2 * i + 1);

@@ -123,7 +123,7 @@ impl Shard {
             self.inner.index_files.borrow_mut().insert(segment, file);
             tracing::debug!(
                 shard = self.inner.cfg.shard,
-                segment = %segment,
+                segment = segment.get(),
                 pages = bytes.len(),
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "index file written"
@@ -210,8 +210,9 @@ impl Shard {
         self.inner.checkpoint_size.set(bytes as u64);
         self.inner.checkpoint_segment.set(Some(pos.segment));
         for seg in unused {
-            if let Some(f) = self.inner.index_files.borrow_mut().remove(&seg) {
-                f.remove()?;
+            let file = self.inner.index_files.borrow_mut().remove(&seg);
+            if let Some(f) = file {
+                f.remove().await?;
             }
         }
         tracing::debug!(

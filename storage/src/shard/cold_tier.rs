@@ -275,7 +275,11 @@ impl Shard {
             }
             doomed.push(segment_path(&dir, segment));
             local -= seg_bytes;
-            tracing::debug!(shard = self.inner.cfg.shard, segment = %segment, "segment evicted");
+            tracing::debug!(
+                shard = self.inner.cfg.shard,
+                segment = segment.get(),
+                "segment evicted"
+            );
         }
         let mut stats = self.inner.stats.get();
         stats.evicted_segments += doomed.len() as u64;

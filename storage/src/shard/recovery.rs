@@ -123,7 +123,7 @@ impl Shard {
             if why != FrameError::End {
                 tracing::warn!(
                     shard = cfg.shard,
-                    segment = %index,
+                    segment = index.get(),
                     position = pos,
                     reason = ?why,
                     "log ends in a torn or corrupt record; truncating there"
@@ -139,7 +139,7 @@ impl Shard {
             for &index in &indexes[first_orphan..] {
                 tracing::warn!(
                     shard = cfg.shard,
-                    segment = %index,
+                    segment = index.get(),
                     "removing segment written after the end of the valid log"
                 );
                 std::fs::remove_file(segment::segment_path(dir, index))?;
@@ -292,7 +292,7 @@ impl Shard {
                     Err(why) => {
                         tracing::warn!(
                             shard,
-                            segment = %segment,
+                            segment = segment.get(),
                             "index file unusable ({why}); rebuilding from the log"
                         );
                         None
@@ -549,7 +549,7 @@ pub(super) fn zero_stale_tail(
     };
     let dropped = (last_nonzero + 1 - end) as u64;
     tracing::warn!(
-        segment = %index,
+        segment = index.get(),
         bytes = dropped,
         "zeroing the discarded log tail"
     );
