@@ -794,12 +794,12 @@ impl Worker {
             return Ok(());
         }
         let mut index_files = Vec::new();
-        for seg in summary.index_files.iter().map(|s| s.get()) {
-            if let Some(f) = m.index_files.iter().find(|f| f.segment == seg) {
+        for number in summary.index_files.iter().map(|n| n.get()) {
+            if let Some(f) = m.index_files.iter().find(|f| f.number == number) {
                 index_files.push(f.clone());
                 continue;
             }
-            let idx = self.dir.join(format!("{seg:010}.idx"));
+            let idx = self.dir.join(format!("{number:010}.idx"));
             let content = match std::fs::read(&idx) {
                 Ok(c) => c,
                 // Replaced by a newer checkpoint meanwhile: take that one next round.
@@ -807,12 +807,9 @@ impl Worker {
                 Err(e) => return Err(e.into()),
             };
             let object = self
-                .upload(&self.keys.index(seg), Bytes::from(content))
+                .upload(&self.keys.index(number), Bytes::from(content))
                 .await?;
-            index_files.push(manifest::IndexFile {
-                segment: seg,
-                object,
-            });
+            index_files.push(manifest::IndexFile { number, object });
         }
         let object = self
             .upload(&self.keys.checkpoint(summary.lsn.get(), crc), bytes)
@@ -827,9 +824,9 @@ impl Worker {
         if let Some(old) = m.checkpoint.replace(next) {
             m.drop_object(old.object.key, now);
         }
-        let named: BTreeSet<u64> = index_files.iter().map(|f| f.segment).collect();
+        let named: BTreeSet<u64> = index_files.iter().map(|f| f.number).collect();
         for f in std::mem::replace(&mut m.index_files, index_files) {
-            if !named.contains(&f.segment) {
+            if !named.contains(&f.number) {
                 m.drop_object(f.object.key, now);
             }
         }
@@ -1244,7 +1241,7 @@ mod tests {
         // What a commit whose answer was lost added: the stored manifest names it.
         let mut stored = m.clone();
         stored.index_files.push(manifest::IndexFile {
-            segment: 2,
+            number: 2,
             object: object("shard-1/e3/0000000002.idx"),
         });
         let (now, grace) = (100_000, 10_000);

@@ -5,7 +5,7 @@
 //! shard-<c>/manifest.json                       the manifest (CAS: If-Match / If-None-Match: *)
 //! shard-<c>/e<epoch>/<seg>.seg                  a sealed segment, up to its records' end
 //! shard-<c>/e<epoch>/<seg>.seg.<start>-<end>    a slice of the segment being written
-//! shard-<c>/e<epoch>/<seg>.idx                  an index file
+//! shard-<c>/e<epoch>/<number>.idx               an index file
 //! shard-<c>/e<epoch>/checkpoint.<lsn>.<crc>     a checkpoint copy
 //! shard-<c>/e<epoch>/snapshots/<blob>.<len>     a snapshot blob
 //! ```
@@ -76,7 +76,10 @@ pub struct Checkpoint {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexFile {
-    pub segment: u64,
+    /// The file's number (its name in the shard's directory). Stored as `segment`, the name
+    /// from when index files were numbered by the segment whose roll wrote them.
+    #[serde(rename = "segment")]
+    pub number: u64,
     pub object: Object,
 }
 
@@ -216,8 +219,8 @@ impl Keys {
         format!("{}/{segment:010}.seg.{start:012}-{end:012}", self.base)
     }
 
-    pub fn index(&self, segment: u64) -> String {
-        format!("{}/{segment:010}.idx", self.base)
+    pub fn index(&self, number: u64) -> String {
+        format!("{}/{number:010}.idx", self.base)
     }
 
     pub fn checkpoint(&self, lsn: u64, crc: u32) -> String {

@@ -143,7 +143,7 @@ async fn restore_shard(
         file.sync_all().map_err(|e| fail(&path, e))?;
     }
     for f in &m.index_files {
-        let path = dir.join(format!("{:010}.idx", f.segment));
+        let path = dir.join(format!("{:010}.idx", f.number));
         write_file(&path, &fetch(store, &f.object, report).await?)?;
     }
     if !m.blobs.is_empty() {

@@ -2,9 +2,9 @@
 //!
 //! A checkpoint holds, for each live stream, its image (the same payload as an Image log
 //! record) and its chunk table and record index as `packed` tables: pages that are in index
-//! files by reference (segment, position, length), the rest by value (at most the pages
-//! completed since the last roll, fewer than a page of blocks, and the newest entries). So
-//! its size grows with streams and segments, not with retained appends. After the streams
+//! files by reference (file number, position, length), the rest by value (the pages
+//! completed since the last index file, fewer than a page of blocks, and the newest
+//! entries). So its size grows with streams and segments, not with retained appends. After the streams
 //! comes the cleaner's map of which streams have data in which segment. Recovery loads it
 //! and replays only the records after its LSN, starting at the log position it names;
 //! segments before that position are not read at all.
@@ -39,7 +39,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 
-use crate::index::IndexFile;
+use crate::index::{IndexFile, IndexFileNo};
 use crate::packed::Packed;
 use crate::position::{Lsn, SegmentNo};
 use crate::record::{decode_at, ImageRec, Record};
@@ -201,8 +201,8 @@ pub struct CheckpointSummary {
     pub lsn: Lsn,
     pub segment: SegmentNo,
     pub position: u64,
-    /// Segments whose index files the checkpoint's pages are in, ascending.
-    pub index_files: Vec<SegmentNo>,
+    /// The index files the checkpoint's pages are in, ascending.
+    pub index_files: Vec<IndexFileNo>,
     /// Segments holding data of its streams (its segment map), ascending.
     pub segments: Vec<SegmentNo>,
 }
@@ -210,8 +210,8 @@ pub struct CheckpointSummary {
 /// Summarise a checkpoint file of `shard` (checked like a load, without opening anything).
 pub fn summary(shard: u32, file: &Bytes) -> Result<CheckpointSummary, String> {
     let mut named = std::collections::BTreeSet::new();
-    let (pos, _, segments) = decode(shard, file, &mut |segment| {
-        named.insert(segment);
+    let (pos, _, segments) = decode(shard, file, &mut |number| {
+        named.insert(number);
         None
     })?;
     Ok(CheckpointSummary {
@@ -224,11 +224,11 @@ pub fn summary(shard: u32, file: &Bytes) -> Result<CheckpointSummary, String> {
 }
 
 /// Parse a checkpoint file. Any inconsistency is an error naming what is wrong.
-/// `index` opens a segment's index file (None if it is missing or torn).
+/// `index` opens an index file by number (None if it is missing or torn).
 pub(crate) fn decode(
     shard: u32,
     file: &Bytes,
-    index: &mut impl FnMut(SegmentNo) -> Option<Rc<IndexFile>>,
+    index: &mut impl FnMut(IndexFileNo) -> Option<Rc<IndexFile>>,
 ) -> Result<(Position, Vec<SavedStream>, SegmentMap), String> {
     let header = file
         .get(..HEADER_LEN)

@@ -1,17 +1,27 @@
 //! Index files: the sealed pages of the shard's chunk tables and record indexes, on disk.
 //!
 //! A stream's tables are kept as pages of [`crate::packed::PAGE`] delta-encoded blocks (see
-//! `packed`). When the log rolls past segment `N`, every page completed since the last roll
-//! is written to `NNNNNNNNNN.idx` beside `NNNNNNNNNN.seg`; from then on memory keeps only
-//! each page's first entry and where it is in that file. A lookup that lands in such a page
-//! reads it (one `pread` of a few KiB) into a byte-bounded cache of pages shared by the
-//! core's streams.
+//! `packed`). Completed pages are gathered in memory and written out together as one index
+//! file whenever [`FLUSH_BYTES`] of them are waiting, and at every roll of the log; from then
+//! on memory keeps only each page's first entry and where it is in that file. So the pages
+//! a shard holds in memory stay below about a second's worth of `FLUSH_BYTES`, however much
+//! history it keeps. A lookup that lands in a written page reads it (one `pread` of a few
+//! KiB) into a byte-bounded cache of pages shared by the core's streams.
+//!
+//! Files are numbered ([`IndexFileNo`]) and never rewritten: `NNNNNNNNNN.idx` beside the
+//! segments. A file takes the LSN of the shard's newest record when it is written as its
+//! number, and only a number above every file the shard already has. A checkpoint names a
+//! file only once the log up to its own LSN (at least the file's number) is durable, so
+//! every file a checkpoint ever named (and the cold tier may have archived under its number)
+//! has a number at or below a durable LSN, and a number is never given to two different
+//! files, across restarts too. (Files written before this numbering carry the number of the
+//! segment whose roll wrote them; the rule keeps new numbers above those as well.)
 //!
 //! ```text
 //! 0..8     magic "URSLIDX1"
 //! 8..12    format version (1)
 //! 12..16   shard
-//! 16..24   segment whose roll wrote it
+//! 16..24   the file's number
 //! 24..32   number of pages
 //! 32..40   length of everything after the header
 //! 40..44   CRC32C of bytes 0..40
@@ -33,7 +43,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 
-use crate::position::SegmentNo;
+use crate::position::Lsn;
 
 const MAGIC: &[u8; 8] = b"URSLIDX1";
 const VERSION: u32 = 1;
@@ -42,16 +52,50 @@ pub(crate) const HEADER_LEN: usize = 48;
 /// Bytes of index pages a core caches when its shard does not say otherwise.
 pub const DEFAULT_INDEX_CACHE_BYTES: usize = 8 << 20;
 
-pub(crate) fn index_path(dir: &Path, segment: SegmentNo) -> PathBuf {
-    dir.join(format!("{segment:010}.idx"))
+/// Bytes of completed pages a shard gathers in memory before it writes them out as an index
+/// file (checked once a second by the upkeep task). At 1,000 streams of 256 B appends a
+/// 128 MiB segment completes about 5 MiB of pages, so this is a few files per segment.
+/// (Tests use less, so that small histories already write several files.)
+pub(crate) const FLUSH_BYTES: usize = if cfg!(test) { 4 << 10 } else { 1 << 20 };
+
+/// The number of an index file: its name, and how checkpoints and the cold tier's manifest
+/// refer to it. See the module comment for why a number is never reused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IndexFileNo(u64);
+
+impl IndexFileNo {
+    pub const fn new(raw: u64) -> IndexFileNo {
+        IndexFileNo(raw)
+    }
+
+    /// The number as it is stored in checkpoints and manifests.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The number a file written after record `lsn` takes, if it is above `newest`, the
+    /// shard's newest file; None means the file has to wait for a newer record.
+    pub(crate) fn after(lsn: Lsn, newest: IndexFileNo) -> Option<IndexFileNo> {
+        (lsn.get() > newest.0).then_some(IndexFileNo(lsn.get()))
+    }
 }
 
-pub(crate) fn tmp_path(dir: &Path, segment: SegmentNo) -> PathBuf {
-    dir.join(format!("{segment:010}.idx.tmp"))
+impl std::fmt::Display for IndexFileNo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
-/// Index files present in `dir` (by segment), ascending; stale `.idx.tmp` files are removed.
-pub(crate) fn list(dir: &Path) -> io::Result<Vec<SegmentNo>> {
+pub(crate) fn index_path(dir: &Path, number: IndexFileNo) -> PathBuf {
+    dir.join(format!("{number:010}.idx"))
+}
+
+pub(crate) fn tmp_path(dir: &Path, number: IndexFileNo) -> PathBuf {
+    dir.join(format!("{number:010}.idx.tmp"))
+}
+
+/// Index files present in `dir` (by number), ascending; stale `.idx.tmp` files are removed.
+pub(crate) fn list(dir: &Path) -> io::Result<Vec<IndexFileNo>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name();
@@ -60,7 +104,7 @@ pub(crate) fn list(dir: &Path) -> io::Result<Vec<SegmentNo>> {
             std::fs::remove_file(dir.join(name))?;
         } else if let Some(stem) = name.strip_suffix(".idx") {
             if let Ok(i) = stem.parse::<u64>() {
-                out.push(SegmentNo::new(i));
+                out.push(IndexFileNo(i));
             }
         }
     }
@@ -68,10 +112,10 @@ pub(crate) fn list(dir: &Path) -> io::Result<Vec<SegmentNo>> {
     Ok(out)
 }
 
-/// The header of an index file holding `pages` pages in `body_len` bytes.
+/// The header of index file `number` holding `pages` pages in `body_len` bytes.
 pub(crate) fn header(
     shard: u32,
-    segment: SegmentNo,
+    number: IndexFileNo,
     pages: u64,
     body_len: u64,
 ) -> [u8; HEADER_LEN] {
@@ -79,7 +123,7 @@ pub(crate) fn header(
     h[..8].copy_from_slice(MAGIC);
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());
     h[12..16].copy_from_slice(&shard.to_le_bytes());
-    h[16..24].copy_from_slice(&segment.get().to_le_bytes());
+    h[16..24].copy_from_slice(&number.get().to_le_bytes());
     h[24..32].copy_from_slice(&pages.to_le_bytes());
     h[32..40].copy_from_slice(&body_len.to_le_bytes());
     let crc = crc32c::crc32c(&h[..40]);
@@ -92,7 +136,7 @@ pub(crate) fn header(
 pub(crate) struct IndexFile {
     /// Identifies the file in the page cache (never reused while the process runs).
     id: u64,
-    pub(crate) segment: SegmentNo,
+    pub(crate) number: IndexFileNo,
     path: PathBuf,
     file: File,
     len: u64,
@@ -110,10 +154,10 @@ thread_local! {
 }
 
 impl IndexFile {
-    /// Open `segment`'s index file and check its header: written by `shard`, complete (its
+    /// Open index file `number` and check its header: written by `shard`, complete (its
     /// length is what the header says). A torn or foreign file is an error.
-    pub(crate) fn open(dir: &Path, shard: u32, segment: SegmentNo) -> Result<IndexFile, String> {
-        let path = index_path(dir, segment);
+    pub(crate) fn open(dir: &Path, shard: u32, number: IndexFileNo) -> Result<IndexFile, String> {
+        let path = index_path(dir, number);
         let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let len = file
             .metadata()
@@ -137,15 +181,15 @@ impl IndexFile {
         if field(8..12) != u64::from(VERSION) {
             return Err(bad("unsupported version"));
         }
-        if field(12..16) != u64::from(shard) || field(16..24) != segment.get() {
-            return Err(bad("written for another shard or segment"));
+        if field(12..16) != u64::from(shard) || field(16..24) != number.get() {
+            return Err(bad("written for another shard or under another number"));
         }
         if HEADER_LEN as u64 + field(32..40) != len {
             return Err(bad("length differs from its header (torn)"));
         }
         Ok(IndexFile {
             id: NEXT_ID.with(|n| n.replace(n.get() + 1)),
-            segment,
+            number,
             path,
             file,
             len,
@@ -282,28 +326,27 @@ impl PageCache {
     }
 }
 
-/// Write `pages` (encoded, each with its CRC) as `segment`'s index file, durably: a
-/// `.idx.tmp` written and synced on the core's io_uring, then renamed and its directory
-/// synced (two short blocking calls, once per segment). Returns the open file and each
-/// page's offset in it.
+/// Write `pages` (encoded, each with its CRC) as index file `number`, durably: a `.idx.tmp`
+/// written and synced, renamed and its directory synced, all on the core's io_uring.
+/// Returns the open file and each page's offset in it.
 pub(crate) async fn write(
     dir: &Path,
     shard: u32,
-    segment: SegmentNo,
+    number: IndexFileNo,
     pages: &[Bytes],
 ) -> Result<(Rc<IndexFile>, Vec<u64>), io::Error> {
     let body_len: usize = pages.iter().map(Bytes::len).sum();
     let mut image = Vec::with_capacity(HEADER_LEN + body_len);
-    image.extend_from_slice(&header(shard, segment, pages.len() as u64, body_len as u64));
+    image.extend_from_slice(&header(shard, number, pages.len() as u64, body_len as u64));
     let mut offsets = Vec::with_capacity(pages.len());
     for p in pages {
         offsets.push(image.len() as u64);
         image.extend_from_slice(p);
     }
-    let tmp = tmp_path(dir, segment);
+    let tmp = tmp_path(dir, number);
     crate::segment::write_synced(&tmp, image).await?;
-    crate::segment::rename_durable(&tmp, &index_path(dir, segment), dir).await?;
-    let opened = IndexFile::open(dir, shard, segment)
+    crate::segment::rename_durable(&tmp, &index_path(dir, number), dir).await?;
+    let opened = IndexFile::open(dir, shard, number)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok((Rc::new(opened), offsets))
 }
@@ -311,7 +354,6 @@ pub(crate) async fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::position::seg;
 
     #[test]
     fn the_cache_stays_within_its_budget_and_keeps_recent_pages() {
@@ -329,30 +371,53 @@ mod tests {
     }
 
     #[test]
+    fn a_file_number_is_the_newest_lsn_and_only_ever_rises() {
+        let none = IndexFileNo::default();
+        assert_eq!(IndexFileNo::after(Lsn::NONE, none), None, "no record yet");
+        assert_eq!(
+            IndexFileNo::after(Lsn::new(40), none),
+            Some(IndexFileNo(40))
+        );
+        assert_eq!(IndexFileNo::after(Lsn::new(40), IndexFileNo(40)), None);
+        assert_eq!(IndexFileNo::after(Lsn::new(39), IndexFileNo(40)), None);
+        assert_eq!(
+            IndexFileNo::after(Lsn::new(41), IndexFileNo(40)),
+            Some(IndexFileNo(41))
+        );
+    }
+
+    #[test]
     fn a_header_is_checked_and_a_torn_file_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let body = vec![7u8; 100];
-        let mut file = header(3, seg(9), 1, body.len() as u64).to_vec();
+        let mut file = header(3, IndexFileNo(9), 1, body.len() as u64).to_vec();
         file.extend_from_slice(&body);
-        std::fs::write(index_path(dir.path(), seg(9)), &file).expect("write");
-        let f = IndexFile::open(dir.path(), 3, seg(9)).expect("opens");
+        std::fs::write(index_path(dir.path(), IndexFileNo(9)), &file).expect("write");
+        let f = IndexFile::open(dir.path(), 3, IndexFileNo(9)).expect("opens");
         assert!(f.holds(HEADER_LEN as u64, 100));
         assert!(!f.holds(HEADER_LEN as u64, 101));
         assert!(
-            IndexFile::open(dir.path(), 4, seg(9)).is_err(),
+            IndexFile::open(dir.path(), 4, IndexFileNo(9)).is_err(),
             "other shard"
         );
-        std::fs::write(index_path(dir.path(), seg(9)), &file[..file.len() - 1]).expect("write");
-        assert!(IndexFile::open(dir.path(), 3, seg(9)).is_err(), "torn tail");
+        std::fs::write(
+            index_path(dir.path(), IndexFileNo(9)),
+            &file[..file.len() - 1],
+        )
+        .expect("write");
+        assert!(
+            IndexFile::open(dir.path(), 3, IndexFileNo(9)).is_err(),
+            "torn tail"
+        );
         let mut bad = file.clone();
         bad[20] ^= 1;
-        std::fs::write(index_path(dir.path(), seg(9)), &bad).expect("write");
+        std::fs::write(index_path(dir.path(), IndexFileNo(9)), &bad).expect("write");
         assert!(
-            IndexFile::open(dir.path(), 3, seg(9)).is_err(),
+            IndexFile::open(dir.path(), 3, IndexFileNo(9)).is_err(),
             "header flip"
         );
-        std::fs::write(tmp_path(dir.path(), seg(10)), b"x").expect("write");
-        assert_eq!(list(dir.path()).expect("list"), vec![seg(9)]);
-        assert!(!tmp_path(dir.path(), seg(10)).exists());
+        std::fs::write(tmp_path(dir.path(), IndexFileNo(10)), b"x").expect("write");
+        assert_eq!(list(dir.path()).expect("list"), vec![IndexFileNo(9)]);
+        assert!(!tmp_path(dir.path(), IndexFileNo(10)).exists());
     }
 }

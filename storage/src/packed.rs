@@ -23,8 +23,7 @@ use std::thread::LocalKey;
 
 use bytes::Bytes;
 
-use crate::index::IndexFile;
-use crate::position::SegmentNo;
+use crate::index::{IndexFile, IndexFileNo};
 
 /// Entries per frozen block: a lookup decodes at most this many.
 pub(crate) const BLOCK: usize = 64;
@@ -431,7 +430,7 @@ impl<T: Delta> Packed<T> {
                 }
                 Body::Disk(d) => {
                     out.push(1);
-                    put_varint(out, d.file.segment.get());
+                    put_varint(out, d.file.number.get());
                     put_varint(out, d.off);
                     put_varint(out, u64::from(d.len));
                 }
@@ -452,12 +451,12 @@ impl<T: Delta> Packed<T> {
     }
 
     /// Read a table written by [`Self::encode_into`] from a checksummed checkpoint body.
-    /// `file` opens the index file of a segment; a page in a file that is missing or torn
+    /// `file` opens an index file by number; a page in a file that is missing or torn
     /// makes the answer `Ok(None)`: the table has to be rebuilt from the log.
     pub(crate) fn decode_from(
         buf: &[u8],
         at: &mut usize,
-        file: &mut impl FnMut(SegmentNo) -> Option<Rc<IndexFile>>,
+        file: &mut impl FnMut(IndexFileNo) -> Option<Rc<IndexFile>>,
     ) -> Result<Option<Self>, String> {
         let mut t = Packed::default();
         let mut lost = false;
@@ -476,10 +475,10 @@ impl<T: Delta> Packed<T> {
                     Body::Memory(b)
                 }
                 1 => {
-                    let segment = SegmentNo::new(r.varint()?);
+                    let number = IndexFileNo::new(r.varint()?);
                     let off = r.varint()?;
                     let len = u32::try_from(r.varint()?).map_err(|_| "page length")?;
-                    match file(segment).filter(|f| f.holds(off, len)) {
+                    match file(number).filter(|f| f.holds(off, len)) {
                         Some(file) => Body::Disk(DiskPage { file, off, len }),
                         None => {
                             lost = true;
@@ -774,7 +773,6 @@ impl Delta for u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::position::seg;
 
     fn model(n: u64) -> Vec<u64> {
         (0..n).map(|i| i * 3 + (i % 7) * 1000).collect()
@@ -967,23 +965,23 @@ mod tests {
         }
     }
 
-    /// Write the unwritten pages of `t` to `segment`'s index file in `dir` and point the
-    /// table at them, as the shard does when the log rolls.
+    /// Write the unwritten pages of `t` to index file `number` in `dir` and point the table
+    /// at them, as the shard does.
     fn write_pages(
         t: &mut Packed<u64>,
         dir: &std::path::Path,
-        segment: SegmentNo,
+        number: IndexFileNo,
     ) -> Rc<IndexFile> {
         let pages: Vec<Bytes> = t.unwritten_pages().cloned().collect();
         let body: usize = pages.iter().map(Bytes::len).sum();
-        let mut file = crate::index::header(0, segment, pages.len() as u64, body as u64).to_vec();
+        let mut file = crate::index::header(0, number, pages.len() as u64, body as u64).to_vec();
         let mut offs = Vec::new();
         for p in &pages {
             offs.push(file.len() as u64);
             file.extend_from_slice(p);
         }
-        std::fs::write(crate::index::index_path(dir, segment), file).expect("write");
-        let f = Rc::new(IndexFile::open(dir, 0, segment).expect("open"));
+        std::fs::write(crate::index::index_path(dir, number), file).expect("write");
+        let f = Rc::new(IndexFile::open(dir, 0, number).expect("open"));
         for (p, off) in pages.iter().zip(offs) {
             let at = DiskPage {
                 file: f.clone(),
@@ -1029,7 +1027,7 @@ mod tests {
         check_same(&t, &want);
         let in_memory = t.heap_bytes();
         let paged: usize = t.unwritten_pages().map(Bytes::len).sum();
-        let f = write_pages(&mut t, dir.path(), seg(4));
+        let f = write_pages(&mut t, dir.path(), IndexFileNo::new(4));
         assert_eq!(t.unwritten_pages().count(), 0);
         assert_eq!(t.page_files().count(), 3);
         assert_eq!(in_memory - t.heap_bytes(), paged, "pages left memory");
@@ -1043,10 +1041,11 @@ mod tests {
         let mut out = Vec::new();
         t.encode_into(&mut out);
         let mut at = 0;
-        let back =
-            Packed::<u64>::decode_from(&out, &mut at, &mut |s| (s == seg(4)).then(|| f.clone()))
-                .expect("decodes")
-                .expect("all files present");
+        let back = Packed::<u64>::decode_from(&out, &mut at, &mut |s| {
+            (s == IndexFileNo::new(4)).then(|| f.clone())
+        })
+        .expect("decodes")
+        .expect("all files present");
         assert_eq!(at, out.len());
         check_same(&back, &want);
         let mut at = 0;

@@ -1,6 +1,7 @@
-//! Checkpoints: when one is due, writing the pages completed since the last roll to an index
-//! file, capturing the head state synchronously, and installing the file once the log is
-//! durable up to it (formats in `crate::checkpoint` and `crate::index`).
+//! Index files and checkpoints: writing the completed pages out whenever enough of them
+//! wait (and at every roll), and, when a checkpoint is due, capturing the head state
+//! synchronously and installing the file once the log is durable up to it (formats in
+//! `crate::checkpoint` and `crate::index`).
 
 use super::*;
 
@@ -84,22 +85,69 @@ impl Shard {
         (sealed > self.inner.indexed_through.get()).then_some(sealed)
     }
 
-    /// Write every page not in an index file yet to the index file of the newest sealed
-    /// segment, and let those pages leave memory. Callers hold `upkeep_busy`.
-    pub(super) async fn write_index(&self, dir: &Path) -> Result<(), StorageError> {
-        let Some(segment) = self.unindexed_segment() else {
+    /// Bytes of completed pages that are not in an index file yet.
+    pub(super) fn unwritten_page_bytes(&self) -> usize {
+        self.inner
+            .streams
+            .borrow()
+            .values()
+            .map(|s| {
+                let (chunks, msgs) = s.tables();
+                chunks
+                    .unwritten_pages()
+                    .chain(msgs.unwritten_pages())
+                    .map(Bytes::len)
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// Whether enough completed pages wait in memory to write them out now
+    /// ([`index::FLUSH_BYTES`]), so that memory does not hold a whole segment's worth.
+    pub(super) fn index_due(&self) -> bool {
+        self.inner.log.borrow().is_some() && self.unwritten_page_bytes() >= index::FLUSH_BYTES
+    }
+
+    /// Write the waiting pages out as an index file now (the upkeep task, when
+    /// [`Self::index_due`]); the next checkpoint names the file.
+    pub(super) async fn flush_index(&self) -> Result<(), StorageError> {
+        let Some(dir) = self.inner.log.borrow().as_ref().map(|l| l.dir.clone()) else {
             return Ok(());
         };
+        self.wait_for_upkeep().await;
+        let result = self.write_index(&dir).await;
+        self.inner.upkeep_busy.set(false);
+        result
+    }
+
+    /// Write every page not in an index file yet to a new index file, and let those pages
+    /// leave memory. Callers hold `upkeep_busy`.
+    pub(super) async fn write_index(&self, dir: &Path) -> Result<(), StorageError> {
+        // Every page completed so far is covered once this returns, so is every sealed
+        // segment's roll.
+        let sealed = self
+            .inner
+            .log
+            .borrow()
+            .as_ref()
+            .and_then(|l| l.write_seg.prev());
+        let number = IndexFileNo::after(
+            self.inner.next_lsn.get().prev(),
+            self.inner.newest_index_file.get(),
+        );
         let mut pages = Vec::new();
         for (&id, s) in self.inner.streams.borrow().iter() {
             let (chunks, msgs) = s.tables();
             pages.extend(chunks.unwritten_pages().map(|p| (id, true, p.clone())));
             pages.extend(msgs.unwritten_pages().map(|p| (id, false, p.clone())));
         }
-        if !pages.is_empty() {
+        // Without a number (no record since the newest file: only just after a restart),
+        // the pages stay in memory and in the checkpoint until one arrives.
+        if let (false, Some(number)) = (pages.is_empty(), number) {
             let started = Instant::now();
             let bytes: Vec<Bytes> = pages.iter().map(|p| p.2.clone()).collect();
-            let (file, offsets) = index::write(dir, self.inner.cfg.shard, segment, &bytes).await?;
+            let (file, offsets) = index::write(dir, self.inner.cfg.shard, number, &bytes).await?;
+            self.inner.newest_index_file.set(number);
             let mut streams = self.inner.streams.borrow_mut();
             for ((id, chunk_table, page), off) in pages.into_iter().zip(offsets) {
                 let Some(s) = streams.get_mut(&id) else {
@@ -120,22 +168,30 @@ impl Shard {
                 }
             }
             drop(streams);
-            self.inner.index_files.borrow_mut().insert(segment, file);
+            self.inner.index_files.borrow_mut().insert(number, file);
             tracing::debug!(
                 shard = self.inner.cfg.shard,
-                segment = segment.get(),
+                file = number.get(),
                 pages = bytes.len(),
+                bytes = bytes.iter().map(Bytes::len).sum::<usize>(),
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "index file written"
             );
         }
-        self.inner.indexed_through.set(segment);
+        if let Some(sealed) = sealed {
+            let through = self.inner.indexed_through.get().max(sealed);
+            self.inner.indexed_through.set(through);
+        }
         Ok(())
     }
 
     pub(super) async fn write_checkpoint_in(&self, dir: &Path) -> Result<(), StorageError> {
         let started = Instant::now();
-        self.write_index(dir).await?;
+        // Pages wait for the next file unless a roll or their size calls for one now: a few
+        // pages are cheaper inline in the checkpoint than as a file of their own.
+        if self.unindexed_segment().is_some() || self.index_due() {
+            self.write_index(dir).await?;
+        }
         let (segment, offset) = match self.inner.log.borrow().as_ref() {
             Some(l) => (l.write_seg, l.write_end),
             None => return Ok(()),
@@ -152,13 +208,13 @@ impl Shard {
         // Index files no page points into: once this checkpoint (which does not name them)
         // is installed, nothing needs them. Counted before the capture, which holds pages
         // of the others.
-        let unused: Vec<SegmentNo> = self
+        let unused: Vec<IndexFileNo> = self
             .inner
             .index_files
             .borrow()
             .iter()
             .filter(|(_, f)| Rc::strong_count(f) == 1)
-            .map(|(&seg, _)| seg)
+            .map(|(&number, _)| number)
             .collect();
         // Captured synchronously, so it is exactly the head state after record `pos.lsn`;
         // the core runs nothing else meanwhile (`capture_us` in the log below). The capture
@@ -209,8 +265,8 @@ impl Shard {
         self.inner.checkpointed_at.set(logged);
         self.inner.checkpoint_size.set(bytes as u64);
         self.inner.checkpoint_segment.set(Some(pos.segment));
-        for seg in unused {
-            let file = self.inner.index_files.borrow_mut().remove(&seg);
+        for number in unused {
+            let file = self.inner.index_files.borrow_mut().remove(&number);
             if let Some(f) = file {
                 f.remove().await?;
             }

@@ -1,6 +1,6 @@
-//! Sealed index pages: they leave memory for index files when the log rolls, lookups and
-//! reads through them are exact, and a restart (after a crash, a clean stop, or with an
-//! index file lost or torn) finds every offset and record again.
+//! Sealed index pages: they leave memory for index files once enough of them wait and when
+//! the log rolls, lookups and reads through them are exact, and a restart (after a crash, a
+//! clean stop, or with an index file lost or torn) finds every offset and record again.
 
 use super::*;
 use crate::test_support::block_on;
@@ -261,5 +261,94 @@ fn a_data_dir_from_before_index_files_opens_and_moves_to_them() {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
         check(&shard, &models).await;
         shard.shutdown().await.expect("shutdown");
+    });
+}
+
+/// Pages do not wait for a roll: once `index::FLUSH_BYTES` of them are completed, the
+/// upkeep writes them to a new index file, numbered above every file before it, and a
+/// restart (after a crash, or from a checkpoint that names them) still finds every record.
+/// (The upkeep task runs meanwhile and may write some of the files itself.)
+#[test]
+fn pages_leave_memory_before_the_roll_in_files_whose_numbers_only_rise() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path());
+    // Large enough that the log never rolls in this test.
+    cfg.segment_bytes = 64 << 20;
+    let mut models: Vec<(StreamId, Model)> = Vec::new();
+    let numbers = |dir: &Path| index::list(&dir.join("shard-0")).expect("list");
+    // Every file is numbered above those before it and at most the newest LSN.
+    let written_after = |shard: &Shard, before: &[IndexFileNo]| -> Vec<IndexFileNo> {
+        assert_eq!(shard.unwritten_page_bytes(), 0, "every page is in a file");
+        assert!(!shard.index_due());
+        let now = numbers(dir.path());
+        let newest = before.last().copied().unwrap_or_default();
+        let new: Vec<IndexFileNo> = now.iter().copied().filter(|&n| n > newest).collect();
+        assert!(!new.is_empty(), "{now:?} after {before:?}");
+        assert!(new
+            .iter()
+            .all(|n| n.get() <= shard.inner.next_lsn.get().prev().get()));
+        assert_eq!(
+            shard.inner.newest_index_file.get(),
+            *now.last().expect("a file")
+        );
+        now
+    };
+    let old = block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        let first_segment = shard.inner.log.borrow().as_ref().expect("log").write_seg;
+        for k in 0..3 {
+            let (id, c) = shard.create(new_stream(&format!("s{k}"))).expect("create");
+            c.durable().await.expect("durable");
+            models.push((id, Model::default()));
+        }
+        fill(&shard, &mut models, 1500).await;
+        shard.flush_index().await.expect("flush");
+        let first = written_after(&shard, &[]);
+        check(&shard, &models).await;
+        fill(&shard, &mut models, 1500).await;
+        shard.flush_index().await.expect("flush");
+        let second = written_after(&shard, &first);
+        assert_eq!(
+            shard.inner.log.borrow().as_ref().expect("log").write_seg,
+            first_segment,
+            "no roll"
+        );
+        check(&shard, &models).await;
+        shard.halt().await.expect("halt");
+        second
+    });
+    // A crash before any checkpoint named them: the files are dropped and the replay
+    // completes the pages again; new files are numbered above the old ones.
+    let named = block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        assert!(numbers(dir.path()).is_empty(), "unnamed files are removed");
+        check(&shard, &models).await;
+        fill(&shard, &mut models, 300).await;
+        shard.flush_index().await.expect("flush");
+        written_after(&shard, &old);
+        assert!(shard.checkpoint().await.expect("checkpoint"));
+        check(&shard, &models).await;
+        shard.halt().await.expect("halt");
+        numbers(dir.path())
+    });
+    // The checkpoint names the files: they are kept and read, and the next one is above.
+    block_on(async {
+        let (shard, report) = Shard::open(cfg.clone()).await.expect("open");
+        assert!(!report.checkpoint_lsn.is_none());
+        assert_eq!(numbers(dir.path()), named);
+        assert_eq!(
+            shard.inner.newest_index_file.get(),
+            *named.last().expect("a file")
+        );
+        check(&shard, &models).await;
+        fill(&shard, &mut models, 1500).await;
+        shard.flush_index().await.expect("flush");
+        written_after(&shard, &named);
+        check(&shard, &models).await;
+        shard.shutdown().await.expect("shutdown");
+    });
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        check(&shard, &models).await;
     });
 }

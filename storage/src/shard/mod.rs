@@ -29,7 +29,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
 use crate::checkpoint;
-use crate::index::{self, IndexFile};
+use crate::index::{self, IndexFile, IndexFileNo};
 use crate::position::{Lsn, SegmentNo};
 use crate::readback::{self, Part, Span, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
 use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
@@ -346,9 +346,12 @@ struct Inner {
     blob_counter: Cell<u64>,
     /// Ids for `Changed` futures, so each waiting task holds one waker slot.
     next_waiter: Cell<u64>,
-    /// Open index files by segment (see `crate::index`); pages hold them too.
-    index_files: RefCell<BTreeMap<SegmentNo, Rc<IndexFile>>>,
-    /// Segments up to this one are sealed and their pages written to an index file.
+    /// Open index files by number (see `crate::index`); pages hold them too.
+    index_files: RefCell<BTreeMap<IndexFileNo, Rc<IndexFile>>>,
+    /// The highest number an index file of this shard has (a new one must be above it).
+    newest_index_file: Cell<IndexFileNo>,
+    /// Segments up to this one are sealed, and the pages completed before their roll are
+    /// in index files (or, when no file could be numbered yet, inline in the checkpoint).
     indexed_through: Cell<SegmentNo>,
     /// Segments that left the local disk, and how they are read (with a cold tier only).
     cold: Option<cold_tier::ColdTier>,
@@ -391,6 +394,7 @@ impl Shard {
             blob_counter: Cell::new(0),
             next_waiter: Cell::new(0),
             index_files: RefCell::new(BTreeMap::new()),
+            newest_index_file: Cell::new(IndexFileNo::default()),
             indexed_through: Cell::new(SegmentNo::default()),
             cold: match (&cfg.cold, &cfg.durability) {
                 (Some(store), Durability::Disk(_)) => {

@@ -279,20 +279,27 @@ impl Shard {
         let path = checkpoint::path(dir);
         let file = match std::fs::read(&path) {
             Ok(f) => Bytes::from(f),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // No checkpoint names any index file: those present were written before
+                // the first checkpoint was installed, and the replay completes their pages.
+                for number in index::list(dir)? {
+                    std::fs::remove_file(index::index_path(dir, number))?;
+                }
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
         };
         let shard = self.inner.cfg.shard;
-        let mut opened: BTreeMap<SegmentNo, Option<Rc<IndexFile>>> = BTreeMap::new();
-        let mut open_index = |segment: SegmentNo| {
+        let mut opened: BTreeMap<IndexFileNo, Option<Rc<IndexFile>>> = BTreeMap::new();
+        let mut open_index = |number: IndexFileNo| {
             opened
-                .entry(segment)
-                .or_insert_with(|| match IndexFile::open(dir, shard, segment) {
+                .entry(number)
+                .or_insert_with(|| match IndexFile::open(dir, shard, number) {
                     Ok(f) => Some(Rc::new(f)),
                     Err(why) => {
                         tracing::warn!(
                             shard,
-                            segment = segment.get(),
+                            file = number.get(),
                             "index file unusable ({why}); rebuilding from the log"
                         );
                         None
@@ -328,14 +335,18 @@ impl Shard {
                 map.entry(seg).or_default().extend(ids);
             }
         }
-        // Index files the checkpoint does not name are left from a roll whose checkpoint
-        // was never installed.
-        for seg in index::list(dir)? {
-            match opened.get(&seg) {
+        // Index files the checkpoint does not name were written after it was installed (or
+        // for one that never was): the replay completes their pages again.
+        for number in index::list(dir)? {
+            match opened.get(&number) {
                 Some(Some(f)) => {
-                    self.inner.index_files.borrow_mut().insert(seg, f.clone());
+                    self.inner
+                        .index_files
+                        .borrow_mut()
+                        .insert(number, f.clone());
+                    self.inner.newest_index_file.set(number);
                 }
-                _ => std::fs::remove_file(index::index_path(dir, seg))?,
+                _ => std::fs::remove_file(index::index_path(dir, number))?,
             }
         }
         self.inner

@@ -62,8 +62,8 @@ async fn delete_all_but_every(shard: &Shard, ids: &[StreamId], k: usize) {
 /// test's appends. Nothing was cleaned, so the log alone is complete.
 fn forget_checkpoint(seg_dir: &Path) {
     let _ = std::fs::remove_file(checkpoint::path(seg_dir));
-    for seg in index::list(seg_dir).expect("list") {
-        std::fs::remove_file(index::index_path(seg_dir, seg)).expect("remove");
+    for number in index::list(seg_dir).expect("list") {
+        std::fs::remove_file(index::index_path(seg_dir, number)).expect("remove");
     }
 }
 

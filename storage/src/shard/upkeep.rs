@@ -1,9 +1,10 @@
-//! The once-a-second upkeep task: checkpoints, cleaning, and evicting archived segments.
+//! The once-a-second upkeep task: checkpoints, index files, cleaning, and evicting archived
+//! segments.
 
 use super::*;
 
 impl Shard {
-    /// Background upkeep: reclaim log space once a second.
+    /// Background upkeep, once a second.
     pub(super) async fn run_upkeep(self) {
         while !self.inner.stopping.get() {
             monoio::time::sleep(Duration::from_secs(1)).await;
@@ -20,6 +21,10 @@ impl Shard {
             if self.checkpoint_due() {
                 if let Err(e) = self.checkpoint().await {
                     tracing::warn!(shard = self.inner.cfg.shard, "checkpoint failed: {e}");
+                }
+            } else if self.index_due() {
+                if let Err(e) = self.flush_index().await {
+                    tracing::warn!(shard = self.inner.cfg.shard, "index file failed: {e}");
                 }
             }
             // After the checkpoint, which moves the position below which segments may go.
