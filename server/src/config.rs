@@ -193,6 +193,8 @@ pub struct FileConfig {
     pub segment_bytes: Option<u64>,
     /// Stream bytes each core keeps cached in memory (disk storage).
     pub cache_bytes: Option<usize>,
+    /// Bytes of index pages read back from index files each core keeps cached (disk storage).
+    pub index_cache_bytes: Option<usize>,
     pub max_connections: Option<usize>,
     /// Appended bytes each core may hold that are not yet durable (disk storage).
     pub write_budget_bytes: Option<usize>,
@@ -227,6 +229,7 @@ pub struct Config {
     pub receipt_window: usize,
     pub segment_bytes: u64,
     pub cache_bytes: usize,
+    pub index_cache_bytes: usize,
     /// Open connections allowed on each core (`max_connections` split over the cores).
     pub max_connections_per_core: usize,
     pub write_budget_bytes: usize,
@@ -352,6 +355,9 @@ impl Config {
             cache_bytes: file
                 .cache_bytes
                 .unwrap_or(ursula_storage::shard::DEFAULT_CACHE_BYTES),
+            index_cache_bytes: file
+                .index_cache_bytes
+                .unwrap_or(ursula_storage::DEFAULT_INDEX_CACHE_BYTES),
             // Rounded up so that every core can hold at least one connection.
             max_connections_per_core: max_connections.div_ceil(cores),
             write_budget_bytes: file

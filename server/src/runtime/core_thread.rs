@@ -48,6 +48,7 @@ pub fn run(
         shard_cfg.receipt_window = config.receipt_window;
         shard_cfg.segment_bytes = config.segment_bytes;
         shard_cfg.cache_bytes = config.cache_bytes;
+        shard_cfg.index_cache_bytes = config.index_cache_bytes;
         shard_cfg.write_budget_bytes = config.write_budget_bytes;
         shard_cfg.fail_fsync_after = fault_fail_fsync_after();
         if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
