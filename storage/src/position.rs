@@ -205,6 +205,18 @@ impl RecordNo {
 // callers that cannot rule it out use `checked_since`.
 moves_by_distance!(RecordNo);
 
+/// Stream offset `n`, for tests that name offsets by number.
+#[cfg(test)]
+pub(crate) const fn off(n: u64) -> Offset {
+    Offset(n)
+}
+
+/// Record ordinal `n`, for tests that name records by number.
+#[cfg(test)]
+pub(crate) const fn rec(n: u64) -> RecordNo {
+    RecordNo(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
