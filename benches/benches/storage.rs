@@ -30,7 +30,7 @@ use ursula_storage::aligned::{AlignedBuf, BLOCK};
 use ursula_storage::cold::{ColdRead, ColdStore};
 use ursula_storage::segment;
 use ursula_storage::{
-    AppendRec, Durability, Lifetime, NewStream, Shard, ShardConfig, StorageError, StreamId,
+    AppendRec, Durability, Lifetime, NewStream, Offset, Shard, ShardConfig, StorageError, StreamId,
 };
 
 type BoxError = Box<dyn std::error::Error>;
@@ -1011,8 +1011,8 @@ async fn read_ranges(
     let mut out = Vec::with_capacity(range);
     loop {
         for &id in ids {
-            let tail = shard.stream(id).map(|s| s.next_offset()).unwrap_or(0);
-            let mut from = 0;
+            let tail = shard.stream(id).map_or(Offset::ZERO, |s| s.next_offset());
+            let mut from = Offset::ZERO;
             while from < tail {
                 let pieces = shard.read(id, from, from + range as u64).await?;
                 out.clear();
@@ -1052,7 +1052,7 @@ async fn read_run(dir: &Path, per_chunk_bytes: u64) -> Result<Vec<ReadRow>, BoxE
                 let (shard, data) = (shard.clone(), data.clone());
                 let id = ids[w % ids.len()];
                 tasks.push(monoio::spawn(async move {
-                    while shard.head(id).map(|s| s.tail()).unwrap_or(u64::MAX) < per_stream {
+                    while shard.head(id).map_or(u64::MAX, |s| s.tail().get()) < per_stream {
                         // A buffer of its own per append, so cached reads touch real memory.
                         let own = Bytes::copy_from_slice(&data);
                         let (_, c) = shard.append(id, data_rec(own))?;
@@ -1343,8 +1343,11 @@ async fn cold_reads(
         let key = format!("bench/cold-{r:06}");
         tasks.push(monoio::spawn(async move {
             let id = shard.lookup(&key).ok_or("stream missing")?;
-            let tail = shard.stream(id).map_or(0, |s| s.next_offset()).min(limit);
-            let (mut from, mut bytes) = (0, 0u64);
+            let tail = shard
+                .stream(id)
+                .map_or(Offset::ZERO, |s| s.next_offset())
+                .min(Offset::ZERO + limit);
+            let (mut from, mut bytes) = (Offset::ZERO, 0u64);
             let mut out = Vec::with_capacity(MIB);
             while from < tail {
                 let t = Instant::now();

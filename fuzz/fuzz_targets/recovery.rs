@@ -12,7 +12,7 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use ursula_storage::record::{AppendRec, CreateRec, Lifetime, Record};
 use ursula_storage::segment::{segment_path, SegmentHeader, DATA_START};
-use ursula_storage::{Durability, Shard, ShardConfig};
+use ursula_storage::{Durability, Offset, Shard, ShardConfig};
 
 #[derive(Clone, Default)]
 struct Model {
@@ -74,7 +74,7 @@ fn build(ops: &[u8]) -> Log {
                     ext: Bytes::new(),
                     initial: AppendRec {
                         id,
-                        start: 0,
+                        start: Offset::ZERO,
                         append_lens: if data.is_empty() {
                             vec![]
                         } else {
@@ -100,7 +100,7 @@ fn build(ops: &[u8]) -> Log {
                 let data = fill(usize::from(arg) * 7 % 300 + usize::from(!close));
                 let rec = AppendRec {
                     id,
-                    start: s.data.len() as u64,
+                    start: Offset::new(s.data.len() as u64),
                     close,
                     append_lens: if data.is_empty() {
                         vec![]
@@ -204,13 +204,13 @@ fuzz_target!(|data: &[u8]| {
                     panic!("stream {id} ({}) lost", m.key)
                 };
                 let head = shard.head(s.id()).expect("head");
-                assert_eq!(head.tail(), m.data.len() as u64, "{}", m.key);
+                assert_eq!(head.tail().get(), m.data.len() as u64, "{}", m.key);
                 assert_eq!(s.next_offset(), head.tail());
                 assert_eq!((s.is_closed(), head.closed()), (m.closed, m.closed));
                 s.id()
             };
             let parts = shard
-                .read(sid, 0, m.data.len() as u64)
+                .read(sid, Offset::ZERO, Offset::new(m.data.len() as u64))
                 .await
                 .expect("read back");
             let got: Vec<u8> = parts.iter().flat_map(|b| b.iter().copied()).collect();

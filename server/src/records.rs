@@ -8,7 +8,7 @@ use bytes::Bytes;
 use ursula_protocol::content_type::is_json;
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::Query;
-use ursula_storage::StreamView;
+use ursula_storage::{RecordNo, StreamView};
 
 use crate::http::{ApiError, Response};
 use crate::limits::ENVELOPE_SLICE_BYTES_MIN;
@@ -26,12 +26,12 @@ pub fn active(surface: Surface, content_type: &str) -> bool {
 }
 
 /// First retained record (`F`).
-pub fn first(s: &StreamView<'_>) -> u64 {
+pub fn first(s: &StreamView<'_>) -> RecordNo {
     s.first_message()
 }
 
 /// Next record (record tail) as readers see it.
-pub fn visible_next(s: &StreamView<'_>) -> u64 {
+pub fn visible_next(s: &StreamView<'_>) -> RecordNo {
     s.message_count()
 }
 
@@ -49,10 +49,10 @@ pub fn parse(query: &Query, json: bool) -> Result<Option<RecordParams>, Response
 }
 
 /// Resolve a record start against the readable records, or the error response (§8.6).
-pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<u64, Response> {
+pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<RecordNo, Response> {
     let (first, next) = (first(s), visible_next(s));
     let r = match start {
-        RecordStart::At(r) => r,
+        RecordStart::At(r) => RecordNo::new(r),
         RecordStart::Now => next,
         RecordStart::Tail(k) => next.saturating_sub(k).max(first),
     };
@@ -62,7 +62,10 @@ pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<u64, Response> 
             .header("stream-extensions", TOKEN)
             .header("stream-record-first", first.to_string())
             .header("stream-record-next", next.to_string())
-            .header("stream-next-offset", format_offset(s.retained_start())));
+            .header(
+                "stream-next-offset",
+                format_offset(s.retained_start().get()),
+            ));
     }
     if r > next {
         return Err(
@@ -80,10 +83,10 @@ pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<u64, Response> 
 /// `max_records`, within `max_bytes` unless the first record alone is larger.
 pub fn end_record(
     s: &StreamView<'_>,
-    start: u64,
+    start: RecordNo,
     max_records: Option<u64>,
     max_bytes: usize,
-) -> u64 {
+) -> RecordNo {
     let next = visible_next(s);
     let limit = max_records.map_or(next, |m| start.saturating_add(m).min(next));
     let Some(start_off) = s.message_start(start) else {
@@ -95,7 +98,7 @@ pub fn end_record(
 /// The envelope view as iovec parts: `{"record":n,"value":` framing around each record's
 /// stored value bytes (large values as zero-copy slices), closed by `}` + LF. `parts` must
 /// hold whole records (record-aware reads start and end on record boundaries).
-pub fn envelope_parts(parts: &[Bytes], first_record: u64) -> Vec<Bytes> {
+pub fn envelope_parts(parts: &[Bytes], first_record: RecordNo) -> Vec<Bytes> {
     use std::io::Write;
     let mut out = Vec::new();
     let mut framing: Vec<u8> = Vec::with_capacity(64 << 10);
@@ -135,7 +138,7 @@ pub fn push_stream_headers(resp: &mut Response, s: &StreamView<'_>) {
 }
 
 /// Acknowledgement headers for a write that created records `[start, next)`.
-pub fn push_ack_headers(resp: &mut Response, start: u64, next: u64) {
+pub fn push_ack_headers(resp: &mut Response, start: RecordNo, next: RecordNo) {
     resp.push("stream-extensions", TOKEN);
     resp.push("stream-record-start", start.to_string());
     resp.push("stream-record-next", next.to_string());
@@ -200,7 +203,7 @@ mod tests {
     #[test]
     fn envelope_matches_the_reference_vector_across_parts() {
         let stored = Bytes::from_static(b"{\"id\":1}\n{\"id\":2}\n");
-        let parts = envelope_parts(&[stored.slice(0..9), stored.slice(9..)], 1);
+        let parts = envelope_parts(&[stored.slice(0..9), stored.slice(9..)], RecordNo::new(1));
         assert_eq!(
             parts.concat(),
             b"{\"record\":1,\"value\":{\"id\":1}}\n{\"record\":2,\"value\":{\"id\":2}}\n".to_vec()
@@ -211,7 +214,7 @@ mod tests {
     fn envelope_slices_large_values_instead_of_copying() {
         let big = format!("{{\"v\":\"{}\"}}", "x".repeat(2000));
         let stored = Bytes::from(format!("1\n{big}\n2\n"));
-        let parts = envelope_parts(std::slice::from_ref(&stored), 7);
+        let parts = envelope_parts(std::slice::from_ref(&stored), RecordNo::new(7));
         let expected = format!(
             "{{\"record\":7,\"value\":1}}\n{{\"record\":8,\"value\":{big}}}\n{{\"record\":9,\"value\":2}}\n"
         );

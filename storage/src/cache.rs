@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::position::Offset;
+
 /// Appends up to this size are packed into blocks; larger ones are cached as they came
 /// (their piece is already big enough that its bookkeeping does not matter).
 pub(crate) const PACK_MAX: usize = 8 << 10;
@@ -30,11 +32,11 @@ const BLOCK_MIN: usize = 256;
 #[derive(Default)]
 pub(crate) struct StreamCache {
     /// Sealed runs by start offset; they never overlap.
-    runs: BTreeMap<u64, Bytes>,
+    runs: BTreeMap<Offset, Bytes>,
     /// The block small appends are being packed into: stream bytes
     /// `[open_start, open_start + open.len())`.
     open: BytesMut,
-    open_start: u64,
+    open_start: Offset,
     /// The last block filled up to `BLOCK_MAX`: the stream is busy, so the next block
     /// starts at full size instead of growing by doubling (each step a realloc and a copy).
     busy: bool,
@@ -42,7 +44,7 @@ pub(crate) struct StreamCache {
     len: usize,
     /// Starts of runs (and open blocks) created since the shard last took them, for its
     /// eviction order.
-    fresh: Vec<u64>,
+    fresh: Vec<Offset>,
 }
 
 /// One step of a read over cached and uncached ranges (see [`StreamCache::walk`]).
@@ -50,14 +52,14 @@ pub(crate) enum Extent {
     Cached(Bytes),
     /// `[start, end)` is not cached.
     Missing {
-        start: u64,
-        end: u64,
+        start: Offset,
+        end: Offset,
     },
 }
 
 impl StreamCache {
     /// Cache one appended chunk's bytes; it starts at stream offset `start`.
-    pub(crate) fn insert_append(&mut self, start: u64, data: &Bytes) {
+    pub(crate) fn insert_append(&mut self, start: Offset, data: &Bytes) {
         if data.is_empty() {
             return;
         }
@@ -93,7 +95,7 @@ impl StreamCache {
 
     /// Cache bytes read back from the log for the chunk `[start, start + data.len())`,
     /// unless some of it is cached already. Returns whether they were added.
-    pub(crate) fn insert_loaded(&mut self, start: u64, data: &Bytes) -> bool {
+    pub(crate) fn insert_loaded(&mut self, start: Offset, data: &Bytes) -> bool {
         let end = start + data.len() as u64;
         if data.is_empty() || self.overlaps(start, end) {
             return false;
@@ -105,7 +107,7 @@ impl StreamCache {
     }
 
     /// The cached bytes `[start, start + len)`, if one run holds them all.
-    pub(crate) fn get(&self, start: u64, len: usize) -> Option<Bytes> {
+    pub(crate) fn get(&self, start: Offset, len: usize) -> Option<Bytes> {
         let end = start + len as u64;
         if let Some((&s, b)) = self.runs.range(..=start).next_back() {
             if s + b.len() as u64 >= end {
@@ -121,7 +123,7 @@ impl StreamCache {
 
     /// Walk `[from, to)` in order, as slices of cached runs and the ranges between them
     /// that are not cached. Seals the open block first if the range reaches into it.
-    pub(crate) fn walk(&mut self, from: u64, to: u64, mut visit: impl FnMut(Extent)) {
+    pub(crate) fn walk(&mut self, from: Offset, to: Offset, mut visit: impl FnMut(Extent)) {
         if from >= to {
             return;
         }
@@ -154,7 +156,11 @@ impl StreamCache {
 
     /// Drop the run (or open block) that starts at `start` if `evictable(start, end)`
     /// says it may go. Returns the bytes freed.
-    pub(crate) fn evict(&mut self, start: u64, evictable: impl Fn(u64, u64) -> bool) -> usize {
+    pub(crate) fn evict(
+        &mut self,
+        start: Offset,
+        evictable: impl Fn(Offset, Offset) -> bool,
+    ) -> usize {
         if let Some(b) = self.runs.get(&start) {
             if !evictable(start, start + b.len() as u64) {
                 return 0;
@@ -174,7 +180,7 @@ impl StreamCache {
     }
 
     /// End offset of the run (or open block) that starts at `start`, if there is one.
-    pub(crate) fn end_of(&self, start: u64) -> Option<u64> {
+    pub(crate) fn end_of(&self, start: Offset) -> Option<Offset> {
         match self.runs.get(&start) {
             Some(b) => Some(start + b.len() as u64),
             None => (!self.open.is_empty() && self.open_start == start)
@@ -183,7 +189,7 @@ impl StreamCache {
     }
 
     /// Drop everything that ends at or before `offset`. Returns the bytes freed.
-    pub(crate) fn trim(&mut self, offset: u64) -> usize {
+    pub(crate) fn trim(&mut self, offset: Offset) -> usize {
         let mut freed = 0;
         while let Some(entry) = self.runs.first_entry() {
             if *entry.key() + entry.get().len() as u64 > offset {
@@ -206,7 +212,7 @@ impl StreamCache {
 
     /// Starts of the runs created since the last call, oldest first. Drained rather than
     /// taken, so the list keeps its allocation across appends.
-    pub(crate) fn drain_fresh(&mut self) -> std::vec::Drain<'_, u64> {
+    pub(crate) fn drain_fresh(&mut self) -> std::vec::Drain<'_, Offset> {
         self.fresh.drain(..)
     }
 
@@ -227,7 +233,7 @@ impl StreamCache {
         self.runs.insert(self.open_start, run);
     }
 
-    fn overlaps(&self, start: u64, end: u64) -> bool {
+    fn overlaps(&self, start: Offset, end: Offset) -> bool {
         let run_overlaps = self
             .runs
             .range(..end)
@@ -241,12 +247,14 @@ impl StreamCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::off;
 
+    /// The walk over `[from, to)`, missing ranges as numbers.
     fn collect(c: &mut StreamCache, from: u64, to: u64) -> Vec<(bool, Vec<u8>, u64, u64)> {
         let mut out = Vec::new();
-        c.walk(from, to, |s| match s {
+        c.walk(off(from), off(to), |s| match s {
             Extent::Cached(b) => out.push((true, b.to_vec(), 0, 0)),
-            Extent::Missing { start, end } => out.push((false, Vec::new(), start, end)),
+            Extent::Missing { start, end } => out.push((false, Vec::new(), start.get(), end.get())),
         });
         out
     }
@@ -259,7 +267,7 @@ mod tests {
     fn small_appends_read_back_as_one_piece() {
         let mut c = StreamCache::default();
         let mut want = Vec::new();
-        let mut pos = 0;
+        let mut pos = Offset::ZERO;
         for i in 0..50u8 {
             let d = filled(i, 1000);
             c.insert_append(pos, &d);
@@ -267,8 +275,12 @@ mod tests {
             pos += 1000;
         }
         assert_eq!(c.len(), 50_000);
-        assert_eq!(c.drain_fresh().collect::<Vec<_>>(), vec![0], "one block");
-        let pieces = collect(&mut c, 0, pos);
+        assert_eq!(
+            c.drain_fresh().collect::<Vec<_>>(),
+            vec![off(0)],
+            "one block"
+        );
+        let pieces = collect(&mut c, 0, pos.get());
         assert_eq!(pieces.len(), 1);
         assert_eq!(pieces[0].1, want);
         // A sub-range is a slice of the same run.
@@ -279,7 +291,7 @@ mod tests {
     #[test]
     fn blocks_are_sealed_at_the_size_limit_and_large_appends_stand_alone() {
         let mut c = StreamCache::default();
-        let mut pos = 0;
+        let mut pos = Offset::ZERO;
         let mut want = Vec::new();
         for i in 0..100u8 {
             let d = filled(i, 1 << 10);
@@ -297,13 +309,13 @@ mod tests {
         pos += 10;
         let blocks = (100 << 10) / BLOCK_MAX as u64;
         let fresh = c.drain_fresh().collect::<Vec<_>>();
-        assert_eq!(fresh[..2], [0, BLOCK_MAX as u64]);
+        assert_eq!(fresh[..2], [off(0), off(BLOCK_MAX as u64)]);
         assert_eq!(
             fresh.len() as u64,
             blocks + 1 + 1 + 1,
             "blocks, the big append, the tail"
         );
-        let pieces = collect(&mut c, 0, pos);
+        let pieces = collect(&mut c, 0, pos.get());
         assert_eq!(pieces.len(), 4);
         assert!(pieces.iter().all(|p| p.0));
         assert_eq!(pieces.concat_bytes(), want);
@@ -322,32 +334,32 @@ mod tests {
     #[test]
     fn a_read_seals_the_open_block_and_packing_starts_a_new_one() {
         let mut c = StreamCache::default();
-        c.insert_append(0, &filled(1, 100));
+        c.insert_append(off(0), &filled(1, 100));
         assert_eq!(collect(&mut c, 0, 100).len(), 1);
-        c.insert_append(100, &filled(2, 100));
-        assert_eq!(c.drain_fresh().collect::<Vec<_>>(), vec![0, 100]);
+        c.insert_append(off(100), &filled(2, 100));
+        assert_eq!(c.drain_fresh().collect::<Vec<_>>(), vec![off(0), off(100)]);
         let pieces = collect(&mut c, 50, 200);
         assert_eq!(pieces.len(), 2);
         assert_eq!(pieces.concat_bytes(), [vec![1; 50], vec![2; 100]].concat());
         // A read that stops before the open block leaves it open.
-        c.insert_append(200, &filled(3, 100));
+        c.insert_append(off(200), &filled(3, 100));
         collect(&mut c, 0, 200);
-        c.insert_append(300, &filled(4, 100));
-        assert_eq!(c.drain_fresh().collect::<Vec<_>>(), vec![200]);
+        c.insert_append(off(300), &filled(4, 100));
+        assert_eq!(c.drain_fresh().collect::<Vec<_>>(), vec![off(200)]);
         assert_eq!(collect(&mut c, 200, 400).len(), 1);
     }
 
     #[test]
     fn gaps_are_reported_as_missing_ranges() {
         let mut c = StreamCache::default();
-        c.insert_append(0, &filled(1, 100));
-        c.insert_append(100, &filled(2, 100));
-        c.insert_append(200, &filled(3, 100));
+        c.insert_append(off(0), &filled(1, 100));
+        c.insert_append(off(100), &filled(2, 100));
+        c.insert_append(off(200), &filled(3, 100));
         collect(&mut c, 0, 300);
-        assert_eq!(c.evict(0, |_, _| true), 300);
+        assert_eq!(c.evict(off(0), |_, _| true), 300);
         assert_eq!(c.len(), 0);
-        assert!(c.insert_loaded(100, &filled(2, 100)));
-        assert!(!c.insert_loaded(150, &filled(2, 10)), "overlaps");
+        assert!(c.insert_loaded(off(100), &filled(2, 100)));
+        assert!(!c.insert_loaded(off(150), &filled(2, 10)), "overlaps");
         let pieces = collect(&mut c, 10, 290);
         assert_eq!(
             pieces,
@@ -357,37 +369,37 @@ mod tests {
                 (false, vec![], 200, 290),
             ]
         );
-        assert_eq!(c.get(120, 10), Some(filled(2, 10)));
-        assert_eq!(c.get(190, 20), None, "not all cached");
+        assert_eq!(c.get(off(120), 10), Some(filled(2, 10)));
+        assert_eq!(c.get(off(190), 20), None, "not all cached");
     }
 
     #[test]
     fn eviction_asks_and_trim_drops_what_ends_before_the_offset() {
         let mut c = StreamCache::default();
-        c.insert_append(0, &filled(1, 100));
+        c.insert_append(off(0), &filled(1, 100));
         collect(&mut c, 0, 100);
-        c.insert_append(100, &filled(2, 100));
-        assert_eq!(c.end_of(0), Some(100));
-        assert_eq!(c.end_of(100), Some(200), "the open block");
-        assert_eq!(c.evict(100, |_, end| end <= 150), 0, "refused");
+        c.insert_append(off(100), &filled(2, 100));
+        assert_eq!(c.end_of(off(0)), Some(off(100)));
+        assert_eq!(c.end_of(off(100)), Some(off(200)), "the open block");
+        assert_eq!(c.evict(off(100), |_, end| end <= off(150)), 0, "refused");
         assert_eq!(
-            c.get(100, 100),
+            c.get(off(100), 100),
             Some(filled(2, 100)),
             "read from the open block"
         );
-        assert_eq!(c.evict(100, |_, _| true), 100);
-        assert_eq!(c.end_of(100), None);
-        c.insert_append(200, &filled(3, 100));
-        assert_eq!(c.trim(150), 100, "the first run");
-        assert_eq!(c.trim(250), 0, "the open block ends after 250");
-        assert_eq!(c.trim(300), 100);
+        assert_eq!(c.evict(off(100), |_, _| true), 100);
+        assert_eq!(c.end_of(off(100)), None);
+        c.insert_append(off(200), &filled(3, 100));
+        assert_eq!(c.trim(off(150)), 100, "the first run");
+        assert_eq!(c.trim(off(250)), 0, "the open block ends after 250");
+        assert_eq!(c.trim(off(300)), 100);
         assert_eq!(c.len(), 0);
     }
 
     #[test]
     fn open_blocks_grow_in_powers_of_two_and_stay_at_least_half_full() {
         let mut c = StreamCache::default();
-        let mut pos = 0;
+        let mut pos = Offset::ZERO;
         for len in [100, 300, 8000, 20, 5000, 8192, 8192, 8192, 8192, 8192, 8192] {
             c.insert_append(pos, &filled(1, len));
             pos += len as u64;
@@ -404,10 +416,10 @@ mod tests {
     #[test]
     fn a_sparse_block_is_copied_on_seal_and_a_full_one_is_frozen_in_place() {
         let mut c = StreamCache::default();
-        c.insert_append(0, &filled(1, 10));
+        c.insert_append(off(0), &filled(1, 10));
         let block = c.open.as_ptr();
         collect(&mut c, 0, 10);
-        let run = c.runs.get(&0).expect("sealed");
+        let run = c.runs.get(&off(0)).expect("sealed");
         assert_ne!(
             run.as_ptr(),
             block,
@@ -416,10 +428,10 @@ mod tests {
         assert_eq!(run.len(), 10);
         assert_eq!(c.open.capacity(), 0, "the block itself is released");
 
-        c.insert_append(10, &filled(2, 4000));
+        c.insert_append(off(10), &filled(2, 4000));
         let block = c.open.as_ptr();
         collect(&mut c, 0, 4010);
-        let run = c.runs.get(&10).expect("sealed");
+        let run = c.runs.get(&off(10)).expect("sealed");
         assert_eq!(
             run.as_ptr(),
             block,

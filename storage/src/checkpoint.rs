@@ -41,7 +41,7 @@ use bytes::Bytes;
 
 use crate::index::{IndexFile, IndexFileNo};
 use crate::packed::Packed;
-use crate::position::{Lsn, SegmentNo};
+use crate::position::{Lsn, Offset, SegmentNo};
 use crate::record::{decode_at, ImageRec, Record};
 use crate::stream::{Chunk, DiskLoc, Stream, StreamId};
 
@@ -73,7 +73,7 @@ pub(crate) struct Position {
 /// index file that is missing or torn.
 pub(crate) struct SavedStream {
     pub image: ImageRec,
-    pub tables: Option<(Packed<Chunk>, Packed<u64>)>,
+    pub tables: Option<(Packed<Chunk>, Packed<Offset>)>,
     /// The chunks do not carry their first record ordinal yet (a format 1 checkpoint);
     /// recovery derives them once the tables are complete.
     pub unnumbered: bool,
@@ -94,7 +94,7 @@ pub(crate) fn path(dir: &Path) -> PathBuf {
 pub(crate) struct CapturedStream {
     image: ImageRec,
     chunks: Packed<Chunk>,
-    msgs: Packed<u64>,
+    msgs: Packed<Offset>,
 }
 
 impl CapturedStream {
@@ -327,10 +327,10 @@ fn decode_inline_tables(
         let mut next = |what: &str| r.next().ok_or_else(|| bad(what));
         let chunk_count = next("chunk count")?;
         let mut chunks = Vec::with_capacity(chunk_count.min(1 << 20) as usize);
-        let mut expected = 0u64;
+        let mut expected = Offset::ZERO;
         let mut in_segments = Vec::new();
         for _ in 0..chunk_count {
-            let start = expected.wrapping_add(next("chunk start")?);
+            let start = Offset::new(expected.get().wrapping_add(next("chunk start")?));
             let len = u32::try_from(next("chunk length")?).map_err(|_| bad("chunk length"))?;
             let loc = DiskLoc {
                 segment: SegmentNo::new(next("chunk segment")?),
@@ -343,14 +343,14 @@ fn decode_inline_tables(
                 in_segments.push(loc.segment);
             }
             chunks.push(Chunk::unnumbered(start, len, loc));
-            expected = start.wrapping_add(len as u64);
+            expected = Offset::new(start.get().wrapping_add(u64::from(len)));
         }
         let msg_count = next("record count")?;
         let mut msgs = Vec::with_capacity(msg_count.min(1 << 24) as usize);
         let mut prev = 0u64;
         for _ in 0..msg_count {
             prev = prev.wrapping_add(next("record index")?);
-            msgs.push(prev);
+            msgs.push(Offset::new(prev));
         }
         at = r.at;
         in_segments.sort_unstable();
@@ -411,7 +411,7 @@ impl Varints<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::position::seg;
+    use crate::position::{off, seg};
     use crate::record::{AppendRec, CreateRec, Lifetime};
 
     fn stream_with_data() -> Stream {
@@ -426,7 +426,7 @@ mod tests {
             initial: AppendRec::default(),
         };
         let mut s = Stream::from_create(&create, 0);
-        let mut start = 0;
+        let mut start = Offset::ZERO;
         for (i, lens) in [vec![3u32, 4], vec![300], vec![1, 1, 1]]
             .into_iter()
             .enumerate()
@@ -447,7 +447,7 @@ mod tests {
                 data_off: 100,
             };
             s.apply_append(&a, 8, 0, Some(loc), false);
-            start += total as u64;
+            start += u64::from(total);
         }
         s
     }
@@ -487,7 +487,7 @@ mod tests {
         let want: Vec<_> = s.chunks().map(key).collect();
         assert_eq!(chunks.iter().map(key).collect::<Vec<_>>(), want);
         assert_eq!(
-            msgs.iter().collect::<Vec<_>>(),
+            msgs.iter().map(Offset::get).collect::<Vec<_>>(),
             vec![0, 3, 7, 307, 308, 309]
         );
     }
@@ -530,7 +530,7 @@ mod tests {
         // The stream moves on: more blocks freeze, a page completes, retention drops the
         // front.
         append_more(&mut s, 1300, 3);
-        let (cut, first_kept) = (s.tail - 99, s.message_count() - 33);
+        let (cut, first_kept) = (off(s.tail.get() - 99), s.message_count().saturating_sub(33));
         s.retain(cut, first_kept);
         let mut encoder = Encoder::default();
         encoder.push(captured);

@@ -24,7 +24,7 @@ pub use checkpoint::{
     summary as checkpoint_summary, CheckpointSummary, FILE_NAME as CHECKPOINT_FILE,
 };
 pub use index::DEFAULT_INDEX_CACHE_BYTES;
-pub use position::{Lsn, SegmentNo};
+pub use position::{Lsn, Offset, RecordNo, SegmentNo};
 pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta};
 pub use shard::{
     write_cold_marker, Changed, Commit, DiskUsage, Durability, NewStream, RecoveryReport, Shard,

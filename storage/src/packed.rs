@@ -24,6 +24,7 @@ use std::thread::LocalKey;
 use bytes::Bytes;
 
 use crate::index::{IndexFile, IndexFileNo};
+use crate::position::Offset;
 
 /// Entries per frozen block: a lookup decodes at most this many.
 pub(crate) const BLOCK: usize = 64;
@@ -751,21 +752,21 @@ pub(crate) fn get_signed(buf: &[u8], at: &mut usize) -> i64 {
 }
 
 /// Record starts: strictly increasing offsets.
-impl Delta for u64 {
-    fn put(&self, prev: &u64, out: &mut Vec<u8>) {
-        put_varint(out, self.wrapping_sub(*prev));
+impl Delta for Offset {
+    fn put(&self, prev: &Offset, out: &mut Vec<u8>) {
+        put_varint(out, self.get().wrapping_sub(prev.get()));
     }
 
-    fn get(prev: &u64, buf: &[u8], at: &mut usize) -> u64 {
-        prev.wrapping_add(get_varint(buf, at))
+    fn get(prev: &Offset, buf: &[u8], at: &mut usize) -> Offset {
+        Offset::new(prev.get().wrapping_add(get_varint(buf, at)))
     }
 
-    fn origin() -> u64 {
-        0
+    fn origin() -> Offset {
+        Offset::ZERO
     }
 
-    fn memo() -> &'static LocalKey<RefCell<Memo<u64>>> {
-        thread_local!(static MEMO: RefCell<Memo<u64>> = RefCell::new(Memo::default()));
+    fn memo() -> &'static LocalKey<RefCell<Memo<Offset>>> {
+        thread_local!(static MEMO: RefCell<Memo<Offset>> = RefCell::new(Memo::default()));
         &MEMO
     }
 }
@@ -773,9 +774,15 @@ impl Delta for u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::off;
 
-    fn model(n: u64) -> Vec<u64> {
-        (0..n).map(|i| i * 3 + (i % 7) * 1000).collect()
+    fn model(n: u64) -> Vec<Offset> {
+        (0..n).map(|i| off(i * 3 + (i % 7) * 1000)).collect()
+    }
+
+    /// Offsets `0, step, 2 * step, ...`: `n` of them.
+    fn spaced(n: usize, step: u64) -> Vec<Offset> {
+        (0..n as u64).map(|i| off(i * step)).collect()
     }
 
     #[test]
@@ -803,9 +810,9 @@ mod tests {
     fn frozen_and_unpacked_entries_read_the_same() {
         // Sorted, with deltas of every size class.
         let n = 10 * BLOCK as u64 + 5;
-        let mut want: Vec<u64> = Vec::new();
+        let mut want: Vec<Offset> = Vec::new();
         let mut t = Packed::default();
-        let mut v = 0u64;
+        let mut v = Offset::ZERO;
         for i in 0..n {
             v += 1 + (i % 5) * (1 << (7 * (i % 4)));
             want.push(v);
@@ -829,7 +836,16 @@ mod tests {
         ] {
             assert_eq!(t.iter_from(from).collect::<Vec<_>>(), want[from..].to_vec());
         }
-        for probe in [0, 1, want[0], want[63], want[64], want[65], v, v + 1] {
+        for probe in [
+            off(0),
+            off(1),
+            want[0],
+            want[63],
+            want[64],
+            want[65],
+            v,
+            v + 1,
+        ] {
             assert_eq!(
                 t.partition_point(|&m| m < probe),
                 want.partition_point(|&m| m < probe),
@@ -846,14 +862,14 @@ mod tests {
     fn packed_entries_take_a_fraction_of_their_unpacked_size() {
         // Starts of 100-byte records: a one-byte delta each.
         let n = 100_000;
-        let mut t = Packed::from_entries((0..n as u64).map(|i| i * 100).collect());
+        let mut t = Packed::from_entries(spaced(n, 100));
         t.freeze(0);
         assert!(
             t.heap_bytes() < 2 * n,
             "{} bytes for {n} entries",
             t.heap_bytes()
         );
-        assert_eq!(t.get(n - 1), Some((n as u64 - 1) * 100));
+        assert_eq!(t.get(n - 1), Some(off((n as u64 - 1) * 100)));
     }
 
     #[test]
@@ -877,7 +893,7 @@ mod tests {
     #[test]
     fn dropping_the_front_keeps_positions_and_frees_whole_blocks() {
         // Fewer blocks than a page, so they stay blocks.
-        let want: Vec<u64> = (0..((PAGE - 1) * BLOCK) as u64).map(|i| i * 10).collect();
+        let want = spaced((PAGE - 1) * BLOCK, 10);
         let mut t = Packed::default();
         for &w in &want {
             t.push(w);
@@ -890,7 +906,7 @@ mod tests {
         assert_eq!(t.get(0), Some(want[BLOCK + 3]));
         assert_eq!(t.iter().collect::<Vec<_>>(), want[BLOCK + 3..].to_vec());
         assert_eq!(
-            t.partition_point(|&m| m < 5),
+            t.partition_point(|&m| m < off(5)),
             0,
             "dropped entries do not count"
         );
@@ -900,51 +916,49 @@ mod tests {
         );
         t.drop_front(usize::MAX);
         assert_eq!(t.len(), 0);
-        t.push(7);
-        assert_eq!(t.iter().collect::<Vec<_>>(), vec![7]);
+        t.push(off(7));
+        assert_eq!(t.iter().collect::<Vec<_>>(), vec![off(7)]);
     }
 
     #[test]
     fn dropping_unpacked_entries_then_freezing_starts_at_the_first_live_one() {
         let mut t = Packed::default();
         for i in 0..(BLOCK as u64 + 10) {
-            t.push(i);
+            t.push(off(i));
         }
         t.drop_front(4);
         t.freeze(0);
         assert_eq!(t.len(), BLOCK + 6);
-        assert_eq!(
-            t.iter().collect::<Vec<_>>(),
-            (4..(BLOCK as u64 + 10)).collect::<Vec<_>>()
-        );
+        assert_eq!(t.iter().collect::<Vec<_>>(), spaced(BLOCK + 10, 1)[4..]);
         assert_eq!(t.unpacked().len(), 6);
-        assert_eq!(t.get(0), Some(4));
+        assert_eq!(t.get(0), Some(off(4)));
     }
 
     #[test]
     fn lookups_never_see_a_stale_block() {
-        let mut a: Packed<u64> = Packed::from_entries((0..(3 * BLOCK as u64)).collect());
+        let block = off(BLOCK as u64);
+        let mut a = Packed::from_entries(spaced(3 * BLOCK, 1));
         a.freeze(0);
         let b = a.clone();
-        assert_eq!(a.get(5), Some(5), "decodes block 0 of a (and b)");
+        assert_eq!(a.get(5), Some(off(5)), "decodes block 0 of a (and b)");
         a.update(6, |e| *e += 1000 - 6);
         a.update(7, |e| *e += 1000 - 6);
-        assert_eq!(a.get(6), Some(1000));
-        assert_eq!(b.get(6), Some(6), "the clone keeps its own blocks");
-        assert_eq!(a.get(7), Some(1001));
+        assert_eq!(a.get(6), Some(off(1000)));
+        assert_eq!(b.get(6), Some(off(6)), "the clone keeps its own blocks");
+        assert_eq!(a.get(7), Some(off(1001)));
         let mut c = b.clone();
         c.drop_front(BLOCK);
-        assert_eq!(c.get(0), Some(BLOCK as u64), "blocks moved");
-        assert_eq!(b.get(0), Some(0));
-        assert_eq!(c.partition_point(|&m| m < BLOCK as u64 + 3), 3);
-        c.insert(1, BLOCK as u64);
-        assert_eq!(c.get(1), Some(BLOCK as u64));
-        assert_eq!(c.get(2), Some(BLOCK as u64 + 1));
+        assert_eq!(c.get(0), Some(block), "blocks moved");
+        assert_eq!(b.get(0), Some(off(0)));
+        assert_eq!(c.partition_point(|&m| m < block + 3), 3);
+        c.insert(1, block);
+        assert_eq!(c.get(1), Some(block));
+        assert_eq!(c.get(2), Some(block + 1));
     }
 
     #[test]
     fn inserts_and_updates_reach_frozen_entries() {
-        let mut want: Vec<u64> = (0..(3 * BLOCK as u64)).map(|i| i * 10).collect();
+        let mut want = spaced(3 * BLOCK, 10);
         let mut t = Packed::default();
         for &w in &want {
             t.push(w);
@@ -953,11 +967,11 @@ mod tests {
         t.update(BLOCK + 1, |e| *e += 1);
         want[BLOCK + 1] += 1;
         assert_eq!(t.iter().collect::<Vec<_>>(), want);
-        t.insert(5, 45);
-        want.insert(5, 45);
+        t.insert(5, off(45));
+        want.insert(5, off(45));
         assert_eq!(t.iter().collect::<Vec<_>>(), want);
-        t.insert(t.len(), 100_000);
-        want.push(100_000);
+        t.insert(t.len(), off(100_000));
+        want.push(off(100_000));
         t.freeze(0);
         assert_eq!(t.iter().collect::<Vec<_>>(), want);
         for (i, &w) in want.iter().enumerate() {
@@ -968,7 +982,7 @@ mod tests {
     /// Write the unwritten pages of `t` to index file `number` in `dir` and point the table
     /// at them, as the shard does.
     fn write_pages(
-        t: &mut Packed<u64>,
+        t: &mut Packed<Offset>,
         dir: &std::path::Path,
         number: IndexFileNo,
     ) -> Rc<IndexFile> {
@@ -993,7 +1007,7 @@ mod tests {
         f
     }
 
-    fn check_same(t: &Packed<u64>, want: &[u64]) {
+    fn check_same(t: &Packed<Offset>, want: &[Offset]) {
         assert_eq!(t.len(), want.len());
         assert_eq!(t.iter().collect::<Vec<_>>(), want);
         for i in (0..want.len())
@@ -1014,7 +1028,7 @@ mod tests {
     fn pages_read_the_same_from_memory_and_from_an_index_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let n = 3 * PAGE_ENTRIES + (PAGE - 1) * BLOCK + 7;
-        let mut want: Vec<u64> = (0..n as u64).map(|i| i * 7 + (i % 3)).collect();
+        let mut want: Vec<Offset> = (0..n as u64).map(|i| off(i * 7 + (i % 3))).collect();
         let mut t = Packed::default();
         for &w in &want {
             t.push(w);
@@ -1041,7 +1055,7 @@ mod tests {
         let mut out = Vec::new();
         t.encode_into(&mut out);
         let mut at = 0;
-        let back = Packed::<u64>::decode_from(&out, &mut at, &mut |s| {
+        let back = Packed::<Offset>::decode_from(&out, &mut at, &mut |s| {
             (s == IndexFileNo::new(4)).then(|| f.clone())
         })
         .expect("decodes")
@@ -1049,7 +1063,7 @@ mod tests {
         assert_eq!(at, out.len());
         check_same(&back, &want);
         let mut at = 0;
-        let lost = Packed::<u64>::decode_from(&out, &mut at, &mut |_| None).expect("decodes");
+        let lost = Packed::<Offset>::decode_from(&out, &mut at, &mut |_| None).expect("decodes");
         assert!(lost.is_none(), "a missing index file is reported");
         // Retention across pages, blocks and the tail keeps positions exact.
         for drop in [5, PAGE_ENTRIES, 2 * BLOCK + 1, PAGE_ENTRIES + 3] {
@@ -1057,16 +1071,16 @@ mod tests {
             want.drain(..drop);
             check_same(&t, &want);
         }
-        t.insert(0, 0);
-        want.insert(0, 0);
+        t.insert(0, Offset::ZERO);
+        want.insert(0, Offset::ZERO);
         check_same(&t, &want);
     }
 
     #[test]
     fn a_damaged_page_is_detected() {
         let mut t = Packed::default();
-        for i in 0..PAGE_ENTRIES as u64 {
-            t.push(i * 300);
+        for o in spaced(PAGE_ENTRIES, 300) {
+            t.push(o);
         }
         t.freeze(0);
         let page = t.unwritten_pages().next().expect("a page").clone();

@@ -14,7 +14,7 @@ use std::task::Poll;
 use bytes::Bytes;
 
 use crate::aligned::{align_down, align_up, AlignedBuf};
-use crate::position::SegmentNo;
+use crate::position::{Offset, SegmentNo};
 use crate::stream::DiskLoc;
 
 /// A gap of unwanted bytes up to this size between two wanted records is read through: it
@@ -33,7 +33,7 @@ pub(crate) struct Part {
     /// Index of the response piece this fills.
     pub slot: usize,
     pub loc: DiskLoc,
-    pub chunk_start: u64,
+    pub chunk_start: Offset,
     pub chunk_len: u32,
     /// Byte range wanted within the chunk.
     pub from: usize,
@@ -141,7 +141,7 @@ mod tests {
                 record_len,
                 data_off: 32,
             },
-            chunk_start: 0,
+            chunk_start: Offset::ZERO,
             chunk_len: record_len - 32,
             from: 0,
             to: 0,

@@ -16,7 +16,7 @@
 //! A zero length with a zero LSN marks the unwritten (preallocated, zero-filled) end of a
 //! segment. Records are packed back to back; only whole flushes are block-aligned.
 
-use crate::position::Lsn;
+use crate::position::{Lsn, Offset, RecordNo};
 use bytes::Bytes;
 
 /// Bytes of frame header in front of every payload.
@@ -58,7 +58,7 @@ pub struct ProducerStamp {
 pub struct AppendRec {
     pub id: u64,
     /// Stream offset of the first data byte.
-    pub start: u64,
+    pub start: Offset,
     /// Close the stream after this append.
     pub close: bool,
     pub stream_seq: Option<Bytes>,
@@ -100,7 +100,7 @@ pub struct ProducerImage {
 /// its own file next to the segments.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotMeta {
-    pub offset: u64,
+    pub offset: Offset,
     pub content_type: Box<str>,
     pub digest: Box<str>,
     /// File name of the blob in the shard's `snapshots/` directory.
@@ -120,13 +120,13 @@ pub struct ImageRec {
     pub content_type: Box<str>,
     pub lifetime: Lifetime,
     pub ext: Bytes,
-    pub tail: u64,
+    pub tail: Offset,
     pub closed: bool,
     pub stream_seq: Option<Bytes>,
     pub producers: Vec<ProducerImage>,
     /// First readable offset and the ordinal of the first retained message.
-    pub retained_start: u64,
-    pub first_record: u64,
+    pub retained_start: Offset,
+    pub first_record: RecordNo,
     pub snapshot: Option<SnapshotMeta>,
 }
 
@@ -153,8 +153,8 @@ pub enum Record {
     /// Retention advanced: bytes before `offset` and messages before `first_record` are gone.
     Retain {
         id: u64,
-        offset: u64,
-        first_record: u64,
+        offset: Offset,
+        first_record: RecordNo,
     },
 }
 
@@ -255,8 +255,8 @@ impl Record {
                 first_record,
             } => {
                 put_u64(out, *id);
-                put_u64(out, *offset);
-                put_u64(out, *first_record);
+                put_u64(out, offset.get());
+                put_u64(out, first_record.get());
                 &[]
             }
             Record::Delete { id } => {
@@ -378,8 +378,8 @@ fn decode_payload(kind: u8, r: &mut Reader) -> Option<Record> {
         },
         KIND_RETAIN => Record::Retain {
             id: r.u64()?,
-            offset: r.u64()?,
-            first_record: r.u64()?,
+            offset: Offset::new(r.u64()?),
+            first_record: RecordNo::new(r.u64()?),
         },
         _ => return None,
     })
@@ -413,7 +413,7 @@ fn snapshot_len(m: &SnapshotMeta) -> usize {
 }
 
 fn put_snapshot(out: &mut Vec<u8>, m: &SnapshotMeta) {
-    put_u64(out, m.offset);
+    put_u64(out, m.offset.get());
     put_str(out, &m.content_type);
     put_str(out, &m.digest);
     put_str(out, &m.blob);
@@ -422,7 +422,7 @@ fn put_snapshot(out: &mut Vec<u8>, m: &SnapshotMeta) {
 
 fn get_snapshot(r: &mut Reader) -> Option<SnapshotMeta> {
     Some(SnapshotMeta {
-        offset: r.u64()?,
+        offset: Offset::new(r.u64()?),
         content_type: r.str()?,
         digest: r.str()?,
         blob: r.str()?,
@@ -438,7 +438,7 @@ fn put_image(out: &mut Vec<u8>, i: &ImageRec) {
     put_str(out, &i.content_type);
     put_lifetime(out, i.lifetime);
     put_bytes(out, &i.ext);
-    put_u64(out, i.tail);
+    put_u64(out, i.tail.get());
     out.push(i.closed as u8);
     match &i.stream_seq {
         Some(s) => put_bytes(out, s),
@@ -457,8 +457,8 @@ fn put_image(out: &mut Vec<u8>, i: &ImageRec) {
             }
         }
     }
-    put_u64(out, i.retained_start);
-    put_u64(out, i.first_record);
+    put_u64(out, i.retained_start.get());
+    put_u64(out, i.first_record.get());
     match &i.snapshot {
         Some(m) => {
             out.push(1);
@@ -476,7 +476,7 @@ fn get_image(r: &mut Reader) -> Option<ImageRec> {
     let content_type = r.str()?;
     let lifetime = get_lifetime(r)?;
     let ext = r.owned_bytes()?;
-    let tail = r.u64()?;
+    let tail = Offset::new(r.u64()?);
     let closed = r.flag()?;
     let seq_len = r.u32()?;
     let stream_seq = if seq_len == u32::MAX {
@@ -504,8 +504,8 @@ fn get_image(r: &mut Reader) -> Option<ImageRec> {
             receipts,
         });
     }
-    let retained_start = r.u64()?;
-    let first_record = r.u64()?;
+    let retained_start = Offset::new(r.u64()?);
+    let first_record = RecordNo::new(r.u64()?);
     let snapshot = match r.u8()? {
         0 => None,
         1 => Some(get_snapshot(r)?),
@@ -551,7 +551,7 @@ fn append_len(a: &AppendRec) -> usize {
 /// Everything of an append except the data bytes themselves (their length prefix included).
 fn put_append_meta(out: &mut Vec<u8>, a: &AppendRec) {
     put_u64(out, a.id);
-    put_u64(out, a.start);
+    put_u64(out, a.start.get());
     out.push(a.close as u8);
     // u32::MAX length marks "no Stream-Seq" (an empty one is impossible on the wire).
     match &a.stream_seq {
@@ -586,7 +586,7 @@ enum Lens {
 
 fn get_append(r: &mut Reader, lens: Lens) -> Option<AppendRec> {
     let id = r.u64()?;
-    let start = r.u64()?;
+    let start = Offset::new(r.u64()?);
     let close = r.flag()?;
     let seq_len = r.u32()?;
     let stream_seq = if seq_len == u32::MAX {
@@ -718,11 +718,12 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::{off, rec};
 
     fn sample_append() -> AppendRec {
         AppendRec {
             id: 7,
-            start: 42,
+            start: off(42),
             close: true,
             stream_seq: Some(Bytes::from_static(b"seq-9")),
             producer: Some(ProducerStamp {
@@ -761,7 +762,7 @@ mod tests {
             content_type: "text/plain".into(),
             lifetime: Lifetime::TtlSeconds(5),
             ext: Bytes::from_static(b"{}"),
-            tail: 77,
+            tail: off(77),
             closed: true,
             stream_seq: None,
             producers: vec![ProducerImage {
@@ -771,10 +772,10 @@ mod tests {
                 last_used_ms: 3,
                 receipts: vec![[4, 10, 20, 1, 2]],
             }],
-            retained_start: 10,
-            first_record: 1,
+            retained_start: off(10),
+            first_record: rec(1),
             snapshot: Some(SnapshotMeta {
-                offset: 12,
+                offset: off(12),
                 content_type: "application/json".into(),
                 digest: "ab".into(),
                 blob: "1-2-3.blob".into(),
@@ -783,13 +784,13 @@ mod tests {
         }));
         roundtrip(Record::Retain {
             id: 4,
-            offset: 100,
-            first_record: 7,
+            offset: off(100),
+            first_record: rec(7),
         });
         roundtrip(Record::Snapshot {
             id: 4,
             meta: SnapshotMeta {
-                offset: 1,
+                offset: off(1),
                 content_type: "text/plain".into(),
                 digest: "00".into(),
                 blob: "b".into(),
@@ -880,7 +881,7 @@ mod tests {
         // the whole write and lists the two records it still indexes.
         let cut = AppendRec {
             id: 7,
-            start: 100,
+            start: off(100),
             append_lens: vec![9],
             msg_lens: vec![3, 3],
             data: Bytes::from_static(b"{}\n{}\n{}\n"),

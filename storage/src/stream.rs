@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use crate::cache::{Extent, StreamCache};
 use crate::packed::{get_signed, get_varint, put_signed, put_varint, Delta, Memo, Packed};
-use crate::position::SegmentNo;
+use crate::position::{Offset, RecordNo, SegmentNo};
 use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, SnapshotMeta};
 
 /// Shard-local stream identifier; never reused while the process runs.
@@ -30,9 +30,9 @@ pub type StreamId = u64;
 #[derive(Clone, Copy, Debug)]
 pub struct Chunk {
     /// Stream offset of the first byte.
-    pub start: u64,
+    pub start: Offset,
     /// Ordinal (index into the message index) of the first message in this chunk.
-    pub first_msg: u64,
+    pub first_msg: RecordNo,
     pub len: u32,
     /// Where the bytes are in the log, as the fields of a `DiskLoc`; `segment` is
     /// `NOWHERE` in memory mode, where chunks only exist in the cache.
@@ -47,9 +47,12 @@ pub struct Chunk {
 /// close together in a segment, but a relocated one may lie anywhere).
 impl Delta for Chunk {
     fn put(&self, prev: &Chunk, out: &mut Vec<u8>) {
-        put_signed(out, self.start.wrapping_sub(prev.end()) as i64);
+        put_signed(out, self.start.get().wrapping_sub(prev.end().get()) as i64);
         put_varint(out, u64::from(self.len));
-        put_signed(out, self.first_msg.wrapping_sub(prev.first_msg) as i64);
+        put_signed(
+            out,
+            self.first_msg.get().wrapping_sub(prev.first_msg.get()) as i64,
+        );
         put_signed(
             out,
             i64::from(self.segment.wrapping_sub(prev.segment) as i32),
@@ -60,11 +63,15 @@ impl Delta for Chunk {
     }
 
     fn get(prev: &Chunk, buf: &[u8], at: &mut usize) -> Chunk {
-        let start = prev.end().wrapping_add(get_signed(buf, at) as u64);
+        let start = Offset::new(prev.end().get().wrapping_add(get_signed(buf, at) as u64));
         Chunk {
             start,
             len: get_varint(buf, at) as u32,
-            first_msg: prev.first_msg.wrapping_add(get_signed(buf, at) as u64),
+            first_msg: RecordNo::new(
+                prev.first_msg
+                    .get()
+                    .wrapping_add(get_signed(buf, at) as u64),
+            ),
             segment: prev.segment.wrapping_add(get_signed(buf, at) as i32 as u32),
             record_pos: prev.record_pos.wrapping_add(get_signed(buf, at) as u64),
             record_len: get_varint(buf, at) as u32,
@@ -73,7 +80,7 @@ impl Delta for Chunk {
     }
 
     fn origin() -> Chunk {
-        Chunk::new(0, 0, None)
+        Chunk::new(Offset::ZERO, 0, None)
     }
 
     fn memo() -> &'static std::thread::LocalKey<RefCell<Memo<Chunk>>> {
@@ -109,14 +116,14 @@ impl DiskLoc {
 
 impl Chunk {
     /// A chunk whose first record ordinal is not known yet (recovery numbers it).
-    pub(crate) fn unnumbered(start: u64, len: u32, loc: DiskLoc) -> Chunk {
+    pub(crate) fn unnumbered(start: Offset, len: u32, loc: DiskLoc) -> Chunk {
         Chunk::new(start, len, Some(loc))
     }
 
-    fn new(start: u64, len: u32, loc: Option<DiskLoc>) -> Chunk {
+    fn new(start: Offset, len: u32, loc: Option<DiskLoc>) -> Chunk {
         let mut c = Chunk {
             start,
-            first_msg: 0,
+            first_msg: RecordNo::ZERO,
             len,
             segment: NOWHERE,
             record_pos: 0,
@@ -127,8 +134,8 @@ impl Chunk {
         c
     }
 
-    pub fn end(&self) -> u64 {
-        self.start + self.len as u64
+    pub fn end(&self) -> Offset {
+        self.start + u64::from(self.len)
     }
 
     /// Where the chunk's bytes are in the log (none in memory mode).
@@ -165,7 +172,7 @@ pub enum Piece {
     Disk {
         loc: DiskLoc,
         /// Stream offset of the chunk (identifies it for re-caching).
-        chunk_start: u64,
+        chunk_start: Offset,
         chunk_len: u32,
         /// Byte range wanted within the chunk.
         from: usize,
@@ -177,10 +184,10 @@ pub enum Piece {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Receipt {
     pub seq: u64,
-    pub start: u64,
-    pub next: u64,
-    pub record_start: u64,
-    pub record_next: u64,
+    pub start: Offset,
+    pub next: Offset,
+    pub record_start: RecordNo,
+    pub record_next: RecordNo,
 }
 
 #[derive(Clone, Debug)]
@@ -208,10 +215,10 @@ pub struct Stream {
     /// Server-owned configuration and state (attributes, fork linkage), durable.
     pub ext: Bytes,
     /// Head: offset after the last accepted (possibly not yet durable) append.
-    pub tail: u64,
+    pub tail: Offset,
     pub closed: bool,
     /// Durable and readable.
-    pub visible_tail: u64,
+    pub visible_tail: Offset,
     pub visible_closed: bool,
     pub last_stream_seq: Option<Bytes>,
     pub producers: HashMap<Box<str>, Producer>,
@@ -221,13 +228,13 @@ pub struct Stream {
     /// Start offset of every retained message; ordinal `msg_base + i` starts at
     /// `msg_starts[i]`. Retention drops entries from the front and raises `msg_base`, so
     /// surviving ordinals never change.
-    msg_starts: Packed<u64>,
-    msg_base: u64,
+    msg_starts: Packed<Offset>,
+    msg_base: RecordNo,
     /// Set when recovery inserted chunks out of order: their first messages are derived
     /// again once the tables are complete.
     renumber: bool,
     /// First readable offset (retention point); everything before it is gone.
-    pub retained_start: u64,
+    pub retained_start: Offset,
     /// The visible snapshot.
     pub snapshot: Option<SnapshotMeta>,
     /// Last access for sliding TTLs (not durable: a restart counts as an access).
@@ -248,18 +255,18 @@ impl Stream {
             content_type: c.content_type.clone(),
             lifetime: c.lifetime,
             ext: c.ext.clone(),
-            tail: 0,
+            tail: Offset::ZERO,
             closed: false,
-            visible_tail: 0,
+            visible_tail: Offset::ZERO,
             visible_closed: false,
             last_stream_seq: None,
             producers: HashMap::new(),
             chunks: Packed::default(),
             cache: StreamCache::default(),
             msg_starts: Packed::default(),
-            msg_base: 0,
+            msg_base: RecordNo::ZERO,
             renumber: false,
-            retained_start: 0,
+            retained_start: Offset::ZERO,
             snapshot: None,
             last_access_ms: Cell::new(now_ms),
             version: Cell::new(0),
@@ -291,7 +298,7 @@ impl Stream {
     pub(crate) fn from_checkpoint(
         i: &ImageRec,
         chunks: Packed<Chunk>,
-        msg_starts: Packed<u64>,
+        msg_starts: Packed<Offset>,
         numbered: bool,
         now_ms: i64,
     ) -> Stream {
@@ -311,11 +318,11 @@ impl Stream {
     }
 
     /// The chunk table and record index, for checkpoints and index files.
-    pub(crate) fn tables(&self) -> (&Packed<Chunk>, &Packed<u64>) {
+    pub(crate) fn tables(&self) -> (&Packed<Chunk>, &Packed<Offset>) {
         (&self.chunks, &self.msg_starts)
     }
 
-    pub(crate) fn tables_mut(&mut self) -> (&mut Packed<Chunk>, &mut Packed<u64>) {
+    pub(crate) fn tables_mut(&mut self) -> (&mut Packed<Chunk>, &mut Packed<Offset>) {
         (&mut self.chunks, &mut self.msg_starts)
     }
 
@@ -337,10 +344,10 @@ impl Stream {
                     .iter()
                     .map(|r| Receipt {
                         seq: r[0],
-                        start: r[1],
-                        next: r[2],
-                        record_start: r[3],
-                        record_next: r[4],
+                        start: Offset::new(r[1]),
+                        next: Offset::new(r[2]),
+                        record_start: RecordNo::new(r[3]),
+                        record_next: RecordNo::new(r[4]),
                     })
                     .collect();
                 (
@@ -383,7 +390,15 @@ impl Stream {
                     receipts: p
                         .receipts
                         .iter()
-                        .map(|r| [r.seq, r.start, r.next, r.record_start, r.record_next])
+                        .map(|r| {
+                            [
+                                r.seq,
+                                r.start.get(),
+                                r.next.get(),
+                                r.record_start.get(),
+                                r.record_next.get(),
+                            ]
+                        })
                         .collect(),
                 })
                 .collect(),
@@ -395,7 +410,7 @@ impl Stream {
     /// later (newer) location.
     pub(crate) fn add_recovered_chunk(
         &mut self,
-        start: u64,
+        start: Offset,
         len: u32,
         msg_lens: &[u32],
         loc: DiskLoc,
@@ -416,7 +431,7 @@ impl Stream {
             if self.msg_starts.get(j) != Some(off) {
                 self.msg_starts.insert(j, off);
             }
-            off += l as u64;
+            off += u64::from(l);
         }
     }
 
@@ -447,7 +462,7 @@ impl Stream {
                 _ => self.tail <= self.retained_start,
             };
             if !ok {
-                tracing::error!(stream = %self.key, tail = self.tail, "recovered chunks do not cover the stream");
+                tracing::error!(stream = %self.key, tail = self.tail.get(), "recovered chunks do not cover the stream");
             }
             return ok;
         }
@@ -475,8 +490,8 @@ impl Stream {
         if !ok {
             tracing::error!(
                 stream = %self.key,
-                tail = self.tail,
-                chunks_end = expected,
+                tail = self.tail.get(),
+                chunks_end = expected.get(),
                 "recovered chunks do not cover the stream"
             );
         }
@@ -489,7 +504,7 @@ impl Stream {
     pub(crate) fn chunks_in_segment(
         &self,
         segment: SegmentNo,
-    ) -> Vec<(u64, u32, DiskLoc, Vec<u32>)> {
+    ) -> Vec<(Offset, u32, DiskLoc, Vec<u32>)> {
         self.chunks
             .iter()
             .filter_map(|c| {
@@ -502,7 +517,7 @@ impl Stream {
     }
 
     /// Point a chunk at its relocated copy.
-    pub(crate) fn relocate(&mut self, chunk_start: u64, loc: DiskLoc) {
+    pub(crate) fn relocate(&mut self, chunk_start: Offset, loc: DiskLoc) {
         let i = self.chunks.partition_point(|c| c.start < chunk_start);
         if self.chunks.get(i).is_some_and(|c| c.start == chunk_start) {
             self.chunks.update(i, |c| c.set_loc(Some(loc)));
@@ -510,7 +525,7 @@ impl Stream {
     }
 
     /// Cached bytes of a chunk, if any.
-    pub(crate) fn cached_chunk(&self, chunk_start: u64, chunk_len: u32) -> Option<Bytes> {
+    pub(crate) fn cached_chunk(&self, chunk_start: Offset, chunk_len: u32) -> Option<Bytes> {
         self.cache.get(chunk_start, chunk_len as usize)
     }
 
@@ -556,7 +571,7 @@ impl Stream {
         // A message is never empty; a zero length would index a phantom record.
         for &len in a.msg_lens.iter().filter(|&&l| l > 0) {
             self.msg_starts.push(off);
-            off += len as u64;
+            off += u64::from(len);
             new_msg_count += 1;
         }
         // Every older message starts before `a.start`, so only the new ones are searched:
@@ -608,7 +623,7 @@ impl Stream {
     }
 
     /// Make everything up to `tail` (and the closure, if set) readable and wake readers.
-    pub(crate) fn make_visible(&mut self, tail: u64, closed: bool) {
+    pub(crate) fn make_visible(&mut self, tail: Offset, closed: bool) {
         if tail > self.visible_tail || (closed && !self.visible_closed) {
             self.visible_tail = self.visible_tail.max(tail);
             self.visible_closed |= closed;
@@ -645,24 +660,24 @@ impl Stream {
     }
 
     /// Number of messages (records) ever appended (the next record ordinal, `N`).
-    pub fn message_count(&self) -> u64 {
+    pub fn message_count(&self) -> RecordNo {
         self.msg_base + self.msg_starts.len() as u64
     }
 
     /// Ordinal of the first retained message (`F`).
-    pub fn first_message(&self) -> u64 {
+    pub fn first_message(&self) -> RecordNo {
         self.msg_base
     }
 
     /// Next record ordinal as readers see it (durable messages only).
-    pub fn visible_message_count(&self) -> u64 {
+    pub fn visible_message_count(&self) -> RecordNo {
         self.msg_base + self.msg_starts.partition_point(|&s| s < self.visible_tail) as u64
     }
 
     /// Start offset of message `ordinal`, or the tail for `ordinal == count`; None for
     /// trimmed or future ordinals.
-    pub fn message_start(&self, ordinal: u64) -> Option<u64> {
-        let i = ordinal.checked_sub(self.msg_base)?;
+    pub fn message_start(&self, ordinal: RecordNo) -> Option<Offset> {
+        let i = ordinal.checked_since(self.msg_base)?;
         match self.msg_starts.get(usize::try_from(i).ok()?) {
             Some(s) => Some(s),
             None if i == self.msg_starts.len() as u64 => Some(self.tail),
@@ -677,13 +692,13 @@ impl Stream {
             return 0;
         };
         let last = self.chunks.get(self.chunks.len() - 1).unwrap_or(first);
-        last.end().saturating_sub(first.start)
+        last.end().saturating_since(first.start)
     }
 
     /// The largest ordinal `e` in `(start, limit]` with records `[start, e)` ending at or
     /// before offset `max_end`, but at least `start + 1` when `start < limit` (a response
     /// always carries one whole record). A binary search over the message index.
-    pub fn records_within(&self, start: u64, limit: u64, max_end: u64) -> u64 {
+    pub fn records_within(&self, start: RecordNo, limit: RecordNo, max_end: Offset) -> RecordNo {
         let limit = limit.min(self.message_count());
         if start >= limit || start < self.msg_base {
             return start.min(limit);
@@ -700,16 +715,16 @@ impl Stream {
         if fit == (hi - lo) as u64 && self.message_start(limit).is_some_and(|o| o <= max_end) {
             end = limit;
         }
-        end.max(start + 1)
+        end.max(start.next())
     }
 
     /// Ordinal of the first message starting at or after `offset`.
-    pub fn message_at_or_after(&self, offset: u64) -> u64 {
+    pub fn message_at_or_after(&self, offset: Offset) -> RecordNo {
         self.msg_base + self.msg_starts.partition_point(|&s| s < offset) as u64
     }
 
     /// Whether `offset` is a message boundary (a message start or the tail).
-    pub fn is_message_boundary(&self, offset: u64) -> bool {
+    pub fn is_message_boundary(&self, offset: Offset) -> bool {
         offset == self.tail
             || self
                 .msg_starts
@@ -719,7 +734,7 @@ impl Stream {
 
     /// Drop chunks that end at or before `offset` and messages that start before it.
     /// Returns the data bytes and cached bytes freed.
-    fn trim_index(&mut self, offset: u64) -> (u64, usize) {
+    fn trim_index(&mut self, offset: Offset) -> (u64, usize) {
         let drop_chunks = self.chunks.partition_point(|c| c.end() <= offset);
         // Chunks tile the stream, so the bytes dropped are the distance between the old
         // first chunk and the new one, found without reading the pages in between.
@@ -736,7 +751,7 @@ impl Stream {
     /// Advance retention to `offset` (a message boundary at or below the tail): reads before
     /// it are gone, surviving ordinals are unchanged. Returns (data bytes, cached bytes)
     /// freed.
-    pub(crate) fn retain(&mut self, offset: u64, first_record: u64) -> (u64, usize) {
+    pub(crate) fn retain(&mut self, offset: Offset, first_record: RecordNo) -> (u64, usize) {
         if offset <= self.retained_start {
             return (0, 0);
         }
@@ -748,7 +763,7 @@ impl Stream {
     }
 
     /// The write operation that starts at or contains `offset` (None at or past the tail).
-    pub fn chunk_at(&self, offset: u64) -> Option<Chunk> {
+    pub fn chunk_at(&self, offset: Offset) -> Option<Chunk> {
         let i = self.chunks.partition_point(|c| c.end() <= offset);
         self.chunks.get(i).filter(|c| c.start <= offset)
     }
@@ -757,7 +772,7 @@ impl Stream {
     /// runs, disk locations for the rest. Use [`crate::Shard::read`] to execute it. Takes
     /// `&mut self` because a read that reaches into the block small appends are being
     /// packed into seals it.
-    pub fn read_plan(&mut self, from: u64, to: u64) -> Vec<Piece> {
+    pub fn read_plan(&mut self, from: Offset, to: Offset) -> Vec<Piece> {
         let to = to.min(self.visible_tail);
         let mut out = Vec::new();
         let chunks = &self.chunks;
@@ -785,7 +800,7 @@ impl Stream {
     /// Cache the bytes of whole chunks again after a disk read: `data` holds the chunks
     /// from `start` on, back to back. Returns the bytes newly cached (none if the range does
     /// not begin and end at chunk boundaries, or some of it is cached already).
-    pub(crate) fn recache(&mut self, start: u64, data: &Bytes) -> usize {
+    pub(crate) fn recache(&mut self, start: Offset, data: &Bytes) -> usize {
         let end = start + data.len() as u64;
         let first = self.chunks.partition_point(|c| c.start < start);
         let last = self.chunks.partition_point(|c| c.end() < end);
@@ -800,7 +815,7 @@ impl Stream {
 
     /// Drop the cached run that starts at `start` if it is durable, visible and in the log
     /// (it stays readable from disk). Returns the bytes freed.
-    pub(crate) fn evict(&mut self, start: u64) -> usize {
+    pub(crate) fn evict(&mut self, start: Offset) -> usize {
         let visible = self.visible_tail;
         let chunks = &self.chunks;
         self.cache.evict(start, |from, to| {
@@ -811,14 +826,14 @@ impl Stream {
 
     /// Whether the cached run starting at `start` still holds bytes waiting for their flush
     /// (such a run cannot be evicted yet).
-    pub(crate) fn cache_pending(&self, start: u64) -> bool {
+    pub(crate) fn cache_pending(&self, start: Offset) -> bool {
         self.cache
             .end_of(start)
             .is_some_and(|end| end > self.visible_tail)
     }
 
     /// Starts of the cached runs created since the last call, for the shard's eviction order.
-    pub(crate) fn drain_fresh_cache_runs(&mut self) -> std::vec::Drain<'_, u64> {
+    pub(crate) fn drain_fresh_cache_runs(&mut self) -> std::vec::Drain<'_, Offset> {
         self.cache.drain_fresh()
     }
 
@@ -839,7 +854,7 @@ impl Stream {
 
     /// Message lengths of the messages in `[from_msg, to_msg)` (retained ordinals); the
     /// ordinal one past the last message, if in range, counts as an empty message.
-    pub fn message_lens(&self, from_msg: u64, to_msg: u64) -> Vec<u32> {
+    pub fn message_lens(&self, from_msg: RecordNo, to_msg: RecordNo) -> Vec<u32> {
         let count = self.message_count();
         let from = from_msg.max(self.msg_base);
         let mut out = Vec::new();
@@ -848,7 +863,7 @@ impl Stream {
         }
         let mut starts = self.msg_starts.iter_from((from - self.msg_base) as usize);
         let mut start = starts.next().unwrap_or(self.tail);
-        for _ in from..to_msg.min(count) {
+        for _ in 0..to_msg.min(count) - from {
             let next = starts.next().unwrap_or(self.tail);
             out.push((next - start) as u32);
             start = next;
@@ -868,7 +883,7 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::position::seg;
+    use crate::position::{off, rec, seg};
     use crate::record::ProducerStamp;
 
     fn stream() -> Stream {
@@ -923,19 +938,19 @@ mod tests {
         let mut s = stream();
         append(&mut s, &["{\"a\":1}\n", "2\n"], None);
         append(&mut s, &["3\n"], None);
-        assert_eq!(s.message_count(), 3);
-        assert_eq!(s.message_start(0), Some(0));
-        assert_eq!(s.message_start(1), Some(8));
-        assert_eq!(s.message_start(2), Some(10));
-        assert_eq!(s.message_start(3), Some(12));
-        assert_eq!(s.message_start(4), None);
-        assert!(s.is_message_boundary(8));
-        assert!(!s.is_message_boundary(9));
-        assert_eq!(s.message_at_or_after(9), 2);
-        assert_eq!(s.chunk_at(9).map(|c| c.start), Some(0));
-        assert_eq!(s.chunk_at(10).map(|c| c.first_msg), Some(2));
-        assert!(s.chunk_at(12).is_none());
-        assert_eq!(s.message_lens(0, 3), vec![8, 2, 2]);
+        assert_eq!(s.message_count(), rec(3));
+        assert_eq!(s.message_start(rec(0)), Some(off(0)));
+        assert_eq!(s.message_start(rec(1)), Some(off(8)));
+        assert_eq!(s.message_start(rec(2)), Some(off(10)));
+        assert_eq!(s.message_start(rec(3)), Some(off(12)));
+        assert_eq!(s.message_start(rec(4)), None);
+        assert!(s.is_message_boundary(off(8)));
+        assert!(!s.is_message_boundary(off(9)));
+        assert_eq!(s.message_at_or_after(off(9)), rec(2));
+        assert_eq!(s.chunk_at(off(9)).map(|c| c.start), Some(off(0)));
+        assert_eq!(s.chunk_at(off(10)).map(|c| c.first_msg), Some(rec(2)));
+        assert!(s.chunk_at(off(12)).is_none());
+        assert_eq!(s.message_lens(rec(0), rec(3)), vec![8, 2, 2]);
     }
 
     #[test]
@@ -943,17 +958,29 @@ mod tests {
         let mut s = stream();
         // Records of 4, 4, 10, 4 bytes at offsets 0, 4, 8, 18; tail 22.
         append(&mut s, &["aaa\n", "bbb\n", "ccccccccc\n", "ddd\n"], None);
-        assert_eq!(s.records_within(0, 4, 22), 4);
-        assert_eq!(s.records_within(0, 4, 8), 2);
-        assert_eq!(s.records_within(0, 4, 7), 1, "at least one record");
-        assert_eq!(s.records_within(2, 4, 18), 3);
+        assert_eq!(s.records_within(rec(0), rec(4), off(22)), rec(4));
+        assert_eq!(s.records_within(rec(0), rec(4), off(8)), rec(2));
         assert_eq!(
-            s.records_within(2, 4, 9),
-            3,
+            s.records_within(rec(0), rec(4), off(7)),
+            rec(1),
+            "at least one record"
+        );
+        assert_eq!(s.records_within(rec(2), rec(4), off(18)), rec(3));
+        assert_eq!(
+            s.records_within(rec(2), rec(4), off(9)),
+            rec(3),
             "a record larger than the limit alone"
         );
-        assert_eq!(s.records_within(1, 3, 100), 3, "capped by limit");
-        assert_eq!(s.records_within(4, 4, 100), 4, "nothing at the tail");
+        assert_eq!(
+            s.records_within(rec(1), rec(3), off(100)),
+            rec(3),
+            "capped by limit"
+        );
+        assert_eq!(
+            s.records_within(rec(4), rec(4), off(100)),
+            rec(4),
+            "nothing at the tail"
+        );
     }
 
     #[test]
@@ -961,12 +988,15 @@ mod tests {
         let mut s = stream();
         append(&mut s, &["ab\n"], None);
         append(&mut s, &["cd\n"], None);
-        assert!(s.read_plan(0, 100).is_empty(), "nothing durable yet");
-        s.make_visible(3, false);
-        assert_eq!(memory(&s.read_plan(0, 100)), b"ab\n");
-        s.make_visible(6, false);
-        assert_eq!(memory(&s.read_plan(1, 5)), b"b\ncd");
-        assert_eq!(s.visible_message_count(), 2);
+        assert!(
+            s.read_plan(off(0), off(100)).is_empty(),
+            "nothing durable yet"
+        );
+        s.make_visible(off(3), false);
+        assert_eq!(memory(&s.read_plan(off(0), off(100))), b"ab\n");
+        s.make_visible(off(6), false);
+        assert_eq!(memory(&s.read_plan(off(1), off(5))), b"b\ncd");
+        assert_eq!(s.visible_message_count(), rec(2));
     }
 
     fn memory(plan: &[Piece]) -> Vec<u8> {
@@ -983,7 +1013,7 @@ mod tests {
         let mut s = stream();
         let a = AppendRec {
             id: 1,
-            start: 0,
+            start: off(0),
             append_lens: vec![3, 3],
             msg_lens: vec![3, 3],
             data: Bytes::from_static(b"ab\ncd\n"),
@@ -996,18 +1026,18 @@ mod tests {
             data_off: 94,
         };
         s.apply_append(&a, 1, 0, Some(loc), true);
-        assert_eq!(s.evict(0), 0, "not durable yet");
-        s.make_visible(6, false);
+        assert_eq!(s.evict(off(0)), 0, "not durable yet");
+        s.make_visible(off(6), false);
         // Both small appends were packed into one cached run, which goes as a whole.
-        assert_eq!(s.evict(0), 6);
-        assert_eq!(s.evict(0), 0, "already evicted");
-        assert_eq!(s.recache(3, &Bytes::from_static(b"cd\n")), 3);
-        let plan = s.read_plan(1, 6);
+        assert_eq!(s.evict(off(0)), 6);
+        assert_eq!(s.evict(off(0)), 0, "already evicted");
+        assert_eq!(s.recache(off(3), &Bytes::from_static(b"cd\n")), 3);
+        let plan = s.read_plan(off(1), off(6));
         assert!(matches!(
             plan[0],
             Piece::Disk {
                 loc: DiskLoc { data_off: 94, .. },
-                chunk_start: 0,
+                chunk_start: Offset::ZERO,
                 from: 1,
                 to: 3,
                 ..
@@ -1019,16 +1049,16 @@ mod tests {
             s.chunks().nth(1).and_then(|c| c.loc()).map(|l| l.data_off),
             Some(97)
         );
-        assert_eq!(s.recache(0, &Bytes::from_static(b"ab\n")), 3);
+        assert_eq!(s.recache(off(0), &Bytes::from_static(b"ab\n")), 3);
         assert_eq!(
-            s.recache(0, &Bytes::from_static(b"ab\n")),
+            s.recache(off(0), &Bytes::from_static(b"ab\n")),
             0,
             "already cached"
         );
-        assert_eq!(memory(&s.read_plan(0, 6)), b"ab\ncd\n");
+        assert_eq!(memory(&s.read_plan(off(0), off(6))), b"ab\ncd\n");
         assert_eq!(s.resident_bytes(), 6);
         // Retention drops the cached bytes with the chunk.
-        assert_eq!(s.retain(3, 1), (3, 3));
+        assert_eq!(s.retain(off(3), rec(1)), (3, 3));
         assert_eq!(s.resident_bytes(), 3);
     }
 
@@ -1042,8 +1072,8 @@ mod tests {
             record_len: 300,
             data_off: 12,
         };
-        assert_eq!(Chunk::new(0, 1, Some(loc)).loc(), Some(loc));
-        assert_eq!(Chunk::new(0, 1, None).loc(), None);
+        assert_eq!(Chunk::new(off(0), 1, Some(loc)).loc(), Some(loc));
+        assert_eq!(Chunk::new(off(0), 1, None).loc(), None);
     }
 
     #[test]
@@ -1072,30 +1102,33 @@ mod tests {
         let per_append = s.index_heap_bytes() as u64 / n;
         assert!(per_append <= 20, "{per_append} bytes per append");
         for i in [0, 1, 63, 64, 65, 4_999, n - 65, n - 64, n - 1] {
-            let c = s.chunk_at(i * 100 + 7).expect("chunk");
-            assert_eq!((c.start, c.len, c.first_msg), (i * 100, 100, 2 * i));
+            let c = s.chunk_at(off(i * 100 + 7)).expect("chunk");
+            assert_eq!(
+                (c.start, c.len, c.first_msg),
+                (off(i * 100), 100, rec(2 * i))
+            );
             let loc = c.loc().expect("on disk");
             assert_eq!(loc.segment, seg(3 + i / 400));
             assert_eq!(loc.record_pos, 4096 + (i % 400) * 300_000);
-            assert_eq!(s.message_start(2 * i + 1), Some(i * 100 + 60));
-            assert_eq!(s.message_at_or_after(i * 100 + 1), 2 * i + 1);
+            assert_eq!(s.message_start(rec(2 * i + 1)), Some(off(i * 100 + 60)));
+            assert_eq!(s.message_at_or_after(off(i * 100 + 1)), rec(2 * i + 1));
         }
-        let plan = s.read_plan(64 * 100 - 10, 66 * 100);
+        let plan = s.read_plan(off(64 * 100 - 10), off(66 * 100));
         let starts: Vec<u64> = plan
             .iter()
             .map(|p| match p {
-                Piece::Disk { chunk_start, .. } => *chunk_start,
+                Piece::Disk { chunk_start, .. } => chunk_start.get(),
                 Piece::Memory(_) => panic!("nothing is cached"),
             })
             .collect();
         assert_eq!(starts, vec![6300, 6400, 6500]);
         // Retention into the middle of a block keeps every surviving position.
-        assert_eq!(s.retain(100 * 100, 200), (100 * 100, 0));
+        assert_eq!(s.retain(off(100 * 100), rec(200)), (100 * 100, 0));
         assert_eq!(s.chunk_count(), (n - 100) as usize);
-        assert_eq!(s.chunks().next().map(|c| c.start), Some(100 * 100));
-        assert_eq!(s.message_start(199), None);
-        assert_eq!(s.message_start(200), Some(100 * 100));
-        assert_eq!(s.message_start(2 * n), Some(s.tail));
+        assert_eq!(s.chunks().next().map(|c| c.start), Some(off(100 * 100)));
+        assert_eq!(s.message_start(rec(199)), None);
+        assert_eq!(s.message_start(rec(200)), Some(off(100 * 100)));
+        assert_eq!(s.message_start(rec(2 * n)), Some(s.tail));
         assert_eq!(s.data_bytes(), (n - 100) * 100);
     }
 
@@ -1109,10 +1142,13 @@ mod tests {
         assert_eq!(p.last_seq, 3);
         assert_eq!(p.receipts.len(), 2);
         assert!(p.receipt(1).is_none());
-        assert_eq!(p.receipt(3).map(|r| (r.start, r.next)), Some((6, 8)));
+        assert_eq!(
+            p.receipt(3).map(|r| (r.start, r.next)),
+            Some((off(6), off(8)))
+        );
         assert_eq!(
             p.receipt(3).map(|r| (r.record_start, r.record_next)),
-            Some((3, 4))
+            Some((rec(3), rec(4)))
         );
         append(&mut s, &["y\n"], Some((1, 0)));
         let p = &s.producers["p"];

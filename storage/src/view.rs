@@ -12,6 +12,7 @@ use std::cell::Ref;
 
 use bytes::Bytes;
 
+use crate::position::{Offset, RecordNo};
 use crate::record::{Lifetime, SnapshotMeta};
 use crate::stream::{Chunk, Producer, Stream, StreamId};
 
@@ -65,7 +66,7 @@ impl<'a> StreamView<'a> {
     configuration!();
 
     /// Offset after the last durable append: a reader's `Stream-Next-Offset` at the end.
-    pub fn next_offset(&self) -> u64 {
+    pub fn next_offset(&self) -> Offset {
         self.0.visible_tail
     }
 
@@ -75,7 +76,7 @@ impl<'a> StreamView<'a> {
     }
 
     /// First readable offset (the retention point).
-    pub fn retained_start(&self) -> u64 {
+    pub fn retained_start(&self) -> Offset {
         self.0.retained_start
     }
 
@@ -94,18 +95,18 @@ impl<'a> StreamView<'a> {
     }
 
     /// Ordinal of the first retained record.
-    pub fn first_message(&self) -> u64 {
+    pub fn first_message(&self) -> RecordNo {
         self.0.first_message()
     }
 
     /// The next record ordinal as readers see it: durable records only.
-    pub fn message_count(&self) -> u64 {
+    pub fn message_count(&self) -> RecordNo {
         self.0.visible_message_count()
     }
 
     /// Start offset of record `ordinal`, or the visible tail for the ordinal one past the
     /// last durable record; None for trimmed ordinals and ordinals readers cannot see yet.
-    pub fn message_start(&self, ordinal: u64) -> Option<u64> {
+    pub fn message_start(&self, ordinal: RecordNo) -> Option<Offset> {
         // Records are never empty, so their starts strictly increase: the first start at
         // or past the visible tail belongs to the ordinal one past the last durable record.
         let start = self.0.message_start(ordinal)?;
@@ -120,7 +121,7 @@ impl<'a> StreamView<'a> {
     /// The largest ordinal `e` in `(start, limit]` with records `[start, e)` ending at or
     /// before `max_end`, but at least `start + 1` when `start < limit`; `limit` is clamped
     /// to the durable records.
-    pub fn records_within(&self, start: u64, limit: u64, max_end: u64) -> u64 {
+    pub fn records_within(&self, start: RecordNo, limit: RecordNo, max_end: Offset) -> RecordNo {
         let limit = limit.min(self.message_count());
         self.0
             .records_within(start, limit, max_end.min(self.0.visible_tail))
@@ -128,20 +129,20 @@ impl<'a> StreamView<'a> {
 
     /// Ordinal of the first record starting at or after `offset` (offsets past the visible
     /// tail count as the visible tail).
-    pub fn message_at_or_after(&self, offset: u64) -> u64 {
+    pub fn message_at_or_after(&self, offset: Offset) -> RecordNo {
         self.0.message_at_or_after(offset.min(self.0.visible_tail))
     }
 
     /// Whether `offset` is a record boundary a reader can see: a durable record's start or
     /// the visible tail.
-    pub fn is_message_boundary(&self, offset: u64) -> bool {
+    pub fn is_message_boundary(&self, offset: Offset) -> bool {
         let tail = self.0.visible_tail;
         offset == tail || (offset < tail && self.0.is_message_boundary(offset))
     }
 
     /// Lengths of the durable records in `[from_msg, to_msg)`; the ordinal one past the
     /// last durable record, if in range, counts as an empty record.
-    pub fn message_lens(&self, from_msg: u64, to_msg: u64) -> Vec<u32> {
+    pub fn message_lens(&self, from_msg: RecordNo, to_msg: RecordNo) -> Vec<u32> {
         let count = self.message_count();
         let mut out = self.0.message_lens(from_msg, to_msg.min(count));
         if to_msg > count && from_msg.max(self.0.first_message()) <= count {
@@ -151,7 +152,7 @@ impl<'a> StreamView<'a> {
     }
 
     /// The durable write operation that starts at or contains `offset`.
-    pub fn chunk_at(&self, offset: u64) -> Option<Chunk> {
+    pub fn chunk_at(&self, offset: Offset) -> Option<Chunk> {
         self.0
             .chunk_at(offset)
             .filter(|c| c.start < self.0.visible_tail)
@@ -182,7 +183,7 @@ impl<'a> StreamHead<'a> {
     configuration!();
 
     /// Offset after the last accepted append, durable or not: where the next append lands.
-    pub fn tail(&self) -> u64 {
+    pub fn tail(&self) -> Offset {
         self.0.tail
     }
 
@@ -207,7 +208,7 @@ impl<'a> StreamHead<'a> {
     }
 
     /// The ordinal the next accepted record gets.
-    pub fn message_count(&self) -> u64 {
+    pub fn message_count(&self) -> RecordNo {
         self.0.message_count()
     }
 }

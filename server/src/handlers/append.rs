@@ -10,7 +10,7 @@ use bytes::Bytes;
 use ursula_protocol::content_type::{is_json, normalize, same_media_type};
 use ursula_protocol::headers::{is_closed_true, parse_producer, parse_stream_seq, ProducerHeaders};
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{AppendRec, ProducerStamp, Receipt, StreamId};
+use ursula_storage::{AppendRec, ProducerStamp, Receipt, RecordNo, StreamId};
 
 use crate::core::Core;
 use crate::handlers::headers::closed_response;
@@ -89,7 +89,7 @@ pub struct AppendRequest {
     producer: Result<Option<ProducerHeaders>, &'static str>,
     stream_seq: Result<Option<Bytes>, ()>,
     close: bool,
-    record_match: Result<Option<u64>, ()>,
+    record_match: Result<Option<RecordNo>, ()>,
     /// The normalised `Content-Type`, if one was sent.
     content_type: Option<Result<String, ()>>,
     body: Bytes,
@@ -107,7 +107,7 @@ impl AppendRequest {
             .map(|s| s.map(|s| Bytes::copy_from_slice(s.as_bytes())));
         let record_match = match (surface, req.header("stream-record-match")) {
             (Surface::Bucketed, Some(v)) => ursula_protocol::records::parse_record_match(v)
-                .map(Some)
+                .map(|n| Some(RecordNo::new(n)))
                 .ok_or(()),
             _ => Ok(None),
         };
@@ -221,14 +221,14 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
         return ApiError::StreamClosed
             .response()
             .header("stream-closed", "true")
-            .header("stream-next-offset", format_offset(tail));
+            .header("stream-next-offset", format_offset(tail.get()));
     }
     // 7. content type
     if let Some(ct) = &request_type {
         if !same_media_type(ct, &stored_type) {
             return ApiError::ContentTypeMismatch("Content-Type differs from the stream's")
                 .response()
-                .header("stream-next-offset", format_offset(tail));
+                .header("stream-next-offset", format_offset(tail.get()));
         }
     }
     // 8. record precondition (ignored on close-only requests)
@@ -238,7 +238,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
                 .response()
                 .header("stream-extensions", records::TOKEN)
                 .header("stream-record-next", record_next.to_string())
-                .header("stream-next-offset", format_offset(tail));
+                .header("stream-next-offset", format_offset(tail.get()));
         }
     }
     // 9. Stream-Seq
@@ -246,7 +246,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
         if seq[..] <= last[..] {
             return ApiError::StreamSeqConflict
                 .response()
-                .header("stream-next-offset", format_offset(tail));
+                .header("stream-next-offset", format_offset(tail.get()));
         }
     }
     // 10. commit
@@ -277,7 +277,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
         204
     };
     let mut resp = Response::new(status)
-        .header("stream-next-offset", format_offset(receipt.next))
+        .header("stream-next-offset", format_offset(receipt.next.get()))
         .header("cache-control", "no-store");
     if close {
         resp.push("stream-closed", "true");
@@ -322,7 +322,7 @@ async fn duplicate(
         .header("producer-seq", highest.to_string())
         .header("cache-control", "no-store");
     if let Some(r) = receipt {
-        resp.push("stream-next-offset", format_offset(r.next));
+        resp.push("stream-next-offset", format_offset(r.next.get()));
         if coords {
             records::push_ack_headers(&mut resp, r.record_start, r.record_next);
         }

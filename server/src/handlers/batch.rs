@@ -15,7 +15,7 @@ use ursula_protocol::content_type::{is_json, normalize, same_media_type};
 use ursula_protocol::headers::is_closed_true;
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{AppendRec, Receipt, StorageError};
+use ursula_storage::{AppendRec, Offset, Receipt, RecordNo, StorageError};
 
 use crate::core::Core;
 use crate::handlers::buckets::require_bucket;
@@ -57,20 +57,20 @@ pub fn decode_frames(body: &Bytes) -> Result<Vec<Bytes>, FrameError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ack {
     Committed {
-        next: u64,
+        next: Offset,
         /// Record range on JSON streams.
-        records: Option<(u64, u64)>,
+        records: Option<(RecordNo, RecordNo)>,
     },
     Failed {
         error: ApiError,
         closed: bool,
         /// Stream tail, when the failure knows it.
-        next: Option<u64>,
+        next: Option<Offset>,
     },
 }
 
 impl Ack {
-    fn storage(e: StorageError, tail: u64) -> Ack {
+    fn storage(e: StorageError, tail: Offset) -> Ack {
         let error = match e {
             // The engine's own text stays in the log; the frame gets a fixed reason.
             StorageError::NoSpace
@@ -100,7 +100,7 @@ pub fn render_acks(acks: &[Ack]) -> String {
                 let _ = write!(
                     out,
                     "{{\"status\":204,\"stream_next_offset\":\"{}\"",
-                    format_offset(*next)
+                    format_offset(next.get())
                 );
                 if let Some((start, next)) = records {
                     let _ = write!(
@@ -126,7 +126,11 @@ pub fn render_acks(acks: &[Ack]) -> String {
                     out.push_str(",\"stream_closed\":true");
                 }
                 if let Some(n) = next {
-                    let _ = write!(out, ",\"stream_next_offset\":\"{}\"", format_offset(*n));
+                    let _ = write!(
+                        out,
+                        ",\"stream_next_offset\":\"{}\"",
+                        format_offset(n.get())
+                    );
                 }
             }
         }
@@ -137,7 +141,7 @@ pub fn render_acks(acks: &[Ack]) -> String {
 }
 
 /// The head state a frame is checked against: (tail, closed).
-type Head = (u64, bool);
+type Head = (Offset, bool);
 
 /// Check and append every frame in order, synchronously. `head` reads the stream's current
 /// head state and `append` queues one record; a failed frame changes nothing and later frames
@@ -297,10 +301,10 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
             _ => None,
         })
         .or_else(|| core.shard.stream(id).map(|s| s.next_offset()))
-        .unwrap_or(0);
+        .unwrap_or(Offset::ZERO);
     let all_ok = acks.iter().all(|a| matches!(a, Ack::Committed { .. }));
     let mut resp = Response::new(200)
-        .header("stream-next-offset", format_offset(tail))
+        .header("stream-next-offset", format_offset(tail.get()))
         .header("cache-control", "no-store");
     if coords {
         resp.push("stream-extensions", records::TOKEN);
@@ -394,8 +398,8 @@ mod tests {
     /// A fake stream: frame 1 hits a full disk, the others commit from the committed tail.
     #[test]
     fn failed_frame_assigns_nothing_and_later_frames_continue() {
-        let tail = Cell::new(10u64);
-        let records = Cell::new(3u64);
+        let tail = Cell::new(Offset::new(10));
+        let records = Cell::new(RecordNo::new(3));
         let calls = Cell::new(0);
         let (acks, last) = append_frames(
             vec![
@@ -440,22 +444,24 @@ mod tests {
         let never = |_: AppendRec| -> Result<(Receipt, ()), StorageError> {
             panic!("nothing may be appended")
         };
-        let (acks, last) =
-            append_frames(vec![p(b"x", &[1])], true, false, || Some((5, true)), never);
-        assert!(last.is_none());
+        // One frame against a stream at offset 5: nothing is appended, whatever the cause.
+        let refused = |type_ok: bool, closed: bool| {
+            let (acks, last) = append_frames(
+                vec![p(b"x", &[1])],
+                type_ok,
+                false,
+                || Some((Offset::new(5), closed)),
+                never,
+            );
+            assert!(last.is_none());
+            render_acks(&acks)
+        };
         assert_eq!(
-            render_acks(&acks),
+            refused(true, true),
             r#"[{"status":409,"error_code":"stream_closed","error":"stream is closed","stream_closed":true,"stream_next_offset":"00000000000000000005"}]"#
         );
-        let (acks, _) = append_frames(
-            vec![p(b"x", &[1])],
-            false,
-            false,
-            || Some((5, false)),
-            never,
-        );
         assert_eq!(
-            render_acks(&acks),
+            refused(false, false),
             r#"[{"status":409,"error_code":"content_type_mismatch","error":"Content-Type differs from the stream's","stream_next_offset":"00000000000000000005"}]"#
         );
     }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::parse_query;
-use ursula_storage::{AppendRec, Lifetime, NewStream};
+use ursula_storage::{AppendRec, Lifetime, NewStream, Offset};
 
 use crate::core::Core;
 use crate::http::{ApiError, Request, Response};
@@ -121,7 +121,7 @@ struct Entry {
     name: String,
     closed: bool,
     content_type: String,
-    tail: u64,
+    tail: Offset,
     created_ms: i64,
     last_write_ms: i64,
 }
@@ -220,7 +220,7 @@ async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
                 "stream_id": e.name,
                 "status": if e.closed { "Closed" } else { "Open" },
                 "content_type": e.content_type,
-                "tail_offset": format_offset(e.tail),
+                "tail_offset": format_offset(e.tail.get()),
                 "created_at_ms": e.created_ms,
                 "last_write_at_ms": e.last_write_ms,
             })

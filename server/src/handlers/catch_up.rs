@@ -6,7 +6,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use ursula_protocol::content_type::is_json;
 use ursula_protocol::offset::format_offset;
-use ursula_storage::StreamId;
+use ursula_storage::{Offset, StreamId};
 
 use crate::core::Core;
 use crate::handlers::headers::read_content_type;
@@ -28,7 +28,7 @@ pub fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Response
     let json = is_json(s.content_type());
     let mut resp = Response::new(200)
         .header("content-type", read_content_type(surface, s.content_type()))
-        .header("stream-next-offset", format_offset(s.next_offset()))
+        .header("stream-next-offset", format_offset(s.next_offset().get()))
         .header("stream-up-to-date", "true")
         .header("cache-control", "no-store");
     if s.is_closed() {
@@ -48,9 +48,9 @@ pub async fn collect(
     core: &Rc<Core>,
     surface: Surface,
     id: StreamId,
-    start: u64,
+    start: Offset,
     max: usize,
-) -> Result<(Vec<Bytes>, u64), ApiError> {
+) -> Result<(Vec<Bytes>, Offset), ApiError> {
     let (end, json_array) = {
         let Some(s) = core.shard.stream(id) else {
             return Ok((Vec::new(), start));
@@ -94,7 +94,7 @@ pub async fn catch_up(
     core: &Rc<Core>,
     surface: Surface,
     id: StreamId,
-    start: u64,
+    start: Offset,
     max: usize,
     req: &Request,
     cursor: Option<String>,
@@ -117,7 +117,7 @@ pub async fn catch_up(
     );
     let mut resp = Response::new(200)
         .header("content-type", read_content_type(surface, s.content_type()))
-        .header("stream-next-offset", format_offset(end))
+        .header("stream-next-offset", format_offset(end.get()))
         .header("cache-control", "no-store");
     push_read_state(&mut resp, up_to_date, closed, cursor);
     if records::active(surface, s.content_type()) {

@@ -5,7 +5,7 @@ use std::rc::Rc;
 use ursula_protocol::content_type::{is_json, normalize, same_media_type};
 use ursula_protocol::headers::{is_closed_true, parse_expires_at, parse_ttl};
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{AppendRec, Lifetime, NewStream, StreamId};
+use ursula_storage::{AppendRec, Lifetime, NewStream, RecordNo, StreamId};
 
 use crate::attrs::Attrs;
 use crate::core::Core;
@@ -51,7 +51,7 @@ fn created_headers(
     };
     let mut resp = Response::new(status)
         .header("content-type", s.content_type().to_string())
-        .header("stream-next-offset", format_offset(s.next_offset()))
+        .header("stream-next-offset", format_offset(s.next_offset().get()))
         .header("stream-incarnation", s.incarnation().to_string())
         .header("cache-control", "no-store");
     if s.is_closed() {
@@ -61,7 +61,7 @@ fn created_headers(
     if records::active(surface, s.content_type()) {
         // A create reports the records of its initial body; an idempotent 200 creates none.
         let next = records::visible_next(&s);
-        let start = if status == 201 { 0 } else { next };
+        let start = if status == 201 { RecordNo::ZERO } else { next };
         records::push_ack_headers(&mut resp, start, next);
     }
     if let Some(loc) = location {

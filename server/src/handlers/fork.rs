@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use ursula_protocol::content_type::{is_json, same_media_type};
 use ursula_protocol::headers::parse_fork_sub_offset;
 use ursula_protocol::offset::parse_fork_offset;
-use ursula_storage::{AppendRec, Lifetime, NewStream};
+use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, RecordNo};
 
 use crate::core::Core;
 use crate::ext::{Ext, ForkLink};
@@ -24,7 +24,8 @@ use crate::surface::Surface;
 
 pub struct ForkRequest {
     pub source: String,
-    pub offset: Option<u64>,
+    pub offset: Option<Offset>,
+    /// Records (JSON) or bytes past `offset`.
     pub sub_offset: u64,
 }
 
@@ -40,10 +41,9 @@ pub fn parse_request(req: &Request) -> Result<Option<ForkRequest>, Response> {
         return Ok(None);
     };
     let offset = match offset {
-        Some(v) => Some(
-            parse_fork_offset(v)
-                .map_err(|()| ApiError::InvalidOffset("invalid Stream-Fork-Offset").response())?,
-        ),
+        Some(v) => Some(Offset::new(parse_fork_offset(v).map_err(|()| {
+            ApiError::InvalidOffset("invalid Stream-Fork-Offset").response()
+        })?)),
         None => None,
     };
     let sub_offset = match sub {
@@ -78,7 +78,7 @@ pub fn same_link(req: Option<&ForkRequest>, existing: Option<&ForkLink>) -> bool
         (Some(r), Some(e)) => {
             r.source == e.source
                 && r.sub_offset == e.sub_offset
-                && (r.offset.is_none() || r.offset == e.offset)
+                && (r.offset.is_none() || r.offset.map(Offset::get) == e.offset)
         }
         _ => false,
     }
@@ -123,7 +123,7 @@ pub async fn create(
     let link = ForkLink {
         source: fork.source.clone(),
         source_incarnation: inherited.incarnation,
-        offset: fork.offset,
+        offset: fork.offset.map(Offset::get),
         sub_offset: fork.sub_offset,
     };
     let result = build(core, key, req, &inherited, link.clone(), lifetime, closed).await;
@@ -200,7 +200,7 @@ async fn build(
         .header("content-type", s.content_type().to_string())
         .header(
             "stream-next-offset",
-            ursula_protocol::offset::format_offset(s.next_offset()),
+            ursula_protocol::offset::format_offset(s.next_offset().get()),
         )
         .header("stream-incarnation", s.incarnation().to_string())
         .header("cache-control", "no-store");
@@ -227,7 +227,7 @@ async fn take_source(
     core: &Rc<Core>,
     key: &str,
     wanted_type: Option<String>,
-    offset: Option<u64>,
+    offset: Option<Offset>,
     sub: u64,
 ) -> Result<Inherited, Response> {
     let id = match find(core, key) {
@@ -287,7 +287,7 @@ async fn take_source(
             append_lens.push((end.min(c.end()) - c.start) as u32);
         }
         let msg_lens = if json {
-            s.message_lens(0, s.message_at_or_after(end))
+            s.message_lens(RecordNo::ZERO, s.message_at_or_after(end))
         } else {
             append_lens.clone()
         };
@@ -300,8 +300,12 @@ async fn take_source(
             msg_lens,
         }
     };
-    let end: u64 = inherited.append_lens.iter().map(|&l| l as u64).sum();
-    let data = core.shard.read(id, 0, end).await.map_err(Response::from)?;
+    let len: u64 = inherited.append_lens.iter().map(|&l| l as u64).sum();
+    let data = core
+        .shard
+        .read(id, Offset::ZERO, Offset::ZERO + len)
+        .await
+        .map_err(Response::from)?;
     // The read awaited: make sure the source is still the stream we validated.
     match (
         find(core, key),

@@ -21,8 +21,11 @@ pub fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Response {
     };
     let mut resp = Response::new(200)
         .header("content-type", s.content_type().to_string())
-        .header("stream-next-offset", format_offset(s.next_offset()))
-        .header("stream-retained-offset", format_offset(s.retained_start()))
+        .header("stream-next-offset", format_offset(s.next_offset().get()))
+        .header(
+            "stream-retained-offset",
+            format_offset(s.retained_start().get()),
+        )
         .header("stream-incarnation", s.incarnation().to_string())
         .header("cache-control", "no-store");
     if s.is_closed() {
@@ -30,7 +33,7 @@ pub fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Response {
     }
     push_lifetime(&mut resp, s.lifetime());
     if let Some(snap) = s.snapshot() {
-        resp.push("stream-snapshot-offset", format_offset(snap.offset));
+        resp.push("stream-snapshot-offset", format_offset(snap.offset.get()));
         resp.push("stream-snapshot-digest", snap.digest.to_string());
     }
     if records::active(surface, s.content_type()) {

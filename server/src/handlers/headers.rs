@@ -5,7 +5,7 @@ use std::rc::Rc;
 use ursula_protocol::content_type::is_json;
 use ursula_protocol::headers::format_rfc3339_millis;
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{Lifetime, StreamId};
+use ursula_storage::{Lifetime, Offset, StreamId};
 
 use crate::core::Core;
 use crate::http::Response;
@@ -24,10 +24,13 @@ pub fn push_lifetime(resp: &mut Response, lifetime: Lifetime) {
 }
 
 pub fn closed_response(core: &Rc<Core>, id: StreamId, status: u16) -> Response {
-    let tail = core.shard.stream(id).map_or(0, |s| s.next_offset());
+    let tail = core
+        .shard
+        .stream(id)
+        .map_or(Offset::ZERO, |s| s.next_offset());
     Response::new(status)
         .header("stream-closed", "true")
-        .header("stream-next-offset", format_offset(tail))
+        .header("stream-next-offset", format_offset(tail.get()))
         .header("cache-control", "no-store")
 }
 

@@ -4,7 +4,7 @@
 use std::rc::Rc;
 
 use ursula_protocol::offset::format_offset;
-use ursula_storage::StreamId;
+use ursula_storage::{Offset, StreamId};
 
 use crate::core::Core;
 use crate::handlers::catch_up::{catch_up, cursor};
@@ -18,7 +18,7 @@ pub async fn long_poll(
     core: &Rc<Core>,
     surface: Surface,
     id: StreamId,
-    start: u64,
+    start: Offset,
     params: &ReadParams,
     req: &Request,
 ) -> Response {
@@ -41,7 +41,7 @@ pub async fn long_poll(
         if now >= deadline || core.shutting_down() {
             let tail = core.shard.stream(id).map_or(start, |s| s.next_offset());
             let resp = Response::new(204)
-                .header("stream-next-offset", format_offset(tail))
+                .header("stream-next-offset", format_offset(tail.get()))
                 .header("stream-up-to-date", "true")
                 .header("stream-cursor", cursor(core, params.cursor.as_deref()))
                 .header("cache-control", "no-store");

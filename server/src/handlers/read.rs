@@ -6,7 +6,7 @@ use std::rc::Rc;
 use ursula_protocol::content_type::is_json;
 use ursula_protocol::offset::{format_offset, OffsetParam};
 use ursula_protocol::query::{parse_query, Live};
-use ursula_storage::StreamId;
+use ursula_storage::{Offset, StreamId};
 
 use crate::core::Core;
 use crate::handlers::catch_up::{catch_up, now_response};
@@ -24,20 +24,23 @@ fn resolve_start(
     id: StreamId,
     surface: Surface,
     offset: OffsetParam,
-) -> Result<u64, Response> {
+) -> Result<Offset, Response> {
     let Some(s) = core.shard.stream(id) else {
         return Err(ApiError::StreamNotFound.response());
     };
     let start = match offset {
-        OffsetParam::Start => 0,
+        OffsetParam::Start => Offset::ZERO,
         OffsetParam::Now => s.next_offset(),
-        OffsetParam::At(p) => p,
+        OffsetParam::At(p) => Offset::new(p),
     };
     // P§3.3: `-1` means byte 0, so after retention it is trimmed like any earlier offset.
     if start < s.retained_start() {
         let mut resp = ApiError::OffsetTrimmed("offset was removed by retention")
             .response()
-            .header("stream-next-offset", format_offset(s.retained_start()));
+            .header(
+                "stream-next-offset",
+                format_offset(s.retained_start().get()),
+            );
         if records::active(surface, s.content_type()) {
             records::push_stream_headers(&mut resp, &s);
         }
@@ -46,7 +49,7 @@ fn resolve_start(
     if start > s.next_offset() {
         return Err(ApiError::OffsetBeyondTail("offset is beyond the tail")
             .response()
-            .header("stream-next-offset", format_offset(s.next_offset())));
+            .header("stream-next-offset", format_offset(s.next_offset().get())));
     }
     if surface == Surface::Compat && is_json(s.content_type()) && !s.is_message_boundary(start) {
         return Err(ApiError::OffsetNotAligned("offset is inside a JSON message").response());

@@ -7,7 +7,7 @@ use ursula_protocol::offset::{parse_offset, OffsetParam};
 use ursula_protocol::query::{
     parse_live, parse_max_bytes, parse_timeout_ms, Live, Query, MAX_READ_BYTES,
 };
-use ursula_storage::StreamId;
+use ursula_storage::{Offset, RecordNo, StreamId};
 
 use crate::http::{ApiError, Response};
 use crate::records::RecordParams;
@@ -66,11 +66,11 @@ pub struct SseStart {
     pub surface: Surface,
     pub id: StreamId,
     /// The byte offset the session starts at.
-    pub start: u64,
+    pub start: Offset,
     pub cursor: Option<String>,
     pub max_bytes: usize,
     /// A record-aware session (extensions.md §8.9): its parameters and first record.
-    pub records: Option<(RecordParams, u64)>,
+    pub records: Option<(RecordParams, RecordNo)>,
 }
 
 /// The answer to a read.

@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::{Live, MAX_READ_BYTES};
-use ursula_storage::StreamId;
+use ursula_storage::{Offset, RecordNo, StreamId};
 
 use crate::core::Core;
 use crate::handlers::catch_up::{cursor, finish_read, push_read_state};
@@ -39,7 +39,7 @@ pub async fn record_read(
                 .shard
                 .stream(id)
                 .and_then(|s| s.message_start(start))
-                .unwrap_or(0);
+                .unwrap_or(Offset::ZERO);
             ReadReply::Sse(SseStart {
                 surface: Surface::Bucketed,
                 id,
@@ -61,7 +61,7 @@ pub async fn record_read(
 async fn record_long_poll(
     core: &Rc<Core>,
     id: StreamId,
-    start: u64,
+    start: RecordNo,
     rp: records::RecordParams,
     params: &ReadParams,
     req: &Request,
@@ -87,7 +87,7 @@ async fn record_long_poll(
                 return ApiError::StreamNotFound.response();
             };
             let mut resp = Response::new(204)
-                .header("stream-next-offset", format_offset(s.next_offset()))
+                .header("stream-next-offset", format_offset(s.next_offset().get()))
                 .header("stream-up-to-date", "true")
                 .header("cache-control", "no-store");
             if closed {
@@ -107,13 +107,18 @@ async fn record_long_poll(
 }
 
 /// `record=now`: like `offset=now`, empty and up to date, plus record headers.
-fn record_now(core: &Rc<Core>, id: StreamId, start: u64, rp: records::RecordParams) -> Response {
+fn record_now(
+    core: &Rc<Core>,
+    id: StreamId,
+    start: RecordNo,
+    rp: records::RecordParams,
+) -> Response {
     let Some(s) = core.shard.stream(id) else {
         return ApiError::StreamNotFound.response();
     };
     let mut resp = Response::new(200)
         .header("content-type", record_content_type(rp))
-        .header("stream-next-offset", format_offset(s.next_offset()))
+        .header("stream-next-offset", format_offset(s.next_offset().get()))
         .header("stream-up-to-date", "true")
         .header("cache-control", "no-store")
         .header("stream-record-first", records::first(&s).to_string());
@@ -137,7 +142,7 @@ fn record_content_type(rp: records::RecordParams) -> &'static str {
 async fn record_catch_up(
     core: &Rc<Core>,
     id: StreamId,
-    start: u64,
+    start: RecordNo,
     rp: records::RecordParams,
     req: &Request,
     cursor: Option<String>,
@@ -170,7 +175,7 @@ async fn record_catch_up(
     );
     let mut resp = Response::new(200)
         .header("content-type", record_content_type(rp))
-        .header("stream-next-offset", format_offset(to))
+        .header("stream-next-offset", format_offset(to.get()))
         .header("stream-record-first", records::first(&s).to_string())
         .header("cache-control", "no-store");
     records::push_ack_headers(&mut resp, start, end);

@@ -12,7 +12,7 @@ use ursula_protocol::content_type::{is_json, normalize};
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::{parse_query, percent_decode};
-use ursula_storage::{SnapshotMeta, StreamId, StreamView};
+use ursula_storage::{Offset, RecordNo, SnapshotMeta, StreamId, StreamView};
 
 use crate::core::Core;
 use crate::handlers::buckets::require_bucket;
@@ -56,7 +56,7 @@ fn not_found() -> Response {
 }
 
 /// A path offset: 1–20 ASCII digits after percent-decoding (`-1`, `now` are not offsets).
-fn path_offset(raw: &str) -> Result<u64, Response> {
+fn path_offset(raw: &str) -> Result<Offset, Response> {
     let decoded =
         percent_decode(raw).map_err(|()| ApiError::InvalidRequest("invalid offset").response())?;
     if decoded.is_empty() || decoded.len() > 20 || !decoded.bytes().all(|b| b.is_ascii_digit()) {
@@ -64,11 +64,12 @@ fn path_offset(raw: &str) -> Result<u64, Response> {
     }
     decoded
         .parse()
+        .map(Offset::new)
         .map_err(|_| ApiError::InvalidOffset("offset out of range").response())
 }
 
 /// The `?record=n` form: a record ordinal on a JSON stream.
-fn record_param(req: &Request) -> Result<u64, ApiError> {
+fn record_param(req: &Request) -> Result<RecordNo, ApiError> {
     let query = parse_query(&req.query).map_err(ApiError::InvalidRequest)?;
     let value = query
         .get_unique("record")
@@ -76,12 +77,17 @@ fn record_param(req: &Request) -> Result<u64, ApiError> {
         .ok_or(ApiError::InvalidRequest(
             "give an offset in the path or ?record=",
         ))?;
-    ursula_protocol::records::parse_record_ordinal(value).map_err(ApiError::InvalidRequest)
+    ursula_protocol::records::parse_record_ordinal(value)
+        .map(RecordNo::new)
+        .map_err(ApiError::InvalidRequest)
 }
 
 /// The target of a publish or retention request (§3.1 / §4.1): a path offset, or else the
 /// `?record=n` query parameter.
-fn parse_target(path: Option<&str>, req: &Request) -> Result<(Option<u64>, Option<u64>), Response> {
+fn parse_target(
+    path: Option<&str>,
+    req: &Request,
+) -> Result<(Option<Offset>, Option<RecordNo>), Response> {
     match path {
         Some(raw) => Ok((Some(path_offset(raw)?), None)),
         None => Ok((None, Some(record_param(req)?))),
@@ -92,9 +98,9 @@ fn parse_target(path: Option<&str>, req: &Request) -> Result<(Option<u64>, Optio
 /// stream: Ok(offset), or the error response.
 fn target_offset(
     s: &StreamView<'_>,
-    path: &Option<u64>,
-    record: Option<u64>,
-) -> Result<u64, Response> {
+    path: &Option<Offset>,
+    record: Option<RecordNo>,
+) -> Result<Offset, Response> {
     if let Some(o) = path {
         return Ok(*o);
     }
@@ -110,7 +116,10 @@ fn target_offset(
     if n < first {
         let mut resp = ApiError::OffsetTrimmed("record was removed by retention")
             .response()
-            .header("stream-next-offset", format_offset(s.retained_start()));
+            .header(
+                "stream-next-offset",
+                format_offset(s.retained_start().get()),
+            );
         records::push_stream_headers(&mut resp, s);
         return Err(resp);
     }
@@ -222,22 +231,25 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
 fn check_publish(
     core: &Rc<Core>,
     id: StreamId,
-    path: Option<u64>,
-    record: Option<u64>,
+    path: Option<Offset>,
+    record: Option<RecordNo>,
     snapshot_match: Option<&str>,
     digest: &str,
-) -> Result<Option<u64>, Response> {
+) -> Result<Option<Offset>, Response> {
     let s = core.shard.stream(id).ok_or_else(not_found)?;
     let offset = target_offset(&s, &path, record)?;
     if offset < s.retained_start() {
         return Err(ApiError::OffsetTrimmed("offset was removed by retention")
             .response()
-            .header("stream-next-offset", format_offset(s.retained_start())));
+            .header(
+                "stream-next-offset",
+                format_offset(s.retained_start().get()),
+            ));
     }
     if offset > s.next_offset() {
         return Err(ApiError::SnapshotBeyondTail
             .response()
-            .header("stream-next-offset", format_offset(s.next_offset())));
+            .header("stream-next-offset", format_offset(s.next_offset().get())));
     }
     let visible = s.snapshot();
     if let Some(expected) = snapshot_match {
@@ -257,7 +269,7 @@ fn check_publish(
             };
         }
     }
-    if !s.is_message_boundary(offset) && offset != 0 {
+    if !s.is_message_boundary(offset) && offset != Offset::ZERO {
         return Err(ApiError::OffsetNotAligned("offset is not a message boundary").response());
     }
     Ok(Some(offset))
@@ -268,10 +280,10 @@ fn published(core: &Rc<Core>, id: StreamId) -> Response {
         return not_found();
     };
     let mut resp = Response::new(204)
-        .header("stream-next-offset", format_offset(s.next_offset()))
+        .header("stream-next-offset", format_offset(s.next_offset().get()))
         .header("cache-control", "no-store");
     if let Some(v) = s.snapshot() {
-        resp.push("stream-snapshot-offset", format_offset(v.offset));
+        resp.push("stream-snapshot-offset", format_offset(v.offset.get()));
         resp.push("stream-snapshot-digest", v.digest.to_string());
     }
     json_headers(&mut resp, &s);
@@ -292,14 +304,14 @@ fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Response {
     };
     let base = req.path.trim_end_matches('/');
     let mut resp = Response::new(307)
-        .header("stream-snapshot-offset", format_offset(v.offset))
+        .header("stream-snapshot-offset", format_offset(v.offset.get()))
         .header("stream-snapshot-digest", v.digest.to_string())
-        .header("stream-next-offset", format_offset(v.offset))
+        .header("stream-next-offset", format_offset(v.offset.get()))
         .header("cache-control", "no-store");
     if let Some(host) = req.header("host") {
         resp.push(
             "location",
-            format!("http://{host}{base}/{}", format_offset(v.offset)),
+            format!("http://{host}{base}/{}", format_offset(v.offset.get())),
         );
     }
     if v.offset == s.next_offset() {
@@ -332,9 +344,9 @@ async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Response {
     };
     let mut resp = Response::new(200)
         .header("content-type", meta.content_type.to_string())
-        .header("stream-snapshot-offset", format_offset(meta.offset))
+        .header("stream-snapshot-offset", format_offset(meta.offset.get()))
         .header("stream-snapshot-digest", meta.digest.to_string())
-        .header("stream-next-offset", format_offset(meta.offset))
+        .header("stream-next-offset", format_offset(meta.offset.get()))
         .header("cache-control", "no-store");
     if meta.offset == s.next_offset() {
         resp.push("stream-up-to-date", "true");
@@ -385,9 +397,10 @@ async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Reque
             Err(r) => return r,
         };
         if offset < s.retained_start() {
-            return ApiError::RetentionBackwards
-                .response()
-                .header("stream-retained-offset", format_offset(s.retained_start()));
+            return ApiError::RetentionBackwards.response().header(
+                "stream-retained-offset",
+                format_offset(s.retained_start().get()),
+            );
         }
         if offset == s.retained_start() {
             return retained(core, id);
@@ -417,7 +430,10 @@ fn retained(core: &Rc<Core>, id: StreamId) -> Response {
         return not_found();
     };
     let mut resp = Response::new(204)
-        .header("stream-retained-offset", format_offset(s.retained_start()))
+        .header(
+            "stream-retained-offset",
+            format_offset(s.retained_start().get()),
+        )
         .header("cache-control", "no-store");
     json_headers(&mut resp, &s);
     resp
@@ -508,9 +524,9 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
             "stream-snapshot-offset",
             snapshot
                 .as_ref()
-                .map_or("-1".to_string(), |m| format_offset(m.offset)),
+                .map_or("-1".to_string(), |m| format_offset(m.offset.get())),
         )
-        .header("stream-next-offset", format_offset(end))
+        .header("stream-next-offset", format_offset(end.get()))
         .header("cache-control", "no-store");
     if complete {
         resp.push("stream-up-to-date", "true");
@@ -565,8 +581,11 @@ mod tests {
 
     #[test]
     fn path_offsets() {
-        assert_eq!(path_offset("00000000000000000042").ok(), Some(42));
-        assert_eq!(path_offset("7").ok(), Some(7));
+        assert_eq!(
+            path_offset("00000000000000000042").ok(),
+            Some(Offset::new(42))
+        );
+        assert_eq!(path_offset("7").ok(), Some(Offset::new(7)));
         for bad in ["-1", "now", "", "1a", "000000000000000000001"] {
             assert!(path_offset(bad).is_err(), "{bad}");
         }

@@ -15,7 +15,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ursula_storage::StreamId;
+use ursula_storage::{Offset, StreamId};
 
 use crate::core::Core;
 use crate::limits::{FEED_STEP_BYTES_MAX, FEED_WINDOW_BYTES};
@@ -44,8 +44,8 @@ pub enum Cut {
     /// the stream after it.
     Data {
         parts: Vec<Bytes>,
-        end: u64,
-        tail: u64,
+        end: Offset,
+        tail: Offset,
         closed: bool,
     },
     /// The session is at the tail.
@@ -128,15 +128,15 @@ pub struct Feed {
 struct Window {
     /// `None` until the pump's first look at the stream.
     known: bool,
-    base: u64,
-    tail: u64,
+    base: Offset,
+    tail: Offset,
     closed: bool,
     batches: VecDeque<Batch>,
     bytes: usize,
 }
 
 struct Batch {
-    start: u64,
+    start: Offset,
     parts: Vec<Bytes>,
     len: usize,
 }
@@ -149,8 +149,8 @@ impl Feed {
             incarnation,
             window: RefCell::new(Window {
                 known: false,
-                base: 0,
-                tail: 0,
+                base: Offset::ZERO,
+                tail: Offset::ZERO,
                 closed: false,
                 batches: VecDeque::new(),
                 bytes: 0,
@@ -169,7 +169,7 @@ impl Feed {
 
     /// The data for a session at `offset`: everything from there to the tail, as long as
     /// `offset` is where a batch starts (so JSON messages are whole) and it fits `max`.
-    pub fn cut(&self, offset: u64, max: usize) -> Cut {
+    pub fn cut(&self, offset: Offset, max: usize) -> Cut {
         let w = self.window.borrow();
         if self.ended.get() || !w.known || offset < w.base || offset > w.tail {
             return Cut::Outside;
@@ -227,7 +227,7 @@ impl Feed {
 
     /// Take in one pump step: `parts` are the bytes `[from, tail)` when the pump could read
     /// them; without them (a gap, a failed read) the window restarts at `tail`.
-    fn advance(&self, from: u64, parts: Option<Vec<Bytes>>, tail: u64, closed: bool) {
+    fn advance(&self, from: Offset, parts: Option<Vec<Bytes>>, tail: Offset, closed: bool) {
         let mut w = self.window.borrow_mut();
         match parts {
             Some(parts) if w.known && from == w.tail && tail > from => {
@@ -288,7 +288,7 @@ enum Step {
     Gone,
     Changed {
         version: u64,
-        tail: u64,
+        tail: Offset,
         closed: bool,
         parts: Option<Vec<Bytes>>,
     },
@@ -346,7 +346,7 @@ async fn step_on_owner(
     id: StreamId,
     incarnation: u64,
     seen: u64,
-    from: Option<u64>,
+    from: Option<Offset>,
     wait: Duration,
 ) -> Step {
     let current = match core.shard.stream(id) {
@@ -388,6 +388,10 @@ mod tests {
         vec![Bytes::from(s.to_string())]
     }
 
+    fn at(n: u64) -> Offset {
+        Offset::new(n)
+    }
+
     fn data(cut: Cut) -> (String, u64) {
         match cut {
             Cut::Data { parts, end, .. } => (
@@ -395,7 +399,7 @@ mod tests {
                     .iter()
                     .map(|p| String::from_utf8_lossy(p).into_owned())
                     .collect(),
-                end,
+                end.get(),
             ),
             Cut::AtTail { .. } => panic!("at tail"),
             Cut::Outside => panic!("outside"),
@@ -406,38 +410,38 @@ mod tests {
     fn sessions_cut_from_batch_starts_to_the_tail() {
         let f = Feed::new(0, 1, 1);
         assert!(
-            matches!(f.cut(0, 100), Cut::Outside),
+            matches!(f.cut(at(0), 100), Cut::Outside),
             "unknown until the first step"
         );
-        f.advance(10, None, 10, false);
-        assert!(matches!(f.cut(10, 100), Cut::AtTail { closed: false }));
-        f.advance(10, Some(bytes("abc")), 13, false);
-        f.advance(13, Some(bytes("defg")), 17, true);
-        assert_eq!(data(f.cut(10, 100)), ("abcdefg".into(), 17));
-        assert_eq!(data(f.cut(13, 100)), ("defg".into(), 17));
-        assert!(matches!(f.cut(17, 100), Cut::AtTail { closed: true }));
+        f.advance(at(10), None, at(10), false);
+        assert!(matches!(f.cut(at(10), 100), Cut::AtTail { closed: false }));
+        f.advance(at(10), Some(bytes("abc")), at(13), false);
+        f.advance(at(13), Some(bytes("defg")), at(17), true);
+        assert_eq!(data(f.cut(at(10), 100)), ("abcdefg".into(), 17));
+        assert_eq!(data(f.cut(at(13), 100)), ("defg".into(), 17));
+        assert!(matches!(f.cut(at(17), 100), Cut::AtTail { closed: true }));
         // Not a batch start, before the window, past the tail, or too big: the owner's job.
-        assert!(matches!(f.cut(11, 100), Cut::Outside));
-        assert!(matches!(f.cut(9, 100), Cut::Outside));
-        assert!(matches!(f.cut(18, 100), Cut::Outside));
-        assert!(matches!(f.cut(10, 6), Cut::Outside));
+        assert!(matches!(f.cut(at(11), 100), Cut::Outside));
+        assert!(matches!(f.cut(at(9), 100), Cut::Outside));
+        assert!(matches!(f.cut(at(18), 100), Cut::Outside));
+        assert!(matches!(f.cut(at(10), 6), Cut::Outside));
     }
 
     #[test]
     fn a_gap_restarts_the_window_and_old_batches_fall_out() {
         let f = Feed::new(0, 1, 1);
-        f.advance(0, None, 0, false);
-        f.advance(0, Some(bytes("ab")), 2, false);
+        f.advance(at(0), None, at(0), false);
+        f.advance(at(0), Some(bytes("ab")), at(2), false);
         // The pump could not read [2, 50): the window restarts at 50.
-        f.advance(2, None, 50, false);
-        assert!(matches!(f.cut(0, 100), Cut::Outside));
-        assert!(matches!(f.cut(50, 100), Cut::AtTail { .. }));
+        f.advance(at(2), None, at(50), false);
+        assert!(matches!(f.cut(at(0), 100), Cut::Outside));
+        assert!(matches!(f.cut(at(50), 100), Cut::AtTail { .. }));
         let big = "x".repeat(FEED_WINDOW_BYTES);
-        f.advance(50, Some(bytes(&big)), 50 + big.len() as u64, false);
+        f.advance(at(50), Some(bytes(&big)), at(50 + big.len() as u64), false);
         let t = 50 + big.len() as u64;
-        f.advance(t, Some(bytes("y")), t + 1, false);
-        assert!(matches!(f.cut(50, usize::MAX), Cut::Outside), "trimmed");
-        assert_eq!(data(f.cut(t, 100)), ("y".into(), t + 1));
+        f.advance(at(t), Some(bytes("y")), at(t + 1), false);
+        assert!(matches!(f.cut(at(50), usize::MAX), Cut::Outside), "trimmed");
+        assert_eq!(data(f.cut(at(t), 100)), ("y".into(), t + 1));
     }
 
     #[test]
@@ -452,7 +456,7 @@ mod tests {
             let g = f.clone();
             let waiter = monoio::spawn(async move { g.changed(v).await });
             monoio::time::sleep(Duration::from_millis(5)).await;
-            f.advance(0, None, 0, false);
+            f.advance(at(0), None, at(0), false);
             waiter.await;
             assert_eq!(f.waiters.borrow().len(), 0, "slot released");
             let v = f.version();

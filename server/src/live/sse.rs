@@ -18,7 +18,7 @@ use ursula_protocol::sse::{
     push_base64_data_event, push_control_event, push_json_array_data_event, push_keepalive,
     push_text_data_event, utf8_safe_cut, Control,
 };
-use ursula_storage::StreamId;
+use ursula_storage::{Offset, RecordNo, StreamId};
 
 use crate::core::Core;
 use crate::handlers::catch_up::{collect, cursor};
@@ -45,14 +45,14 @@ pub struct SseSession {
     surface: Surface,
     id: StreamId,
     incarnation: u64,
-    offset: u64,
+    offset: Offset,
     cursor: Option<String>,
     max_bytes: usize,
     mode: Mode,
     started: Instant,
     first: bool,
     /// Record-aware session (extensions.md §8.9): the next record to deliver.
-    records: Option<(records::RecordParams, u64)>,
+    records: Option<(records::RecordParams, RecordNo)>,
 }
 
 /// Build the SSE response head and its session, on the owner core (parameters and start
@@ -279,12 +279,12 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
             push_control_event(
                 &mut out,
                 &Control {
-                    next_offset: sess.offset,
+                    next_offset: sess.offset.get(),
                     cursor: (!closed).then_some(c.as_str()),
                     up_to_date: true,
                     closed,
                     first_record: sess.records.map(|_| 0),
-                    next_record: sess.records.map(|(_, r)| r),
+                    next_record: sess.records.map(|(_, r)| r.get()),
                 },
             );
             sess.cursor = Some(c);
@@ -336,8 +336,8 @@ fn render_data(
     core: &Rc<Core>,
     sess: &mut SseSession,
     parts: Vec<Bytes>,
-    mut end: u64,
-    tail: u64,
+    mut end: Offset,
+    tail: Offset,
     closed: bool,
     out: &mut Vec<u8>,
 ) -> bool {
@@ -372,7 +372,7 @@ fn render_data(
     push_control_event(
         out,
         &Control {
-            next_offset: end,
+            next_offset: end.get(),
             cursor: (!closed_now).then_some(c.as_str()),
             up_to_date: at_tail,
             closed: closed_now,
@@ -389,7 +389,7 @@ async fn emit_records(
     core: &Rc<Core>,
     sess: &mut SseSession,
     rp: records::RecordParams,
-    record: u64,
+    record: RecordNo,
     out: &mut Vec<u8>,
 ) -> bool {
     let (end, from, to) = {
@@ -427,12 +427,12 @@ async fn emit_records(
     push_control_event(
         out,
         &Control {
-            next_offset: to,
+            next_offset: to.get(),
             cursor: (!closed_now).then_some(c.as_str()),
             up_to_date: at_tail,
             closed: closed_now,
             first_record: Some(0),
-            next_record: Some(end),
+            next_record: Some(end.get()),
         },
     );
     sess.cursor = Some(c);

@@ -51,7 +51,7 @@ impl Shard {
         let id = self.inner.next_id.get();
         let mut initial = spec.initial;
         initial.id = id;
-        initial.start = 0;
+        initial.start = Offset::ZERO;
         let rec = CreateRec {
             id,
             key: spec.key,
@@ -63,7 +63,7 @@ impl Shard {
             initial,
         };
         let record = Record::Create(rec);
-        let (lsn, loc) = self.log_record(&record, Some((id, 0, false)))?;
+        let (lsn, loc) = self.log_record(&record, Some((id, Offset::ZERO, false)))?;
         let Record::Create(rec) = record else {
             unreachable!("built above")
         };
@@ -154,7 +154,7 @@ impl Shard {
 
     /// Advance a stream's retention point to `offset` (a message boundary the caller has
     /// validated): data before it stops being readable and its space is reclaimed.
-    pub fn retain(&self, id: StreamId, offset: u64) -> Result<Commit, StorageError> {
+    pub fn retain(&self, id: StreamId, offset: Offset) -> Result<Commit, StorageError> {
         let first_record = self
             .stream(id)
             .map(|s| s.message_at_or_after(offset))

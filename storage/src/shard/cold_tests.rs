@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::cold::{ColdRead, ColdStore};
+use crate::position::{off, rec};
 use crate::test_support::block_on;
 
 /// Counters shared by a [`DirStore`] and the reads it hands out.
@@ -228,18 +229,22 @@ async fn check_reads(shard: &Shard, model: &[Vec<Vec<u8>>], seed: u64) {
     for (s, recs) in model.iter().enumerate() {
         let id = shard.lookup(&format!("s{s}")).expect("stream");
         let whole: Vec<u8> = recs.concat();
-        let got = shard.read(id, 0, u64::MAX).await.expect("read").concat();
+        let got = shard
+            .read(id, Offset::ZERO, off(u64::MAX))
+            .await
+            .expect("read")
+            .concat();
         assert_eq!(got, whole, "s{s} whole");
         let starts: Vec<u64> = {
             let st = shard.state(id).expect("stream");
-            assert_eq!(st.message_count(), recs.len() as u64, "s{s} records");
+            assert_eq!(st.message_count(), rec(recs.len() as u64), "s{s} records");
             (0..=recs.len() as u64)
-                .map(|o| st.message_start(o).expect("ordinal"))
+                .map(|o| st.message_start(rec(o)).expect("ordinal").get())
                 .collect()
         };
         for (o, rec) in recs.iter().enumerate() {
             let got = shard
-                .read(id, starts[o], starts[o + 1])
+                .read(id, off(starts[o]), off(starts[o + 1]))
                 .await
                 .expect("read")
                 .concat();
@@ -248,7 +253,11 @@ async fn check_reads(shard: &Shard, model: &[Vec<Vec<u8>>], seed: u64) {
         for _ in 0..8 {
             let from = next(whole.len() as u64);
             let to = from + 1 + next(whole.len() as u64 - from);
-            let got = shard.read(id, from, to).await.expect("read").concat();
+            let got = shard
+                .read(id, off(from), off(to))
+                .await
+                .expect("read")
+                .concat();
             assert_eq!(
                 got,
                 &whole[from as usize..to as usize],
@@ -383,7 +392,7 @@ fn a_corrupt_byte_in_the_cold_tier_is_an_error_not_wrong_data() {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("reopen");
         let id = shard.lookup("s0").expect("s0");
         let first = model[0][0].len() as u64;
-        match shard.read(id, 0, first).await {
+        match shard.read(id, Offset::ZERO, off(first)).await {
             Err(StorageError::Corrupt(why)) => assert!(why.contains("segment 1"), "{why}"),
             other => panic!("expected a checksum failure, got {other:?}"),
         }
@@ -391,7 +400,11 @@ fn a_corrupt_byte_in_the_cold_tier_is_an_error_not_wrong_data() {
         let s1 = shard.lookup("s1").expect("s1");
         let tail: Vec<u8> = model[1].concat();
         let from = tail.len() as u64 - 100;
-        let got = shard.read(s1, from, u64::MAX).await.expect("read").concat();
+        let got = shard
+            .read(s1, off(from), off(u64::MAX))
+            .await
+            .expect("read")
+            .concat();
         assert_eq!(got, &tail[from as usize..]);
     });
 }
@@ -415,7 +428,11 @@ fn cold_reads_stay_within_the_in_flight_budget() {
                 let want = model[s].concat();
                 async move {
                     let id = shard.lookup(&format!("s{s}")).expect("stream");
-                    let got = shard.read(id, 0, u64::MAX).await.expect("read").concat();
+                    let got = shard
+                        .read(id, Offset::ZERO, off(u64::MAX))
+                        .await
+                        .expect("read")
+                        .concat();
                     assert_eq!(got, want, "s{s}");
                 }
             })
@@ -444,7 +461,7 @@ fn cold_reads_stay_within_the_in_flight_budget() {
         let want = model[0].concat();
         let mut got = Vec::new();
         while got.len() < want.len() {
-            let at = got.len() as u64;
+            let at = off(got.len() as u64);
             for piece in shard.read(id, at, at + 2000).await.expect("read") {
                 got.extend_from_slice(&piece);
             }
@@ -465,7 +482,7 @@ fn cold_reads_stay_within_the_in_flight_budget() {
         for k in (0..12).rev() {
             let at = k * step + k * 7;
             let got = shard
-                .read(id, at as u64, at as u64 + 100)
+                .read(id, off(at as u64), off(at as u64 + 100))
                 .await
                 .expect("read");
             assert_eq!(got.concat(), want[at..at + 100], "100 bytes at {at}");
@@ -504,7 +521,11 @@ fn eviction_never_removes_an_unarchived_segment() {
             assert_eq!(shard.is_cold(*s), !after.contains(s));
         }
         assert_eq!(
-            shard.read(id, 0, u64::MAX).await.expect("read").concat(),
+            shard
+                .read(id, Offset::ZERO, off(u64::MAX))
+                .await
+                .expect("read")
+                .concat(),
             all.concat()
         );
     });
@@ -553,7 +574,11 @@ fn the_cleaner_reclaims_cold_segments_after_deletes() {
         );
         for s in [0, 4] {
             let id = shard.lookup(&format!("s{s}")).expect("stream");
-            let got = shard.read(id, 0, u64::MAX).await.expect("read").concat();
+            let got = shard
+                .read(id, Offset::ZERO, off(u64::MAX))
+                .await
+                .expect("read")
+                .concat();
             assert_eq!(got, model[s].concat(), "s{s}");
         }
         shard.halt().await.expect("halt");
@@ -563,7 +588,11 @@ fn the_cleaner_reclaims_cold_segments_after_deletes() {
         assert_eq!(shard.keys().len(), 2);
         for s in [0, 4] {
             let id = shard.lookup(&format!("s{s}")).expect("stream");
-            assert!(!shard.read(id, 0, u64::MAX).await.expect("read").is_empty());
+            assert!(!shard
+                .read(id, Offset::ZERO, off(u64::MAX))
+                .await
+                .expect("read")
+                .is_empty());
         }
     });
 }
@@ -627,7 +656,11 @@ fn the_cleaner_keeps_a_sealed_segment_until_the_archive_has_it_whole() {
                 "segment {s} left the disk without being archived"
             );
         }
-        let got = shard.read(keep, 0, u64::MAX).await.expect("read").concat();
+        let got = shard
+            .read(keep, Offset::ZERO, off(u64::MAX))
+            .await
+            .expect("read")
+            .concat();
         assert_eq!(got, kept.concat());
     });
 }
@@ -675,7 +708,11 @@ fn once_archiving_stopped_for_good_the_cleaner_no_longer_waits_for_it() {
         assert!(shard.clean().await.expect("clean") > 0);
         assert!(segment::list_segments(&seg_dir).expect("list").len() < before);
         assert_eq!(
-            shard.read(keep, 0, u64::MAX).await.expect("read").concat(),
+            shard
+                .read(keep, Offset::ZERO, off(u64::MAX))
+                .await
+                .expect("read")
+                .concat(),
             want.to_vec()
         );
         // Eviction still needs the archive: nothing was archived, nothing is cold.

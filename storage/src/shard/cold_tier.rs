@@ -73,7 +73,7 @@ pub(super) struct ColdTier {
     /// Whether [`COLD_MARKER`] is known to exist (durably) in the shard's directory.
     pub(super) marked: Cell<bool>,
     /// Where each stream's last cold read ended (see [`SEQUENTIAL_READ_BYTES`]).
-    last_read_end: RefCell<HashMap<StreamId, u64>>,
+    last_read_end: RefCell<HashMap<StreamId, Offset>>,
 }
 
 impl ColdTier {
@@ -395,7 +395,7 @@ impl Shard {
     /// After a read of stream `id` from `from` to `to` that needed cold data: whether it
     /// looks like catch-up reading, which readahead serves (long, or continuing the
     /// stream's previous cold read), rather than a random small read.
-    pub(super) fn cold_read_is_sequential(&self, id: StreamId, from: u64, to: u64) -> bool {
+    pub(super) fn cold_read_is_sequential(&self, id: StreamId, from: Offset, to: Offset) -> bool {
         let Some(tier) = self.cold_tier() else {
             return false;
         };
@@ -405,14 +405,14 @@ impl Shard {
             last.clear();
         }
         last.insert(id, to);
-        continues || to.saturating_sub(from) >= SEQUENTIAL_READ_BYTES
+        continues || to.saturating_since(from) >= SEQUENTIAL_READ_BYTES
     }
 
     /// After a catch-up read of stream `id` up to `to` that needed cold data: start fetching the
     /// cold blocks that hold the stream's next [`READAHEAD_BYTES`], unless cached or being
     /// fetched, while the throttle has room for them at once (readahead never waits for
     /// room, so it cannot delay a reader's own fetches).
-    pub(super) fn read_ahead(&self, id: StreamId, to: u64) {
+    pub(super) fn read_ahead(&self, id: StreamId, to: Offset) {
         let Some(tier) = self.cold_tier() else { return };
         let plan = match self.inner.streams.borrow_mut().get_mut(&id) {
             Some(s) => s.read_plan(to, to.saturating_add(READAHEAD_BYTES)),

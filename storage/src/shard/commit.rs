@@ -26,7 +26,7 @@ impl Shard {
         }
     }
 
-    pub(super) fn make_visible(&self, id: StreamId, tail: u64, closed: bool) {
+    pub(super) fn make_visible(&self, id: StreamId, tail: Offset, closed: bool) {
         if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
             s.make_visible(tail, closed);
         }
@@ -37,7 +37,7 @@ impl Shard {
     pub(super) fn log_record(
         &self,
         record: &Record,
-        create_effect: Option<(StreamId, u64, bool)>,
+        create_effect: Option<(StreamId, Offset, bool)>,
     ) -> Result<(Lsn, Option<DiskLoc>), StorageError> {
         if let Some(why) = self.inner.failed.borrow().as_ref() {
             return Err(StorageError::Failed(why.clone()));
@@ -82,7 +82,7 @@ impl Shard {
         Ok((lsn, loc))
     }
 
-    pub(super) fn set_effect_tail(&self, lsn: Lsn, id: StreamId, tail: u64, closed: bool) {
+    pub(super) fn set_effect_tail(&self, lsn: Lsn, id: StreamId, tail: Offset, closed: bool) {
         if let Some(log) = self.inner.log.borrow_mut().as_mut() {
             log.set_effect(lsn, id, tail, closed);
         }

@@ -3,6 +3,7 @@
 //! clean stop, or with an index file lost or torn) finds every offset and record again.
 
 use super::*;
+use crate::position::{off, rec};
 use crate::test_support::block_on;
 
 /// A stream as the test keeps it: its bytes and where each record starts.
@@ -71,11 +72,15 @@ async fn check(shard: &Shard, models: &[(StreamId, Model)]) {
         let first = m.starts.partition_point(|&s| s < m.retained);
         {
             let s = shard.state(*id).expect("stream");
-            assert_eq!((s.visible_tail, s.first_message()), (tail, first as u64));
-            assert_eq!(s.message_count(), m.starts.len() as u64);
+            assert_eq!(
+                (s.visible_tail, s.first_message()),
+                (off(tail), rec(first as u64))
+            );
+            assert_eq!(s.message_count(), rec(m.starts.len() as u64));
             for (ordinal, &start) in m.starts.iter().enumerate().skip(first) {
-                assert_eq!(s.message_start(ordinal as u64), Some(start), "#{ordinal}");
-                assert_eq!(s.message_at_or_after(start), ordinal as u64);
+                let (ordinal, start) = (rec(ordinal as u64), off(start));
+                assert_eq!(s.message_start(ordinal), Some(start), "#{ordinal}");
+                assert_eq!(s.message_at_or_after(start), ordinal);
                 assert!(s.is_message_boundary(start));
                 assert!(!s.is_message_boundary(start + 1));
                 let c = s.chunk_at(start).expect("chunk");
@@ -86,12 +91,15 @@ async fn check(shard: &Shard, models: &[(StreamId, Model)]) {
                 tail - m.starts[first.min(m.starts.len() - 1)]
             );
         }
-        let whole = shard.read(*id, m.retained, u64::MAX).await.expect("read");
+        let whole = shard
+            .read(*id, off(m.retained), off(u64::MAX))
+            .await
+            .expect("read");
         assert_eq!(whole.concat(), &m.bytes[m.retained as usize..]);
         for k in 0..16u64 {
             let from = m.retained + (k * 7919) % (tail - m.retained);
             let to = (from + 1 + (k * 104_729) % 3000).min(tail);
-            let got = shard.read(*id, from, to).await.expect("read");
+            let got = shard.read(*id, off(from), off(to)).await.expect("read");
             assert_eq!(
                 got.concat(),
                 &m.bytes[from as usize..to as usize],
@@ -153,7 +161,7 @@ fn sealed_pages_leave_memory_and_every_lookup_survives_restarts() {
         let (id, m) = &mut models[1];
         let offset = m.starts[1000];
         shard
-            .retain(*id, offset)
+            .retain(*id, off(offset))
             .expect("retain")
             .durable()
             .await

@@ -30,7 +30,7 @@ use bytes::{Bytes, BytesMut};
 use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
 use crate::checkpoint;
 use crate::index::{self, IndexFile, IndexFileNo};
-use crate::position::{Lsn, SegmentNo};
+use crate::position::{Lsn, Offset, SegmentNo};
 use crate::readback::{self, Part, Span, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
 use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
 use crate::segment::segment_path;
@@ -320,7 +320,7 @@ struct Inner {
     /// Cached bytes, and the cached runs by age (stream, run start), oldest first: the
     /// order in which to evict them.
     resident_bytes: Cell<usize>,
-    evict_queue: RefCell<VecDeque<(StreamId, u64)>>,
+    evict_queue: RefCell<VecDeque<(StreamId, Offset)>>,
     /// Read handles of segment files, opened on first cold read.
     readers: RefCell<HashMap<SegmentNo, Rc<monoio::fs::File>>>,
     /// For every segment file, the streams with records in it (the cleaner's work list).

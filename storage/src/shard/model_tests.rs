@@ -8,6 +8,7 @@
 
 use super::cold_tests::DirStore;
 use super::*;
+use crate::position::{off, rec};
 use crate::test_support::block_on;
 
 /// A stream as the model keeps it: its whole byte history and where each record starts.
@@ -99,33 +100,32 @@ async fn check(shard: &Shard, key: &str, m: &Model, rng: &mut Rng) {
     {
         let s = shard.state(id).expect("stream");
         assert_eq!(s.incarnation, m.incarnation, "{key}");
-        assert_eq!((s.tail, s.visible_tail), (tail, tail), "{key}");
-        assert_eq!(s.retained_start, m.retained, "{key}");
-        assert_eq!(s.first_message(), first as u64, "{key}");
-        assert_eq!(s.message_count(), m.starts.len() as u64, "{key}");
-        assert_eq!(s.visible_message_count(), m.starts.len() as u64, "{key}");
+        assert_eq!((s.tail, s.visible_tail), (off(tail), off(tail)), "{key}");
+        assert_eq!(s.retained_start, off(m.retained), "{key}");
+        assert_eq!(s.first_message(), rec(first as u64), "{key}");
+        let count = rec(m.starts.len() as u64);
+        assert_eq!(s.message_count(), count, "{key}");
+        assert_eq!(s.visible_message_count(), count, "{key}");
         for (ordinal, &start) in m.starts.iter().enumerate().skip(first) {
+            let ordinal = rec(ordinal as u64);
             assert_eq!(
-                s.message_start(ordinal as u64),
-                Some(start),
+                s.message_start(ordinal),
+                Some(off(start)),
                 "{key} #{ordinal}"
             );
-            assert!(s.is_message_boundary(start), "{key} @{start}");
-            assert_eq!(
-                s.message_at_or_after(start),
-                ordinal as u64,
-                "{key} @{start}"
-            );
+            assert!(s.is_message_boundary(off(start)), "{key} @{start}");
+            assert_eq!(s.message_at_or_after(off(start)), ordinal, "{key} @{start}");
             if start > 0 && m.starts.binary_search(&(start - 1)).is_err() {
-                assert!(!s.is_message_boundary(start - 1), "{key} @{}", start - 1);
-                assert_eq!(s.message_at_or_after(start - 1), ordinal as u64);
+                let before = off(start - 1);
+                assert!(!s.is_message_boundary(before), "{key} @{before}");
+                assert_eq!(s.message_at_or_after(before), ordinal);
             }
         }
-        assert_eq!(s.message_start(m.starts.len() as u64), Some(tail));
-        assert_eq!(s.message_start(m.starts.len() as u64 + 1), None);
+        assert_eq!(s.message_start(count), Some(off(tail)));
+        assert_eq!(s.message_start(count.next()), None);
         if first > 0 {
             assert_eq!(
-                s.message_start(first as u64 - 1),
+                s.message_start(rec(first as u64 - 1)),
                 None,
                 "{key}: retained away"
             );
@@ -136,11 +136,7 @@ async fn check(shard: &Shard, key: &str, m: &Model, rng: &mut Rng) {
                 (end - m.starts[i]) as u32
             })
             .collect();
-        assert_eq!(
-            s.message_lens(first as u64, m.starts.len() as u64),
-            lens,
-            "{key}"
-        );
+        assert_eq!(s.message_lens(rec(first as u64), count), lens, "{key}");
         // Record-aware limits: from a random record, at most some records or bytes.
         if first < m.starts.len() {
             let from = first + rng.below((m.starts.len() - first) as u64) as usize;
@@ -157,13 +153,16 @@ async fn check(shard: &Shard, key: &str, m: &Model, rng: &mut Rng) {
                 want = e;
             }
             assert_eq!(
-                s.records_within(from as u64, limit as u64, max_end),
-                want as u64,
+                s.records_within(rec(from as u64), rec(limit as u64), off(max_end)),
+                rec(want as u64),
                 "{key} from {from} limit {limit} max_end {max_end}"
             );
         }
     }
-    let whole = shard.read(id, m.retained, u64::MAX).await.expect("read");
+    let whole = shard
+        .read(id, off(m.retained), off(u64::MAX))
+        .await
+        .expect("read");
     assert_eq!(
         whole.concat(),
         &m.bytes[m.retained as usize..],
@@ -175,7 +174,7 @@ async fn check(shard: &Shard, key: &str, m: &Model, rng: &mut Rng) {
         }
         let from = m.retained + rng.below(tail - m.retained);
         let to = from + 1 + rng.below(tail - from);
-        let got = shard.read(id, from, to).await.expect("read");
+        let got = shard.read(id, off(from), off(to)).await.expect("read");
         assert_eq!(
             got.concat(),
             &m.bytes[from as usize..to as usize],
@@ -255,7 +254,7 @@ fn run(seed: u64, steps: usize, segment_bytes: u64, cold: bool) {
                         let offset = m.starts.get(to).copied().unwrap_or(m.bytes.len() as u64);
                         let id = shard.lookup(&key).expect("id");
                         shard
-                            .retain(id, offset)
+                            .retain(id, off(offset))
                             .expect("retain")
                             .durable()
                             .await

@@ -9,7 +9,12 @@ impl Shard {
     /// Cached data comes from memory. The rest is read from the log with direct I/O
     /// (neighbouring records in one read, several reads at once; see `readback`), each
     /// record's checksum verified, and cached again.
-    pub async fn read(&self, id: StreamId, from: u64, to: u64) -> Result<Vec<Bytes>, StorageError> {
+    pub async fn read(
+        &self,
+        id: StreamId,
+        from: Offset,
+        to: Offset,
+    ) -> Result<Vec<Bytes>, StorageError> {
         let plan = match self.inner.streams.borrow_mut().get_mut(&id) {
             Some(s) => s.read_plan(from, to),
             None => return Ok(Vec::new()),

@@ -1,4 +1,5 @@
 use super::*;
+use crate::position::{off, rec};
 use crate::record::ProducerStamp;
 use crate::test_support::block_on;
 
@@ -69,7 +70,11 @@ fn forget_checkpoint(seg_dir: &Path) {
 
 async fn read_all(shard: &Shard, key: &str) -> Vec<u8> {
     let id = shard.lookup(key).expect("stream exists");
-    shard.read(id, 0, u64::MAX).await.expect("read").concat()
+    shard
+        .read(id, Offset::ZERO, off(u64::MAX))
+        .await
+        .expect("read")
+        .concat()
 }
 
 #[test]
@@ -88,9 +93,13 @@ fn appends_survive_reopen_with_all_state() {
             seq: 0,
         });
         let (receipt, c) = shard.append(id, rec).expect("append");
-        assert_eq!((receipt.start, receipt.next), (6, 11));
+        assert_eq!((receipt.start, receipt.next), (off(6), off(11)));
         assert_eq!(
-            shard.read(id, 0, 100).await.expect("read").concat(),
+            shard
+                .read(id, off(0), off(100))
+                .await
+                .expect("read")
+                .concat(),
             b"hello "
         );
         c.durable().await.expect("durable");
@@ -130,14 +139,14 @@ fn appends_survive_reopen_with_all_state() {
             assert_eq!(s.last_stream_seq.as_deref(), Some(&b"s1"[..]));
             let p = &s.producers["p"];
             assert_eq!((p.epoch, p.last_seq), (2, 0));
-            assert_eq!(p.receipt(0).map(|r| r.next), Some(11));
+            assert_eq!(p.receipt(0).map(|r| r.next), Some(off(11)));
         }
         // Writing continues after the recovered records.
         let id = shard.lookup("a").expect("a");
         assert!(shard.next_incarnation(0) > 7);
         let (_, c) = shard.create(new_stream("b", b"more")).expect("create");
         c.durable().await.expect("durable");
-        assert_eq!(shard.state(id).map(|s| s.tail), Some(11));
+        assert_eq!(shard.state(id).map(|s| s.tail), Some(off(11)));
         shard.shutdown().await.expect("shutdown");
     });
     block_on(async {
@@ -173,7 +182,7 @@ fn many_concurrent_appends_share_flushes() {
         let flushes = shard.stats().flushes - before;
         assert!(flushes < 50, "1000 appends took {flushes} flushes");
         for &id in &ids {
-            assert_eq!(shard.state(id).map(|s| s.visible_tail), Some(2000));
+            assert_eq!(shard.state(id).map(|s| s.visible_tail), Some(off(2000)));
         }
     });
 }
@@ -281,7 +290,7 @@ fn spare_segments_are_adopted_and_a_leftover_one_is_removed() {
         assert_eq!(report.dropped_bytes, 0);
         assert!(!spare.exists(), "leftover spare removed");
         let tail = shard.state_by_key("a").expect("a").visible_tail;
-        assert_eq!(tail, appends * big.len() as u64);
+        assert_eq!(tail, off(appends * big.len() as u64));
         let data = read_all(&shard, "a").await;
         assert!(data.len() == appends as usize * big.len() && data.iter().all(|&b| b == 9));
     });
@@ -413,7 +422,7 @@ fn segments_roll_and_orphans_after_a_break_are_removed() {
         let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
         assert_eq!(report.segments, segs.len());
         let s = shard.state_by_key("a").expect("a");
-        assert_eq!(s.visible_tail, 6 * big.len() as u64);
+        assert_eq!(s.visible_tail, off(6 * big.len() as u64));
     });
     // Damage the first segment's last record: everything after it is unacknowledged
     // history that must go, including whole later segments.
@@ -425,7 +434,7 @@ fn segments_roll_and_orphans_after_a_break_are_removed() {
     block_on(async {
         let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
         assert_eq!(report.orphan_segments, segs.len() - 1);
-        let tail = shard.state_by_key("a").expect("a").visible_tail;
+        let tail = shard.state_by_key("a").expect("a").visible_tail.get();
         assert!(tail < 6 * big.len() as u64);
         assert_eq!(tail % big.len() as u64, 0);
     });
@@ -482,7 +491,10 @@ fn cold_reads_of_small_interleaved_appends_share_disk_reads() {
         for (s, want) in expected.iter().enumerate() {
             let id = shard.lookup(&format!("s{s}")).expect("stream");
             let before = shard.stats().disk_reads;
-            let got = shard.read(id, 0, u64::MAX).await.expect("read");
+            let got = shard
+                .read(id, Offset::ZERO, off(u64::MAX))
+                .await
+                .expect("read");
             assert_eq!(got.concat(), *want, "stream s{s}");
             let reads = shard.stats().disk_reads - before;
             assert!(
@@ -490,10 +502,18 @@ fn cold_reads_of_small_interleaved_appends_share_disk_reads() {
                 "{reads} disk reads for {chunks} chunks"
             );
             // A mid-chunk range, now served from the cache.
-            let part = shard.read(id, 1_001, 50_003).await.expect("read").concat();
+            let part = shard
+                .read(id, off(1_001), off(50_003))
+                .await
+                .expect("read")
+                .concat();
             assert_eq!(part, &want[1_001..50_003]);
             assert_eq!(shard.stats().disk_reads - before, reads, "cached again");
-            let pieces = shard.read(id, 0, u64::MAX).await.expect("read").len() as u64;
+            let pieces = shard
+                .read(id, Offset::ZERO, off(u64::MAX))
+                .await
+                .expect("read")
+                .len() as u64;
             assert!(pieces * 20 < chunks, "{pieces} pieces for {chunks} chunks");
         }
     });
@@ -520,12 +540,16 @@ fn cold_data_is_read_from_disk_and_verified() {
         assert!(shard.resident_bytes() <= 64 << 10, "cache over budget");
         let expected: Vec<u8> = (0..40).flat_map(chunk).collect();
         assert_eq!(
-            shard.read(id, 0, u64::MAX).await.expect("read").concat(),
+            shard
+                .read(id, Offset::ZERO, off(u64::MAX))
+                .await
+                .expect("read")
+                .concat(),
             expected
         );
         // A read spanning cold chunks, starting and ending mid-chunk.
         let part = shard
-            .read(id, 15_000, 123_456)
+            .read(id, off(15_000), off(123_456))
             .await
             .expect("read")
             .concat();
@@ -539,7 +563,11 @@ fn cold_data_is_read_from_disk_and_verified() {
         let id = shard.lookup("a").expect("a");
         let expected: Vec<u8> = (0..40).flat_map(chunk).collect();
         assert_eq!(
-            shard.read(id, 0, u64::MAX).await.expect("read").concat(),
+            shard
+                .read(id, Offset::ZERO, off(u64::MAX))
+                .await
+                .expect("read")
+                .concat(),
             expected
         );
     });
@@ -557,7 +585,7 @@ fn cold_data_is_read_from_disk_and_verified() {
         let id = shard.lookup("a").expect("a");
         // Recovery truncated the log at the corrupt record: the stream ends before it.
         let tail = shard.state(id).expect("a").visible_tail;
-        assert_eq!(tail, 3 * 10_000);
+        assert_eq!(tail, off(3 * 10_000));
     });
 }
 
@@ -631,13 +659,16 @@ fn deleted_data_gives_its_space_back_and_survivors_stay_intact() {
             let want: Vec<u8> = (0..per_stream).flat_map(|i| payload(s, i)).collect();
             assert!(got == want, "stream s{s} changed across restart");
             let st = shard.state_by_key(&format!("s{s}")).expect("stream");
-            assert_eq!(st.tail, expected_tail);
-            assert_eq!(st.message_count(), per_stream as u64);
+            assert_eq!(st.tail, off(expected_tail));
+            assert_eq!(st.message_count(), rec(per_stream as u64));
         }
         let st = shard.state_by_key("s0").expect("s0");
         let p = &st.producers["p"];
         assert_eq!(p.last_seq, per_stream as u64 - 1);
-        assert_eq!(p.receipt(p.last_seq).map(|r| r.next), Some(expected_tail));
+        assert_eq!(
+            p.receipt(p.last_seq).map(|r| r.next),
+            Some(off(expected_tail))
+        );
     });
 }
 
@@ -663,7 +694,7 @@ fn records_queued_across_several_segments_in_one_flush() {
         assert!(shard.failure().is_none());
         assert_eq!(
             shard.state(id).map(|s| s.visible_tail),
-            Some(5 * big.len() as u64)
+            Some(off(5 * big.len() as u64))
         );
         stop_without_checkpoint(&shard).await;
     });
@@ -685,7 +716,7 @@ fn snapshots_and_retention_survive_restart_and_keep_ordinals() {
         let (id, c) = shard.create(new_stream("j", b"")).expect("create");
         c.durable().await.expect("durable");
         let mut offsets = Vec::new();
-        let mut total = 0u64;
+        let mut total = Offset::ZERO;
         for batch in 0..5 {
             let msgs: Vec<String> = (batch * 4..batch * 4 + 4).map(msg).collect();
             let data = msgs.concat();
@@ -728,12 +759,16 @@ fn snapshots_and_retention_survive_restart_and_keep_ordinals() {
         {
             let s = shard.state(id).expect("s");
             assert_eq!(s.retained_start, at);
-            assert_eq!(s.first_message(), 10);
-            assert_eq!(s.message_count(), 20);
-            assert_eq!(s.message_start(10), Some(at));
-            assert_eq!(s.message_start(9), None, "trimmed ordinals are gone");
+            assert_eq!(s.first_message(), rec(10));
+            assert_eq!(s.message_count(), rec(20));
+            assert_eq!(s.message_start(rec(10)), Some(at));
+            assert_eq!(s.message_start(rec(9)), None, "trimmed ordinals are gone");
         }
-        let read = shard.read(id, at, u64::MAX).await.expect("read").concat();
+        let read = shard
+            .read(id, at, off(u64::MAX))
+            .await
+            .expect("read")
+            .concat();
         assert_eq!(read, (10..20).map(msg).collect::<String>().into_bytes());
         // An unreferenced blob (a publish that never committed) is removed at restart.
         shard
@@ -752,9 +787,9 @@ fn snapshots_and_retention_survive_restart_and_keep_ordinals() {
         let meta = {
             let s = shard.state(id).expect("s");
             assert_eq!(s.retained_start, retain_at);
-            assert_eq!(s.first_message(), 10);
-            assert_eq!(s.message_count(), 20);
-            assert_eq!(s.message_start(10), Some(retain_at));
+            assert_eq!(s.first_message(), rec(10));
+            assert_eq!(s.message_count(), rec(20));
+            assert_eq!(s.message_start(rec(10)), Some(retain_at));
             assert_eq!(s.visible_tail, total);
             s.snapshot.clone().expect("snapshot survives")
         };
@@ -764,7 +799,7 @@ fn snapshots_and_retention_survive_restart_and_keep_ordinals() {
             &b"folded state"[..]
         );
         let read = shard
-            .read(id, retain_at, u64::MAX)
+            .read(id, retain_at, off(u64::MAX))
             .await
             .expect("read")
             .concat();
@@ -809,8 +844,8 @@ async fn describe(shard: &Shard) -> Vec<String> {
                 .map(|(k, p)| format!("{k}:{}:{}:{:?}", p.epoch, p.last_seq, p.receipts))
                 .collect();
             producers.sort();
-            let starts: Vec<_> = (s.first_message()..s.message_count())
-                .map(|o| s.message_start(o))
+            let starts: Vec<_> = (s.first_message().get()..s.message_count().get())
+                .map(|o| s.message_start(rec(o)))
                 .collect();
             format!(
                 "{key} inc={} tail={}/{} closed={}/{} ext={:?} seq={:?} retained={} \
@@ -827,8 +862,12 @@ async fn describe(shard: &Shard) -> Vec<String> {
                 s.message_count(),
             )
         };
-        let from = shard.state(id).map_or(0, |s| s.retained_start);
-        let data = shard.read(id, from, u64::MAX).await.expect("read").concat();
+        let from = shard.state(id).map_or(Offset::ZERO, |s| s.retained_start);
+        let data = shard
+            .read(id, from, off(u64::MAX))
+            .await
+            .expect("read")
+            .concat();
         out.push(format!("{meta} data={}", String::from_utf8_lossy(&data)));
     }
     out
@@ -921,7 +960,7 @@ fn checkpoint_bounds_replay_and_restores_every_stream_state() {
             .await
             .expect("ok");
         shard
-            .retain(a, 8)
+            .retain(a, off(8))
             .expect("retain")
             .durable()
             .await
@@ -971,7 +1010,7 @@ fn checkpoint_bounds_replay_and_restores_every_stream_state() {
         // Writing continues, and a clean stop checkpoints at the head.
         let a = shard.lookup("a").expect("a");
         let (r, c) = shard.append(a, json_rec(&["{\"n\":5}\n"])).expect("append");
-        assert_eq!((r.record_start, r.record_next), (4, 5));
+        assert_eq!((r.record_start, r.record_next), (rec(4), rec(5)));
         c.durable().await.expect("durable");
         shard.shutdown().await.expect("shutdown");
     });
@@ -979,7 +1018,7 @@ fn checkpoint_bounds_replay_and_restores_every_stream_state() {
         let (shard, report) = Shard::open(cfg).await.expect("reopen");
         assert_eq!(report.records, 0);
         let s = shard.state_by_key("a").expect("a");
-        assert_eq!((s.first_message(), s.message_count()), (1, 5));
+        assert_eq!((s.first_message(), s.message_count()), (rec(1), rec(5)));
     });
 }
 
@@ -1158,7 +1197,7 @@ fn a_read_racing_the_cleaner_follows_moved_chunks() {
             .await
             .expect("clean segment 1");
         let reader = shard.clone();
-        let read = monoio::spawn(async move { reader.read(id, 0, u64::MAX).await });
+        let read = monoio::spawn(async move { reader.read(id, Offset::ZERO, off(u64::MAX)).await });
         shard
             .clean_segment(SegmentNo::new(2))
             .await
@@ -1197,7 +1236,7 @@ fn readers_see_an_append_only_once_it_is_durable_and_the_head_sees_it_at_once() 
             .append(id, json_rec(&["{\"a\":1}\n", "{\"b\":2}\n"]))
             .expect("append");
         c.durable().await.expect("durable");
-        let durable_end = 16;
+        let durable_end = off(16);
 
         let mut pending = json_rec(&["{\"c\":3}\n"]);
         pending.close = true;
@@ -1206,27 +1245,36 @@ fn readers_see_an_append_only_once_it_is_durable_and_the_head_sees_it_at_once() 
             let head = shard.head(id).expect("head");
             assert_eq!(
                 (head.tail(), head.closed(), head.message_count()),
-                (24, true, 3)
+                (off(24), true, rec(3))
             );
             let view = shard.stream(id).expect("view");
             assert_eq!((view.next_offset(), view.is_closed()), (durable_end, false));
-            assert_eq!(view.message_count(), 2);
-            assert_eq!(view.message_start(1), Some(8));
-            assert_eq!(view.message_start(2), Some(durable_end));
-            assert_eq!(view.message_start(3), None);
+            assert_eq!(view.message_count(), rec(2));
+            assert_eq!(view.message_start(rec(1)), Some(off(8)));
+            assert_eq!(view.message_start(rec(2)), Some(durable_end));
+            assert_eq!(view.message_start(rec(3)), None);
             assert!(view.is_message_boundary(durable_end));
-            assert!(!view.is_message_boundary(24));
-            assert_eq!(view.message_at_or_after(20), 2);
-            assert_eq!(view.records_within(0, u64::MAX, u64::MAX), 2);
-            assert_eq!(view.message_lens(0, 4), vec![8, 8, 0]);
-            assert_eq!(view.chunks().map(|c| c.start).collect::<Vec<_>>(), vec![0]);
+            assert!(!view.is_message_boundary(off(24)));
+            assert_eq!(view.message_at_or_after(off(20)), rec(2));
+            assert_eq!(
+                view.records_within(rec(0), rec(u64::MAX), off(u64::MAX)),
+                rec(2)
+            );
+            assert_eq!(view.message_lens(rec(0), rec(4)), vec![8, 8, 0]);
+            assert_eq!(
+                view.chunks().map(|c| c.start).collect::<Vec<_>>(),
+                vec![off(0)]
+            );
             assert!(view.chunk_at(durable_end).is_none());
         }
         commit.durable().await.expect("durable");
         let view = shard.stream(id).expect("view");
-        assert_eq!((view.next_offset(), view.is_closed()), (24, true));
-        assert_eq!((view.message_count(), view.message_start(3)), (3, Some(24)));
-        assert_eq!(view.message_lens(0, 4), vec![8, 8, 8, 0]);
+        assert_eq!((view.next_offset(), view.is_closed()), (off(24), true));
+        assert_eq!(
+            (view.message_count(), view.message_start(rec(3))),
+            (rec(3), Some(off(24)))
+        );
+        assert_eq!(view.message_lens(rec(0), rec(4)), vec![8, 8, 8, 0]);
         assert!(view.chunk_at(durable_end).is_some());
     });
 }

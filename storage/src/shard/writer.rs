@@ -64,7 +64,7 @@ pub(super) struct Batch {
 pub(super) struct Effect {
     pub(super) lsn: Lsn,
     /// Stream made readable up to (tail, closed) once this record is durable.
-    pub(super) visible: Option<(StreamId, u64, bool)>,
+    pub(super) visible: Option<(StreamId, Offset, bool)>,
 }
 
 impl Log {
@@ -89,7 +89,7 @@ impl Log {
         &mut self,
         record: &Record,
         lsn: Lsn,
-        visible: Option<(StreamId, u64, bool)>,
+        visible: Option<(StreamId, Offset, bool)>,
     ) -> Result<DiskLoc, StorageError> {
         let len = record.framed_len();
         if len as u64 > self.segment_bytes - DATA_START {
@@ -126,7 +126,7 @@ impl Log {
         Ok(loc)
     }
 
-    pub(super) fn set_effect(&mut self, lsn: Lsn, id: StreamId, tail: u64, closed: bool) {
+    pub(super) fn set_effect(&mut self, lsn: Lsn, id: StreamId, tail: Offset, closed: bool) {
         for batch in self.batches.iter_mut().rev() {
             if let Some(e) = batch.effects.iter_mut().rev().find(|e| e.lsn == lsn) {
                 e.visible = Some((id, tail, closed));
