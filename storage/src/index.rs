@@ -53,8 +53,9 @@ pub(crate) const HEADER_LEN: usize = 48;
 pub const DEFAULT_INDEX_CACHE_BYTES: usize = 8 << 20;
 
 /// Bytes of completed pages a shard gathers in memory before it writes them out as an index
-/// file (checked once a second by the upkeep task). At 1,000 streams of 256 B appends a
-/// 128 MiB segment completes about 5 MiB of pages, so this is a few files per segment.
+/// file (checked once a second by the upkeep task). Streams that grow at one pace complete
+/// their pages together: at 500 streams of 256 B appends per core, a wave of 500 pages
+/// (3.4 MB) every few seconds, two waves per 128 MiB segment, so each wave is one file.
 /// (Tests use less, so that small histories already write several files.)
 pub(crate) const FLUSH_BYTES: usize = if cfg!(test) { 4 << 10 } else { 1 << 20 };
 
