@@ -43,7 +43,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 
-use crate::position::Lsn;
+use crate::position::{stored_as_u64, Lsn};
 
 const MAGIC: &[u8; 8] = b"URSLIDX1";
 const VERSION: u32 = 1;
@@ -64,26 +64,13 @@ pub(crate) const FLUSH_BYTES: usize = if cfg!(test) { 4 << 10 } else { 1 << 20 }
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct IndexFileNo(u64);
 
+stored_as_u64!(IndexFileNo);
+
 impl IndexFileNo {
-    pub const fn new(raw: u64) -> IndexFileNo {
-        IndexFileNo(raw)
-    }
-
-    /// The number as it is stored in checkpoints and manifests.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-
     /// The number a file written after record `lsn` takes, if it is above `newest`, the
     /// shard's newest file; None means the file has to wait for a newer record.
     pub(crate) fn after(lsn: Lsn, newest: IndexFileNo) -> Option<IndexFileNo> {
         (lsn.get() > newest.0).then_some(IndexFileNo(lsn.get()))
-    }
-}
-
-impl std::fmt::Display for IndexFileNo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
     }
 }
 

@@ -4,26 +4,42 @@
 //! mixing them up type-checks silently. They are typed so that it cannot: each converts to
 //! and from its number only where it is stored or sent (`new`, `get`).
 
-use std::fmt;
 use std::ops::{Add, AddAssign, Sub};
+
+/// What every typed number has: conversion to and from the `u64` it is stored and sent as
+/// (only where it is stored or sent), and printing as that number.
+macro_rules! stored_as_u64 {
+    ($number:ident) => {
+        impl $number {
+            pub const fn new(raw: u64) -> $number {
+                $number(raw)
+            }
+
+            /// The number as it is stored on disk and in manifests, and sent to clients.
+            pub const fn get(self) -> u64 {
+                self.0
+            }
+        }
+
+        impl std::fmt::Display for $number {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    };
+}
+pub(crate) use stored_as_u64;
 
 /// A log sequence number: the place of a record in its shard's log. The first record is
 /// `Lsn::FIRST`; `Lsn::NONE` (0) stands for "no record yet" and is never written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Lsn(u64);
 
+stored_as_u64!(Lsn);
+
 impl Lsn {
     pub const NONE: Lsn = Lsn(0);
     pub const FIRST: Lsn = Lsn(1);
-
-    pub const fn new(raw: u64) -> Lsn {
-        Lsn(raw)
-    }
-
-    /// The number as it is stored on disk and in manifests.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
 
     pub fn is_none(self) -> bool {
         self == Lsn::NONE
@@ -40,28 +56,15 @@ impl Lsn {
     }
 }
 
-impl fmt::Display for Lsn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
 /// The number of a segment in its shard's log: its file is `NNNNNNNNNN.seg`, and the log
 /// rolls from one number to the next. Stored as a `u64` in segment headers, checkpoints,
 /// index files and cold-tier manifests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SegmentNo(u64);
 
+stored_as_u64!(SegmentNo);
+
 impl SegmentNo {
-    pub const fn new(raw: u64) -> SegmentNo {
-        SegmentNo(raw)
-    }
-
-    /// The number as it is stored on disk and in manifests.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-
     /// The segment the log rolls to after this one.
     pub fn next(self) -> SegmentNo {
         SegmentNo(
@@ -83,16 +86,10 @@ pub(crate) const fn seg(n: u64) -> SegmentNo {
     SegmentNo(n)
 }
 
-impl fmt::Display for SegmentNo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
 /// The arithmetic of a position whose distances are plain counts (bytes, records): `p + n`
 /// is the position `n` further on, `q - p` the distance from `p` to `q`. Overflow and
 /// underflow are checked as for the integers, in debug builds, so the types cost nothing
-/// over the numbers they replace. Positions print as their numbers.
+/// over the numbers they replace.
 macro_rules! moves_by_distance {
     ($position:ident) => {
         impl Add<u64> for $position {
@@ -116,12 +113,6 @@ macro_rules! moves_by_distance {
                 self.0 - earlier.0
             }
         }
-
-        impl fmt::Display for $position {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                self.0.fmt(f)
-            }
-        }
     };
 }
 
@@ -131,18 +122,11 @@ macro_rules! moves_by_distance {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Offset(u64);
 
+stored_as_u64!(Offset);
+
 impl Offset {
     /// The start of every stream.
     pub const ZERO: Offset = Offset(0);
-
-    pub const fn new(raw: u64) -> Offset {
-        Offset(raw)
-    }
-
-    /// The number as it is stored on disk and sent to clients.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
 
     /// Bytes from `earlier` to `self`, 0 if `earlier` lies past `self`.
     pub fn saturating_since(self, earlier: Offset) -> u64 {
@@ -166,18 +150,11 @@ moves_by_distance!(Offset);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RecordNo(u64);
 
+stored_as_u64!(RecordNo);
+
 impl RecordNo {
     /// The first record of every stream.
     pub const ZERO: RecordNo = RecordNo(0);
-
-    pub const fn new(raw: u64) -> RecordNo {
-        RecordNo(raw)
-    }
-
-    /// The number as it is stored on disk and sent to clients.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
 
     /// The record after this one.
     pub fn next(self) -> RecordNo {

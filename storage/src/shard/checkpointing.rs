@@ -24,13 +24,13 @@ async fn yield_to_requests() {
 }
 
 impl Shard {
-    /// Whether enough log was written since the last checkpoint to write the next one:
-    /// `checkpoint_bytes`, or [`CHECKPOINT_LOG_RATIO`] times the last checkpoint's size if
-    /// that is more. A checkpoint holds every stream's chunk table and message index, so
-    /// it grows with the retained data; at a fixed interval, a shard ingesting millions
-    /// of small events a second rewrote a ~100 MB checkpoint every second, and throughput
-    /// fell by a third as it grew. The ratio keeps checkpoint writes at most a quarter of
-    /// the log's, and a restart replays at most that many times the checkpoint it loads.
+    /// Whether a checkpoint is due: after a roll, or once `checkpoint_bytes` of log, or
+    /// [`CHECKPOINT_LOG_RATIO`] times the last checkpoint's size if that is more, were
+    /// written since the last. A checkpoint grows with streams (their newest entries and
+    /// the pages not in an index file yet); with many streams a fixed interval would
+    /// rewrite it more often than the log justifies. The ratio keeps checkpoint writes at
+    /// most a quarter of the log's, and a restart replays at most that many times the
+    /// checkpoint it loads.
     pub(super) fn checkpoint_due(&self) -> bool {
         if self.unindexed_segment().is_some() {
             return true;
@@ -135,21 +135,27 @@ impl Shard {
             self.inner.next_lsn.get().prev(),
             self.inner.newest_index_file.get(),
         );
-        let mut pages = Vec::new();
+        // Each page, and whose table it is in (stream, chunk table or record index).
+        let (mut pages, mut owners) = (Vec::new(), Vec::new());
         for (&id, s) in self.inner.streams.borrow().iter() {
             let (chunks, msgs) = s.tables();
-            pages.extend(chunks.unwritten_pages().map(|p| (id, true, p.clone())));
-            pages.extend(msgs.unwritten_pages().map(|p| (id, false, p.clone())));
+            for p in chunks.unwritten_pages() {
+                pages.push(p.clone());
+                owners.push((id, true));
+            }
+            for p in msgs.unwritten_pages() {
+                pages.push(p.clone());
+                owners.push((id, false));
+            }
         }
         // Without a number (no record since the newest file: only just after a restart),
         // the pages stay in memory and in the checkpoint until one arrives.
         if let (false, Some(number)) = (pages.is_empty(), number) {
             let started = Instant::now();
-            let bytes: Vec<Bytes> = pages.iter().map(|p| p.2.clone()).collect();
-            let (file, offsets) = index::write(dir, self.inner.cfg.shard, number, &bytes).await?;
+            let (file, offsets) = index::write(dir, self.inner.cfg.shard, number, &pages).await?;
             self.inner.newest_index_file.set(number);
             let mut streams = self.inner.streams.borrow_mut();
-            for ((id, chunk_table, page), off) in pages.into_iter().zip(offsets) {
+            for (((id, chunk_table), page), off) in owners.into_iter().zip(&pages).zip(offsets) {
                 let Some(s) = streams.get_mut(&id) else {
                     continue;
                 };
@@ -162,9 +168,9 @@ impl Shard {
                 // for the next index file.
                 let (chunks, msgs) = s.tables_mut();
                 if chunk_table {
-                    chunks.page_written(&page, at);
+                    chunks.page_written(page, at);
                 } else {
-                    msgs.page_written(&page, at);
+                    msgs.page_written(page, at);
                 }
             }
             drop(streams);
@@ -172,8 +178,8 @@ impl Shard {
             tracing::debug!(
                 shard = self.inner.cfg.shard,
                 file = number.get(),
-                pages = bytes.len(),
-                bytes = bytes.iter().map(Bytes::len).sum::<usize>(),
+                pages = pages.len(),
+                bytes = pages.iter().map(Bytes::len).sum::<usize>(),
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "index file written"
             );

@@ -280,11 +280,7 @@ impl Shard {
         let file = match std::fs::read(&path) {
             Ok(f) => Bytes::from(f),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // No checkpoint names any index file: those present were written before
-                // the first checkpoint was installed, and the replay completes their pages.
-                for number in index::list(dir)? {
-                    std::fs::remove_file(index::index_path(dir, number))?;
-                }
+                self.adopt_index_files(dir, &BTreeMap::new())?;
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
@@ -335,20 +331,7 @@ impl Shard {
                 map.entry(seg).or_default().extend(ids);
             }
         }
-        // Index files the checkpoint does not name were written after it was installed (or
-        // for one that never was): the replay completes their pages again.
-        for number in index::list(dir)? {
-            match opened.get(&number) {
-                Some(Some(f)) => {
-                    self.inner
-                        .index_files
-                        .borrow_mut()
-                        .insert(number, f.clone());
-                    self.inner.newest_index_file.set(number);
-                }
-                _ => std::fs::remove_file(index::index_path(dir, number))?,
-            }
-        }
+        self.adopt_index_files(dir, &opened)?;
         self.inner
             .next_id
             .set(pos.next_id.max(self.inner.next_id.get()));
@@ -364,6 +347,29 @@ impl Shard {
             "loaded checkpoint"
         );
         Ok(Some(pos))
+    }
+
+    /// Keep the index files the checkpoint named and opened (`named`), and delete the
+    /// others: written after it was installed, for one that never was, or before the first
+    /// one. Nothing refers to those, and the replay completes their pages again.
+    fn adopt_index_files(
+        &self,
+        dir: &Path,
+        named: &BTreeMap<IndexFileNo, Option<Rc<IndexFile>>>,
+    ) -> Result<(), StorageError> {
+        for number in index::list(dir)? {
+            match named.get(&number) {
+                Some(Some(f)) => {
+                    self.inner
+                        .index_files
+                        .borrow_mut()
+                        .insert(number, f.clone());
+                    self.inner.newest_index_file.set(number);
+                }
+                _ => std::fs::remove_file(index::index_path(dir, number))?,
+            }
+        }
+        Ok(())
     }
 
     /// Apply a recovered record. Stream data stays on disk until first read. Records of a
