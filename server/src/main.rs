@@ -81,6 +81,7 @@ fn main() {
                 eprintln!("ursula: {e}");
                 std::process::exit(2);
             }
+            refuse_transparent_huge_pages();
             if let Err(e) = runtime::run(config) {
                 eprintln!("ursula: {e}");
                 std::process::exit(1);
@@ -115,6 +116,28 @@ fn main() {
                 std::process::exit(1);
             }
         },
+    }
+}
+
+/// Keep the heap in 4 KiB pages even where the host enables transparent huge pages.
+///
+/// mimalloc asks for huge pages on its arena (`MADV_HUGEPAGE`), and the kernel then backs
+/// whole 2 MiB ranges around scattered live blocks: RSS follows how the heap happens to lie,
+/// not what is live. Under 1,000 streams of appends 49-54 MB were live while RSS was
+/// 98-115 MB, and a 5 s burst of random reads after a restart left RSS 3-13 MB higher for
+/// the minutes of writes that followed, with the live heap unchanged. Without huge pages
+/// the same load runs at 57-83 MB. (What the allocator touched before `main`, 4 MiB here,
+/// keeps its huge pages.) A kernel without the call leaves things as they were, so failing
+/// is not an error.
+fn refuse_transparent_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integer arguments and touches no memory of
+    // ours; it only sets a flag on this process's address space.
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if rc != 0 {
+        tracing::debug!(
+            error = %std::io::Error::last_os_error(),
+            "could not turn transparent huge pages off for this process"
+        );
     }
 }
 

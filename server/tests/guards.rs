@@ -158,3 +158,19 @@ fn a_restart_right_after_kill9_under_load_comes_up_and_serves() {
     }
     again.sigterm(Duration::from_secs(10)).expect("exits");
 }
+
+/// The server keeps transparent huge pages off for itself (RSS follows the live heap, not
+/// how it lies in 2 MiB ranges; see `refuse_transparent_huge_pages`), whatever the host's
+/// setting.
+#[test]
+fn the_server_runs_without_transparent_huge_pages() {
+    let dir = temp_dir("ursula-thp");
+    let server = Server::spawn_standard(&dir.path().join("data"), "disk", 1, &[], None);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
+        .expect("read the server's /proc status");
+    let thp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(str::trim);
+    assert_eq!(thp, Some("0"), "THP_enabled in /proc/PID/status");
+}
