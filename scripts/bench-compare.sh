@@ -10,6 +10,7 @@
 #   ds-0.1.5      durable-streams 0.1.5 from crates.io, default `wal` durability
 #   ref-0.3.7     @durable-streams/server 0.3.7 from npm, file-backed store
 #   hello         a minimal monoio HTTP server that stores nothing (small-request ceiling)
+#   hello-1core   the same on one core (what a second core gives a server with no work)
 #   hello-streams a minimal in-memory streams server (the read, replay and fanout ceiling)
 # and measures, in the same run, raw loopback TCP throughput and `dd oflag=direct` disk
 # bandwidth. Peers are installed (pinned) into $PEERS_DIR on first use.
@@ -30,7 +31,8 @@
 # --report-only rebuilds the charts and the summary from the reports already in DIR.
 #
 # Env: CARGO_TARGET_DIR, PEERS_DIR (default ~/.cache/ursula-peers), DURATION, WARMUP,
-#      SERVERS (default "ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams").
+#      SERVERS (default "ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams";
+#      hello-1core runs only when named).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -64,7 +66,7 @@ else
 fi
 SCENARIOS="${ONLY:-write-100 gateway-100 write-500 write-2000 batch batch-small gateway-batch-small read replay fanout}"
 SERVERS="${SERVERS:-ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams}"
-ALL_SERVERS="ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams"
+ALL_SERVERS="ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-1core hello-streams"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ursula-compare.XXXXXX")"
 OUT="${OUT:-$WORK/out}"
@@ -83,6 +85,10 @@ cleanup() {
 trap cleanup EXIT
 
 say() { printf '\n== %s\n' "$*" >&2; }
+
+host_ticks() { # -> "busy total" clock ticks of all CPUs since boot (/proc/stat)
+    awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6 "," t }' /proc/stat
+}
 
 # ---------------------------------------------------------------------------------------
 if [[ -z "$REPORT_ONLY" ]]; then
@@ -140,10 +146,11 @@ start_server() { # name
             [[ -n "$URL" ]] && break
             sleep 0.1
         done ;;
-    hello | hello-streams)
-        local bin="hello-monoio"
+    hello | hello-1core | hello-streams)
+        local bin="hello-monoio" cores=()
         [[ "$1" == hello-streams ]] && bin="hello-streams"
-        "$BIN/$bin" 127.0.0.1:0 >"$WORK/stdout" 2>"$log" &
+        [[ "$1" == hello-1core ]] && cores=(1)
+        "$BIN/$bin" 127.0.0.1:0 "${cores[@]}" >"$WORK/stdout" 2>"$log" &
         PID=$!
         for _ in $(seq 1 300); do
             URL="$(sed -n "s/^$bin listening on \(http:[^ ]*\)\$/\1/p" "$WORK/stdout" | head -n1)"
@@ -207,12 +214,14 @@ loadgen() { # server scenario
     rm -f "$OUT/$server.$scenario.cpu"
     if [[ "$scenario" =~ ^(write-|gateway-|batch) ]]; then
         sleep "$(secs "$WARMUP")"
-        local c0 c1
-        c0="$(cpu_ticks "$PID")"
+        # Beside the server's CPU, the whole host's busy time: the load generator shares
+        # the same cores (it reports its own CPU), and a saturated host caps every server.
+        local c0 c1 h0 h1
+        c0="$(cpu_ticks "$PID")" h0="$(host_ticks)"
         sleep "$(secs "$DURATION")"
-        c1="$(cpu_ticks "$PID")"
+        c1="$(cpu_ticks "$PID")" h1="$(host_ticks)"
         if [[ -n "$c0" && -n "$c1" ]]; then
-            echo "$c0 $c1 $(getconf CLK_TCK)" >"$OUT/$server.$scenario.cpu"
+            echo "$c0 $c1 $(getconf CLK_TCK) $h0 $h1" >"$OUT/$server.$scenario.cpu"
         fi
     fi
     if ! wait "$lg"; then
@@ -235,6 +244,10 @@ cpu_ticks() { # pid -> utime + stime of all its threads, in clock ticks
     sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }'
 }
 
+host_ticks() { # -> "busy total" clock ticks of all CPUs since boot (/proc/stat)
+    awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6 "," t }' /proc/stat
+}
+
 # ---------------------------------------------------------------------------------------
 if [[ -z "$REPORT_ONLY" ]]; then
 say "physical limits"
@@ -252,7 +265,9 @@ for server in $SERVERS; do
     for scenario in $SCENARIOS; do
         # Each ceiling runs only what it can serve: hello answers writes and stores nothing;
         # hello-streams stores in memory and serves the reading scenarios.
-        if [[ "$server" == hello && ! "$scenario" =~ ^(write|gateway)-[0-9] ]]; then continue; fi
+        if [[ "$server" =~ ^hello(-1core)?$ && ! "$scenario" =~ ^(write|gateway)-[0-9] ]]; then
+            continue
+        fi
         if [[ "$server" == hello-streams && ! "$scenario" =~ ^(read|replay|fanout)$ ]]; then
             continue
         fi
@@ -275,7 +290,7 @@ done
 python3 - "$OUT" "$SCENARIOS" <<'EOF' | tee "$OUT/summary.md"
 import json, os, sys
 out, scenarios = sys.argv[1], sys.argv[2].split()
-servers = ["ursula", "ursula-1core", "ds-0.1.5", "ref-0.3.7", "hello"]
+servers = ["ursula", "ursula-1core", "ds-0.1.5", "ref-0.3.7", "hello", "hello-1core"]
 phys = json.load(open(os.path.join(out, "physical.json")))
 def load(server, scenario):
     p = os.path.join(out, f"{server}.{scenario}.json")
@@ -292,22 +307,35 @@ def rate(r, scenario):
     if scenario in ("read", "batch"):
         return r["mb_per_sec"]
     return r["ops_per_sec"]
-def cpu_per_op_us(server, scenario, r):
-    # Server CPU time (all threads) over the measured window, per operation.
+def window(server, scenario):
+    # Clock ticks over the measured window: server, load generator, host busy / total.
     try:
-        c0, c1, hz = map(float, open(os.path.join(out, f"{server}.{scenario}.cpu")).read().split())
+        f = open(os.path.join(out, f"{server}.{scenario}.cpu")).read().split()
+        c0, c1, hz = map(float, f[:3])
     except (OSError, ValueError):
         return None
-    if r is None or not r["ops"]:
+    w = {"server": c1 - c0, "hz": hz}
+    if len(f) >= 5:
+        (b0, t0), (b1, t1) = (map(float, x.split(",")) for x in f[3:5])
+        w["host_busy"] = (b1 - b0) / (t1 - t0) if t1 > t0 else None
+    return w
+def cpu_per_op_us(server, scenario, r):
+    # Server CPU time (all threads) over the measured window, per operation.
+    w = window(server, scenario)
+    if w is None or r is None or not r["ops"]:
         return None
-    return (c1 - c0) / hz / r["ops"] * 1e6
+    return w["server"] / w["hz"] / r["ops"] * 1e6
+def host_busy_pct(server, scenario):
+    w = window(server, scenario)
+    return None if w is None or w.get("host_busy") is None else 100 * w["host_busy"]
 unit = {"read": "MB/s", "batch": "MB/s", "batch-small": "events/s"}
 print(f"Physical limits: dd oflag=direct {phys['dd_mb_per_sec']:.0f} MB/s, loopback TCP {phys['loopback_mb_per_sec']:.0f} MB/s\n")
-print("| scenario | metric | " + " | ".join(servers) + " | ursula/1core | ursula/ds | ursula/ref | ursula/hello |")
-print("|---|---|" + "---|" * len(servers) + "---|---|---|---|")
+print("| scenario | metric | " + " | ".join(servers) + " | ursula/1core | ursula/ds | ursula/ref | ursula/hello | hello/1core |")
+print("|---|---|" + "---|" * len(servers) + "---|---|---|---|---|")
 for sc in scenarios:
     rows = {s: load(ceiling(sc) if s == "hello" else s, sc) for s in servers}
-    for metric in ("throughput", "p50 ms", "p99 ms", "cpu us/op", "errors"):
+    for metric in ("throughput", "p50 ms", "p99 ms", "cpu us/op", "loadgen cpu us/op",
+                   "host busy %", "errors"):
         vals = {}
         for s, r in rows.items():
             if r is None:
@@ -318,28 +346,34 @@ for sc in scenarios:
                 vals[s] = r["error_total"]
             elif metric == "cpu us/op":
                 vals[s] = cpu_per_op_us(ceiling(sc) if s == "hello" else s, sc, r)
+            elif metric == "loadgen cpu us/op":
+                vals[s] = r.get("client_cpu_us_per_op")
+            elif metric == "host busy %":
+                vals[s] = host_busy_pct(ceiling(sc) if s == "hello" else s, sc)
             else:
                 vals[s] = r["latency"]["p50_ms" if metric == "p50 ms" else "p99_ms"]
         def fmt(v):
             return "–" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}")
         def ratio(a, b):
-            if a is None or b is None or b == 0 or metric == "errors":
+            if a is None or b is None or b == 0 or metric in ("errors", "host busy %"):
                 return "–"
             return f"{a / b:.2f}x"
         label = f"{unit.get(sc, 'ops/s')}" if metric == "throughput" else metric
         if sc == "replay" and metric == "throughput":
             clients = {s: (r or {}).get("parameters", {}).get("clients") for s, r in rows.items()}
             label += " (clients: " + ", ".join(f"{s} {c}" for s, c in clients.items() if c) + ")"
-        if metric == "cpu us/op" and all(v is None for v in vals.values()):
+        if metric in ("cpu us/op", "loadgen cpu us/op", "host busy %") and all(v is None for v in vals.values()):
             continue
         print(f"| {sc} | {label} | " + " | ".join(fmt(vals[s]) for s in servers)
-              + f" | {ratio(vals['ursula'], vals['ursula-1core'])} | {ratio(vals['ursula'], vals['ds-0.1.5'])} | {ratio(vals['ursula'], vals['ref-0.3.7'])} | {ratio(vals['ursula'], vals['hello'])} |")
+              + f" | {ratio(vals['ursula'], vals['ursula-1core'])} | {ratio(vals['ursula'], vals['ds-0.1.5'])} | {ratio(vals['ursula'], vals['ref-0.3.7'])} | {ratio(vals['ursula'], vals['hello'])} | {ratio(vals['hello'], vals['hello-1core'])} |")
 limits = {"batch": ("dd oflag=direct", phys["dd_mb_per_sec"]),
           "read": ("loopback TCP", phys["loopback_mb_per_sec"])}
 notes = [f"- ursula {sc}: {rate(load('ursula', sc), sc):,.0f} MB/s = {100 * rate(load('ursula', sc), sc) / lim:.0f}% of {name}"
          for sc, (name, lim) in limits.items() if sc in scenarios and load("ursula", sc) and lim]
 print("\ncpu us/op: server CPU time (user + system, all threads, /proc/PID/stat) over the measured window per operation; lower is better")
-print("\nhello: hello-monoio for the write scenarios, hello-streams (in memory) for read, replay and fanout; neither runs batch")
+print("loadgen cpu us/op: the load generator's own CPU over the window per operation (it shares the host's cores with the server)")
+print("host busy %: share of all CPUs busy over the window (/proc/stat), whoever used them; near 100 the host, not the server, sets the pace")
+print("\nhello: hello-monoio for the write scenarios, hello-streams (in memory) for read, replay and fanout; neither runs batch. hello-1core: hello-monoio on one core; hello/1core is what a second core gives a server that does no work, on this host")
 if notes:
     print()
     print("\n".join(notes))

@@ -381,7 +381,7 @@ pub struct Ctx {
     pub core: usize,
     pub cores: usize,
     barrier: Arc<Barrier>,
-    start: Arc<OnceLock<Instant>>,
+    start: Arc<OnceLock<Window>>,
 }
 
 impl Ctx {
@@ -394,8 +394,12 @@ impl Ctx {
     /// The measured window, identical on every core (the first core to ask fixes the
     /// start), so that events stamped on one core are judged alike on another.
     pub fn window(&self, warmup: Duration, duration: Duration) -> Window {
-        let start = *self.start.get_or_init(Instant::now);
-        Window::starting_at(start, warmup, duration)
+        let start = self.start.get_or_init(|| {
+            let window = Window::starting_at(Instant::now(), warmup, duration);
+            cpu::sample_over(window);
+            window
+        });
+        Window::starting_at(start.start, warmup, duration)
     }
 
     /// Indices `0..n` assigned to this core (round-robin).
@@ -461,6 +465,9 @@ where
         }
     }
     progress.finish();
+    if let Some(window) = start.get() {
+        cpu::collect(window);
+    }
     match first_err {
         Some(e) => Err(e),
         None => Ok(out),
@@ -583,5 +590,73 @@ mod tests {
         let mut c3 = c;
         c3.bucket = "ab".into();
         assert!(Target::from_common(&c3).is_err());
+    }
+}
+
+/// The load generator's own CPU time over the measured window. It shares the host's cores
+/// with the server it measures, so a server's throughput is only comparable alongside what
+/// the client spent to drive it.
+pub mod cpu {
+    use std::sync::{Mutex, OnceLock};
+    use std::thread::JoinHandle;
+    use std::time::{Duration, Instant};
+
+    use super::Window;
+
+    static SAMPLER: Mutex<Option<JoinHandle<Option<Duration>>>> = Mutex::new(None);
+    static OVER_WINDOW: OnceLock<Duration> = OnceLock::new();
+
+    /// CPU time (user + system, every thread) spent inside the window, once it has been
+    /// collected; `None` when the run stopped before its window ended.
+    pub fn over_window() -> Option<Duration> {
+        OVER_WINDOW.get().copied()
+    }
+
+    /// Starts a thread that samples the process's CPU time at the window's edges.
+    pub(super) fn sample_over(window: Window) {
+        let sampler = std::thread::Builder::new()
+            .name("loadgen-cpu".into())
+            .spawn(move || {
+                sleep_until(window.warm_end);
+                let start = process_cpu()?;
+                sleep_until(window.end);
+                Some(process_cpu()?.saturating_sub(start))
+            });
+        if let (Ok(handle), Ok(mut slot)) = (sampler, SAMPLER.lock()) {
+            *slot = Some(handle);
+        }
+    }
+
+    /// Records the sample once the window is over. A run whose cores finished before the
+    /// window ended has no figure (the sampler is left to finish on its own).
+    pub(super) fn collect(window: &Window) {
+        if Instant::now() < window.end {
+            return;
+        }
+        let handle = SAMPLER.lock().ok().and_then(|mut slot| slot.take());
+        if let Some(Ok(Some(cpu))) = handle.map(JoinHandle::join) {
+            let _ = OVER_WINDOW.set(cpu);
+        }
+    }
+
+    fn sleep_until(t: Instant) {
+        std::thread::sleep(t.saturating_duration_since(Instant::now()));
+    }
+
+    fn process_cpu() -> Option<Duration> {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+        // SAFETY: getrusage writes a whole `rusage` into the pointer it is given, which
+        // points at storage of exactly that type; the value is read only when it returns 0.
+        let usage = unsafe {
+            if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+                return None;
+            }
+            usage.assume_init()
+        };
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec.max(0) as u64)
+                + Duration::from_micros(t.tv_usec.max(0) as u64)
+        };
+        Some(tv(usage.ru_utime) + tv(usage.ru_stime))
     }
 }

@@ -206,6 +206,9 @@ fn build_report(
         requests: st.requests,
         bytes: st.bytes,
         mb_per_sec: st.bytes as f64 / secs / 1e6,
+        client_cpu_us_per_op: common::cpu::over_window()
+            .filter(|_| st.ops > 0)
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / st.ops as f64),
         latency_of: o.latency_of.to_string(),
         latency: Latency::from_hist(&st.hist),
         errors: st.errors,

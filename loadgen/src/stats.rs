@@ -164,6 +164,9 @@ pub struct Report {
     pub requests: u64,
     pub bytes: u64,
     pub mb_per_sec: f64,
+    /// The load generator's own CPU time (user + system, all threads) over the window,
+    /// per op, in microseconds; absent when the run ended before its window did.
+    pub client_cpu_us_per_op: Option<f64>,
     /// What the latency histogram measures.
     pub latency_of: String,
     pub latency: Latency,
@@ -202,6 +205,9 @@ impl Report {
             "ops      {} x {} ({:.1}/s), {} requests, {:.2} MB/s ({} bytes)",
             self.ops, self.op, self.ops_per_sec, self.requests, self.mb_per_sec, self.bytes
         );
+        if let Some(cpu) = self.client_cpu_us_per_op {
+            let _ = writeln!(s, "client   {cpu:.2} µs CPU per {} (this process)", self.op);
+        }
         let l = &self.latency;
         let _ = writeln!(
             s,

@@ -197,6 +197,12 @@ fn scenarios_against_real_server() {
     assert_eq!(num(&r, &["error_total"]), 0.0);
     assert!(num(&r, &["ops_per_sec"]) > 0.0);
     assert!(num(&r, &["mb_per_sec"]) > 0.0);
+    // The client's own CPU over the window: some, and no more than its two cores' worth.
+    let client_cpu_s = num(&r, &["client_cpu_us_per_op"]) * num(&r, &["ops"]) / 1e6;
+    assert!(
+        client_cpu_s > 0.0 && client_cpu_s <= 2.0 * num(&r, &["duration_s"]) + 0.05,
+        "client CPU {client_cpu_s} s over the window"
+    );
     // --svg drew the latency curve; `chart` overlays reports.
     let svg = std::fs::read_to_string(&write_svg).expect("--svg wrote the chart");
     assert!(
