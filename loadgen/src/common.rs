@@ -7,6 +7,7 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
+use monoio::time::TimeDriver;
 use serde::Serialize;
 
 use crate::http::{Body, Conn, ReqError, Response};
@@ -440,11 +441,7 @@ where
             .name(format!("loadgen-{core}"))
             .spawn(move || -> Result<T, String> {
                 let _ = monoio::utils::bind_to_cpu_set([core % ncpu]);
-                let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-                    .with_entries(1024)
-                    .enable_timer()
-                    .build()
-                    .map_err(|e| format!("core {core}: runtime: {e}"))?;
+                let mut rt = client_runtime().map_err(|e| format!("core {core}: runtime: {e}"))?;
                 rt.block_on(f(ctx))
             })
             .map_err(|e| format!("spawn thread: {e}"))?;
@@ -472,6 +469,29 @@ where
         Some(e) => Err(e),
         None => Ok(out),
     }
+}
+
+type ClientRuntime =
+    monoio::FusionRuntime<TimeDriver<monoio::IoUringDriver>, TimeDriver<monoio::LegacyDriver>>;
+
+/// A core's event loop. The client shares the host's CPUs with the server it measures, so
+/// its ring runs completion work cooperatively (`IORING_SETUP_COOP_TASKRUN`, as the
+/// server's does): a response arriving from another CPU is processed when this thread next
+/// enters the kernel rather than through an IPI. Kernels before 5.19 get a plain ring.
+fn client_runtime() -> std::io::Result<ClientRuntime> {
+    let mut ring = io_uring::IoUring::builder();
+    ring.setup_coop_taskrun();
+    monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .with_entries(1024)
+        .uring_builder(ring)
+        .enable_timer()
+        .build()
+        .or_else(|_| {
+            monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+                .with_entries(1024)
+                .enable_timer()
+                .build()
+        })
 }
 
 /// Runs a setup future, then the start barrier (always reached, so one core's failure
