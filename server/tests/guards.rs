@@ -1,5 +1,7 @@
-//! A second server must never share a running server's data dir or port: both would
-//! silently split traffic (SO_REUSEPORT) or corrupt the log.
+//! Guards on how the server runs on its host. A second server must never share a running
+//! server's data dir or port: both would silently split traffic (SO_REUSEPORT) or corrupt
+//! the log. It restarts under load right after `kill -9`, keeps transparent huge pages off
+//! for itself, and pins its cores inside the CPU mask it was started with.
 
 mod support;
 
@@ -173,4 +175,59 @@ fn the_server_runs_without_transparent_huge_pages() {
         .find_map(|l| l.strip_prefix("THP_enabled:"))
         .map(str::trim);
     assert_eq!(thp, Some("0"), "THP_enabled in /proc/PID/status");
+}
+
+/// Started inside a CPU mask (`taskset`, systemd's `CPUAffinity=`), the server pins its
+/// cores to CPUs of that mask, not to CPU 0, 1, ... regardless.
+#[test]
+fn cores_pin_to_the_cpus_the_server_was_given() {
+    let mine = cpus_allowed(&std::fs::read_to_string("/proc/thread-self/status").expect("status"));
+    let given = *mine.last().expect("this thread may run somewhere");
+    // The child inherits the mask of the thread that spawns it, so narrow this thread's
+    // mask to the last CPU for the spawn, then widen it again.
+    set_this_threads_cpus(&[given]);
+    let dir = temp_dir("ursula-affinity");
+    let server = Server::spawn_standard(&dir.path().join("data"), "disk", 1, &[], None);
+    set_this_threads_cpus(&mine);
+
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", server.pid())).expect("tasks");
+    let core_thread = tasks
+        .flatten()
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "ursula-core-0")
+        })
+        .expect("the server runs a thread named ursula-core-0");
+    let status = std::fs::read_to_string(core_thread.path().join("status")).expect("status");
+    assert_eq!(cpus_allowed(&status), vec![given], "core 0's CPUs");
+}
+
+/// `Cpus_allowed_list` of a /proc status file ("0-2,5") as CPU numbers.
+fn cpus_allowed(status: &str) -> Vec<usize> {
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in /proc status")
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        let (from, to) = part.split_once('-').unwrap_or((part, part));
+        let (from, to): (usize, usize) = (from.parse().expect("cpu"), to.parse().expect("cpu"));
+        cpus.extend(from..=to);
+    }
+    cpus
+}
+
+fn set_this_threads_cpus(cpus: &[usize]) {
+    // SAFETY: `cpu_set_t` is a plain bit array, valid when zeroed; CPU_SET is given CPUs
+    // the kernel listed for this thread, all below CPU_SETSIZE, and sched_setaffinity reads
+    // exactly the size it is given.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(rc, 0, "sched_setaffinity({cpus:?})");
 }

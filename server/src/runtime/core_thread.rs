@@ -26,7 +26,9 @@ pub fn run(
     (shutdown, draining): (Arc<AtomicBool>, Arc<AtomicUsize>),
     ready: mpsc::Sender<Result<(), String>>,
 ) {
-    if let Err(e) = monoio::utils::bind_to_cpu_set([index % num_cpus()]) {
+    // The thread still has the mask it inherited, so every core reads the same list.
+    let cpus = allowed_cpus();
+    if let Err(e) = monoio::utils::bind_to_cpu_set([cpus[index % cpus.len()]]) {
         tracing::warn!(core = index, "could not pin thread: {e:?}");
     }
     let mut runtime = match build_runtime() {
@@ -109,8 +111,28 @@ pub fn run(
     });
 }
 
-fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+/// The CPUs this thread may run on, lowest first: the mask the server was started with
+/// (`taskset`, systemd's `CPUAffinity=`), so core N pins to the N-th CPU it was given and
+/// never to one the operator kept for something else. All CPUs if the mask is unreadable.
+fn allowed_cpus() -> Vec<usize> {
+    let every = || (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
+    // SAFETY: `cpu_set_t` is a plain bit array, valid when zeroed; sched_getaffinity writes
+    // at most the size it is given into it, and CPU_ISSET only reads bits below
+    // CPU_SETSIZE, which is that array's size in bits.
+    let cpus: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return every();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| libc::CPU_ISSET(cpu, &set))
+            .collect()
+    };
+    if cpus.is_empty() {
+        every()
+    } else {
+        cpus
+    }
 }
 
 async fn serve(core: Rc<Core>, listener: monoio::net::TcpListener) {
