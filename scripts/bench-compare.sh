@@ -32,7 +32,10 @@
 #
 # Env: CARGO_TARGET_DIR, PEERS_DIR (default ~/.cache/ursula-peers), DURATION, WARMUP,
 #      SERVERS (default "ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams";
-#      hello-1core runs only when named).
+#      hello-1core runs only when named), SERVER_CPUS and CLIENT_CPUS (CPU lists such as
+#      "0,1" and "2,3": every server runs inside the first under `taskset`, the load
+#      generator pins to the second, so on a host with CPUs to spare neither takes the
+#      other's; unset, both share every CPU).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -67,6 +70,13 @@ fi
 SCENARIOS="${ONLY:-write-100 gateway-100 write-500 write-2000 batch batch-small gateway-batch-small read replay fanout}"
 SERVERS="${SERVERS:-ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams}"
 ALL_SERVERS="ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-1core hello-streams"
+SERVER_CPUS="${SERVER_CPUS:-}"
+CLIENT_CPUS="${CLIENT_CPUS:-}"
+PIN=()
+if [[ -n "$SERVER_CPUS" ]]; then
+    command -v taskset >/dev/null || { echo "SERVER_CPUS needs taskset (util-linux)" >&2; exit 2; }
+    PIN=(taskset -c "$SERVER_CPUS")
+fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ursula-compare.XXXXXX")"
 OUT="${OUT:-$WORK/out}"
@@ -138,7 +148,7 @@ start_server() { # name
     ursula | ursula-1core)
         local cores=()
         [[ "$1" == ursula-1core ]] && cores=(--cores 1)
-        "$BIN/ursula" server --listen 127.0.0.1:0 --data-dir "$WORK/data" --storage disk \
+        "${PIN[@]}" "$BIN/ursula" server --listen 127.0.0.1:0 --data-dir "$WORK/data" --storage disk \
             --long-poll-timeout-ms 500 "${cores[@]}" >"$WORK/stdout" 2>"$log" &
         PID=$!
         for _ in $(seq 1 300); do
@@ -150,7 +160,7 @@ start_server() { # name
         local bin="hello-monoio" cores=()
         [[ "$1" == hello-streams ]] && bin="hello-streams"
         [[ "$1" == hello-1core ]] && cores=(1)
-        "$BIN/$bin" 127.0.0.1:0 "${cores[@]}" >"$WORK/stdout" 2>"$log" &
+        "${PIN[@]}" "$BIN/$bin" 127.0.0.1:0 "${cores[@]}" >"$WORK/stdout" 2>"$log" &
         PID=$!
         for _ in $(seq 1 300); do
             URL="$(sed -n "s/^$bin listening on \(http:[^ ]*\)\$/\1/p" "$WORK/stdout" | head -n1)"
@@ -159,13 +169,13 @@ start_server() { # name
         done ;;
     ds-0.1.5)
         port="$(free_port)"
-        "$DS_BIN" --host 127.0.0.1 --port "$port" --data-dir "$WORK/data" \
+        "${PIN[@]}" "$DS_BIN" --host 127.0.0.1 --port "$port" --data-dir "$WORK/data" \
             --long-poll-timeout-ms 500 >"$log" 2>&1 &
         PID=$!
         URL="http://127.0.0.1:$port" ;;
     ref-0.3.7)
         port="$(free_port)"
-        (cd "$REF_DIR" && exec node start.mjs "$port" "$WORK/data") >"$log" 2>&1 &
+        (cd "$REF_DIR" && exec "${PIN[@]}" node start.mjs "$port" "$WORK/data") >"$log" 2>&1 &
         PID=$!
         URL="http://127.0.0.1:$port" ;;
     esac
@@ -186,6 +196,7 @@ loadgen() { # server scenario
     local server="$1" scenario="$2" args=()
     local common=(--target "$URL" --surface compat --duration "$DURATION" --warmup "$WARMUP"
         --json "$OUT/$server.$scenario.json" --prefix "cmp$RANDOM")
+    [[ -n "$CLIENT_CPUS" ]] && common+=(--cpus "$CLIENT_CPUS")
     case "$scenario" in
     write-*) args=(write --streams "${scenario#write-}" --payload 256) ;;
     gateway-*[0-9])
@@ -258,7 +269,8 @@ DD_MBS="$(dd if=/dev/zero of="$DD_FILE" bs=1M count="$DD_MIB" oflag=direct conv=
 rm -f "$DD_FILE"
 NET_MBS="$("$BIN/loopback-tcp" "$NET_SECS" 2 | awk '{ print $3 }')"
 echo "dd oflag=direct: $DD_MBS MB/s; loopback TCP (2 connections): $NET_MBS MB/s" >&2
-printf '{"dd_mb_per_sec": %s, "loopback_mb_per_sec": %s}\n' "$DD_MBS" "$NET_MBS" >"$OUT/physical.json"
+printf '{"dd_mb_per_sec": %s, "loopback_mb_per_sec": %s, "server_cpus": "%s", "client_cpus": "%s"}\n' \
+    "$DD_MBS" "$NET_MBS" "$SERVER_CPUS" "$CLIENT_CPUS" >"$OUT/physical.json"
 
 for server in $SERVERS; do
     start_server "$server"
@@ -330,6 +342,8 @@ def host_busy_pct(server, scenario):
     return None if w is None or w.get("host_busy") is None else 100 * w["host_busy"]
 unit = {"read": "MB/s", "batch": "MB/s", "batch-small": "events/s"}
 print(f"Physical limits: dd oflag=direct {phys['dd_mb_per_sec']:.0f} MB/s, loopback TCP {phys['loopback_mb_per_sec']:.0f} MB/s\n")
+if phys.get("server_cpus") or phys.get("client_cpus"):
+    print(f"Servers on CPUs {phys.get('server_cpus') or 'all'}, load generator on CPUs {phys.get('client_cpus') or 'all'}\n")
 print("| scenario | metric | " + " | ".join(servers) + " | ursula/1core | ursula/ds | ursula/ref | ursula/hello | hello/1core |")
 print("|---|---|" + "---|" * len(servers) + "---|---|---|---|---|")
 for sc in scenarios:

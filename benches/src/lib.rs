@@ -46,12 +46,19 @@ impl CeilingArgs {
         drop(first);
         let (tx, rx) = std::sync::mpsc::channel();
         let mut threads = Vec::new();
+        let cpus = allowed_cpus();
         for core in 0..self.cores {
             let (tx, serve) = (tx.clone(), serve.clone());
+            let cpu = cpus[core % cpus.len()];
             threads.push(std::thread::spawn(move || {
-                let _ = monoio::utils::bind_to_cpu_set([core]);
+                let _ = monoio::utils::bind_to_cpu_set([cpu]);
+                // Rings as cooperative as the server's (see its `cooperative_runtime`), so
+                // the ceiling is not held back by what the server was spared.
+                let mut ring = io_uring::IoUring::builder();
+                ring.setup_coop_taskrun();
                 let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
                     .with_entries(1024)
+                    .uring_builder(ring)
                     .build()
                     .expect("runtime");
                 rt.block_on(async move {
@@ -70,6 +77,28 @@ impl CeilingArgs {
             let _ = t.join();
         }
     }
+}
+
+/// The CPUs this process was started on, lowest first (its affinity mask: `taskset`), so
+/// that a ceiling confined to some CPUs pins its cores inside them. All CPUs if the mask
+/// cannot be read.
+pub fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or_default();
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (from, to) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(from), Ok(to)) = (from.parse::<usize>(), to.parse::<usize>()) {
+            cpus.extend(from..=to);
+        }
+    }
+    if cpus.is_empty() {
+        cpus.extend(0..std::thread::available_parallelism().map_or(1, |n| n.get()));
+    }
+    cpus
 }
 
 /// Append what the socket has to `buf`, reading into the reusable `spare`; false once the

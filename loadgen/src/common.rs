@@ -33,9 +33,14 @@ pub struct Common {
     /// Bucket for --surface bucketed (created with PUT /{bucket}; 409 = exists is fine).
     #[arg(long, default_value = "loadgen")]
     pub bucket: String,
-    /// Client threads, one pinned monoio loop per core (default: all cores).
+    /// Client threads, one pinned monoio loop per core (default: all cores, or one per
+    /// CPU of --cpus).
     #[arg(long)]
     pub cores: Option<usize>,
+    /// CPUs to pin the client threads to, in turn (e.g. 2,3), to keep the client off the
+    /// server's CPUs (default: 0, 1, ...).
+    #[arg(long, value_delimiter = ',')]
+    pub cpus: Vec<usize>,
     /// Measured window (e.g. 10s, 500ms, 1m; a bare number is seconds).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     #[serde(serialize_with = "ser_secs")]
@@ -409,6 +414,9 @@ impl Ctx {
     }
 }
 
+/// The CPUs given with `--cpus`, set once by `main` before any core starts.
+pub static PIN_TO: OnceLock<Vec<usize>> = OnceLock::new();
+
 pub fn available_cores() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
@@ -425,12 +433,14 @@ where
 {
     let cores = cores.max(1);
     let ncpu = available_cores();
+    let pin_to = PIN_TO.get().filter(|c| !c.is_empty()).cloned();
     let f = Arc::new(f);
     let barrier = Arc::new(Barrier::new(cores));
     let start = Arc::new(OnceLock::new());
     let mut handles = Vec::with_capacity(cores);
     for core in 0..cores {
         let f = f.clone();
+        let cpu = pin_to.as_ref().map_or(core % ncpu, |c| c[core % c.len()]);
         let ctx = Ctx {
             core,
             cores,
@@ -440,7 +450,7 @@ where
         let h = std::thread::Builder::new()
             .name(format!("loadgen-{core}"))
             .spawn(move || -> Result<T, String> {
-                let _ = monoio::utils::bind_to_cpu_set([core % ncpu]);
+                let _ = monoio::utils::bind_to_cpu_set([cpu]);
                 let mut rt = client_runtime().map_err(|e| format!("core {core}: runtime: {e}"))?;
                 rt.block_on(f(ctx))
             })
@@ -588,6 +598,7 @@ mod tests {
             surface: Surface::Bucketed,
             bucket: "bench".into(),
             cores: None,
+            cpus: Vec::new(),
             duration: Duration::from_secs(1),
             warmup: Duration::ZERO,
             timeout: Duration::from_secs(1),

@@ -119,7 +119,12 @@ fn run(scenario: Scenario) -> Result<bool, String> {
         Scenario::Fanout(a) => ("fanout", a.common.clone(), to_value(a)?),
     };
     let target = Target::from_common(&common)?;
-    let cores = common.cores.unwrap_or_else(available_cores).max(1);
+    let _ = common::PIN_TO.set(common.cpus.clone());
+    let default_cores = match common.cpus.len() {
+        0 => available_cores(),
+        n => n,
+    };
+    let cores = common.cores.unwrap_or(default_cores).max(1);
     let outcome = match &scenario {
         Scenario::Write(a) => write::run(a, &target, cores)?,
         Scenario::Read(a) => read::run(a, &target, cores)?,

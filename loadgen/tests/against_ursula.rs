@@ -591,3 +591,63 @@ fn spread_pool_writes_every_stream() {
         }
     }
 }
+
+/// `--cpus` pins the client threads to the CPUs given (one thread per CPU unless --cores
+/// says otherwise), so a comparison can keep the client off the server's CPUs.
+#[test]
+fn client_threads_pin_to_the_cpus_given() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let status = std::fs::read_to_string("/proc/thread-self/status").expect("status");
+    let last = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .and_then(|list| list.trim().rsplit([',', '-']).next().map(str::to_owned))
+        .expect("Cpus_allowed_list");
+    let json = dir.path().join("pinned.json");
+    let mut child = Command::new(LOADGEN)
+        .args(["write", "--target", server.base.as_str(), "--streams", "2"])
+        .args([
+            "--duration",
+            "1500ms",
+            "--warmup",
+            "200ms",
+            "--cpus",
+            last.as_str(),
+        ])
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run ursula-loadgen");
+    std::thread::sleep(Duration::from_millis(700));
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).expect("tasks");
+    let allowed: Vec<String> = tasks
+        .flatten()
+        .filter(|t| {
+            // The client threads are loadgen-0, loadgen-1, ...
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| {
+                c.trim()
+                    .strip_prefix("loadgen-")
+                    .is_some_and(|n| n.parse::<usize>().is_ok())
+            })
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|l| l.trim().to_owned())
+        })
+        .collect();
+    let exit = child.wait().expect("wait for ursula-loadgen");
+    assert!(exit.success(), "ursula-loadgen failed");
+    assert_eq!(allowed, vec![last.clone()], "the client threads' CPUs");
+    let report: sonic_rs::Value =
+        sonic_rs::from_str(&std::fs::read_to_string(&json).expect("report")).expect("JSON");
+    assert_eq!(
+        num(&report, &["cores"]),
+        1.0,
+        "one client thread per CPU given"
+    );
+}
