@@ -96,10 +96,6 @@ trap cleanup EXIT
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
-host_ticks() { # -> "busy total" clock ticks of all CPUs since boot (/proc/stat)
-    awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6 "," t }' /proc/stat
-}
-
 # ---------------------------------------------------------------------------------------
 if [[ -z "$REPORT_ONLY" ]]; then
 say "building release binaries"
@@ -320,7 +316,7 @@ def rate(r, scenario):
         return r["mb_per_sec"]
     return r["ops_per_sec"]
 def window(server, scenario):
-    # Clock ticks over the measured window: server, load generator, host busy / total.
+    # Clock ticks over the measured window: the server's, and the host's busy share.
     try:
         f = open(os.path.join(out, f"{server}.{scenario}.cpu")).read().split()
         c0, c1, hz = map(float, f[:3])

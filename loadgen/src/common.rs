@@ -489,19 +489,16 @@ type ClientRuntime =
 /// server's does): a response arriving from another CPU is processed when this thread next
 /// enters the kernel rather than through an IPI. Kernels before 5.19 get a plain ring.
 fn client_runtime() -> std::io::Result<ClientRuntime> {
-    let mut ring = io_uring::IoUring::builder();
-    ring.setup_coop_taskrun();
-    monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-        .with_entries(1024)
-        .uring_builder(ring)
-        .enable_timer()
-        .build()
-        .or_else(|_| {
-            monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-                .with_entries(1024)
-                .enable_timer()
-                .build()
-        })
+    let on = |ring| {
+        monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .with_entries(1024)
+            .uring_builder(ring)
+            .enable_timer()
+            .build()
+    };
+    let mut cooperative = io_uring::IoUring::builder();
+    cooperative.setup_coop_taskrun();
+    on(cooperative).or_else(|_| on(io_uring::IoUring::builder()))
 }
 
 /// Runs a setup future, then the start barrier (always reached, so one core's failure

@@ -294,10 +294,7 @@ type CoreRuntime =
 fn build_runtime() -> std::io::Result<CoreRuntime> {
     cooperative_runtime().or_else(|e| {
         tracing::debug!("io_uring without cooperative task running: {e}");
-        monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-            .with_entries(URING_ENTRIES)
-            .enable_timer()
-            .build()
+        runtime_on(io_uring::IoUring::builder())
     })
 }
 
@@ -311,6 +308,10 @@ fn build_runtime() -> std::io::Result<CoreRuntime> {
 fn cooperative_runtime() -> std::io::Result<CoreRuntime> {
     let mut ring = io_uring::IoUring::builder();
     ring.setup_coop_taskrun();
+    runtime_on(ring)
+}
+
+fn runtime_on(ring: io_uring::Builder) -> std::io::Result<CoreRuntime> {
     monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
         .with_entries(URING_ENTRIES)
         .uring_builder(ring)
