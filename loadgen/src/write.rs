@@ -1,6 +1,12 @@
 //! `write`: N streams, closed-loop writers. By default one writer per stream on its own
 //! keep-alive connection; with `--spread`, a fixed pool of connections (a gateway's or a
 //! collector's shape) where every connection sends to every stream in turn.
+//!
+//! With `--rate`, the writers offer a fixed load instead of as much as the server takes:
+//! each sends on its own schedule, and an append's latency runs from the time it was due,
+//! so a server that falls behind shows the queueing in its percentiles (as wrk2 does). This
+//! is the shape for comparing CPU per append between servers or core counts at one load,
+//! which saturation cannot do: there, whoever runs faster also batches more.
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -13,7 +19,7 @@ use crate::common::{
     err_key, merge_all, run_cores, setup_then_sync, status_key, Common, Rotation, Target, Window,
 };
 use crate::http::{Body, Conn};
-use crate::stats::Stats;
+use crate::stats::{Check, Stats};
 use crate::Outcome;
 
 #[derive(Args, Debug, Clone, Serialize)]
@@ -36,6 +42,29 @@ pub struct WriteArgs {
     /// Content type of the streams.
     #[arg(long, default_value = "application/octet-stream")]
     pub content_type: String,
+    /// Offered load in appends per second over all writers, each writer paced evenly
+    /// (default: closed loop, every writer sends as soon as its previous append is answered).
+    #[arg(long)]
+    pub rate: Option<f64>,
+}
+
+/// One writer's schedule under `--rate`: due every `interval`, starting at `first`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Pace {
+    first: Instant,
+    interval: Duration,
+}
+
+impl Pace {
+    /// Writer `index` of `writers` sharing `rate` appends/s: the writers' first appends are
+    /// spread over one interval so the load arrives evenly rather than in bursts.
+    fn of(index: usize, writers: usize, rate: f64, start: Instant) -> Pace {
+        let interval = Duration::from_secs_f64(writers as f64 / rate);
+        Pace {
+            first: start + interval.mul_f64(index as f64 / writers as f64),
+            interval,
+        }
+    }
 }
 
 pub fn run(args: &WriteArgs, target: &Target, cores: usize) -> Result<Outcome, String> {
@@ -45,6 +74,15 @@ pub fn run(args: &WriteArgs, target: &Target, cores: usize) -> Result<Outcome, S
     if args.connections == Some(0) {
         return Err("--connections must be at least 1".into());
     }
+    if let Some(rate) = args.rate {
+        if !(rate > 0.0 && rate <= 10_000_000.0) {
+            return Err("--rate must be in (0, 10000000] appends/s".into());
+        }
+    }
+    let writers = match args.spread {
+        true => args.connections.unwrap_or(args.streams),
+        false => args.streams,
+    };
     let a = args.clone();
     let t = target.clone();
     let parts = run_cores(cores, move |ctx| {
@@ -74,10 +112,13 @@ pub fn run(args: &WriteArgs, target: &Target, cores: usize) -> Result<Outcome, S
             let payload = Bytes::from(crate::common::pattern(0, 0, a.payload));
             let ct: Rc<str> = Rc::from(a.content_type.as_str());
             let mut tasks = Vec::with_capacity(senders.len());
-            for (conn, route) in senders {
+            for (k, (conn, route)) in senders.into_iter().enumerate() {
                 let payload = payload.clone();
                 let ct = ct.clone();
-                tasks.push(monoio::spawn(writer(conn, route, ct, payload, win)));
+                // Senders are dealt to cores round-robin, so this is the writer's global index.
+                let index = ctx.core + k * ctx.cores;
+                let pace = a.rate.map(|r| Pace::of(index, writers, r, win.start));
+                tasks.push(monoio::spawn(writer(conn, route, ct, payload, win, pace)));
             }
             let mut parts = Vec::with_capacity(tasks.len());
             for t in tasks {
@@ -86,14 +127,36 @@ pub fn run(args: &WriteArgs, target: &Target, cores: usize) -> Result<Outcome, S
             Ok(merge_all(parts))
         }
     })?;
+    let stats = merge_all(parts);
+    let checks = args
+        .rate
+        .map(|rate| offered_load_held(rate, stats.ops, args.common.duration))
+        .into_iter()
+        .collect();
     Ok(Outcome {
-        stats: merge_all(parts),
+        stats,
         op: "append",
-        latency_of: "append request",
-        checks: Vec::new(),
+        latency_of: if args.rate.is_some() {
+            "append, from when it was due"
+        } else {
+            "append request"
+        },
+        checks,
         window: args.common.duration,
         warmup: args.common.warmup,
     })
+}
+
+/// Whether the server kept up with `--rate`: a server that answers more slowly than the
+/// offered load has its appends queue, and its CPU per append is then measured at a lower
+/// load than the other servers'.
+fn offered_load_held(rate: f64, ops: u64, window: Duration) -> Check {
+    let achieved = ops as f64 / window.as_secs_f64().max(1e-9);
+    Check {
+        name: "offered load held".into(),
+        passed: achieved >= 0.97 * rate,
+        detail: format!("{achieved:.0} of {rate:.0} appends/s"),
+    }
 }
 
 async fn writer(
@@ -102,11 +165,27 @@ async fn writer(
     ct: Rc<str>,
     payload: Bytes,
     win: Window,
+    pace: Option<Pace>,
 ) -> Stats {
     let mut st = Stats::default();
     let headers = [("Content-Type", &*ct)];
+    let mut due = pace.map(|p| p.first);
     while !win.over() {
-        let t0 = Instant::now();
+        let t0 = match (due, pace) {
+            (Some(at), Some(p)) => {
+                let now = Instant::now();
+                if at >= win.end {
+                    break;
+                }
+                if at > now {
+                    monoio::time::sleep(at - now).await;
+                }
+                due = Some(at + p.interval);
+                // Late or not, the append's latency runs from when it was due.
+                at
+            }
+            _ => Instant::now(),
+        };
         let r = conn
             .request(
                 "POST",
@@ -135,4 +214,34 @@ async fn writer(
         }
     }
     st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paced_writers_share_the_rate_and_start_spread_over_one_interval() {
+        let start = Instant::now();
+        let paces: Vec<Pace> = (0..4).map(|i| Pace::of(i, 4, 1000.0, start)).collect();
+        // 4 writers sharing 1,000 appends/s: each sends every 4 ms.
+        for p in &paces {
+            assert_eq!(p.interval, Duration::from_millis(4));
+        }
+        let offsets: Vec<Duration> = paces.iter().map(|p| p.first - start).collect();
+        assert_eq!(
+            offsets,
+            [0, 1, 2, 3].map(Duration::from_millis),
+            "first appends 1 ms apart, so the load arrives every 1 ms"
+        );
+    }
+
+    #[test]
+    fn a_server_below_the_offered_load_fails_the_check() {
+        let window = Duration::from_secs(10);
+        assert!(offered_load_held(1000.0, 9_800, window).passed);
+        let behind = offered_load_held(1000.0, 9_000, window);
+        assert!(!behind.passed);
+        assert_eq!(behind.detail, "900 of 1000 appends/s");
+    }
 }

@@ -481,6 +481,50 @@ fn get(base: &str, path: &str) -> (u16, Vec<u8>) {
     (status, body)
 }
 
+/// `write --rate` offers a fixed load: the appends counted are the rate times the window
+/// (not as many as the server takes), and the report says the load held.
+#[test]
+fn a_paced_write_sends_the_offered_load() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = server.base.as_str();
+    for (shape, extra) in [
+        ("one", &[][..]),
+        ("spread", &["--spread", "--connections", "4"][..]),
+    ] {
+        let mut args = vec![
+            "write",
+            "--target",
+            t,
+            "--streams",
+            "8",
+            "--rate",
+            "400",
+            "--duration",
+            "2s",
+            "--warmup",
+            "300ms",
+            "--cores",
+            "2",
+            "--prefix",
+            "paced",
+            "--run-id",
+            shape,
+        ];
+        args.extend_from_slice(extra);
+        let (code, r) = loadgen(dir.path(), &format!("write-rate-{shape}"), &args);
+        assert_eq!(code, 0, "{shape}: the offered load did not hold");
+        assert!(is_true(&r, "ok"));
+        assert_eq!(num(&r, &["error_total"]), 0.0);
+        // 400/s over 2 s, give or take the appends due at the window's edges.
+        let ops = num(&r, &["ops"]);
+        assert!(
+            (780.0..=820.0).contains(&ops),
+            "{shape}: {ops} appends in 2 s at 400/s"
+        );
+    }
+}
+
 /// The gateway shape: a pool of fewer connections than streams still writes every stream,
 /// with whole appends only, on both write scenarios.
 #[test]
