@@ -19,7 +19,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use ursula_protocol::http1::Method;
-use ursula_storage::shard::FSYNC_BUCKETS_US;
+use ursula_storage::shard::COMMIT_WRITE_BUCKETS_US;
 use ursula_storage::{DiskUsage, ShardStats};
 
 use crate::config::StorageMode;
@@ -107,7 +107,7 @@ fn text(status: u16, body: &str) -> Response {
 }
 
 /// Ready when start-up has finished, no shutdown has begun and no shard has stopped
-/// accepting writes after a failed write or fdatasync.
+/// accepting writes after a failed log write.
 async fn ready(core: &Rc<Core>) -> Response {
     if !started() {
         return text(503, "starting\n").header("retry-after", "1");
@@ -247,12 +247,12 @@ fn loop_lag_histogram(lag: &LoopLag) -> BucketCounts {
     BucketCounts::from_micros(&LOOP_LAG_BUCKETS_US, &lag.buckets, lag.sum_nanos, lag.count)
 }
 
-fn fsync_histogram(stats: &ShardStats) -> BucketCounts {
+fn commit_write_histogram(stats: &ShardStats) -> BucketCounts {
     BucketCounts::from_micros(
-        &FSYNC_BUCKETS_US,
-        &stats.fsync_buckets,
-        stats.fsync_nanos,
-        stats.fsyncs,
+        &COMMIT_WRITE_BUCKETS_US,
+        &stats.commit_write_buckets,
+        stats.commit_write_nanos,
+        stats.commit_writes,
     )
 }
 
@@ -391,14 +391,14 @@ impl prometheus_client::collector::Collector for Scrape {
         per_core(
             &mut e,
             "ursula_storage_flushes",
-            "Group commits written and fdatasync'ed",
+            "Group commits written durably",
             "shard",
             c().map(|s| (s.core, counter(s.stats.flushes))),
         )?;
         per_core(
             &mut e,
             "ursula_storage_records_flushed",
-            "Log records made durable; divide by flushes for appends per fsync",
+            "Log records made durable; divide by flushes for appends per group commit",
             "shard",
             c().map(|s| (s.core, counter(s.stats.records_flushed))),
         )?;
@@ -481,11 +481,11 @@ impl prometheus_client::collector::Collector for Scrape {
         )?;
         per_core(
             &mut e,
-            "ursula_storage_fsync_duration_seconds",
-            "fdatasync latency of the log",
+            "ursula_storage_commit_write_duration_seconds",
+            "Latency of a group commit's durable (O_DSYNC) log writes: data and disk flush",
             "shard",
             c().filter(|s| s.disk.is_some())
-                .map(|s| (s.core, fsync_histogram(&s.stats))),
+                .map(|s| (s.core, commit_write_histogram(&s.stats))),
         )?;
         per_core(
             &mut e,
@@ -542,7 +542,7 @@ impl prometheus_client::collector::Collector for Scrape {
         per_core(
             &mut e,
             "ursula_storage_failed",
-            "1 when the shard refuses writes after a failed write or fdatasync",
+            "1 when the shard refuses writes after a failed log write",
             "shard",
             c().map(|s| (s.core, gauge(u64::from(s.failed)))),
         )?;
@@ -657,15 +657,15 @@ mod tests {
     }
 
     #[test]
-    fn fsync_histogram_has_every_bound_and_inf() {
+    fn commit_write_histogram_has_every_bound_and_inf() {
         let mut stats = ShardStats {
-            fsyncs: 3,
-            fsync_nanos: 3_000_000,
+            commit_writes: 3,
+            commit_write_nanos: 3_000_000,
             ..Default::default()
         };
-        stats.fsync_buckets[4] = 3;
-        let h = fsync_histogram(&stats);
-        assert_eq!(h.buckets.len(), FSYNC_BUCKETS_US.len() + 1);
+        stats.commit_write_buckets[4] = 3;
+        let h = commit_write_histogram(&stats);
+        assert_eq!(h.buckets.len(), COMMIT_WRITE_BUCKETS_US.len() + 1);
         assert_eq!(h.buckets[4], (0.001, 3));
         assert!(h.buckets.last().is_some_and(|b| b.0.is_infinite()));
     }

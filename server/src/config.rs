@@ -74,7 +74,7 @@ fn s3_settings(
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StorageMode {
-    /// Segment files in --data-dir; appends acknowledged after fdatasync.
+    /// Segment files in --data-dir; appends acknowledged once their log write is durable.
     Disk,
     /// Process memory only; everything is lost on exit.
     Memory,

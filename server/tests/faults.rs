@@ -1,4 +1,4 @@
-//! Disk faults against the real binary: a failed fdatasync (injected) and a full
+//! Disk faults against the real binary: a failed durable log write (injected) and a full
 //! filesystem (a loop-mounted ext4 image, which needs root: CI runs as root).
 //!
 //! In both cases nothing unacknowledged is reported as written, nothing acknowledged is
@@ -66,11 +66,16 @@ fn read_all(server: &Server, path: &str) -> Vec<u8> {
 }
 
 #[test]
-fn a_failed_fsync_acknowledges_nothing_and_refuses_further_writes() {
-    let dir = temp_dir("ursula-fsync-fault-");
+fn a_failed_commit_write_acknowledges_nothing_and_refuses_further_writes() {
+    let dir = temp_dir("ursula-commit-fault-");
     let data = dir.path().join("data");
     let log = dir.path().join("server.log");
-    let server = spawn(&data, None, &[("URSULA_FAULT_FAIL_FSYNC_AFTER", "6")], &log);
+    let server = spawn(
+        &data,
+        None,
+        &[("URSULA_FAULT_FAIL_COMMIT_AFTER", "6")],
+        &log,
+    );
     let mut c = server.client();
     let r = c.request("PUT", "/v1/stream/f", &[TEXT], b"").expect("PUT");
     assert_eq!(r.status, 201);
@@ -88,7 +93,7 @@ fn a_failed_fsync_acknowledges_nothing_and_refuses_further_writes() {
             break;
         }
     }
-    let (status, lost) = failed.expect("the injected fdatasync failure refused an append");
+    let (status, lost) = failed.expect("the injected commit failure refused an append");
     assert_eq!(status, 503, "a failed flush is reported as unavailable");
     assert!(!acked.is_empty());
     // The shard no longer trusts its log: every later write is refused, reads still work

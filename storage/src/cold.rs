@@ -17,8 +17,8 @@ use crate::position::SegmentNo;
 /// A pending ranged read of an archived segment.
 pub type ColdRead = Pin<Box<dyn Future<Output = io::Result<Bytes>>>>;
 
-/// How far a shard's log is durable: the position after the last record fdatasync has
-/// covered, and that record's LSN. Everything before it in the log never changes again.
+/// How far a shard's log is durable: the position after the last record a durable log write
+/// has covered, and that record's LSN. Everything before it in the log never changes again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DurableEnd {
     pub segment: SegmentNo,

@@ -2,7 +2,8 @@
 //! test (`server/tests/power_loss`) can show that it notices the loss. Never set them in
 //! production: with either one, a power cut loses acknowledged data.
 //!
-//! * `URSULA_FAULT_SKIP_FDATASYNC=1`: a group commit is acknowledged without its fdatasync.
+//! * `URSULA_FAULT_SKIP_FDATASYNC=1`: the log is written without `O_DSYNC`, so a group
+//!   commit is acknowledged before its data is on stable storage.
 //! * `URSULA_FAULT_SKIP_DIRSYNC=1`: directory syncs are skipped, so a new segment, a renamed
 //!   checkpoint or snapshot blob, a new data dir or the server's `ursula.layout` may vanish
 //!   with its directory entry.

@@ -1,8 +1,8 @@
 //! Ursula's storage engine.
 //!
 //! One [`Shard`] per core owns a disjoint set of streams and one append-only log of
-//! preallocated, direct-I/O segment files. Appends from many streams share each fdatasync
-//! (group commit); an append is acknowledged only once durable. On start the log is replayed,
+//! preallocated, direct-I/O segment files. Appends from many streams share each durable
+//! (`O_DSYNC`) log write (group commit); an append is acknowledged only once durable. On start the log is replayed,
 //! CRC-checked, and a torn or corrupt tail is cut off. See `docs/architecture.md`.
 
 pub mod aligned;

@@ -91,6 +91,24 @@ pub fn open_direct(path: &Path, create: bool) -> io::Result<File> {
         .open(path)
 }
 
+/// The log's write handle on segment `index`: `O_DIRECT` and `O_DSYNC`, so a write
+/// completes only once its data, and any metadata needed to read it back, are on stable
+/// storage, as if an fdatasync had followed it (the kernel flushes the disk's write cache
+/// after the data reaches it). Only the test switch `URSULA_FAULT_SKIP_FDATASYNC` opens it
+/// without `O_DSYNC`.
+pub fn open_log_writer(dir: &Path, index: SegmentNo) -> io::Result<File> {
+    let dsync = if crate::fault::skips().fdatasync {
+        0
+    } else {
+        libc::O_DSYNC
+    };
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT | dsync)
+        .open(segment_path(dir, index))
+}
+
 /// Create a segment: reserve its full size, write the header block, and make both the file
 /// and its directory entry durable before any record goes in.
 pub fn create_segment(dir: &Path, header: SegmentHeader, size: u64) -> io::Result<File> {

@@ -1,7 +1,7 @@
 //! What the server may see of a stream: two borrowed views, one per purpose.
 //!
 //! A stream has two ends. The head takes every accepted append at once, before it is
-//! durable; the visible end moves only when its group commit's fdatasync returns. Anything a
+//! durable; the visible end moves only when its group commit's durable write returns. Anything a
 //! reader is told (data, offsets, ordinals, closure) must come from the visible end, and
 //! only the checks of a new write (offsets, producer sequences, closure) need the head.
 //! [`StreamView`] shows the visible end and nothing past it; [`StreamHead`] shows the head

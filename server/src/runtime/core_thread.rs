@@ -49,7 +49,7 @@ pub fn run(
         shard_cfg.cache_bytes = config.cache_bytes;
         shard_cfg.index_cache_bytes = config.index_cache_bytes;
         shard_cfg.write_budget_bytes = config.write_budget_bytes;
-        shard_cfg.fail_fsync_after = fault_fail_fsync_after();
+        shard_cfg.fail_commit_after = fault_fail_commit_after();
         if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
             shard_cfg.cold = Some(archive.clone());
             shard_cfg.local_bytes = tier.local_bytes.map(|b| b / config.cores as u64);
@@ -275,14 +275,14 @@ async fn heartbeat(core: Rc<Core>) {
 }
 
 /// Fault injection for the test suite (`server/tests/faults.rs`): with
-/// `URSULA_FAULT_FAIL_FSYNC_AFTER=N` in the environment, each core's flush after N
-/// successful ones fails as if fdatasync had returned EIO. Never set in production.
-fn fault_fail_fsync_after() -> Option<u64> {
-    let n = std::env::var("URSULA_FAULT_FAIL_FSYNC_AFTER")
+/// `URSULA_FAULT_FAIL_COMMIT_AFTER=N` in the environment, each core's flush after N
+/// successful ones fails as if its durable write had returned EIO. Never set in production.
+fn fault_fail_commit_after() -> Option<u64> {
+    let n = std::env::var("URSULA_FAULT_FAIL_COMMIT_AFTER")
         .ok()?
         .parse()
         .ok()?;
-    tracing::warn!("fault injection: fdatasync will fail after {n} flushes");
+    tracing::warn!("fault injection: commit writes will fail after {n} flushes");
     Some(n)
 }
 

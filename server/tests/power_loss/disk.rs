@@ -3,8 +3,8 @@
 //!
 //! Every write and metadata change is served at once (the running server sees an ordinary
 //! file system), and is also remembered as *pending* until it is made durable: a file's
-//! writes, size changes and `fallocate`s by an `fsync`/`fdatasync` of that file, a
-//! directory's entries (create, mkdir, rename, unlink) by an `fsync` of that directory.
+//! writes, size changes and `fallocate`s by an `fsync`/`fdatasync` of that file or a write
+//! through an `O_DSYNC` handle on it, a directory's entries (create, mkdir, rename, unlink) by an `fsync` of that directory.
 //! [`Disk::crash_image`] writes out what a power cut leaves: the durable state, plus any
 //! subset of the pending writes, each torn into independent 512 B or 4 KiB sectors
 //! applied in any order, with either the durable or the current metadata (a journal that
@@ -654,7 +654,7 @@ impl Filesystem for Fs {
         offset: i64,
         data: &[u8],
         _write_flags: u32,
-        _flags: i32,
+        flags: i32,
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
@@ -673,6 +673,13 @@ impl Filesystem for Fs {
             off,
             data: data.to_vec(),
         });
+        // Through an O_DSYNC (or O_SYNC) handle a write is durable when it returns: a real
+        // file system writes it and then flushes the disk's cache, which also keeps every
+        // write that completed before it, as fdatasync does. (The kernel passes the handle's
+        // open flags with each write and sends no fsync of its own for direct I/O.)
+        if flags & libc::O_DSYNC != 0 {
+            f.sync();
+        }
         reply.written(data.len() as u32)
     }
 

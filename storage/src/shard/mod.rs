@@ -6,13 +6,12 @@
 //!        │                                 └─ record encoded into the open batch buffer
 //!        ▼                                                    │
 //!  Commit::durable().await ◀── wake ── flusher task ◀─────────┘
-//!                                       write_all_at (O_DIRECT, 4 KiB-aligned)
-//!                                       fdatasync
+//!                                       write_all_at (O_DIRECT | O_DSYNC, 4 KiB-aligned)
 //!                                       visible watermarks advance, readers woken
 //! ```
 //!
 //! While one flush is in flight every new record goes into the next batch, so a single
-//! fdatasync covers everything that arrived during the previous one (group commit). All of a
+//! durable write covers everything that arrived during the previous one (group commit). All of a
 //! shard lives on one thread: `Rc`/`RefCell`, no locks. Callers must not hold a `Ref` from
 //! [`Shard::stream`] across a call that mutates the shard.
 
@@ -75,7 +74,7 @@ type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
 /// Where a shard keeps its data.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Durability {
-    /// Segment files under this directory; acknowledged after fdatasync.
+    /// Segment files under this directory; acknowledged once the log write is durable.
     Disk(PathBuf),
     /// Process memory only: acknowledged at once, lost on exit.
     Memory,
@@ -100,8 +99,8 @@ pub struct ShardConfig {
     /// spend the disk and the core rewriting itself.
     pub checkpoint_bytes: u64,
     /// Fault injection for tests: the flush after this many successful ones fails as if
-    /// fdatasync had returned EIO (its data was written, its durability is unknown).
-    pub fail_fsync_after: Option<u64>,
+    /// its durable write had returned EIO (its data was written, its durability is unknown).
+    pub fail_commit_after: Option<u64>,
     /// A segment that took at least this long to fill is followed by a zero-filled spare
     /// (see `segment::prepare_spare`). Zeroing writes every segment a second time, which a
     /// log filling near the disk's bandwidth cannot afford; the default, 2 s, means below
@@ -142,7 +141,7 @@ impl ShardConfig {
             cache_bytes: DEFAULT_CACHE_BYTES,
             write_budget_bytes: DEFAULT_WRITE_BUDGET_BYTES,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
-            fail_fsync_after: None,
+            fail_commit_after: None,
             spare_fill_time: Duration::from_secs(2),
             zero_ahead_below: 64_000_000,
             index_cache_bytes: crate::index::DEFAULT_INDEX_CACHE_BYTES,
@@ -189,7 +188,7 @@ pub enum StorageError {
     /// The write queue holds its budget of unflushed bytes; nothing was changed and the
     /// caller may retry once the queue drains.
     Busy,
-    /// An earlier write or fdatasync failed; the shard accepts no more writes until restart
+    /// An earlier log write failed; the shard accepts no more writes until restart
     /// because it can no longer tell what reached the disk.
     Failed(String),
     Io(io::Error),
@@ -243,11 +242,12 @@ pub struct ShardStats {
     pub flushes: u64,
     pub records_flushed: u64,
     pub bytes_flushed: u64,
-    /// fdatasync calls, their summed duration, and how many took at most each bound of
-    /// [`FSYNC_BUCKETS_US`] (not cumulative; the last slot counts the slower ones).
-    pub fsyncs: u64,
-    pub fsync_nanos: u64,
-    pub fsync_buckets: [u64; FSYNC_BUCKETS_US.len() + 1],
+    /// Group commits' durable writes (data and disk flush, `O_DSYNC`), their summed
+    /// duration, and how many took at most each bound of [`COMMIT_WRITE_BUCKETS_US`] (not
+    /// cumulative; the last slot counts the slower ones).
+    pub commit_writes: u64,
+    pub commit_write_nanos: u64,
+    pub commit_write_buckets: [u64; COMMIT_WRITE_BUCKETS_US.len() + 1],
     /// Direct-I/O reads of evicted data for readers, and the bytes they transferred
     /// (neighbouring records share a read; see `readback`).
     pub disk_reads: u64,
@@ -274,8 +274,8 @@ pub struct ShardStats {
     pub local_segment_bytes: u64,
 }
 
-/// Upper bounds, in microseconds, of the fdatasync latency buckets in [`ShardStats`].
-pub const FSYNC_BUCKETS_US: [u64; 14] = [
+/// Upper bounds, in microseconds, of the commit write latency buckets in [`ShardStats`].
+pub const COMMIT_WRITE_BUCKETS_US: [u64; 14] = [
     50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
     1_000_000,
 ];

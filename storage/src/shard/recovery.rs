@@ -194,7 +194,7 @@ impl Shard {
         match tail {
             Some((index, end, contents)) => {
                 report.dropped_bytes = zero_stale_tail(dir, index, end, &contents)?;
-                let file = segment::open_direct(&segment::segment_path(dir, index), false)?;
+                let file = segment::open_log_writer(dir, index)?;
                 log.files
                     .insert(index, Rc::new(monoio::fs::File::from_std(file)?));
                 log.write_seg = index;

@@ -1130,10 +1130,10 @@ fn cleaning_after_a_checkpoint_keeps_every_live_stream() {
 }
 
 #[test]
-fn a_failed_fsync_acknowledges_nothing_and_stops_writes() {
+fn a_failed_commit_write_acknowledges_nothing_and_stops_writes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = config(dir.path());
-    cfg.fail_fsync_after = Some(2);
+    cfg.fail_commit_after = Some(2);
     block_on(async {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
         let (id, c) = shard.create(new_stream("a", b"one.")).expect("create");
@@ -1153,7 +1153,7 @@ fn a_failed_fsync_acknowledges_nothing_and_stops_writes() {
         assert!(shard.create(new_stream("b", b"")).is_err());
         assert_eq!(read_all(&shard, "a").await, b"one.two.");
     });
-    cfg.fail_fsync_after = None;
+    cfg.fail_commit_after = None;
     block_on(async {
         let (shard, _) = Shard::open(cfg).await.expect("reopen");
         // The failed flush's bytes were written; whether they survived is unknown, so
@@ -1276,5 +1276,61 @@ fn readers_see_an_append_only_once_it_is_durable_and_the_head_sees_it_at_once() 
         );
         assert_eq!(view.message_lens(rec(0), rec(4)), vec![8, 8, 8, 0]);
         assert!(view.chunk_at(durable_end).is_some());
+    });
+}
+
+/// Every handle the log writes through is `O_DSYNC` (and `O_DIRECT`): a commit is
+/// acknowledged when its write completes, with no fdatasync after it, so a handle without
+/// the flag would acknowledge appends a power cut can lose. Covers the segment opened at
+/// start, the ones made by a roll, and the one reopened by recovery.
+#[test]
+fn the_log_writes_through_dsync_handles_only() {
+    fn flags(shard: &Shard) -> Vec<(SegmentNo, i32)> {
+        let log = shard.inner.log.borrow();
+        let log = log.as_ref().expect("a disk shard has a log");
+        let mut out: Vec<(SegmentNo, i32)> = log
+            .files
+            .iter()
+            .map(|(seg, file)| {
+                let fd = std::os::unix::io::AsRawFd::as_raw_fd(file.as_ref());
+                // SAFETY: F_GETFL only reads the status flags of `fd`, which the log keeps
+                // open for as long as `file` lives (borrowed here).
+                (*seg, unsafe { libc::fcntl(fd, libc::F_GETFL) })
+            })
+            .collect();
+        out.sort_unstable_by_key(|(seg, _)| *seg);
+        out
+    }
+    fn assert_dsync(shard: &Shard, when: &str) -> usize {
+        let handles = flags(shard);
+        assert!(!handles.is_empty(), "{when}: no write handle");
+        for (seg, fl) in &handles {
+            assert_ne!(fl & libc::O_DSYNC, 0, "{when}: segment {seg} lacks O_DSYNC");
+            assert_ne!(
+                fl & libc::O_DIRECT,
+                0,
+                "{when}: segment {seg} lacks O_DIRECT"
+            );
+        }
+        handles.len()
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path());
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        assert_dsync(&shard, "fresh");
+        let (id, c) = shard.create(new_stream("a", b"")).expect("create");
+        c.durable().await.expect("create durable");
+        let first = shard.inner.log.borrow().as_ref().expect("log").write_seg;
+        let big = vec![b'x'; 256 << 10];
+        while shard.inner.log.borrow().as_ref().expect("log").write_seg == first {
+            let (_, c) = shard.append(id, data_rec(&big)).expect("append");
+            c.durable().await.expect("append durable");
+        }
+        assert_dsync(&shard, "after a roll");
+    });
+    block_on(async {
+        let (shard, _) = Shard::open(cfg).await.expect("reopen");
+        assert_dsync(&shard, "recovered");
     });
 }

@@ -194,6 +194,8 @@ impl Log {
         };
         self.ahead_end = ahead_end;
         self.ahead_moved_end = DATA_START;
+        drop(file);
+        let file = segment::open_log_writer(&self.dir, seg)?;
         let file = Rc::new(monoio::fs::File::from_std(file)?);
         // Older handles are dropped after their last batch is flushed (see complete()).
         self.files.insert(seg, file);
@@ -245,7 +247,7 @@ impl Log {
     ///
     /// Segments are reserved with `fallocate`, so ext4 marks their extents unwritten. An
     /// O_DIRECT write to unwritten blocks cannot be issued without blocking (io_uring hands it
-    /// to a kernel worker thread), and it changes extent metadata that the next fdatasync
+    /// to a kernel worker thread), and it changes extent metadata that its `O_DSYNC` completion
     /// must write out. At a slow fill every small group commit would pay both; zeroing the
     /// next `ZERO_AHEAD_BYTES` in one write pays once for all the commits that land there.
     /// The zero write runs beside the commits; `Shard::finish_zeroing_under` makes a flush
