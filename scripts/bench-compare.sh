@@ -17,7 +17,9 @@
 #
 # Scenarios: write-100, write-500, write-2000 (256 B appends, one writer per stream),
 # gateway-100 (256 B appends over a pool of 100 connections, each writing all 100 streams in
-# turn, as a gateway or collector does), batch
+# turn, as a gateway or collector does), gateway-100-paced (the same at a fixed offered load,
+# PACED_RATE appends/s, default 30000, below every server's capacity here: CPU per append at
+# one load, where saturation would let the faster server batch more), batch
 # (JSON arrays of 512 x 2 KiB events, 1 MiB per request, MB/s against the disk), batch-small
 # (arrays of 100 x 200 B events, events/s), read, replay (1000 clients x 200 x 1 KiB),
 # fanout (1000 SSE subscribers, 50 events/s), gateway-batch-small (batch-small's requests over
@@ -35,7 +37,7 @@
 #      hello-1core runs only when named), SERVER_CPUS and CLIENT_CPUS (CPU lists such as
 #      "0,1" and "2,3": every server runs inside the first under `taskset`, the load
 #      generator pins to the second, so on a host with CPUs to spare neither takes the
-#      other's; unset, both share every CPU).
+#      other's; unset, both share every CPU), PACED_RATE.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,7 +56,7 @@ while [[ $# -gt 0 ]]; do
     --report-only) REPORT_ONLY=1 ;;
     --out) OUT="$2"; shift ;;
     --only) ONLY="$2"; shift ;;
-    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
     shift
@@ -67,7 +69,8 @@ else
     DURATION="${DURATION:-10s}" WARMUP="${WARMUP:-2s}"
     REPLAY_CLIENTS=1000 FANOUT_SUBS=1000 READ_PREFILL=64m DD_MIB=1024 NET_SECS=5
 fi
-SCENARIOS="${ONLY:-write-100 gateway-100 write-500 write-2000 batch batch-small gateway-batch-small read replay fanout}"
+PACED_RATE="${PACED_RATE:-30000}"
+SCENARIOS="${ONLY:-write-100 gateway-100 gateway-100-paced write-500 write-2000 batch batch-small gateway-batch-small read replay fanout}"
 SERVERS="${SERVERS:-ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-streams}"
 ALL_SERVERS="ursula ursula-1core ds-0.1.5 ref-0.3.7 hello hello-1core hello-streams"
 SERVER_CPUS="${SERVER_CPUS:-}"
@@ -195,6 +198,10 @@ loadgen() { # server scenario
     [[ -n "$CLIENT_CPUS" ]] && common+=(--cpus "$CLIENT_CPUS")
     case "$scenario" in
     write-*) args=(write --streams "${scenario#write-}" --payload 256) ;;
+    gateway-*-paced)
+        local n="${scenario#gateway-}"
+        n="${n%-paced}"
+        args=(write --spread --connections "$n" --streams "$n" --payload 256 --rate "$PACED_RATE") ;;
     gateway-*[0-9])
         args=(write --spread --connections "${scenario#gateway-}" --streams "${scenario#gateway-}"
             --payload 256) ;;
@@ -333,6 +340,19 @@ def cpu_per_op_us(server, scenario, r):
     if w is None or r is None or not r["ops"]:
         return None
     return w["server"] / w["hz"] / r["ops"] * 1e6
+def host_cpu_per_op_us(server, scenario, r):
+    # Every CPU's busy time over the window per operation, less the load generator's own:
+    # the server's CPU including kernel threads working for it (an O_DSYNC write's flush
+    # runs in a kworker, outside the process), plus whatever else ran on the host.
+    w = window(server, scenario)
+    if w is None or r is None or not r["ops"] or r.get("client_cpu_us_per_op") is None:
+        return None
+    try:
+        f = open(os.path.join(out, f"{server}.{scenario}.cpu")).read().split()
+        (b0, _), (b1, _) = (map(float, x.split(",")) for x in f[3:5])
+    except (OSError, ValueError):
+        return None
+    return (b1 - b0) / w["hz"] / r["ops"] * 1e6 - r["client_cpu_us_per_op"]
 def host_busy_pct(server, scenario):
     w = window(server, scenario)
     return None if w is None or w.get("host_busy") is None else 100 * w["host_busy"]
@@ -344,8 +364,8 @@ print("| scenario | metric | " + " | ".join(servers) + " | ursula/1core | ursula
 print("|---|---|" + "---|" * len(servers) + "---|---|---|---|---|")
 for sc in scenarios:
     rows = {s: load(ceiling(sc) if s == "hello" else s, sc) for s in servers}
-    for metric in ("throughput", "p50 ms", "p99 ms", "cpu us/op", "loadgen cpu us/op",
-                   "host busy %", "errors"):
+    for metric in ("throughput", "p50 ms", "p99 ms", "cpu us/op", "host cpu us/op",
+                   "loadgen cpu us/op", "host busy %", "errors"):
         vals = {}
         for s, r in rows.items():
             if r is None:
@@ -356,6 +376,8 @@ for sc in scenarios:
                 vals[s] = r["error_total"]
             elif metric == "cpu us/op":
                 vals[s] = cpu_per_op_us(ceiling(sc) if s == "hello" else s, sc, r)
+            elif metric == "host cpu us/op":
+                vals[s] = host_cpu_per_op_us(ceiling(sc) if s == "hello" else s, sc, r)
             elif metric == "loadgen cpu us/op":
                 vals[s] = r.get("client_cpu_us_per_op")
             elif metric == "host busy %":
@@ -369,10 +391,14 @@ for sc in scenarios:
                 return "–"
             return f"{a / b:.2f}x"
         label = f"{unit.get(sc, 'ops/s')}" if metric == "throughput" else metric
+        if sc.endswith("-paced") and metric == "throughput":
+            offered = next((r.get("parameters", {}).get("rate") for r in rows.values() if r), None)
+            if offered:
+                label += f" (offered {offered:,.0f})"
         if sc == "replay" and metric == "throughput":
             clients = {s: (r or {}).get("parameters", {}).get("clients") for s, r in rows.items()}
             label += " (clients: " + ", ".join(f"{s} {c}" for s, c in clients.items() if c) + ")"
-        if metric in ("cpu us/op", "loadgen cpu us/op", "host busy %") and all(v is None for v in vals.values()):
+        if metric in ("cpu us/op", "host cpu us/op", "loadgen cpu us/op", "host busy %") and all(v is None for v in vals.values()):
             continue
         print(f"| {sc} | {label} | " + " | ".join(fmt(vals[s]) for s in servers)
               + f" | {ratio(vals['ursula'], vals['ursula-1core'])} | {ratio(vals['ursula'], vals['ds-0.1.5'])} | {ratio(vals['ursula'], vals['ref-0.3.7'])} | {ratio(vals['ursula'], vals['hello'])} | {ratio(vals['hello'], vals['hello-1core'])} |")
@@ -381,6 +407,7 @@ limits = {"batch": ("dd oflag=direct", phys["dd_mb_per_sec"]),
 notes = [f"- ursula {sc}: {rate(load('ursula', sc), sc):,.0f} MB/s = {100 * rate(load('ursula', sc), sc) / lim:.0f}% of {name}"
          for sc, (name, lim) in limits.items() if sc in scenarios and load("ursula", sc) and lim]
 print("\ncpu us/op: server CPU time (user + system, all threads, /proc/PID/stat) over the measured window per operation; lower is better")
+print("host cpu us/op: every CPU's busy time over the window per operation, less the load generator's own: the server's CPU with the kernel threads working for it (Ursula's disk flushes run in kworkers), plus anything else on the host")
 print("loadgen cpu us/op: the load generator's own CPU over the window per operation (it shares the host's cores with the server)")
 print("host busy %: share of all CPUs busy over the window (/proc/stat), whoever used them; near 100 the host, not the server, sets the pace")
 print("\nhello: hello-monoio for the write scenarios, hello-streams (in memory) for read, replay and fanout; neither runs batch. hello-1core: hello-monoio on one core; hello/1core is what a second core gives a server that does no work, on this host")
