@@ -194,6 +194,8 @@ impl Log {
         };
         self.ahead_end = ahead_end;
         self.ahead_moved_end = DATA_START;
+        // The handle that made the segment synced its header itself; records go through an
+        // O_DSYNC handle, where each write is durable on completion.
         drop(file);
         let file = segment::open_log_writer(&self.dir, seg)?;
         let file = Rc::new(monoio::fs::File::from_std(file)?);
@@ -250,7 +252,9 @@ impl Log {
     /// to a kernel worker thread), and it changes extent metadata that its `O_DSYNC` completion
     /// must write out. At a slow fill every small group commit would pay both; zeroing the
     /// next `ZERO_AHEAD_BYTES` in one write pays once for all the commits that land there.
-    /// The zero write runs beside the commits; `Shard::finish_zeroing_under` makes a flush
+    /// The zeros go through the log's `O_DSYNC` handle, so the conversion is durable when
+    /// the write completes and the commits that follow are plain overwrites. The zero
+    /// write runs beside the commits; `Shard::finish_zeroing_under` makes a flush
     /// wait for it only if the records catch up with it. At a fast fill the commits are
     /// large, the conversions already few, and writing every block twice would cost
     /// bandwidth, so the blocks are left to the data writes.
