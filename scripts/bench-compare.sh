@@ -332,6 +332,7 @@ def window(server, scenario):
     w = {"server": c1 - c0, "hz": hz}
     if len(f) >= 5:
         (b0, t0), (b1, t1) = (map(float, x.split(",")) for x in f[3:5])
+        w["host_busy_ticks"] = b1 - b0
         w["host_busy"] = (b1 - b0) / (t1 - t0) if t1 > t0 else None
     return w
 def cpu_per_op_us(server, scenario, r):
@@ -345,14 +346,10 @@ def host_cpu_per_op_us(server, scenario, r):
     # the server's CPU including kernel threads working for it (an O_DSYNC write's flush
     # runs in a kworker, outside the process), plus whatever else ran on the host.
     w = window(server, scenario)
-    if w is None or r is None or not r["ops"] or r.get("client_cpu_us_per_op") is None:
+    if (w is None or "host_busy_ticks" not in w or r is None or not r["ops"]
+            or r.get("client_cpu_us_per_op") is None):
         return None
-    try:
-        f = open(os.path.join(out, f"{server}.{scenario}.cpu")).read().split()
-        (b0, _), (b1, _) = (map(float, x.split(",")) for x in f[3:5])
-    except (OSError, ValueError):
-        return None
-    return (b1 - b0) / w["hz"] / r["ops"] * 1e6 - r["client_cpu_us_per_op"]
+    return w["host_busy_ticks"] / w["hz"] / r["ops"] * 1e6 - r["client_cpu_us_per_op"]
 def host_busy_pct(server, scenario):
     w = window(server, scenario)
     return None if w is None or w.get("host_busy") is None else 100 * w["host_busy"]

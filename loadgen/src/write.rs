@@ -48,10 +48,11 @@ pub struct WriteArgs {
     pub rate: Option<f64>,
 }
 
-/// One writer's schedule under `--rate`: due every `interval`, starting at `first`.
+/// One writer's schedule under `--rate`: the next append is due at `next`, then every
+/// `interval`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Pace {
-    first: Instant,
+    next: Instant,
     interval: Duration,
 }
 
@@ -61,7 +62,7 @@ impl Pace {
     fn of(index: usize, writers: usize, rate: f64, start: Instant) -> Pace {
         let interval = Duration::from_secs_f64(writers as f64 / rate);
         Pace {
-            first: start + interval.mul_f64(index as f64 / writers as f64),
+            next: start + interval.mul_f64(index as f64 / writers as f64),
             interval,
         }
     }
@@ -165,26 +166,26 @@ async fn writer(
     ct: Rc<str>,
     payload: Bytes,
     win: Window,
-    pace: Option<Pace>,
+    mut pace: Option<Pace>,
 ) -> Stats {
     let mut st = Stats::default();
     let headers = [("Content-Type", &*ct)];
-    let mut due = pace.map(|p| p.first);
     while !win.over() {
-        let t0 = match (due, pace) {
-            (Some(at), Some(p)) => {
-                let now = Instant::now();
+        let t0 = match pace.as_mut() {
+            Some(p) => {
+                let at = p.next;
                 if at >= win.end {
                     break;
                 }
+                let now = Instant::now();
                 if at > now {
                     monoio::time::sleep(at - now).await;
                 }
-                due = Some(at + p.interval);
+                p.next = at + p.interval;
                 // Late or not, the append's latency runs from when it was due.
                 at
             }
-            _ => Instant::now(),
+            None => Instant::now(),
         };
         let r = conn
             .request(
@@ -228,7 +229,7 @@ mod tests {
         for p in &paces {
             assert_eq!(p.interval, Duration::from_millis(4));
         }
-        let offsets: Vec<Duration> = paces.iter().map(|p| p.first - start).collect();
+        let offsets: Vec<Duration> = paces.iter().map(|p| p.next - start).collect();
         assert_eq!(
             offsets,
             [0, 1, 2, 3].map(Duration::from_millis),
