@@ -9,12 +9,24 @@ fn is_token(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(is_tchar)
 }
 
+fn is_lower_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|c| is_tchar(c) && !c.is_ascii_uppercase())
+}
+
 /// Normalises a `Content-Type` value: trimmed, lower-cased, `type/subtype` and every
 /// parameter validated, empty parameters (`;;`, trailing `;`) dropped, parameters
 /// joined with `"; "`. The result is what the server stores and echoes verbatim.
 #[allow(clippy::result_unit_err)]
 pub fn normalize(v: &str) -> Result<String, ()> {
-    let lower = v.trim().to_ascii_lowercase();
+    // Most values are canonical already (lower-case `type/subtype`, no parameters), and
+    // every append carries one: no lower-cased copy, no parameter scan.
+    let trimmed = v.trim();
+    if let Some((ty, sub)) = trimmed.split_once('/') {
+        if is_lower_token(ty) && is_lower_token(sub) {
+            return Ok(trimmed.to_owned());
+        }
+    }
+    let lower = trimmed.to_ascii_lowercase();
     let b = lower.as_bytes();
     let semi = b.iter().position(|&c| c == b';').unwrap_or(b.len());
     let mt = lower[..semi].trim();
@@ -175,6 +187,21 @@ mod tests {
             "text/plain; a=\u{1}",
         ] {
             assert_eq!(normalize(bad), Err(()), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn canonical_values_come_back_as_the_long_way_makes_them() {
+        // Lower-case values without parameters take a shortcut; upper-case spellings of the
+        // same values take the full parse, and both must agree.
+        for v in [
+            "application/octet-stream",
+            "text/x-ndjson",
+            "a/b",
+            "a.b+c/d-e",
+        ] {
+            assert_eq!(normalize(&format!(" {v} ")).as_deref(), Ok(v));
+            assert_eq!(normalize(&v.to_ascii_uppercase()).as_deref(), Ok(v));
         }
     }
 

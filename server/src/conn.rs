@@ -82,7 +82,6 @@ async fn serve_from<S: Transport>(
             Err(BodyError::Closed) => return,
         };
         let is_head = head.method == Method::Head;
-        let started = Instant::now();
         let request = Request {
             method: head.method,
             path: head.path,
@@ -93,7 +92,11 @@ async fn serve_from<S: Transport>(
         let method = request.method.clone();
         let route = route_label(&request.path);
         let req_len = request.body.len();
-        let access_path = core.config.access_log.then(|| request.path.clone());
+        // Clock reads show in the profile of small appends; only the access log needs one.
+        let access = core
+            .config
+            .access_log
+            .then(|| (request.path.clone(), Instant::now()));
         core.inflight.set(core.inflight.get() + 1);
         let origin = core
             .config
@@ -126,7 +129,7 @@ async fn serve_from<S: Transport>(
         let resp_len = head.body_len();
         core.metrics
             .request(route, &method, status, req_len, resp_len);
-        if let Some(path) = access_path {
+        if let Some((path, started)) = access {
             access_log(&core, peer, &method, &path, status, resp_len, started);
         }
         let result = match reply {
@@ -264,13 +267,17 @@ enum HeadOutcome {
 
 async fn read_head<S: Transport>(core: &Core, stream: &mut S, rbuf: &mut Vec<u8>) -> HeadOutcome {
     // The whole head must arrive within header_timeout of its first byte, so a client that
-    // trickles header bytes cannot hold the connection.
-    let mut deadline = (!rbuf.is_empty()).then(|| Instant::now() + core.config.header_timeout);
+    // trickles header bytes cannot hold the connection. The deadline is set when the head is
+    // first found incomplete, right after its first bytes arrived, so a head that arrives
+    // whole needs no clock read.
+    let mut deadline = None;
     loop {
         if !rbuf.is_empty() {
             match parse_request_head(rbuf) {
                 Ok(h) => return HeadOutcome::Head(h),
-                Err(HeadError::Incomplete) => {}
+                Err(HeadError::Incomplete) => {
+                    deadline.get_or_insert_with(|| Instant::now() + core.config.header_timeout);
+                }
                 Err(HeadError::TooLarge) => {
                     return HeadOutcome::Reject(close(ApiError::HeaderTooLarge.response()))
                 }
@@ -290,9 +297,7 @@ async fn read_head<S: Transport>(core: &Core, stream: &mut S, rbuf: &mut Vec<u8>
             Some(d) => d.saturating_duration_since(Instant::now()),
         };
         match read_more(stream, rbuf, timeout).await {
-            ReadOutcome::Data => {
-                deadline.get_or_insert_with(|| Instant::now() + core.config.header_timeout);
-            }
+            ReadOutcome::Data => {}
             ReadOutcome::Eof | ReadOutcome::Error => return HeadOutcome::Closed,
             ReadOutcome::Timeout if rbuf.is_empty() => return HeadOutcome::Closed,
             ReadOutcome::Timeout => {
@@ -367,7 +372,6 @@ async fn read_body<S: Transport>(
     rbuf: &mut Vec<u8>,
     head: &ursula_protocol::http1::RequestHead,
 ) -> Result<Bytes, BodyError> {
-    let clock = BodyClock::new(core);
     // Snapshot publishes may carry up to 128 MiB; every other body up to 32 MiB. The path
     // is only looked at for bodies that could be over 32 MiB.
     let limit = || {
@@ -393,6 +397,7 @@ async fn read_body<S: Transport>(
                 rbuf.drain(..n);
                 return Ok(body);
             }
+            let clock = BodyClock::new(core);
             let mut body = Vec::with_capacity(n.min(BODY_RESERVE_BYTES_MAX).max(rbuf.len()));
             body.extend_from_slice(rbuf);
             rbuf.clear();
@@ -422,6 +427,7 @@ async fn read_body<S: Transport>(
             if head.expect_continue && rbuf.is_empty() {
                 send_continue(stream).await?;
             }
+            let clock = BodyClock::new(core);
             let limit = limit();
             let mut decoder = ChunkedDecoder::new();
             let mut body = Vec::new();

@@ -28,15 +28,14 @@ pub fn find(core: &Rc<Core>, key: &str) -> Found {
     let Some(s) = core.shard.stream(id) else {
         return Found::Absent;
     };
-    let now = ursula_storage::now_ms();
     let expired = match s.lifetime() {
         Lifetime::Forever => false,
         Lifetime::TtlSeconds(t) => {
-            now >= s
-                .last_access_ms()
-                .saturating_add((t as i64).saturating_mul(1000))
+            ursula_storage::now_ms()
+                >= s.last_access_ms()
+                    .saturating_add((t as i64).saturating_mul(1000))
         }
-        Lifetime::ExpiresAtMs(at) => now >= at,
+        Lifetime::ExpiresAtMs(at) => ursula_storage::now_ms() >= at,
     };
     if expired {
         return Found::Expired(id);

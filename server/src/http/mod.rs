@@ -8,7 +8,9 @@ pub mod transport;
 pub use error::ApiError;
 
 use bytes::Bytes;
-use ursula_protocol::http1::{write_header, write_known_header, write_status_line, Method};
+use ursula_protocol::http1::{
+    write_header, write_known_header, write_status_line, Headers, Method,
+};
 
 /// A fully received request, ready to be handed to the core that owns its stream.
 pub struct Request {
@@ -16,17 +18,14 @@ pub struct Request {
     /// Raw path (still percent-encoded), without the query.
     pub path: String,
     pub query: String,
-    /// Lower-cased names.
-    pub headers: Vec<(String, String)>,
+    /// Lower-cased names, trimmed values.
+    pub headers: Headers,
     pub body: Bytes,
 }
 
 impl Request {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.trim())
+        self.headers.get(name)
     }
 }
 
