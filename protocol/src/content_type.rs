@@ -10,7 +10,7 @@ fn is_token(s: &str) -> bool {
 }
 
 fn is_lower_token(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|c| is_tchar(c) && !c.is_ascii_uppercase())
+    is_token(s) && !s.bytes().any(|c| c.is_ascii_uppercase())
 }
 
 /// Normalises a `Content-Type` value: trimmed, lower-cased, `type/subtype` and every

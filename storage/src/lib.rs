@@ -2,8 +2,9 @@
 //!
 //! One [`Shard`] per core owns a disjoint set of streams and one append-only log of
 //! preallocated, direct-I/O segment files. Appends from many streams share each durable
-//! (`O_DSYNC`) log write (group commit); an append is acknowledged only once durable. On start the log is replayed,
-//! CRC-checked, and a torn or corrupt tail is cut off. See `docs/architecture.md`.
+//! (`O_DSYNC`) log write (group commit); an append is acknowledged only once durable. On
+//! start the log is replayed, CRC-checked, and a torn or corrupt tail is cut off. See
+//! `docs/architecture.md`.
 
 pub mod aligned;
 mod cache;

@@ -4,7 +4,8 @@
 //! Every write and metadata change is served at once (the running server sees an ordinary
 //! file system), and is also remembered as *pending* until it is made durable: a file's
 //! writes, size changes and `fallocate`s by an `fsync`/`fdatasync` of that file or a write
-//! through an `O_DSYNC` handle on it, a directory's entries (create, mkdir, rename, unlink) by an `fsync` of that directory.
+//! through an `O_DSYNC` handle on it, a directory's entries (create, mkdir, rename, unlink)
+//! by an `fsync` of that directory.
 //! [`Disk::crash_image`] writes out what a power cut leaves: the durable state, plus any
 //! subset of the pending writes, each torn into independent 512 B or 4 KiB sectors
 //! applied in any order, with either the durable or the current metadata (a journal that

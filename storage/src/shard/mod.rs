@@ -11,9 +11,9 @@
 //! ```
 //!
 //! While one flush is in flight every new record goes into the next batch, so a single
-//! durable write covers everything that arrived during the previous one (group commit). All of a
-//! shard lives on one thread: `Rc`/`RefCell`, no locks. Callers must not hold a `Ref` from
-//! [`Shard::stream`] across a call that mutates the shard.
+//! durable write covers everything that arrived during the previous one (group commit). All
+//! of a shard lives on one thread: `Rc`/`RefCell`, no locks. Callers must not hold a `Ref`
+//! from [`Shard::stream`] across a call that mutates the shard.
 
 use std::cell::{Cell, Ref, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
