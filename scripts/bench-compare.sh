@@ -30,6 +30,8 @@
 # DIR/summary.md, every loadgen JSON report, and latency charts (DIR/*.svg). Beside
 # throughput and latency it reports each server's CPU time per operation (user + system,
 # all threads, from /proc/PID/stat over the measured window).
+# A run first removes DIR's reports of the scenarios it runs, so its summary never mixes in
+# a server that an earlier run into the same DIR measured and this one did not.
 # --report-only rebuilds the charts and the summary from the reports already in DIR.
 #
 # Env: CARGO_TARGET_DIR, PEERS_DIR (default ~/.cache/ursula-peers), DURATION, WARMUP,
@@ -264,6 +266,10 @@ host_ticks() { # -> "busy total" clock ticks of all CPUs since boot (/proc/stat)
 
 # ---------------------------------------------------------------------------------------
 if [[ -z "$REPORT_ONLY" ]]; then
+for scenario in $SCENARIOS; do
+    rm -f "$OUT"/*."$scenario".json "$OUT"/*."$scenario".txt "$OUT"/*."$scenario".cpu
+done
+
 say "physical limits"
 DD_FILE="$WORK/dd.img"
 # dd prints "<bytes> bytes ... copied, <secs> s, <rate> <unit>"; recompute MB/s from bytes/secs.
