@@ -18,24 +18,35 @@ fn maybe_too_deep(b: &[u8]) -> bool {
     b.iter().filter(|&&c| c == b'[' || c == b'{').count() > MAX_DEPTH
 }
 
-/// RFC 8259 requires four hex digits after `\u`; sonic-rs's skip path does not check.
+/// RFC 8259 requires four hex digits after `\u`, and we refuse lone surrogates; sonic-rs's
+/// skip path checks neither.
 fn has_bad_u_escape(b: &[u8]) -> bool {
+    // Each `\u` escape needs four hex digits, and a high surrogate must be followed at
+    // once by an escaped low one (and a low one preceded by a high one).
     let mut i = 0;
-    while i + 1 < b.len() {
-        if b[i] == b'\\' {
-            if b[i + 1] == b'u'
-                && !b
-                    .get(i + 2..i + 6)
-                    .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
-            {
+    let mut high_pending = false;
+    while i < b.len() {
+        if b[i] == b'\\' && b.get(i + 1) == Some(&b'u') {
+            let unit = b.get(i + 2..i + 6).and_then(|h| {
+                h.iter()
+                    .try_fold(0u32, |v, &c| Some(v << 4 | char::from(c).to_digit(16)?))
+            });
+            let Some(unit) = unit else {
+                return true;
+            };
+            let low = (0xDC00..0xE000).contains(&unit);
+            if high_pending != low {
                 return true;
             }
-            i += 2;
+            high_pending = (0xD800..0xDC00).contains(&unit);
+            i += 6;
+        } else if high_pending {
+            return true;
         } else {
-            i += 1;
+            i += if b[i] == b'\\' { 2 } else { 1 };
         }
     }
-    false
+    high_pending
 }
 
 fuzz_target!(|data: &[u8]| {

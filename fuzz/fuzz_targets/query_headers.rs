@@ -10,7 +10,9 @@ use ursula_protocol::headers::{
     format_rfc3339_millis, is_closed_true, parse_expires_at, parse_fork_sub_offset, parse_producer,
     parse_producer_int, parse_stream_seq, parse_ttl, MAX_SAFE_INTEGER,
 };
-use ursula_protocol::offset::{format_offset, parse_fork_offset, parse_offset, OffsetParam};
+use ursula_protocol::offset::{
+    format_offset, parse_fork_offset, parse_offset, OffsetError, OffsetParam,
+};
 use ursula_protocol::query::{
     parse_live, parse_max_bytes, parse_query, parse_timeout_ms, percent_decode, MAX_READ_BYTES,
 };
@@ -42,7 +44,10 @@ fuzz_target!(|data: &[u8]| {
         }
         Ok(OffsetParam::Start) => assert_eq!(s, "-1"),
         Ok(OffsetParam::Now) => assert_eq!(s, "now"),
-        Err(()) => {}
+        Err(OffsetError::OutOfRange) => {
+            assert!(s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit()));
+        }
+        Err(OffsetError::Syntax) => {}
     }
     if let Ok(n) = parse_fork_offset(s) {
         assert_eq!(parse_fork_offset(&format_offset(n)), Ok(n));

@@ -146,7 +146,11 @@ fn write_segment(dir: &Path, body: &[u8]) {
     // Segments are whole blocks, with unwritten (zero) space after the records.
     let len = (file.len() + 4096).div_ceil(4096) * 4096;
     file.resize(len, 0);
-    std::fs::write(segment_path(&shard_dir, ursula_storage::SegmentNo::new(1)), file).expect("write segment");
+    std::fs::write(
+        segment_path(&shard_dir, ursula_storage::SegmentNo::new(1)),
+        file,
+    )
+    .expect("write segment");
 }
 
 fuzz_target!(|data: &[u8]| {

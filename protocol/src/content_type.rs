@@ -123,13 +123,103 @@ pub fn is_json(v: &str) -> bool {
 
 /// Whether SSE carries the payload as UTF-8 text (else base64).
 pub fn sse_is_text(v: &str) -> bool {
+    is_text(v) || is_json(v)
+}
+
+/// Whether a stream of this type holds text (`text/*`). Text streams hold UTF-8 only, so
+/// every view of them (catch-up, SSE) carries exactly the bytes stored.
+pub fn is_text(v: &str) -> bool {
     let mt = media_type(v).as_bytes();
-    (mt.len() > 5 && mt[..5].eq_ignore_ascii_case(b"text/")) || is_json(v)
+    mt.len() > 5 && mt[..5].eq_ignore_ascii_case(b"text/")
+}
+
+/// The `charset` parameter of a normalised content type when it names an encoding other
+/// than UTF-8 (US-ASCII is a subset of UTF-8 and is fine).
+pub fn non_utf8_charset(normalized: &str) -> Option<&str> {
+    normalized.split(';').skip(1).find_map(|param| {
+        let value = param.trim().strip_prefix("charset=")?;
+        let unquoted = value.trim_matches('"');
+        (!matches!(unquoted, "utf-8" | "utf8" | "us-ascii")).then_some(value)
+    })
+}
+
+/// Whether a browser could run content of this type (HTML, SVG, XML, scripts, anything
+/// not known to be passive). Such content, served from a stream someone wrote to, gets a
+/// sandboxing `Content-Security-Policy`, so a page reached at the server's origin cannot
+/// act as that origin.
+pub fn is_active(v: &str) -> bool {
+    const PASSIVE: [&str; 8] = [
+        "application/json",
+        "application/x-ndjson",
+        "application/octet-stream",
+        "application/x-protobuf",
+        "application/protobuf",
+        "text/plain",
+        "text/csv",
+        "text/event-stream",
+    ];
+    let mt = media_type(v);
+    let starts = |prefix: &str| {
+        mt.len() > prefix.len()
+            && mt.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+    };
+    // Images, sound and video are passive, but SVG is a document that can hold scripts.
+    let media = (starts("image/") || starts("audio/") || starts("video/"))
+        && !mt.to_ascii_lowercase().contains("svg");
+    !(media || PASSIVE.iter().any(|p| mt.eq_ignore_ascii_case(p)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_types_and_their_charsets() {
+        assert!(is_text("text/plain") && is_text("Text/HTML; charset=utf-8"));
+        assert!(!is_text("application/json") && !is_text("text/"));
+        for ok in [
+            "text/plain",
+            "text/plain; charset=utf-8",
+            "text/plain; charset=\"utf-8\"",
+            "text/plain; charset=us-ascii",
+            "text/plain; format=flowed",
+        ] {
+            assert_eq!(non_utf8_charset(ok), None, "{ok}");
+        }
+        assert_eq!(
+            non_utf8_charset("text/plain; charset=latin1"),
+            Some("latin1")
+        );
+        assert_eq!(
+            non_utf8_charset("text/plain; a=b; charset=iso-8859-1"),
+            Some("iso-8859-1")
+        );
+    }
+
+    #[test]
+    fn active_types_are_everything_not_known_passive() {
+        for active in [
+            "text/html",
+            "application/xhtml+xml",
+            "image/svg+xml",
+            "text/xml",
+            "application/javascript",
+            "application/pdf",
+            "x/unknown",
+        ] {
+            assert!(is_active(active), "{active}");
+        }
+        for passive in [
+            "application/json",
+            "Text/Plain; charset=utf-8",
+            "application/octet-stream",
+            "image/png",
+            "video/mp4",
+            "text/event-stream",
+        ] {
+            assert!(!is_active(passive), "{passive}");
+        }
+    }
 
     #[test]
     fn normalize_examples() {

@@ -144,6 +144,22 @@ impl RequestHead {
     }
 }
 
+/// The refusal for a second occurrence of `name` (lower case), for headers that must
+/// appear at most once: a server that takes the first and a proxy that takes the last would
+/// disagree about who sent the request, what it holds, or where it ends. `None` for headers
+/// that may repeat.
+pub fn single_valued(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "content-length" => "duplicate Content-Length",
+        "host" => "duplicate Host",
+        "authorization" => "duplicate Authorization",
+        "content-type" => "duplicate Content-Type",
+        _ if name.starts_with("stream-") => "duplicate Stream-* header",
+        _ if name.starts_with("producer-") => "duplicate Producer-* header",
+        _ => return None,
+    })
+}
+
 /// Parses one request head from the start of `buf`.
 ///
 /// Framing is strict on purpose: anything two HTTP parsers could read differently
@@ -194,14 +210,14 @@ pub fn parse_request_head(buf: &[u8]) -> Result<RequestHead, HeadError> {
     let mut keep_alive = version_minor >= 1;
     let mut expect_continue = false;
     let mut host_count = 0usize;
-    for (name, value) in headers.iter() {
-        match name {
-            "content-length" => {
-                if content_length.is_some() {
-                    return Err(HeadError::Bad("duplicate Content-Length"));
-                }
-                content_length = Some(parse_content_length(value)?);
+    for (at, (name, value)) in headers.iter().enumerate() {
+        if let Some(why) = single_valued(name) {
+            if headers.iter().skip(at + 1).any(|(other, _)| other == name) {
+                return Err(HeadError::Bad(why));
             }
+        }
+        match name {
+            "content-length" => content_length = Some(parse_content_length(value)?),
             "transfer-encoding" => te_values.push(value),
             "connection" => {
                 for token in value.split(',').map(str::trim) {
@@ -227,8 +243,8 @@ pub fn parse_request_head(buf: &[u8]) -> Result<RequestHead, HeadError> {
     }) {
         keep_alive = false;
     }
-    if version_minor >= 1 && host_count != 1 {
-        return Err(HeadError::Bad("HTTP/1.1 requires exactly one Host header"));
+    if version_minor >= 1 && host_count == 0 {
+        return Err(HeadError::Bad("HTTP/1.1 requires a Host header"));
     }
 
     let body = if te_values.is_empty() {
@@ -661,6 +677,34 @@ mod tests {
         built.push("Stream-Seq", " 7 ");
         assert_eq!(built.get("stream-seq"), Some("7"));
         assert_eq!(Headers::default().iter().count(), 0);
+    }
+
+    #[test]
+    fn single_valued_headers_may_not_repeat_in_any_case() {
+        for (name, why) in [
+            ("Authorization", "duplicate Authorization"),
+            ("Content-Type", "duplicate Content-Type"),
+            ("Content-Length", "duplicate Content-Length"),
+            ("Host", "duplicate Host"),
+            ("Stream-TTL", "duplicate Stream-* header"),
+            ("Stream-Seq", "duplicate Stream-* header"),
+            ("Producer-Id", "duplicate Producer-* header"),
+        ] {
+            let second = name.to_ascii_uppercase();
+            let raw = format!(
+                "POST /s HTTP/1.1\r\nHost: x\r\n{name}: 1\r\nX-Between: y\r\n{second}: 1\r\n\r\n"
+            );
+            let raw = raw.replacen("Host: x\r\nHost: 1", "Host: x", 1);
+            assert_eq!(parse(&raw), Err(HeadError::Bad(why)), "{raw:?}");
+        }
+        // HTTP/1.0 may leave Host out, but not send two.
+        assert!(parse("GET / HTTP/1.0\r\n\r\n").is_ok());
+        assert_eq!(
+            parse("GET / HTTP/1.0\r\nHost: a\r\nhost: b\r\n\r\n"),
+            Err(HeadError::Bad("duplicate Host"))
+        );
+        // Headers that are lists or informational may repeat.
+        assert!(parse("GET / HTTP/1.1\r\nHost: x\r\nAccept: a\r\nAccept: b\r\n\r\n").is_ok());
     }
 
     #[test]

@@ -407,13 +407,7 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
                 }
                 Some(b'\\') => match b.get(i + 1) {
                     Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
-                    Some(b'u') => {
-                        let hex = b.get(i + 2..i + 6).ok_or(JsonError::Invalid)?;
-                        if !hex.iter().all(u8::is_ascii_hexdigit) {
-                            return Err(JsonError::Invalid);
-                        }
-                        i += 6;
-                    }
+                    Some(b'u') => i = unicode_escape(b, i)?,
                     _ => return Err(JsonError::Invalid),
                 },
                 // Raw control character or unterminated string.
@@ -504,6 +498,35 @@ pub fn render_array(ndjson: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+/// The `\uXXXX` escape at `b[i]` (the backslash), and the index after it. A high surrogate
+/// must be followed by an escaped low surrogate and the pair is taken whole; a lone
+/// surrogate is refused: it is no Unicode scalar value, so no UTF-8 reader could take the
+/// string back.
+fn unicode_escape(b: &[u8], i: usize) -> Result<usize, JsonError> {
+    let unit = |at: usize| -> Result<u16, JsonError> {
+        let hex = b.get(at..at + 4).ok_or(JsonError::Invalid)?;
+        hex.iter()
+            .try_fold(0u16, |v, &c| {
+                let digit = char::from(c).to_digit(16)?;
+                Some(v << 4 | digit as u16)
+            })
+            .ok_or(JsonError::Invalid)
+    };
+    match unit(i + 2)? {
+        0xD800..=0xDBFF => {
+            if b.get(i + 6..i + 8) != Some(b"\\u") {
+                return Err(JsonError::Invalid);
+            }
+            match unit(i + 8)? {
+                0xDC00..=0xDFFF => Ok(i + 12),
+                _ => Err(JsonError::Invalid),
+            }
+        }
+        0xDC00..=0xDFFF => Err(JsonError::Invalid),
+        _ => Ok(i + 6),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -592,9 +615,33 @@ mod tests {
     }
 
     #[test]
-    fn grammatical_but_unrepresentable_values_kept() {
+    fn grammatical_but_unrepresentable_numbers_kept() {
         // JSON.parse accepts these; canonical storage is lexical, so nothing is lost.
-        assert_eq!(msgs("[38E869, \"\\ud800\"]"), ["38E869\n", "\"\\ud800\"\n"]);
+        assert_eq!(msgs("[38E869]"), ["38E869\n"]);
+    }
+
+    #[test]
+    fn lone_surrogates_refused_pairs_kept() {
+        for bad in [
+            "\"\\ud800\"",
+            "\"\\udc00\"",
+            "\"\\ud800x\"",
+            "\"\\ud800\\n\"",
+            "\"\\ud800\\u0041\"",
+            "\"\\ud800\\ud800\"",
+            "\"\\udfff\\ud800\"",
+            "[\"ok\", \"\\uDBFF\"]",
+        ] {
+            assert_eq!(
+                canonicalize(bad.as_bytes(), false).err(),
+                Some(JsonError::Invalid),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            msgs("[\"\\ud83d\\ude00\", \"\\uDBFF\\uDFFF\"]"),
+            ["\"\\ud83d\\ude00\"\n", "\"\\uDBFF\\uDFFF\"\n"]
+        );
     }
 
     #[test]
@@ -779,31 +826,41 @@ mod tests {
         assert_eq!(h.join().ok(), Some(Ok(1)));
     }
 
-    /// Grammar-level oracle. sonic-rs's skip path does not check the hex digits of
-    /// `\\u` escapes, where we are stricter (RFC 8259 requires four hex digits); its
-    /// DOM path is no better oracle since it also rejects grammatical lone surrogates
-    /// and out-of-range numbers, which we keep byte-for-byte like `JSON.parse` does.
+    /// Grammar-level oracle. sonic-rs's skip path checks neither the hex digits of `\\u`
+    /// escapes (RFC 8259 requires four) nor that surrogates come in pairs, where we are
+    /// stricter; its DOM path is no better oracle since it also rejects out-of-range
+    /// numbers, which we keep byte-for-byte like `JSON.parse` does.
     fn sonic_accepts(b: &[u8]) -> bool {
         sonic_rs::from_slice::<serde::de::IgnoredAny>(b).is_ok() && !has_bad_u_escape(b)
     }
 
     fn has_bad_u_escape(b: &[u8]) -> bool {
+        // Each `\u` escape needs four hex digits, and a high surrogate must be followed at
+        // once by an escaped low one (and a low one preceded by a high one).
         let mut i = 0;
-        while i + 1 < b.len() {
-            if b[i] == b'\\' {
-                if b[i + 1] == b'u'
-                    && !b
-                        .get(i + 2..i + 6)
-                        .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
-                {
+        let mut high_pending = false;
+        while i < b.len() {
+            if b[i] == b'\\' && b.get(i + 1) == Some(&b'u') {
+                let unit = b.get(i + 2..i + 6).and_then(|h| {
+                    h.iter()
+                        .try_fold(0u32, |v, &c| Some(v << 4 | char::from(c).to_digit(16)?))
+                });
+                let Some(unit) = unit else {
+                    return true;
+                };
+                let low = (0xDC00..0xE000).contains(&unit);
+                if high_pending != low {
                     return true;
                 }
-                i += 2;
+                high_pending = (0xD800..0xDC00).contains(&unit);
+                i += 6;
+            } else if high_pending {
+                return true;
             } else {
-                i += 1;
+                i += if b[i] == b'\\' { 2 } else { 1 };
             }
         }
-        false
+        high_pending
     }
 
     #[test]

@@ -36,11 +36,29 @@ pub enum OffsetParam {
     At(u64),
 }
 
+/// Why an offset input was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetError {
+    /// Not `-1`, `now` or 1–20 ASCII digits.
+    Syntax,
+    /// Digits whose value is past `u64::MAX` (only 20-digit inputs can be).
+    OutOfRange,
+}
+
+impl OffsetError {
+    /// A short reason for the client.
+    pub fn reason(self) -> &'static str {
+        match self {
+            OffsetError::Syntax => "offset must be -1, now or 1-20 digits",
+            OffsetError::OutOfRange => "offset is past the largest offset (18446744073709551615)",
+        }
+    }
+}
+
 /// Parses an offset input per P§3.2. Only `-1`, `now` and 1–20 ASCII digits whose
 /// value fits `u64` are accepted; no trimming, signs or other spellings, because the
 /// conformance suite fuzzes exactly those.
-#[allow(clippy::result_unit_err)]
-pub fn parse_offset(s: &str) -> Result<OffsetParam, ()> {
+pub fn parse_offset(s: &str) -> Result<OffsetParam, OffsetError> {
     match s {
         "-1" => Ok(OffsetParam::Start),
         "now" => Ok(OffsetParam::Now),
@@ -59,27 +77,21 @@ pub fn parse_fork_offset(s: &str) -> Result<u64, ()> {
         if !first.iter().all(u8::is_ascii_digit) {
             return Err(());
         }
-        return parse_digits(rest);
+        return parse_digits(rest).map_err(|_| ());
     }
-    parse_digits(b)
+    parse_digits(b).map_err(|_| ())
 }
 
 /// 1–20 ASCII digits that fit in a `u64` (leading zeros allowed).
-fn parse_digits(b: &[u8]) -> Result<u64, ()> {
-    if b.is_empty() || b.len() > OFFSET_LEN {
-        return Err(());
+pub fn parse_digits(b: &[u8]) -> Result<u64, OffsetError> {
+    if b.is_empty() || b.len() > OFFSET_LEN || !b.iter().all(u8::is_ascii_digit) {
+        return Err(OffsetError::Syntax);
     }
-    let mut v: u64 = 0;
-    for &c in b {
-        if !c.is_ascii_digit() {
-            return Err(());
-        }
-        v = v
-            .checked_mul(10)
-            .and_then(|v| v.checked_add(u64::from(c - b'0')))
-            .ok_or(())?;
-    }
-    Ok(v)
+    b.iter()
+        .try_fold(0u64, |v, &c| {
+            v.checked_mul(10)?.checked_add(u64::from(c - b'0'))
+        })
+        .ok_or(OffsetError::OutOfRange)
 }
 
 #[cfg(test)]
@@ -161,12 +173,18 @@ mod tests {
             "1e3",
             "0x10",
             "000000000000000000000", // 21 digits
-            "18446744073709551616",  // u64::MAX + 1
-            "99999999999999999999",
-            "\u{0661}", // Arabic-Indic digit one
+            "\u{0661}",              // Arabic-Indic digit one
         ] {
-            assert_eq!(parse_offset(bad), Err(()), "{bad:?}");
+            assert_eq!(parse_offset(bad), Err(OffsetError::Syntax), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn twenty_digits_past_u64_are_out_of_range_not_malformed() {
+        for big in ["18446744073709551616", "99999999999999999999"] {
+            assert_eq!(parse_offset(big), Err(OffsetError::OutOfRange), "{big:?}");
+        }
+        assert!(OffsetError::OutOfRange.reason().contains("largest offset"));
     }
 
     #[test]
