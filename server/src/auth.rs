@@ -1,19 +1,21 @@
-//! Bearer-token authentication of a request against the configured [`Tokens`].
+//! Bearer-token authentication of a request head against the configured [`Tokens`]. It
+//! needs only the method and the headers, so a request is decided before any of its body
+//! is read.
 
-use ursula_protocol::http1::Method;
+use ursula_protocol::http1::{Headers, Method};
 
-use crate::http::{ApiError, Request};
+use crate::http::ApiError;
 use crate::tokens::{Scope, Tokens};
 
 /// `Some(refusal)` when the request must be refused. CORS preflights are never
 /// authenticated: browsers send them without credentials.
-pub fn check(tokens: &Tokens, req: &Request) -> Option<ApiError> {
-    let needed = match req.method {
+pub fn check(tokens: &Tokens, method: &Method, headers: &Headers) -> Option<ApiError> {
+    let needed = match method {
         Method::Options => return None,
         Method::Get | Method::Head => Scope::Read,
         _ => Scope::Write,
     };
-    let presented = req.header("authorization").and_then(|v| {
+    let presented = headers.get("authorization").and_then(|v| {
         let (scheme, token) = v.split_once(' ')?;
         scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
     });

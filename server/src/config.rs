@@ -120,6 +120,11 @@ pub struct ServerArgs {
     /// repeatable. Default: any origin (`Access-Control-Allow-Origin: *`).
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
+    /// The URL clients reach this server at (`https://streams.example.com`), used for the
+    /// `Location` of what a request creates. Default: the scheme and address the request
+    /// arrived on. Never taken from the request's `Host` header.
+    #[arg(long)]
+    pub public_url: Option<String>,
     /// PEM certificate chain (leaf first) for TLS on the main listener; needs `--tls-key`.
     #[arg(long)]
     pub tls_cert: Option<PathBuf>,
@@ -198,6 +203,9 @@ pub struct FileConfig {
     pub max_connections: Option<usize>,
     /// Appended bytes each core may hold that are not yet durable (disk storage).
     pub write_budget_bytes: Option<usize>,
+    /// Request-body bytes each core may be receiving at once.
+    pub body_budget_bytes: Option<usize>,
+    pub public_url: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
     pub log_level: Option<String>,
     pub access_log: Option<bool>,
@@ -222,7 +230,8 @@ pub struct Config {
     pub header_timeout: Duration,
     /// Time allowed for a request body after its head, before `body_min_rate` extends it.
     pub body_timeout: Duration,
-    /// Body bytes per second that earn one more second of `body_timeout` (0: none).
+    /// The slowest average rate a body may arrive at: every `body_min_rate` bytes received
+    /// (up to the announced length) add one second to `body_timeout` (0: none).
     pub body_min_rate: u64,
     /// How long an idle keep-alive connection is kept open.
     pub idle_timeout: Duration,
@@ -233,6 +242,12 @@ pub struct Config {
     /// Open connections allowed on each core (`max_connections` split over the cores).
     pub max_connections_per_core: usize,
     pub write_budget_bytes: usize,
+    /// Request-body bytes each core may be receiving at once; a body that would go over
+    /// gets 503 before it is read (one body alone is always admitted).
+    pub body_budget_bytes: usize,
+    /// `scheme://host[:port][/path]` without a trailing slash, the base of `Location`;
+    /// `None`: the scheme and address each request arrived on.
+    pub public_url: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
     /// Log filter from the flag or file; the environment is consulted when it is absent.
     pub log_level: Option<String>,
@@ -289,6 +304,10 @@ impl Config {
             args.cors_origins
         };
         let cors_origins = check_origins(origins)?;
+        let public_url = match args.public_url.or(file.public_url) {
+            Some(url) => Some(check_public_url(&url)?),
+            None => None,
+        };
         let cold_file = file.cold_tier.unwrap_or_default();
         let cold = match args.cold_s3_bucket.or(cold_file.s3_bucket) {
             None => None,
@@ -346,7 +365,7 @@ impl Config {
             sse_max_connection: ms(file.sse_max_connection_ms.unwrap_or(60_000).max(100)),
             header_timeout: ms(file.header_timeout_ms.unwrap_or(10_000).max(10)),
             body_timeout: ms(file.body_timeout_ms.unwrap_or(30_000).max(10)),
-            body_min_rate: file.body_min_rate.unwrap_or(16 * 1024),
+            body_min_rate: file.body_min_rate.unwrap_or(256 * 1024),
             idle_timeout: ms(file.idle_timeout_ms.unwrap_or(60_000).max(10)),
             receipt_window: file.producer_receipt_window.unwrap_or(256).max(1),
             segment_bytes: file
@@ -363,6 +382,10 @@ impl Config {
             write_budget_bytes: file
                 .write_budget_bytes
                 .unwrap_or(ursula_storage::shard::DEFAULT_WRITE_BUDGET_BYTES),
+            body_budget_bytes: file
+                .body_budget_bytes
+                .unwrap_or(crate::limits::BODY_BUDGET_BYTES_DEFAULT),
+            public_url,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             log_level: args.log_level.or(file.log_level),
             access_log: args.access_log || file.access_log.unwrap_or(false),
@@ -393,6 +416,24 @@ fn check_origins(list: Vec<String>) -> Result<Option<Vec<String>>, String> {
     Ok(Some(list))
 }
 
+/// Check a public base URL: `http://` or `https://`, a host, an optional port and path, and
+/// nothing a `Location` built on it could be misread by (user info, query, fragment). The
+/// trailing slash is dropped, since every path appended to it starts with one.
+fn check_public_url(url: &str) -> Result<String, String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    let host = rest.map(|r| r.split('/').next().unwrap_or_default());
+    let ok = rest.is_some_and(|r| r.is_ascii() && !r.contains(['?', '#', ' ', '@', '\\']))
+        && host.is_some_and(|h| !h.is_empty());
+    if !ok {
+        return Err(format!(
+            "invalid public_url {url:?}: expected http(s)://host[:port][/path] (e.g. https://streams.example.com)"
+        ));
+    }
+    Ok(url.trim_end_matches('/').to_string())
+}
+
 fn load_file(path: &Path) -> Result<FileConfig, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
@@ -417,7 +458,8 @@ mod tests {
                         && !kv.starts_with("cores ")
                         && !kv.starts_with("metrics_listen ")
                         && !kv.starts_with("log_level ")
-                        && !kv.starts_with("tls_") =>
+                        && !kv.starts_with("tls_")
+                        && !kv.starts_with("public_url ") =>
                 {
                     kv
                 }
@@ -469,6 +511,29 @@ mod tests {
             ..Default::default()
         });
         assert!(err.is_err());
+    }
+
+    #[test]
+    fn public_url_must_be_a_plain_base() {
+        assert_eq!(
+            check_public_url("https://streams.example.com/").as_deref(),
+            Ok("https://streams.example.com")
+        );
+        assert_eq!(
+            check_public_url("http://10.0.0.1:4437/ursula").as_deref(),
+            Ok("http://10.0.0.1:4437/ursula")
+        );
+        for bad in [
+            "streams.example.com",
+            "ftp://x",
+            "https://",
+            "https://user@evil.example",
+            "https://x/?q",
+            "https://x/#f",
+            "https://x y",
+        ] {
+            assert!(check_public_url(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

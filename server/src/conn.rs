@@ -14,7 +14,10 @@ use bytes::Bytes;
 use monoio::buf::IoBufMut;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
-use ursula_protocol::http1::{parse_request_head, BodyKind, ChunkedDecoder, HeadError, Method};
+use ursula_protocol::content_type::is_active;
+use ursula_protocol::http1::{
+    parse_request_head, BodyKind, ChunkedDecoder, HeadError, Method, RequestHead,
+};
 
 use crate::admin::{self, Listener};
 use crate::core::{ConnectionSlot, Core, Letter};
@@ -29,16 +32,24 @@ use crate::metrics::route_label;
 use crate::router::{dispatch, Reply};
 use crate::routes::is_snapshot_path;
 
+/// The two ends of a connection: the client's address, and the local one it connected to
+/// (the base of a `Location` when no public URL is configured).
+#[derive(Clone, Copy, Debug)]
+pub struct Ends {
+    pub peer: SocketAddr,
+    pub local: Option<SocketAddr>,
+}
+
 pub async fn serve_connection<S: Transport>(
     core: Rc<Core>,
     stream: S,
-    peer: SocketAddr,
+    ends: Ends,
     listener: Listener,
 ) {
     serve_from(
         core,
         stream,
-        peer,
+        ends,
         listener,
         Vec::with_capacity(READ_CHUNK_BYTES),
     )
@@ -50,18 +61,26 @@ pub async fn serve_connection<S: Transport>(
 async fn serve_from<S: Transport>(
     core: Rc<Core>,
     mut stream: S,
-    peer: SocketAddr,
+    ends: Ends,
     listener: Listener,
     mut rbuf: Vec<u8>,
 ) {
+    let peer = ends.peer;
     let mut wbuf: Vec<u8> = Vec::with_capacity(1024);
     // Moving needs a plain socket, another core, and a client connection (the admin
     // listener lives on core 0 only).
     let may_move = core.cores() > 1 && listener == Listener::Main && core.config.tls.is_none();
     // The foreign core the last requests went to, and how many in a row.
     let mut affinity: (usize, u32) = (core.index, 0);
+    // A new connection must start its first request within the head timeout; between
+    // keep-alive requests it may idle longer.
+    let mut idle = if rbuf.is_empty() {
+        core.config.header_timeout
+    } else {
+        core.config.idle_timeout
+    };
     loop {
-        let head = match read_head(&core, &mut stream, &mut rbuf).await {
+        let head = match read_head(&core, &mut stream, &mut rbuf, idle).await {
             HeadOutcome::Head(h) => h,
             HeadOutcome::Closed => return,
             HeadOutcome::Reject(mut resp) => {
@@ -70,61 +89,78 @@ async fn serve_from<S: Transport>(
                 return;
             }
         };
+        idle = core.config.idle_timeout;
         rbuf.drain(..head.head_len);
-        let keep_alive = head.keep_alive && !core.shutting_down();
-        let body = match read_body(&core, &mut stream, &mut rbuf, &head).await {
-            Ok(b) => b,
-            Err(BodyError::Reject(mut resp)) => {
-                resp.cors = cors(&core, None);
-                let _ = write_response(&mut stream, &mut wbuf, resp, false, false).await;
-                return;
-            }
-            Err(BodyError::Closed) => return,
-        };
+        let mut keep_alive = head.keep_alive && !core.shutting_down();
         let is_head = head.method == Method::Head;
-        let request = Request {
-            method: head.method,
-            path: head.path,
-            query: head.query,
-            headers: head.headers,
-            body,
-        };
-        let method = request.method.clone();
-        let route = route_label(&request.path);
-        let req_len = request.body.len();
+        let method = head.method.clone();
+        let route = route_label(&head.path);
         // Clock reads show in the profile of small appends; only the access log needs one.
         let access = core
             .config
             .access_log
-            .then(|| (request.path.clone(), Instant::now()));
-        core.inflight.set(core.inflight.get() + 1);
+            .then(|| (head.path.clone(), Instant::now()));
         let origin = core
             .config
             .cors_origins
             .is_some()
-            .then(|| request.header("origin").map(str::to_string))
+            .then(|| head.header("origin").map(str::to_string))
             .flatten();
-        let endpoint = admin::endpoint(listener, &request.path);
-        let denied = match (&core.config.auth, listener, endpoint) {
-            // Health checks come from load balancers and service managers without tokens;
-            // the admin listener is protected by where it is bound.
-            (None, _, _)
-            | (_, Listener::Admin, _)
-            | (_, _, Some(Some(admin::Endpoint::Health | admin::Endpoint::Ready))) => None,
-            (Some(tokens), _, _) => crate::auth::check(tokens, &request),
+        let endpoint = admin::endpoint(listener, &head.path);
+        // Decided on the head alone: a refused request never gets `100 Continue`, and none
+        // of its body is read or held.
+        let admitted = match authenticate(&core, listener, endpoint, &head) {
+            Some(refusal) => Err(refusal.response()),
+            None => Ok(BodyPermit::new(&core)),
         };
-        let (mut reply, owner) = match (denied, endpoint) {
-            (Some(deny), _) => (deny.response().into(), None),
-            (None, Some(endpoint)) => (
-                admin::handle(&core, listener, endpoint, &request)
-                    .await
-                    .into(),
-                None,
-            ),
-            (None, None) => dispatch(&core, request).await,
+        let mut req_len = 0;
+        // A refused request's body is not read; unless it is already here and can be
+        // skipped, the connection closes after the answer.
+        let mut unread_body = false;
+        let (mut reply, owner, permit) = match admitted {
+            Err(resp) => {
+                unread_body = !skip_buffered_body(&mut rbuf, head.body);
+                keep_alive &= !unread_body;
+                core.inflight.set(core.inflight.get() + 1);
+                (resp.into(), None, None)
+            }
+            Ok(mut permit) => {
+                let body = match read_body(&core, &mut stream, &mut rbuf, &head, &mut permit).await
+                {
+                    Ok(b) => b,
+                    Err(BodyError::Reject(mut resp)) => {
+                        resp.cors = cors(&core, None);
+                        let _ = write_response(&mut stream, &mut wbuf, resp, false, false).await;
+                        return;
+                    }
+                    Err(BodyError::Closed) => return,
+                };
+                req_len = body.len();
+                core.inflight.set(core.inflight.get() + 1);
+                let request = Request {
+                    method: head.method,
+                    path: head.path,
+                    query: head.query,
+                    headers: head.headers,
+                    body,
+                };
+                let (reply, owner) = match endpoint {
+                    Some(endpoint) => (
+                        admin::handle(&core, listener, endpoint, &request)
+                            .await
+                            .into(),
+                        None,
+                    ),
+                    None => dispatch(&core, request).await,
+                };
+                (reply, owner, Some(permit))
+            }
         };
+        drop(permit);
         let head = reply.head_mut();
         head.cors = cors(&core, origin.as_deref());
+        absolute_location::<S>(&core, ends.local, head);
+        sandbox_active_content(head);
         let status = head.status;
         let resp_len = head.body_len();
         core.metrics
@@ -146,6 +182,7 @@ async fn serve_from<S: Transport>(
         core.inflight.set(core.inflight.get() - 1);
         match result {
             Ok(true) if keep_alive => {}
+            Ok(_) if unread_body => return linger_close(&core, &mut stream).await,
             _ => return,
         }
         affinity = match owner.filter(|_| may_move) {
@@ -164,7 +201,7 @@ async fn serve_from<S: Transport>(
                 }
             };
             core.metrics.connection_moved();
-            adopt_on(&core, affinity.0, socket, peer, rbuf);
+            adopt_on(&core, affinity.0, socket, ends, rbuf);
             return;
         }
     }
@@ -174,18 +211,12 @@ async fn serve_from<S: Transport>(
 /// one) to core `target`, which counts and serves it from then on. If that core's queue is
 /// gone (shutdown), the job and with it the socket are dropped, which closes the connection
 /// as shutdown would have.
-fn adopt_on(
-    core: &Core,
-    target: usize,
-    socket: std::net::TcpStream,
-    peer: SocketAddr,
-    rbuf: Vec<u8>,
-) {
+fn adopt_on(core: &Core, target: usize, socket: std::net::TcpStream, ends: Ends, rbuf: Vec<u8>) {
     let adopt: Letter = Box::new(move |core: &Rc<Core>| {
         let core = core.clone();
         monoio::spawn(async move {
             let slot = ConnectionSlot::take(&core);
-            serve_moved(core, socket, peer, rbuf).await;
+            serve_moved(core, socket, ends, rbuf).await;
             drop(slot);
         });
     });
@@ -193,9 +224,9 @@ fn adopt_on(
 }
 
 /// Serve a connection that another core moved here (see `adopt_on`).
-async fn serve_moved(core: Rc<Core>, socket: std::net::TcpStream, peer: SocketAddr, rbuf: Vec<u8>) {
+async fn serve_moved(core: Rc<Core>, socket: std::net::TcpStream, ends: Ends, rbuf: Vec<u8>) {
     match TcpStream::from_std(socket) {
-        Ok(stream) => serve_from(core, stream, peer, Listener::Main, rbuf).await,
+        Ok(stream) => serve_from(core, stream, ends, Listener::Main, rbuf).await,
         Err(e) => tracing::warn!(core = core.index, "adopting a moved connection failed: {e}"),
     }
 }
@@ -245,6 +276,15 @@ pub async fn refuse_connection<S: Transport>(core: Rc<Core>, mut stream: S) {
     {
         return;
     }
+    linger_close(&core, &mut stream).await;
+}
+
+/// Close a connection whose client may still be sending (a request refused before its body
+/// was read), so that the answer already written reaches it: closing with unread bytes
+/// would reset the connection, and the reset can discard the answer before the client reads
+/// it. Our side is shut down, then at most `REFUSE_DRAIN_BYTES_MAX` bytes are read and
+/// dropped for at most `REFUSE_DRAIN`: a large body is never drained.
+async fn linger_close<S: Transport>(core: &Core, stream: &mut S) {
     let _ = stream.shutdown().await;
     let deadline = Instant::now() + REFUSE_DRAIN;
     let mut rbuf = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -252,20 +292,99 @@ pub async fn refuse_connection<S: Transport>(core: Rc<Core>, mut stream: S) {
     while drained < REFUSE_DRAIN_BYTES_MAX && !core.shutting_down() {
         rbuf.clear();
         let left = deadline.saturating_duration_since(Instant::now());
-        match read_more(&mut stream, &mut rbuf, left).await {
+        match read_more(stream, &mut rbuf, left).await {
             ReadOutcome::Data => drained += rbuf.len(),
             _ => break,
         }
     }
 }
 
+/// The refusal of a request that needs a token it does not carry (`None`: go on). Health
+/// checks come from load balancers and service managers without tokens; the admin listener
+/// is protected by where it is bound.
+fn authenticate(
+    core: &Core,
+    listener: Listener,
+    endpoint: Option<Option<admin::Endpoint>>,
+    head: &RequestHead,
+) -> Option<ApiError> {
+    match (&core.config.auth, listener, endpoint) {
+        (None, _, _)
+        | (_, Listener::Admin, _)
+        | (_, _, Some(Some(admin::Endpoint::Health | admin::Endpoint::Ready))) => None,
+        (Some(tokens), _, _) => crate::auth::check(tokens, &head.method, &head.headers),
+    }
+}
+
+/// Skip the body of a request that will not be served, if all of it is already buffered
+/// (the usual small request). `false`: some of it is still to come.
+fn skip_buffered_body(rbuf: &mut Vec<u8>, body: BodyKind) -> bool {
+    match body {
+        BodyKind::None => true,
+        BodyKind::Length(n) if (rbuf.len() as u64) >= n => {
+            // n is at most the buffered length, so it fits in usize.
+            rbuf.drain(..n as usize);
+            true
+        }
+        BodyKind::Length(_) | BodyKind::Chunked => false,
+    }
+}
+
+/// Sandbox content a browser could run. Streams and snapshots are served with the type
+/// their writer chose, at this server's origin: an HTML or SVG stream opened in a browser
+/// must not run scripts as that origin (stored cross-site scripting).
+fn sandbox_active_content(resp: &mut Response) {
+    let active = resp
+        .headers
+        .iter()
+        .any(|(name, value)| *name == "content-type" && is_active(value));
+    if active {
+        resp.push("content-security-policy", "sandbox");
+    }
+}
+
+/// Make a relative `Location` (handlers name only the path) absolute: on the configured
+/// public URL, else on the scheme and local address this connection arrived on. The
+/// request's `Host` header is never used: it is whatever the client chose to send.
+fn absolute_location<S: Transport>(core: &Core, local: Option<SocketAddr>, resp: &mut Response) {
+    let Some((_, location)) = resp
+        .headers
+        .iter_mut()
+        .find(|(name, _)| *name == "location")
+    else {
+        return;
+    };
+    if !location.starts_with('/') {
+        return;
+    }
+    let base = match &core.config.public_url {
+        Some(url) => url.clone(),
+        None => {
+            let scheme = if S::TLS { "https" } else { "http" };
+            match local {
+                Some(addr) => format!("{scheme}://{addr}"),
+                // No address to name: a relative reference is still a valid Location.
+                None => return,
+            }
+        }
+    };
+    location.insert_str(0, &base);
+}
+
 enum HeadOutcome {
-    Head(ursula_protocol::http1::RequestHead),
+    Head(RequestHead),
     Closed,
     Reject(Response),
 }
 
-async fn read_head<S: Transport>(core: &Core, stream: &mut S, rbuf: &mut Vec<u8>) -> HeadOutcome {
+/// Read one request head. `idle` is how long the connection may wait for the head's first
+/// byte: the head timeout on a new connection, the idle timeout between keep-alive requests.
+async fn read_head<S: Transport>(
+    core: &Core,
+    stream: &mut S,
+    rbuf: &mut Vec<u8>,
+    idle: Duration,
+) -> HeadOutcome {
     // The whole head must arrive within header_timeout of its first byte, so a client that
     // trickles header bytes cannot hold the connection. The deadline is set when the head is
     // first found incomplete, right after its first bytes arrived, so a head that arrives
@@ -293,7 +412,7 @@ async fn read_head<S: Transport>(core: &Core, stream: &mut S, rbuf: &mut Vec<u8>
         }
         // Idle connections may wait long; a started request head must arrive promptly.
         let timeout = match deadline {
-            None => core.config.idle_timeout,
+            None => idle,
             Some(d) => d.saturating_duration_since(Instant::now()),
         };
         match read_more(stream, rbuf, timeout).await {
@@ -327,22 +446,26 @@ fn too_large(limit: u64) -> BodyError {
 }
 
 /// When a request body must be complete: `body_timeout` after the head, plus a second for
-/// every `body_min_rate` bytes received, and no single read may wait longer than
-/// `header_timeout`. A client that trickles its body (one byte a second) runs out of time
-/// instead of holding its connection and buffer forever.
+/// every `body_min_rate` bytes received, counting at most what the head announced (a
+/// chunked body: the most it may hold). A client must keep up the minimum rate on average
+/// from the start: one that trickles its body runs out of time instead of holding its
+/// connection and buffer, and none earns time past its own length. No single read may wait
+/// longer than `header_timeout`.
 struct BodyClock {
     start: Instant,
     base: Duration,
     min_rate: u64,
+    announced: u64,
     gap: Duration,
 }
 
 impl BodyClock {
-    fn new(core: &Core) -> BodyClock {
+    fn new(core: &Core, announced: u64) -> BodyClock {
         BodyClock {
             start: Instant::now(),
             base: core.config.body_timeout,
             min_rate: core.config.body_min_rate,
+            announced,
             gap: core.config.header_timeout,
         }
     }
@@ -352,12 +475,62 @@ impl BodyClock {
     fn next_wait(&self, received: usize) -> Option<Duration> {
         let earned = match self.min_rate {
             0 => Duration::ZERO,
-            rate => Duration::from_millis((received as u64).saturating_mul(1000) / rate),
+            rate => {
+                let counted = (received as u64).min(self.announced);
+                Duration::from_millis(counted.saturating_mul(1000) / rate)
+            }
         };
         let deadline = self.start + self.base.saturating_add(earned);
         let left = deadline.checked_duration_since(Instant::now())?;
         (!left.is_zero()).then(|| left.min(self.gap))
     }
+}
+
+/// Request-body bytes a request holds against its core's `body_budget_bytes`, admitted
+/// before any of the body is read and given back when the request is done.
+struct BodyPermit {
+    core: Rc<Core>,
+    bytes: usize,
+}
+
+impl BodyPermit {
+    /// A permit holding nothing yet: a body's buffer is admitted as it grows (see
+    /// [`BodyPermit::grow_to`]), so what a client holds is what it has sent, not what it
+    /// announced, and a slow client announcing a large body takes no room from others.
+    fn new(core: &Rc<Core>) -> BodyPermit {
+        BodyPermit {
+            core: core.clone(),
+            bytes: 0,
+        }
+    }
+
+    /// Hold `total` bytes in all; `false` (holding what it held) when that would take the
+    /// core's body bytes over the budget. One body alone is always admitted, so no body
+    /// within the size limits is refused for good.
+    fn grow_to(&mut self, total: usize) -> bool {
+        let Some(more) = total.checked_sub(self.bytes).filter(|&m| m > 0) else {
+            return true;
+        };
+        let held = self.core.body_bytes.get();
+        let others = held - self.bytes;
+        if others > 0 && held.saturating_add(more) > self.core.config.body_budget_bytes {
+            return false;
+        }
+        self.core.body_bytes.set(held + more);
+        self.bytes = total;
+        true
+    }
+}
+
+impl Drop for BodyPermit {
+    fn drop(&mut self) {
+        let held = self.core.body_bytes.get();
+        self.core.body_bytes.set(held - self.bytes);
+    }
+}
+
+fn over_body_budget() -> Response {
+    ApiError::Unavailable("too many request bodies in flight on this core".into()).response()
 }
 
 fn body_late() -> BodyError {
@@ -370,7 +543,8 @@ async fn read_body<S: Transport>(
     core: &Core,
     stream: &mut S,
     rbuf: &mut Vec<u8>,
-    head: &ursula_protocol::http1::RequestHead,
+    head: &RequestHead,
+    permit: &mut BodyPermit,
 ) -> Result<Bytes, BodyError> {
     // Snapshot publishes may carry up to 128 MiB; every other body up to 32 MiB. The path
     // is only looked at for bodies that could be over 32 MiB.
@@ -397,16 +571,24 @@ async fn read_body<S: Transport>(
                 rbuf.drain(..n);
                 return Ok(body);
             }
-            let clock = BodyClock::new(core);
-            let mut body = Vec::with_capacity(n.min(BODY_RESERVE_BYTES_MAX).max(rbuf.len()));
+            let clock = BodyClock::new(core, n as u64);
+            let first = n.min(BODY_RESERVE_BYTES_MAX).max(rbuf.len());
+            if !permit.grow_to(first) {
+                return Err(BodyError::Reject(close(over_body_budget())));
+            }
+            let mut body = Vec::with_capacity(first);
             body.extend_from_slice(rbuf);
             rbuf.clear();
             while body.len() < n {
                 let wait = clock.next_wait(body.len()).ok_or_else(body_late)?;
                 let len = body.len();
                 if body.capacity() == len {
-                    // Double, up to the announced length.
-                    body.reserve_exact(len.max(READ_CHUNK_BYTES).min(n - len));
+                    // Double, up to the announced length, once the budget has room.
+                    let more = len.max(READ_CHUNK_BYTES).min(n - len);
+                    if !permit.grow_to(len + more) {
+                        return Err(BodyError::Reject(close(over_body_budget())));
+                    }
+                    body.reserve_exact(more);
                 }
                 let want = (body.capacity() - len).min(n - len);
                 let slice = body.slice_mut(len..len + want);
@@ -427,26 +609,26 @@ async fn read_body<S: Transport>(
             if head.expect_continue && rbuf.is_empty() {
                 send_continue(stream).await?;
             }
-            let clock = BodyClock::new(core);
             let limit = limit();
+            let clock = BodyClock::new(core, limit);
             let mut decoder = ChunkedDecoder::new();
             let mut body = Vec::new();
-            // Wire bytes of the body consumed so far (chunk framing included).
-            let mut consumed = 0usize;
             loop {
                 let (used, done) = decoder.feed(rbuf, &mut body).map_err(|why| {
                     BodyError::Reject(close(ApiError::InvalidRequest(why).response()))
                 })?;
                 rbuf.drain(..used);
-                consumed += used;
                 if body.len() as u64 > limit {
                     return Err(too_large(limit));
+                }
+                if !permit.grow_to(body.capacity()) {
+                    return Err(BodyError::Reject(close(over_body_budget())));
                 }
                 if done {
                     return Ok(Bytes::from(body));
                 }
                 let wait = clock
-                    .next_wait(consumed + rbuf.len())
+                    .next_wait(body.len() + rbuf.len())
                     .ok_or_else(body_late)?;
                 match read_more(stream, rbuf, wait).await {
                     ReadOutcome::Data => {}

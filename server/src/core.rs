@@ -42,6 +42,9 @@ pub struct Core {
     pub inflight: Cell<usize>,
     /// Open client connections on this core, against `max_connections_per_core`.
     connections: Cell<usize>,
+    /// Request-body bytes this core's connections are receiving, against
+    /// `body_budget_bytes` (held and given back by the connection's body permits).
+    pub body_bytes: Cell<usize>,
     /// The listening socket, shut down to end the accept loop.
     pub listener_fd: Cell<Option<std::os::unix::io::RawFd>>,
     /// The admin (metrics) listener, on core 0 only.
@@ -83,6 +86,7 @@ impl Core {
             draining: parts.draining,
             inflight: Cell::new(0),
             connections: Cell::new(0),
+            body_bytes: Cell::new(0),
             listener_fd: Cell::new(None),
             admin_fd: Cell::new(None),
             metrics: CoreMetrics::default(),

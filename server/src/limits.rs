@@ -35,6 +35,9 @@ pub const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// covers full append batches (512 frames of a few KiB) in one allocation: at 1 MiB, the
 /// regrowth copy of every just-over-1-MiB batch was 8% of a large-batch ingest's CPU.
 pub const BODY_RESERVE_BYTES_MAX: usize = 4 << 20;
+/// Request-body bytes each core may be receiving at once by default (`body_budget_bytes`):
+/// eight full-size appends, so a few slow or stalled uploads cannot hold the core's memory.
+pub const BODY_BUDGET_BYTES_DEFAULT: usize = 256 << 20;
 /// Requests in a row for streams of one other core before a connection moves there. More
 /// than one, so a connection that alternates between cores' streams stays put.
 pub const MOVE_AFTER_REQUESTS: u32 = 4;

@@ -30,11 +30,10 @@ pub fn find(core: &Rc<Core>, key: &str) -> Found {
     };
     let expired = match s.lifetime() {
         Lifetime::Forever => false,
-        Lifetime::TtlSeconds(t) => {
-            ursula_storage::now_ms()
-                >= s.last_access_ms()
-                    .saturating_add((t as i64).saturating_mul(1000))
-        }
+        // A window too large for the clock never closes (creates refuse those; this only
+        // keeps a stream written before they did from expiring at once).
+        Lifetime::TtlSeconds(t) => ttl_deadline_ms(s.last_access_ms(), t)
+            .is_some_and(|deadline| ursula_storage::now_ms() >= deadline),
         Lifetime::ExpiresAtMs(at) => ursula_storage::now_ms() >= at,
     };
     if expired {
@@ -44,6 +43,15 @@ pub fn find(core: &Rc<Core>, key: &str) -> Found {
         return Found::SoftDeleted;
     }
     Found::Live(id)
+}
+
+/// When a sliding window of `ttl_seconds` that started at `from_ms` closes, or `None` when
+/// that instant is past what a millisecond clock can hold.
+pub fn ttl_deadline_ms(from_ms: i64, ttl_seconds: u64) -> Option<i64> {
+    i64::try_from(ttl_seconds)
+        .ok()?
+        .checked_mul(1000)?
+        .checked_add(from_ms)
 }
 
 /// The live stream `key` names, or the refusal a request for it gets.

@@ -1,9 +1,39 @@
 //! A write's body as stored: canonical NDJSON for JSON streams (one message per line, so
-//! reads can cut whole messages), the bytes as sent otherwise.
+//! reads can cut whole messages), the bytes as sent otherwise, once checked against what
+//! its stream holds.
 
 use bytes::Bytes;
+use ursula_protocol::content_type::{is_json, is_text, non_utf8_charset};
 
 use crate::http::ApiError;
+
+/// How a write's body is checked, by the content type it is written as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadKind {
+    /// `application/json`: one JSON text (an array is its messages), stored canonical.
+    Json,
+    /// `text/*`: UTF-8 only, so every view of the stream (SSE included, which carries text
+    /// as text) holds exactly the stored bytes.
+    Text,
+    /// Anything else: any bytes.
+    Bytes,
+}
+
+impl PayloadKind {
+    /// The kind of a normalised content type. A text type whose charset is not UTF-8 is
+    /// refused (415): its bytes could not be served as text unchanged.
+    pub fn of(content_type: &str) -> Result<PayloadKind, ApiError> {
+        if is_json(content_type) {
+            Ok(PayloadKind::Json)
+        } else if !is_text(content_type) {
+            Ok(PayloadKind::Bytes)
+        } else if non_utf8_charset(content_type).is_some() {
+            Err(ApiError::UnsupportedCharset)
+        } else {
+            Ok(PayloadKind::Text)
+        }
+    }
+}
 
 /// Body of a write as stored: canonical NDJSON for JSON streams, raw bytes otherwise.
 pub struct Payload {
@@ -11,14 +41,21 @@ pub struct Payload {
     pub msg_lens: Vec<u32>,
 }
 
-pub fn payload(json: bool, body: Bytes, allow_empty_array: bool) -> Result<Payload, ApiError> {
+pub fn payload(
+    kind: PayloadKind,
+    body: Bytes,
+    allow_empty_array: bool,
+) -> Result<Payload, ApiError> {
     if body.is_empty() {
         return Ok(Payload {
             data: Bytes::new(),
             msg_lens: Vec::new(),
         });
     }
-    if !json {
+    if kind == PayloadKind::Text && simdutf8::basic::from_utf8(&body).is_err() {
+        return Err(ApiError::InvalidText);
+    }
+    if kind != PayloadKind::Json {
         let len = body.len() as u32;
         return Ok(Payload {
             data: body,
@@ -74,7 +111,7 @@ mod tests {
     fn a_compact_array_body_becomes_its_own_payload() {
         let body = Bytes::from(br#"[{"a":1},"b",[2]]"#.to_vec());
         let start = body.as_ptr() as usize;
-        let p = ok(payload(true, body, false));
+        let p = ok(payload(PayloadKind::Json, body, false));
         assert_eq!(&p.data[..], b"{\"a\":1}\n\"b\"\n[2]\n");
         assert_eq!(p.msg_lens, vec![8, 4, 4]);
         // Rewritten where it arrived: the payload starts just after the `[`.
@@ -85,7 +122,7 @@ mod tests {
     fn shared_or_spaced_bodies_take_the_copying_path_to_the_same_payload() {
         let body = Bytes::from(br#"[{"a":1},"b",[2]]"#.to_vec());
         let held = body.clone();
-        let p = ok(payload(true, body, false));
+        let p = ok(payload(PayloadKind::Json, body, false));
         assert_eq!(&p.data[..], b"{\"a\":1}\n\"b\"\n[2]\n");
         assert_eq!(
             &held[..],
@@ -94,18 +131,42 @@ mod tests {
         );
 
         let spaced = Bytes::from(br#"[ {"a": 1}, "b", [2] ]"#.to_vec());
-        let p = ok(payload(true, spaced, false));
+        let p = ok(payload(PayloadKind::Json, spaced, false));
         assert_eq!(&p.data[..], b"{\"a\":1}\n\"b\"\n[2]\n");
         assert_eq!(p.msg_lens, vec![8, 4, 4]);
     }
 
     #[test]
+    fn text_bodies_are_utf8_and_text_types_have_no_other_charset() {
+        let latin1 = Bytes::from_static(b"caf\xe9");
+        let r = payload(PayloadKind::Text, latin1.clone(), false).err();
+        assert_eq!(r.map(|r| r.status()), Some(400));
+        let bytes = ok(payload(PayloadKind::Bytes, latin1, false));
+        assert_eq!(&bytes.data[..], b"caf\xe9");
+        let utf8 = ok(payload(PayloadKind::Text, Bytes::from("café"), false));
+        assert_eq!(utf8.msg_lens, vec![5]);
+
+        assert_eq!(PayloadKind::of("text/plain"), Ok(PayloadKind::Text));
+        assert_eq!(
+            PayloadKind::of("text/plain; charset=utf-8"),
+            Ok(PayloadKind::Text)
+        );
+        assert_eq!(PayloadKind::of("application/json"), Ok(PayloadKind::Json));
+        assert_eq!(
+            PayloadKind::of("application/octet-stream; charset=latin1"),
+            Ok(PayloadKind::Bytes)
+        );
+        let refused = PayloadKind::of("text/plain; charset=latin1").err();
+        assert_eq!(refused.map(|e| e.status()), Some(415));
+    }
+
+    #[test]
     fn invalid_and_empty_json_bodies_are_refused() {
         for (body, status) in [(&b"[1,]"[..], 400), (b"[]", 400), (b"[1", 400)] {
-            let r = payload(true, Bytes::from(body.to_vec()), false).err();
+            let r = payload(PayloadKind::Json, Bytes::from(body.to_vec()), false).err();
             assert_eq!(r.map(|r| r.status()), Some(status), "{body:?}");
         }
-        let empty_put = ok(payload(true, Bytes::from_static(b"[]"), true));
+        let empty_put = ok(payload(PayloadKind::Json, Bytes::from_static(b"[]"), true));
         assert!(empty_put.data.is_empty() && empty_put.msg_lens.is_empty());
     }
 }

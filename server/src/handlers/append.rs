@@ -7,7 +7,7 @@
 use std::rc::Rc;
 
 use bytes::Bytes;
-use ursula_protocol::content_type::{is_json, normalize, same_media_type};
+use ursula_protocol::content_type::{normalize, same_media_type};
 use ursula_protocol::headers::{is_closed_true, parse_producer, parse_stream_seq, ProducerHeaders};
 use ursula_protocol::offset::format_offset;
 use ursula_storage::{AppendRec, ProducerStamp, Receipt, RecordNo, StreamId};
@@ -16,7 +16,7 @@ use crate::core::Core;
 use crate::handlers::headers::closed_response;
 use crate::http::{ApiError, Request, Response};
 use crate::lookup;
-use crate::payload::{payload, Payload};
+use crate::payload::{payload, Payload, PayloadKind};
 use crate::records;
 use crate::surface::Surface;
 
@@ -161,7 +161,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
             Some(Err(())) => return ApiError::InvalidRequest("invalid Content-Type").response(),
             Some(Ok(ct)) => ct,
         };
-        body = match payload(is_json(&ct), req.body, false) {
+        body = match PayloadKind::of(&ct).and_then(|kind| payload(kind, req.body, false)) {
             Ok(p) => p,
             Err(e) => return e.response(),
         };

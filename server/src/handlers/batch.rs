@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use ursula_protocol::content_type::{is_json, normalize, same_media_type};
+use ursula_protocol::content_type::{normalize, same_media_type};
 use ursula_protocol::headers::is_closed_true;
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
@@ -22,7 +22,7 @@ use crate::handlers::buckets::require_bucket;
 use crate::http::{ApiError, Request, Response};
 use crate::limits::BODY_BYTES_MAX;
 use crate::lookup;
-use crate::payload::{payload, Payload};
+use crate::payload::{payload, Payload, PayloadKind};
 use crate::records;
 use crate::surface::Surface;
 
@@ -264,10 +264,13 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
         Ok(f) => f,
         Err(e) => return frame_error_response(e),
     };
-    let json = is_json(&request_type);
+    let kind = match PayloadKind::of(&request_type) {
+        Ok(kind) => kind,
+        Err(e) => return e.response(),
+    };
     let mut payloads = Vec::with_capacity(frames.len());
     for f in &frames {
-        match payload(json, f.clone(), false) {
+        match payload(kind, f.clone(), false) {
             Ok(p) => payloads.push(p),
             Err(e) => return e.response(),
         }

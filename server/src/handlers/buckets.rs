@@ -30,7 +30,7 @@ pub async fn handle(core: &Rc<Core>, bucket: String, req: Request) -> Response {
             reason: "only GET lists streams",
         }
         .response(),
-        (Method::Put, false) => create(core, &bucket, &req).await,
+        (Method::Put, false) => create(core, &bucket).await,
         (Method::Get, false) => metadata(core, &bucket).await,
         (Method::Delete, false) => delete(core, &bucket).await,
         _ => ApiError::MethodNotAllowed {
@@ -86,7 +86,7 @@ async fn replicate(core: &Rc<Core>, bucket: &str) -> bool {
     }
 }
 
-async fn create(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
+async fn create(core: &Rc<Core>, bucket: &str) -> Response {
     let owner = core.owner_of(&bucket_key(bucket));
     let b = bucket.to_string();
     let created = core
@@ -109,11 +109,9 @@ async fn create(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
             .on(i, move |c| async move { replicate(&c, &b).await })
             .await;
     }
-    let mut resp = Response::new(201).header("cache-control", "no-store");
-    if let Some(h) = req.header("host") {
-        resp.push("location", format!("http://{h}/{bucket}"));
-    }
-    resp
+    Response::new(201)
+        .header("cache-control", "no-store")
+        .header("location", format!("/{bucket}"))
 }
 
 /// One stream of a listing, gathered from its owner core.

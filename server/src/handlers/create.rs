@@ -2,7 +2,7 @@
 
 use std::rc::Rc;
 
-use ursula_protocol::content_type::{is_json, normalize, same_media_type};
+use ursula_protocol::content_type::{normalize, same_media_type};
 use ursula_protocol::headers::{is_closed_true, parse_expires_at, parse_ttl};
 use ursula_protocol::offset::format_offset;
 use ursula_storage::{AppendRec, Lifetime, NewStream, RecordNo, StreamId};
@@ -13,27 +13,32 @@ use crate::ext::Ext;
 use crate::handlers::fork;
 use crate::handlers::headers::push_lifetime;
 use crate::http::{ApiError, Request, Response};
-use crate::lookup::{find, Found};
-use crate::payload::payload;
+use crate::lookup::{find, ttl_deadline_ms, Found};
+use crate::payload::{payload, PayloadKind};
 use crate::records;
 use crate::removal;
 use crate::surface::Surface;
 
-/// The lifetime headers of a create request.
+/// The lifetime headers of a create request. A lifetime that is over before the stream
+/// could be read, or whose end no clock can name, is refused: answering 201 for a stream
+/// that is already gone would lose what the create wrote.
 fn parse_lifetime(req: &Request) -> Result<Option<Lifetime>, Response> {
     let ttl = req.header("stream-ttl");
     let expires = req.header("stream-expires-at");
+    let now = ursula_storage::now_ms();
+    let refuse = |why: &'static str| Err(ApiError::InvalidRequest(why).response());
     match (ttl, expires) {
-        (Some(_), Some(_)) => Err(ApiError::InvalidRequest(
-            "Stream-TTL and Stream-Expires-At are exclusive",
-        )
-        .response()),
-        (Some(t), None) => parse_ttl(t)
-            .map(|t| Some(Lifetime::TtlSeconds(t)))
-            .map_err(|()| ApiError::InvalidRequest("invalid Stream-TTL").response()),
-        (None, Some(e)) => parse_expires_at(e)
-            .map(|e| Some(Lifetime::ExpiresAtMs(e)))
-            .map_err(|()| ApiError::InvalidRequest("invalid Stream-Expires-At").response()),
+        (Some(_), Some(_)) => refuse("Stream-TTL and Stream-Expires-At are exclusive"),
+        (Some(t), None) => match parse_ttl(t) {
+            Err(()) => refuse("invalid Stream-TTL"),
+            Ok(t) if ttl_deadline_ms(now, t).is_none() => refuse("Stream-TTL is too large"),
+            Ok(t) => Ok(Some(Lifetime::TtlSeconds(t))),
+        },
+        (None, Some(e)) => match parse_expires_at(e) {
+            Err(()) => refuse("invalid Stream-Expires-At"),
+            Ok(at) if at <= now => refuse("Stream-Expires-At is not in the future"),
+            Ok(at) => Ok(Some(Lifetime::ExpiresAtMs(at))),
+        },
         (None, None) => Ok(None),
     }
 }
@@ -68,11 +73,6 @@ fn created_headers(
         resp.push("location", loc);
     }
     resp
-}
-
-fn location(req: &Request) -> Option<String> {
-    req.header("host")
-        .map(|h| format!("http://{h}{}", req.path))
 }
 
 pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Response {
@@ -140,7 +140,9 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
         return fork::create(core, key, req, fork, content_type, lifetime, closed).await;
     }
     let content_type = content_type.unwrap_or_else(|| "application/octet-stream".into());
-    let body = match payload(is_json(&content_type), req.body.clone(), true) {
+    let body = match PayloadKind::of(&content_type)
+        .and_then(|kind| payload(kind, req.body.clone(), true))
+    {
         Ok(p) => p,
         Err(e) => return e.response(),
     };
@@ -175,7 +177,7 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
     if let Err(e) = commit.durable().await {
         return Response::from(e);
     }
-    created_headers(core, surface, id, 201, location(req))
+    created_headers(core, surface, id, 201, Some(req.path.clone()))
 }
 
 /// The `Stream-Attrs` header of a create (§7.2): bucketed surface only (ignored on compat).

@@ -17,7 +17,7 @@ use crate::core::Core;
 use crate::ext::{Ext, ForkLink};
 use crate::http::{ApiError, Request, Response};
 use crate::lookup::{find, Found};
-use crate::payload::payload;
+use crate::payload::{payload, PayloadKind};
 use crate::removal::{self, release};
 use crate::routes::{route, Route};
 use crate::surface::Surface;
@@ -149,8 +149,9 @@ async fn build(
             return ApiError::StreamExists("stream was created concurrently").response()
         }
     }
-    let json = is_json(&inherited.content_type);
-    let own = match payload(json, req.body.clone(), true) {
+    let own = match PayloadKind::of(&inherited.content_type)
+        .and_then(|kind| payload(kind, req.body.clone(), true))
+    {
         Ok(p) => p,
         Err(e) => return e.response(),
     };
@@ -207,17 +208,8 @@ async fn build(
     if s.is_closed() {
         resp.push("stream-closed", "true");
     }
-    match s.lifetime() {
-        Lifetime::Forever => {}
-        Lifetime::TtlSeconds(t) => resp.push("stream-ttl", t.to_string()),
-        Lifetime::ExpiresAtMs(ms) => resp.push(
-            "stream-expires-at",
-            ursula_protocol::headers::format_rfc3339_millis(ms),
-        ),
-    }
-    if let Some(h) = req.header("host") {
-        resp.push("location", format!("http://{h}{}", req.path));
-    }
+    crate::handlers::headers::push_lifetime(&mut resp, s.lifetime());
+    resp.push("location", req.path.clone());
     resp
 }
 

@@ -29,10 +29,7 @@ pub fn read_params(
 ) -> Result<ReadParams, ApiError> {
     let one = |k: &str| query.get_unique(k).map_err(ApiError::InvalidRequest);
     let offset = match one("offset")? {
-        Some(v) => Some(
-            parse_offset(v)
-                .map_err(|()| ApiError::InvalidOffset("offset must be -1, now or 1-20 digits"))?,
-        ),
+        Some(v) => Some(parse_offset(v).map_err(|e| ApiError::InvalidOffset(e.reason()))?),
         None => None,
     };
     let live = match one("live")? {

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use ursula_protocol::content_type::{is_json, normalize};
 use ursula_protocol::http1::Method;
-use ursula_protocol::offset::format_offset;
+use ursula_protocol::offset::{format_offset, parse_digits, OffsetError};
 use ursula_protocol::query::{parse_query, percent_decode};
 use ursula_storage::{Offset, RecordNo, SnapshotMeta, StreamId, StreamView};
 
@@ -59,13 +59,13 @@ fn not_found() -> Response {
 fn path_offset(raw: &str) -> Result<Offset, Response> {
     let decoded =
         percent_decode(raw).map_err(|()| ApiError::InvalidRequest("invalid offset").response())?;
-    if decoded.is_empty() || decoded.len() > 20 || !decoded.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ApiError::InvalidOffset("offset must be 1-20 digits").response());
+    match parse_digits(decoded.as_bytes()) {
+        Ok(n) => Ok(Offset::new(n)),
+        Err(OffsetError::Syntax) => {
+            Err(ApiError::InvalidOffset("offset must be 1-20 digits").response())
+        }
+        Err(e) => Err(ApiError::InvalidOffset(e.reason()).response()),
     }
-    decoded
-        .parse()
-        .map(Offset::new)
-        .map_err(|_| ApiError::InvalidOffset("offset out of range").response())
 }
 
 /// The `?record=n` form: a record ordinal on a JSON stream.
@@ -308,12 +308,10 @@ fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Response {
         .header("stream-snapshot-digest", v.digest.to_string())
         .header("stream-next-offset", format_offset(v.offset.get()))
         .header("cache-control", "no-store");
-    if let Some(host) = req.header("host") {
-        resp.push(
-            "location",
-            format!("http://{host}{base}/{}", format_offset(v.offset.get())),
-        );
-    }
+    resp.push(
+        "location",
+        format!("{base}/{}", format_offset(v.offset.get())),
+    );
     if v.offset == s.next_offset() {
         resp.push("stream-up-to-date", "true");
     }

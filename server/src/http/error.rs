@@ -23,6 +23,8 @@ pub enum ApiError {
     InvalidStreamId(&'static str),
     InvalidBucketId,
     InvalidJson,
+    /// A text stream's body that is not UTF-8.
+    InvalidText,
     /// A JSON append of `[]` (it would add nothing).
     EmptyJsonArray,
     EmptyBody(&'static str),
@@ -71,6 +73,8 @@ pub enum ApiError {
     RecordPreconditionFailed,
     PayloadTooLarge(Cow<'static, str>),
     UnsupportedEncoding,
+    /// A text content type with a charset other than UTF-8.
+    UnsupportedCharset,
     HeaderTooLarge,
     NotImplemented(&'static str),
     /// Retry later: a queue is full, a core is gone, or the shard refuses writes.
@@ -85,7 +89,7 @@ impl ApiError {
         use ApiError::*;
         match self {
             InvalidRequest(_) | InvalidHeader(_) | InvalidOffset(_) | InvalidStreamId(_)
-            | InvalidBucketId | InvalidJson | EmptyJsonArray | EmptyBody(_)
+            | InvalidBucketId | InvalidJson | InvalidText | EmptyJsonArray | EmptyBody(_)
             | MissingContentType | OffsetBeyondTail(_) | OffsetNotAligned(_) | ProducerEpochSeq => {
                 400
             }
@@ -114,7 +118,7 @@ impl ApiError {
             StreamGone | OffsetTrimmed(_) => 410,
             RecordPreconditionFailed => 412,
             PayloadTooLarge(_) => 413,
-            UnsupportedEncoding => 415,
+            UnsupportedEncoding | UnsupportedCharset => 415,
             HeaderTooLarge => 431,
             NotImplemented(_) => 501,
             Unavailable(_) => 503,
@@ -132,6 +136,7 @@ impl ApiError {
             InvalidStreamId(_) => "invalid_stream_id",
             InvalidBucketId => "invalid_bucket_id",
             InvalidJson => "invalid_json",
+            InvalidText => "invalid_text",
             EmptyJsonArray => "empty_json_array",
             EmptyBody(_) => "empty_body",
             MissingContentType => "missing_content_type",
@@ -166,6 +171,7 @@ impl ApiError {
             RecordPreconditionFailed => "record_precondition_failed",
             PayloadTooLarge(_) => "payload_too_large",
             UnsupportedEncoding => "unsupported_encoding",
+            UnsupportedCharset => "unsupported_charset",
             HeaderTooLarge => "header_too_large",
             NotImplemented(_) => "not_implemented",
             Unavailable(_) => "unavailable",
@@ -195,6 +201,7 @@ impl ApiError {
             PayloadTooLarge(r) | Unavailable(r) | InsufficientStorage(r) => r,
             InvalidBucketId => "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
             InvalidJson => "body is not a single JSON text",
+            InvalidText => "text streams hold UTF-8 only and the body is not UTF-8",
             EmptyJsonArray => "an append of [] adds nothing",
             MissingContentType => "Content-Type is required",
             ProducerEpochSeq => "a new epoch must start at seq 0",
@@ -221,6 +228,9 @@ impl ApiError {
             StreamGone => "stream was deleted",
             RecordPreconditionFailed => "record tail has moved",
             UnsupportedEncoding => "request bodies must not be compressed",
+            UnsupportedCharset => {
+                "text streams hold UTF-8 only: use charset=utf-8, or application/octet-stream"
+            }
             HeaderTooLarge => "request headers exceed 64 KiB",
         }
     }

@@ -14,6 +14,8 @@ pub trait Transport: AsyncReadRent + AsyncWriteRent {
     /// out without a copy. The TLS adapter sends only the first buffer per call, each as
     /// its own record, so for it the response is joined into one buffer first.
     const VECTORED: bool;
+    /// Whether the bytes travel encrypted (the scheme a `Location` names).
+    const TLS: bool;
 
     /// Give up the socket so another core can serve the connection, or get the transport
     /// back when it can't move (TLS keeps session state on this core).
@@ -24,6 +26,7 @@ pub trait Transport: AsyncReadRent + AsyncWriteRent {
 
 impl Transport for TcpStream {
     const VECTORED: bool = true;
+    const TLS: bool = false;
 
     fn into_socket(self) -> Result<std::net::TcpStream, Self> {
         use std::os::fd::{FromRawFd, IntoRawFd};
@@ -39,6 +42,7 @@ impl Transport for TcpStream {
 
 impl Transport for monoio_rustls::ServerTlsStream<TcpStream> {
     const VECTORED: bool = false;
+    const TLS: bool = true;
 
     fn into_socket(self) -> Result<std::net::TcpStream, Self> {
         Err(self)

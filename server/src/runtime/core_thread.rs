@@ -11,7 +11,7 @@ use ursula_storage::{Durability, ShardConfig};
 
 use crate::admin::Listener;
 use crate::config::{Config, StorageMode};
-use crate::conn;
+use crate::conn::{self, Ends};
 use crate::core::{ConnectionSlot, Core, CoreParts, Mailboxes};
 use crate::limits::{EXPIRY_SWEEP, HEARTBEAT, SHUTDOWN_DRAIN, URING_ENTRIES};
 use crate::lookup::{find, Found};
@@ -169,15 +169,19 @@ async fn serve(core: Rc<Core>, listener: monoio::net::TcpListener) {
                     continue;
                 }
                 let slot = ConnectionSlot::take(&core);
+                let ends = Ends {
+                    peer,
+                    local: stream.local_addr().ok(),
+                };
                 monoio::spawn(async move {
                     match core.config.tls.clone() {
-                        None => conn::serve_connection(core, stream, peer, Listener::Main).await,
+                        None => conn::serve_connection(core, stream, ends, Listener::Main).await,
                         Some(tls) => {
                             // The handshake counts against the connection cap (the slot is
                             // taken) and has the request-head deadline.
                             let timeout = core.config.header_timeout;
                             if let Some(s) = tls.accept(stream, peer, timeout).await {
-                                conn::serve_connection(core, s, peer, Listener::Main).await;
+                                conn::serve_connection(core, s, ends, Listener::Main).await;
                             }
                         }
                     }
@@ -234,8 +238,12 @@ async fn serve_admin(core: Rc<Core>, listener: monoio::net::TcpListener) {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 let core = core.clone();
+                let ends = Ends {
+                    peer,
+                    local: stream.local_addr().ok(),
+                };
                 monoio::spawn(async move {
-                    conn::serve_connection(core, stream, peer, Listener::Admin).await;
+                    conn::serve_connection(core, stream, ends, Listener::Admin).await;
                 });
             }
             Err(_) if core.shutting_down() => break,
