@@ -874,3 +874,416 @@ fn server_still_serves_after_the_hostile_barrage() {
     assert_eq!(snapshot(&s, p).body, b"fine");
     assert!(t0.elapsed() < Duration::from_secs(60));
 }
+
+// ---------------------------------------------------------------------------------------
+// Tokens before bodies, body deadlines and budgets, lifetimes, Location, repeated headers,
+// text charsets, active content
+// ---------------------------------------------------------------------------------------
+
+const WRITE_TOKEN: &str = "write-token-0123456789";
+
+fn server_with_tokens(toml: &str) -> (Server, tempfile::TempDir) {
+    let dir = temp_dir("ursula-hostile");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("write:{WRITE_TOKEN}\n")).expect("write tokens");
+    let toml = format!(
+        "auth_token_file = {:?}\n{toml}",
+        tokens.display().to_string()
+    );
+    let cfg = write_config(dir.path(), &toml);
+    let s = Server::spawn_standard(
+        &dir.path().join("data"),
+        "memory",
+        2,
+        &["--config", &cfg],
+        None,
+    );
+    (s, dir)
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn a_request_without_a_token_is_refused_on_its_head() {
+    let (s, _d) = server_with_tokens("");
+    // Expect: 100-continue gets the 401 at once, never a 100 Continue.
+    let mut c = Raw::connect(&s.addr);
+    c.set_read_timeout(Duration::from_secs(3));
+    let head = "POST /v1/stream/x HTTP/1.1\r\nHost: a\r\nContent-Type: text/plain\r\n\
+                Content-Length: 31457280\r\nExpect: 100-continue\r\n\r\n";
+    c.send(head.as_bytes()).expect("send");
+    let (status, _) = c.head_only().expect("an answer without the body");
+    assert_eq!(status, 401);
+
+    // Ten tokenless clients that send most of a 30 MiB body and stall hold no body memory:
+    // each is answered and closed on its head.
+    let before = rss_kib(s.pid());
+    let chunk = vec![b'x'; 1 << 20];
+    let clients: Vec<_> = (0..10)
+        .map(|_| {
+            let addr = s.addr.clone();
+            let chunk = chunk.clone();
+            thread::spawn(move || {
+                let Ok(mut t) = TcpStream::connect(&addr) else {
+                    return Duration::ZERO;
+                };
+                let _ = t.set_write_timeout(Some(Duration::from_secs(5)));
+                let t0 = Instant::now();
+                let head = "POST /v1/stream/x HTTP/1.1\r\nHost: a\r\nContent-Type: text/plain\r\n\
+                            Content-Length: 31457280\r\n\r\n";
+                if t.write_all(head.as_bytes()).is_err() {
+                    return t0.elapsed();
+                }
+                for _ in 0..30 {
+                    if t.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+                t0.elapsed()
+            })
+        })
+        .collect();
+    for c in clients {
+        let took = c.join().expect("client");
+        assert!(
+            took < Duration::from_secs(5),
+            "a refused body kept its sender busy for {took:?}"
+        );
+    }
+    let grown = rss_kib(s.pid()).saturating_sub(before);
+    assert!(
+        grown < 16 * 1024,
+        "RSS grew {grown} KiB for ten refused 30 MiB bodies"
+    );
+    let auth = format!("Bearer {WRITE_TOKEN}");
+    let r = req(&s, "HEAD", "/v1/stream/x", &[("authorization", &auth)], b"");
+    assert_eq!(r.status, 404, "a refused body created nothing");
+    // With the token the same request goes through.
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/x",
+        &[("authorization", &auth), ("content-type", TEXT)],
+        b"ok",
+        201,
+    );
+}
+
+#[test]
+fn a_body_slower_than_the_minimum_rate_runs_out_of_time() {
+    // The default minimum is 256 KiB/s on average after the first second.
+    let (s, _d) = server_with("body_timeout_ms = 1000\n");
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/slow",
+        &[("content-type", TEXT)],
+        b"",
+        201,
+    );
+    let mut c = Raw::connect(&s.addr);
+    c.send(
+        b"POST /v1/stream/slow HTTP/1.1\r\nHost: a\r\nContent-Type: text/plain\r\n\
+          Content-Length: 1048576\r\n\r\n",
+    )
+    .expect("head");
+    // 64 KiB/s: four times what used to be the minimum, a quarter of the minimum now.
+    let t0 = Instant::now();
+    let piece = vec![b'a'; 16 * 1024];
+    while t0.elapsed() < Duration::from_secs(12) {
+        if c.send(&piece).is_err() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "the body was still being taken after {took:?}"
+    );
+    assert!(snapshot(&s, "/v1/stream/slow").body.is_empty());
+}
+
+#[test]
+fn bodies_beyond_the_core_budget_wait_their_turn() {
+    let (s, _d) = server_with("body_budget_bytes = 1048576\n");
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/b",
+        &[("content-type", TEXT)],
+        b"",
+        201,
+    );
+    // Core affinity is by connection; two connections land on either core, so hold the
+    // budget on every core with one stalled body each.
+    let mut stalled = Vec::new();
+    for _ in 0..8 {
+        let mut c = Raw::connect(&s.addr);
+        c.send(
+            b"POST /v1/stream/b HTTP/1.1\r\nHost: a\r\nContent-Type: text/plain\r\n\
+              Content-Length: 900000\r\n\r\nabc",
+        )
+        .expect("head");
+        stalled.push(c);
+    }
+    thread::sleep(Duration::from_millis(300));
+    let r = req(
+        &s,
+        "POST",
+        "/v1/stream/b",
+        &[("content-type", TEXT), ("content-length", "900000")],
+        &vec![b'z'; 900_000],
+    );
+    assert_reason(&r, 503, "unavailable", "over the body budget");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    drop(stalled);
+    thread::sleep(Duration::from_millis(300));
+    expect(
+        &s,
+        "POST",
+        "/v1/stream/b",
+        &[("content-type", TEXT)],
+        b"after",
+        204,
+    );
+}
+
+#[test]
+fn lifetimes_that_overflow_or_are_over_create_nothing() {
+    let (s, _d) = server();
+    for (name, value) in [
+        ("stream-ttl", "18446744073709551615"),
+        ("stream-ttl", "9223372036854775807"),
+        ("stream-ttl", "9223372036854775"),
+        ("stream-expires-at", "2000-01-01T00:00:00Z"),
+    ] {
+        let r = req(
+            &s,
+            "PUT",
+            "/v1/stream/life",
+            &[("content-type", TEXT), (name, value)],
+            b"initial",
+        );
+        assert_reason(&r, 400, "invalid_request", &format!("{name}: {value}"));
+        absent(&s, "/v1/stream/life");
+    }
+    // A century is a window the clock can hold.
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/life",
+        &[("content-type", TEXT), ("stream-ttl", "3153600000")],
+        b"initial",
+        201,
+    );
+    assert_eq!(snapshot(&s, "/v1/stream/life").body, b"initial");
+}
+
+#[test]
+fn location_never_comes_from_the_host_header() {
+    let (s, _d) = server();
+    for (path, ct) in [
+        ("/evilbkt", ""),
+        ("/evilbkt/s", "Content-Type: application/json\r\n"),
+        ("/v1/stream/e", "Content-Type: text/plain\r\n"),
+    ] {
+        let mut c = Raw::connect(&s.addr);
+        let wire = format!(
+            "PUT {path} HTTP/1.1\r\nHost: attacker.example\r\n{ct}Content-Length: 0\r\n\r\n"
+        );
+        c.send(wire.as_bytes()).expect("send");
+        let r = c.response().expect("response");
+        assert_eq!(r.status, 201, "{path}");
+        assert_eq!(
+            r.header("location"),
+            Some(format!("{}{path}", s.base_url).as_str()),
+            "{path}"
+        );
+    }
+    // HTTP/1.0 without Host still gets a Location.
+    let mut c = Raw::connect(&s.addr);
+    c.send(b"PUT /otherbkt HTTP/1.0\r\n\r\n").expect("send");
+    let r = c.response().expect("response");
+    assert_eq!(r.status, 201);
+    assert_eq!(
+        r.header("location"),
+        Some(format!("{}/otherbkt", s.base_url).as_str())
+    );
+
+    // A configured public URL is the base instead.
+    let (p, _d2) = server_with("public_url = \"https://streams.example.com/\"\n");
+    let mut c = Raw::connect(&p.addr);
+    c.send(b"PUT /pubbkt HTTP/1.1\r\nHost: 127.0.0.1@evil.com\r\nContent-Length: 0\r\n\r\n")
+        .expect("send");
+    let r = c.response().expect("response");
+    assert_eq!(r.status, 201);
+    assert_eq!(
+        r.header("location"),
+        Some("https://streams.example.com/pubbkt")
+    );
+}
+
+#[test]
+fn repeated_single_valued_headers_are_ambiguous() {
+    let (s, _d) = server();
+    for (name, a, b) in [
+        ("Authorization", "Bearer a", "Bearer b"),
+        ("Content-Type", "text/plain", "application/json"),
+        ("Stream-TTL", "60", "120"),
+        ("Producer-Id", "p1", "p2"),
+    ] {
+        let wire = format!(
+            "PUT /v1/stream/dup HTTP/1.1\r\nHost: a\r\n{name}: {a}\r\n{}: {b}\r\n\
+             Content-Length: 0\r\n\r\n",
+            name.to_ascii_lowercase()
+        );
+        let r = raw_refusal(&s, wire.as_bytes(), name);
+        assert_reason(&r, 400, "invalid_request", name);
+        assert!(
+            r.body_str().contains("duplicate"),
+            "{name}: {:?}",
+            r.body_str()
+        );
+        absent(&s, "/v1/stream/dup");
+    }
+}
+
+#[test]
+fn text_streams_hold_utf8_only() {
+    let (s, _d) = server();
+    let r = req(
+        &s,
+        "PUT",
+        "/v1/stream/latin",
+        &[("content-type", "text/plain; charset=latin1")],
+        b"caf\xe9",
+    );
+    assert_reason(&r, 415, "unsupported_charset", "latin1 text stream");
+    absent(&s, "/v1/stream/latin");
+
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/t",
+        &[("content-type", TEXT)],
+        b"caf\xc3\xa9",
+        201,
+    );
+    let before = snapshot(&s, "/v1/stream/t");
+    let r = req(
+        &s,
+        "POST",
+        "/v1/stream/t",
+        &[("content-type", TEXT)],
+        b"caf\xe9",
+    );
+    assert_reason(&r, 400, "invalid_text", "invalid UTF-8 on a text stream");
+    assert_eq!(snapshot(&s, "/v1/stream/t"), before);
+    // Bytes of any kind still go to binary streams.
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/bin",
+        &[("content-type", "application/octet-stream")],
+        b"caf\xe9",
+        201,
+    );
+}
+
+#[test]
+fn json_with_a_lone_surrogate_is_refused() {
+    let (s, _d) = server();
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/j",
+        &[("content-type", JSON)],
+        b"",
+        201,
+    );
+    for body in [&br#"["\ud800"]"#[..], br#"{"k":"\udc00x"}"#] {
+        let r = req(&s, "POST", "/v1/stream/j", &[("content-type", JSON)], body);
+        assert_reason(&r, 400, "invalid_json", "lone surrogate");
+    }
+    expect(
+        &s,
+        "POST",
+        "/v1/stream/j",
+        &[("content-type", JSON)],
+        br#"["\ud83d\ude00"]"#,
+        204,
+    );
+}
+
+#[test]
+fn active_content_is_sandboxed() {
+    let (s, _d) = server();
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/html",
+        &[("content-type", "text/html")],
+        b"<script>1</script>",
+        201,
+    );
+    let r = expect(&s, "GET", "/v1/stream/html?offset=-1", &[], b"", 200);
+    assert_eq!(r.header("content-security-policy"), Some("sandbox"));
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/plain",
+        &[("content-type", TEXT)],
+        b"x",
+        201,
+    );
+    let r = expect(&s, "GET", "/v1/stream/plain?offset=-1", &[], b"", 200);
+    assert_eq!(r.header("content-security-policy"), None);
+}
+
+#[test]
+fn a_connection_that_never_speaks_is_closed_at_the_head_timeout() {
+    let (s, _d) = server_with("header_timeout_ms = 300\nidle_timeout_ms = 20000\n");
+    let mut c = Raw::connect(&s.addr);
+    c.set_read_timeout(Duration::from_secs(10));
+    let t0 = Instant::now();
+    let (_, closed) = c.read_until_close();
+    let took = t0.elapsed();
+    assert!(
+        closed && took < Duration::from_secs(3),
+        "closed {closed} after {took:?}"
+    );
+}
+
+#[test]
+fn an_offset_past_u64_says_so() {
+    let (s, _d) = server();
+    expect(
+        &s,
+        "PUT",
+        "/v1/stream/o",
+        &[("content-type", TEXT)],
+        b"x",
+        201,
+    );
+    let r = req(
+        &s,
+        "GET",
+        "/v1/stream/o?offset=99999999999999999999",
+        &[],
+        b"",
+    );
+    assert_reason(&r, 400, "invalid_offset", "20 digits past u64");
+    assert!(
+        r.body_str().contains("largest offset"),
+        "{:?}",
+        r.body_str()
+    );
+}
