@@ -105,6 +105,8 @@ fn curl_speaks_https_to_the_server() {
     );
     assert_eq!(status, 201, "{head}");
     assert!(head.contains("\r\nstream-next-offset: "), "{head}");
+    // What it created is named with the scheme it was reached by.
+    assert!(head.contains(&format!("\r\nlocation: {url}\r\n")), "{head}");
     for part in ["hello ", "world"] {
         let (status, head, _) = https(
             &cert,
