@@ -46,12 +46,15 @@ pub async fn serve_connection<S: Transport>(
     ends: Ends,
     listener: Listener,
 ) {
+    let first_wait = core.config.header_timeout;
     serve_from(
         core,
         stream,
         ends,
         listener,
         Vec::with_capacity(READ_CHUNK_BYTES),
+        // A new connection must start its first request within the head timeout.
+        first_wait,
     )
     .await;
 }
@@ -64,6 +67,7 @@ async fn serve_from<S: Transport>(
     ends: Ends,
     listener: Listener,
     mut rbuf: Vec<u8>,
+    first_wait: Duration,
 ) {
     let peer = ends.peer;
     let mut wbuf: Vec<u8> = Vec::with_capacity(1024);
@@ -72,13 +76,9 @@ async fn serve_from<S: Transport>(
     let may_move = core.cores() > 1 && listener == Listener::Main && core.config.tls.is_none();
     // The foreign core the last requests went to, and how many in a row.
     let mut affinity: (usize, u32) = (core.index, 0);
-    // A new connection must start its first request within the head timeout; between
-    // keep-alive requests it may idle longer.
-    let mut idle = if rbuf.is_empty() {
-        core.config.header_timeout
-    } else {
-        core.config.idle_timeout
-    };
+    // How long the connection may wait for its next request's first byte; between
+    // keep-alive requests, the idle timeout.
+    let mut idle = first_wait;
     loop {
         let head = match read_head(&core, &mut stream, &mut rbuf, idle).await {
             HeadOutcome::Head(h) => h,
@@ -226,7 +226,11 @@ fn adopt_on(core: &Core, target: usize, socket: std::net::TcpStream, ends: Ends,
 /// Serve a connection that another core moved here (see `adopt_on`).
 async fn serve_moved(core: Rc<Core>, socket: std::net::TcpStream, ends: Ends, rbuf: Vec<u8>) {
     match TcpStream::from_std(socket) {
-        Ok(stream) => serve_from(core, stream, ends, Listener::Main, rbuf).await,
+        Ok(stream) => {
+            // Moved between requests: an idle keep-alive connection.
+            let idle = core.config.idle_timeout;
+            serve_from(core, stream, ends, Listener::Main, rbuf, idle).await
+        }
         Err(e) => tracing::warn!(core = core.index, "adopting a moved connection failed: {e}"),
     }
 }
@@ -488,20 +492,17 @@ impl BodyClock {
 
 /// Request-body bytes a request holds against its core's `body_budget_bytes`, admitted
 /// before any of the body is read and given back when the request is done.
-struct BodyPermit {
-    core: Rc<Core>,
+struct BodyPermit<'a> {
+    core: &'a Core,
     bytes: usize,
 }
 
-impl BodyPermit {
+impl BodyPermit<'_> {
     /// A permit holding nothing yet: a body's buffer is admitted as it grows (see
     /// [`BodyPermit::grow_to`]), so what a client holds is what it has sent, not what it
     /// announced, and a slow client announcing a large body takes no room from others.
-    fn new(core: &Rc<Core>) -> BodyPermit {
-        BodyPermit {
-            core: core.clone(),
-            bytes: 0,
-        }
+    fn new(core: &Core) -> BodyPermit<'_> {
+        BodyPermit { core, bytes: 0 }
     }
 
     /// Hold `total` bytes in all; `false` (holding what it held) when that would take the
@@ -522,7 +523,7 @@ impl BodyPermit {
     }
 }
 
-impl Drop for BodyPermit {
+impl Drop for BodyPermit<'_> {
     fn drop(&mut self) {
         let held = self.core.body_bytes.get();
         self.core.body_bytes.set(held - self.bytes);
@@ -544,7 +545,7 @@ async fn read_body<S: Transport>(
     stream: &mut S,
     rbuf: &mut Vec<u8>,
     head: &RequestHead,
-    permit: &mut BodyPermit,
+    permit: &mut BodyPermit<'_>,
 ) -> Result<Bytes, BodyError> {
     // Snapshot publishes may carry up to 128 MiB; every other body up to 32 MiB. The path
     // is only looked at for bodies that could be over 32 MiB.
