@@ -73,9 +73,21 @@ await test("bytes", async (url) => {
   const parts = ["hello ", "wörld ", "\u{1F30D}\n", "x".repeat(100_000)];
   for (const p of parts) await handle.append(p);
   equal(await (await stream({ url, offset: "-1", live: false })).text(), parts.join(""), "text read back");
+  // A text stream holds UTF-8 only, so every view (SSE included) serves the stored bytes.
   const bin = new Uint8Array(256).map((_, i) => i);
-  await handle.append(bin);
-  const body = await (await stream({ url, offset: "-1", live: false })).body();
+  let error = null;
+  try {
+    await handle.append(bin);
+  } catch (e) {
+    error = e;
+  }
+  check(error?.status === 400, `non-UTF-8 bytes on a text stream are a 400, got ${error}`);
+  equal(await (await stream({ url, offset: "-1", live: false })).text(), parts.join(""), "the refused append changed nothing");
+  // Arbitrary bytes belong on a binary stream, and come back exactly.
+  const binary = await DurableStream.create({ url: `${url}-binary`, contentType: "application/octet-stream" });
+  await binary.append(Buffer.from(parts.join("")));
+  await binary.append(bin);
+  const body = await (await stream({ url: `${url}-binary`, offset: "-1", live: false })).body();
   const expected = Buffer.concat([Buffer.from(parts.join("")), Buffer.from(bin)]);
   check(Buffer.from(body).equals(expected), `bytes read back (${body.length} vs ${expected.length})`);
 });
