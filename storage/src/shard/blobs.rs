@@ -56,7 +56,7 @@ impl Shard {
 
     /// Forget a blob written by [`Shard::write_blob`] that will not be used.
     pub fn discard_blob(&self, name: Box<str>) {
-        let lsn = self.inner.durable_lsn.get();
+        let lsn = self.durable_lsn();
         self.drop_blob(lsn, name);
     }
 
@@ -81,7 +81,7 @@ impl Shard {
 
     /// Remove dropped blobs whose dropping record is durable.
     pub(super) fn collect_dead_blobs(&self) {
-        let durable = self.inner.durable_lsn.get();
+        let durable = self.durable_lsn();
         let Some(dir) = self.blob_dir() else { return };
         self.inner.dead_blobs.borrow_mut().retain(|(lsn, name)| {
             if *lsn > durable {

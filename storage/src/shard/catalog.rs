@@ -205,7 +205,7 @@ impl Shard {
         if stream.incarnation > self.inner.last_incarnation.get() {
             self.inner.last_incarnation.set(stream.incarnation);
         }
-        let visible = self.memory() || lsn <= self.inner.durable_lsn.get();
+        let visible = self.memory() || lsn <= self.durable_lsn();
         let (tail, closed) = (stream.tail, stream.closed);
         if let Some(old) = self.inner.keys.borrow_mut().insert(stream.key.clone(), id) {
             if let Some(s) = self.inner.streams.borrow_mut().remove(&old) {

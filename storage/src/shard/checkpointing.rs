@@ -131,10 +131,7 @@ impl Shard {
             .borrow()
             .as_ref()
             .and_then(|l| l.write_seg.prev());
-        let number = IndexFileNo::after(
-            self.inner.next_lsn.get().prev(),
-            self.inner.newest_index_file.get(),
-        );
+        let number = IndexFileNo::after(self.last_lsn(), self.inner.newest_index_file.get());
         // Each page, and whose table it is in (stream, chunk table or record index).
         let (mut pages, mut owners) = (Vec::new(), Vec::new());
         for (&id, s) in self.inner.streams.borrow().iter() {
@@ -203,7 +200,7 @@ impl Shard {
             None => return Ok(()),
         };
         let pos = checkpoint::Position {
-            lsn: self.inner.next_lsn.get().prev(),
+            lsn: self.last_lsn(),
             segment,
             offset,
             next_id: self.inner.next_id.get(),

@@ -111,9 +111,7 @@ impl Shard {
     /// records there, and its chunks stored there) at the head, then delete the file.
     pub(super) async fn clean_segment(&self, segment: SegmentNo) -> Result<(), StorageError> {
         // Everything in older segments must be durable before we rely on rewriting it.
-        self.commit(self.inner.next_lsn.get().prev())
-            .durable()
-            .await?;
+        self.commit(self.last_lsn()).durable().await?;
         let ids: Vec<StreamId> = self
             .inner
             .segments

@@ -1,28 +1,36 @@
-//! Group commit: LSNs, the write budget, the flusher task that writes whole batches durably
-//! (`O_DSYNC`), and the [`Commit`] a writer waits on.
+//! Group commit's I/O side: the flusher task that writes whole batches durably (`O_DSYNC`)
+//! and reports them to the shard's [`GroupCommit`] ledger, and the [`Commit`] a writer
+//! waits on.
 
 use super::*;
 
 impl Shard {
     /// Framed bytes written to the log but not yet durable.
     pub fn unflushed_bytes(&self) -> u64 {
-        self.inner.queued_bytes.get() + self.inner.flushing_bytes.get()
+        self.inner.group_commit.borrow().unflushed_bytes()
     }
 
     /// Refuse a client write while the unflushed bytes are at the budget. An empty queue
     /// admits any size, so a record larger than the budget still makes progress.
     pub(super) fn admit(&self, data_len: usize) -> Result<(), StorageError> {
-        let unflushed = self.unflushed_bytes();
-        if unflushed > 0 && unflushed + data_len as u64 > self.inner.cfg.write_budget_bytes as u64 {
-            return Err(StorageError::Busy);
+        let budget = self.inner.cfg.write_budget_bytes as u64;
+        if self
+            .inner
+            .group_commit
+            .borrow()
+            .admits(data_len as u64, budget)
+        {
+            Ok(())
+        } else {
+            Err(StorageError::Busy)
         }
-        Ok(())
     }
 
     pub(super) fn commit(&self, lsn: Lsn) -> Commit {
         Commit {
+            ticket: self.inner.group_commit.borrow_mut().ticket(lsn),
             inner: self.inner.clone(),
-            lsn,
+            registered: Cell::new(false),
         }
     }
 
@@ -39,10 +47,10 @@ impl Shard {
         record: &Record,
         create_effect: Option<(StreamId, Offset, bool)>,
     ) -> Result<(Lsn, Option<DiskLoc>), StorageError> {
-        if let Some(why) = self.inner.failed.borrow().as_ref() {
-            return Err(StorageError::Failed(why.clone()));
+        if let Some(why) = self.inner.group_commit.borrow().failure() {
+            return Err(StorageError::Failed(why.to_string()));
         }
-        let lsn = self.inner.next_lsn.get();
+        let lsn = self.inner.group_commit.borrow().last_lsn().next();
         let mut loc = None;
         let mut guard = self.inner.log.borrow_mut();
         if let Some(log) = guard.as_mut() {
@@ -61,8 +69,9 @@ impl Shard {
                 }
             }
             self.inner
-                .queued_bytes
-                .set(self.inner.queued_bytes.get() + at.record_len as u64);
+                .group_commit
+                .borrow_mut()
+                .queued(at.record_len as u64);
             self.inner
                 .logged_bytes
                 .set(self.inner.logged_bytes.get() + at.record_len as u64);
@@ -75,9 +84,13 @@ impl Shard {
             loc = Some(at);
             self.wake_flusher();
         }
-        self.inner.next_lsn.set(lsn.next());
+        let mut group_commit = self.inner.group_commit.borrow_mut();
+        let assigned = group_commit
+            .assign()
+            .map_err(|why| StorageError::Failed(why.to_string()))?;
+        debug_assert_eq!(assigned, lsn);
         if self.memory() {
-            self.inner.durable_lsn.set(lsn);
+            group_commit.all_durable();
         }
         Ok((lsn, loc))
     }
@@ -123,12 +136,10 @@ impl Shard {
                 continue;
             }
             // take_batches() took every queued record.
-            self.inner
-                .flushing_bytes
-                .set(self.inner.queued_bytes.replace(0));
+            self.inner.group_commit.borrow_mut().flush_started();
             let mut batches = batches;
             let flushed = self.flush(&mut batches).await;
-            self.inner.flushing_bytes.set(0);
+            self.inner.group_commit.borrow_mut().flush_ended();
             match flushed {
                 Ok(()) => self.complete(batches),
                 Err(e) => self.fail(format!("log write failed: {e}")),
@@ -227,6 +238,7 @@ impl Shard {
     pub(super) fn complete(&self, batches: Vec<Batch>) {
         let mut stats = self.inner.stats.get();
         stats.flushes += 1;
+        let mut group_commit = self.inner.group_commit.borrow_mut();
         for batch in batches {
             stats.records_flushed += batch.effects.len() as u64;
             stats.bytes_flushed += batch.buf.as_ref().map_or(0, |b| b.len()) as u64;
@@ -234,19 +246,13 @@ impl Shard {
                 if let Some((id, tail, closed)) = e.visible {
                     self.make_visible(id, tail, closed);
                 }
-                // Batches complete in log order, so the durable LSN only moves forward.
-                assert!(
-                    e.lsn > self.inner.durable_lsn.get(),
-                    "durable LSN went from {} to {}",
-                    self.inner.durable_lsn.get(),
-                    e.lsn
-                );
-                self.inner.durable_lsn.set(e.lsn);
+                // Batches complete in log order (the ledger asserts it).
+                group_commit.made_durable(e.lsn);
             }
             if let Some(buf) = &batch.buf {
                 if !batch.effects.is_empty() {
                     let end = batch.base + buf.len() as u64;
-                    self.inner.durable_end.set((batch.seg, end));
+                    group_commit.set_durable_end((batch.seg, end));
                 }
             }
             if let Some(log) = self.inner.log.borrow_mut().as_mut() {
@@ -261,9 +267,8 @@ impl Shard {
             log.files.retain(|&k, _| k >= oldest_queued);
         }
         self.inner.stats.set(stats);
-        for w in self.inner.commit_waiters.borrow_mut().drain(..) {
-            w.wake();
-        }
+        group_commit.wake_durable();
+        drop(group_commit);
         self.evict_over_budget();
     }
 
@@ -272,10 +277,7 @@ impl Shard {
             shard = self.inner.cfg.shard,
             "{why}; refusing further writes"
         );
-        *self.inner.failed.borrow_mut() = Some(why);
-        for w in self.inner.commit_waiters.borrow_mut().drain(..) {
-            w.wake();
-        }
+        self.inner.group_commit.borrow_mut().fail(why.into());
     }
 }
 
@@ -284,24 +286,33 @@ impl Shard {
 #[must_use = "a change is durable only once its Commit resolves"]
 pub struct Commit {
     inner: Rc<Inner>,
-    lsn: Lsn,
+    ticket: Ticket,
+    /// Whether the ticket holds a waker slot in the ledger (an earlier poll was pending).
+    registered: Cell<bool>,
 }
 
 impl Commit {
     pub async fn durable(self) -> Result<(), StorageError> {
         poll_fn(|cx| {
-            if self.inner.durable_lsn.get() >= self.lsn {
-                return Poll::Ready(Ok(()));
-            }
-            if let Some(why) = self.inner.failed.borrow().as_ref() {
-                return Poll::Ready(Err(StorageError::Failed(why.clone())));
-            }
-            self.inner
-                .commit_waiters
-                .borrow_mut()
-                .push(cx.waker().clone());
-            Poll::Pending
+            let polled = self.inner.group_commit.borrow_mut().poll(
+                self.ticket,
+                self.registered.get(),
+                cx.waker(),
+            );
+            self.registered.set(polled.is_pending());
+            polled.map_err(|why| StorageError::Failed(why.into()))
         })
         .await
+    }
+}
+
+impl Drop for Commit {
+    fn drop(&mut self) {
+        // A wait abandoned before its LSN was durable gives its waker slot back.
+        if self.registered.get() {
+            if let Ok(mut group_commit) = self.inner.group_commit.try_borrow_mut() {
+                group_commit.forget(self.ticket);
+            }
+        }
     }
 }

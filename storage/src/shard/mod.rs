@@ -46,6 +46,7 @@ mod cleaner;
 mod cold_tests;
 mod cold_tier;
 mod commit;
+mod group_commit;
 #[cfg(test)]
 mod index_tests;
 #[cfg(test)]
@@ -63,6 +64,7 @@ pub use cold_tier::{
     DEFAULT_COLD_IN_FLIGHT_BYTES,
 };
 pub use commit::Commit;
+use group_commit::{GroupCommit, Ticket};
 use writer::{Batch, Log, Zeroing};
 
 /// Maps looked up on every append (several times each): foldhash instead of std's SipHash,
@@ -304,16 +306,8 @@ struct Inner {
     next_id: Cell<StreamId>,
     last_incarnation: Cell<u64>,
     log: RefCell<Option<Log>>,
-    next_lsn: Cell<Lsn>,
-    durable_lsn: Cell<Lsn>,
-    /// Segment and position after the last durable record (what `durable_lsn` names).
-    durable_end: Cell<(SegmentNo, u64)>,
-    /// Framed bytes queued since the flusher last took the batches, and those it is
-    /// writing now: what [`ShardConfig::write_budget_bytes`] bounds.
-    queued_bytes: Cell<u64>,
-    flushing_bytes: Cell<u64>,
-    failed: RefCell<Option<String>>,
-    commit_waiters: RefCell<Vec<Waker>>,
+    /// LSNs, durability, bytes awaiting the flusher, the failure and commit waiters.
+    group_commit: RefCell<GroupCommit>,
     flusher: RefCell<Option<Waker>>,
     stopping: Cell<bool>,
     stats: Cell<ShardStats>,
@@ -369,13 +363,7 @@ impl Shard {
             next_id: Cell::new(1),
             last_incarnation: Cell::new(0),
             log: RefCell::new(None),
-            next_lsn: Cell::new(Lsn::FIRST),
-            durable_lsn: Cell::new(Lsn::NONE),
-            durable_end: Cell::new((SegmentNo::default(), DATA_START)),
-            queued_bytes: Cell::new(0),
-            flushing_bytes: Cell::new(0),
-            failed: RefCell::new(None),
-            commit_waiters: RefCell::new(Vec::new()),
+            group_commit: RefCell::new(GroupCommit::new((SegmentNo::default(), DATA_START))),
             flusher: RefCell::new(None),
             stopping: Cell::new(false),
             stats: Cell::new(ShardStats::default()),
@@ -449,17 +437,22 @@ impl Shard {
 
     /// How far the log is durable (see [`crate::cold::DurableEnd`]).
     pub fn durable_end(&self) -> crate::cold::DurableEnd {
-        let (segment, position) = self.inner.durable_end.get();
+        let group_commit = self.inner.group_commit.borrow();
+        let (segment, position) = group_commit.durable_end();
         crate::cold::DurableEnd {
             segment,
             position,
-            lsn: self.inner.durable_lsn.get(),
+            lsn: group_commit.durable_lsn(),
         }
     }
 
     /// Whether writes are refused after an earlier storage failure.
     pub fn failure(&self) -> Option<String> {
-        self.inner.failed.borrow().clone()
+        self.inner
+            .group_commit
+            .borrow()
+            .failure()
+            .map(|why| why.to_string())
     }
 
     /// Resolves once stream `id` changes after `seen_version` (see [`Stream::version`]) or is
@@ -478,7 +471,7 @@ impl Shard {
     /// Stop once everything accepted so far is durable, without the final checkpoint: the
     /// state a crash right after the last fdatasync leaves. For crash and recovery tests.
     pub async fn halt(&self) -> Result<(), StorageError> {
-        let last = self.inner.next_lsn.get().prev();
+        let last = self.last_lsn();
         let result = self.commit(last).durable().await;
         self.inner.readers.borrow_mut().clear();
         self.inner.stopping.set(true);
@@ -490,7 +483,7 @@ impl Shard {
     /// tier how far the log now is durable (for its last archive round), then stop the
     /// flusher.
     pub async fn shutdown(&self) -> Result<(), StorageError> {
-        let last = self.inner.next_lsn.get().prev();
+        let last = self.last_lsn();
         let mut result = self.commit(last).durable().await;
         // A clean stop leaves a checkpoint at the head, so the next start replays nothing.
         if result.is_ok() && self.inner.logged_bytes.get() > self.inner.checkpointed_at.get() {
@@ -505,6 +498,16 @@ impl Shard {
         }
         self.wake_flusher();
         result
+    }
+
+    /// The LSN of the last record accepted (`NONE` before the first).
+    fn last_lsn(&self) -> Lsn {
+        self.inner.group_commit.borrow().last_lsn()
+    }
+
+    /// The LSN up to which every record is durable.
+    fn durable_lsn(&self) -> Lsn {
+        self.inner.group_commit.borrow().durable_lsn()
     }
 
     fn memory(&self) -> bool {

@@ -162,8 +162,6 @@ impl Shard {
                 .indexed_through
                 .set(index.prev().unwrap_or_default());
         }
-        self.inner.next_lsn.set(next_lsn);
-        self.inner.durable_lsn.set(next_lsn.prev());
         let pool = BufPool::new(BATCH_BUF_BYTES, 4, POOLED_BUF_BYTES);
         let mut log = Log {
             dir: dir.to_path_buf(),
@@ -199,7 +197,10 @@ impl Shard {
                     .insert(index, Rc::new(monoio::fs::File::from_std(file)?));
                 log.write_seg = index;
                 log.write_end = end;
-                self.inner.durable_end.set((index, end));
+                self.inner
+                    .group_commit
+                    .borrow_mut()
+                    .resume(next_lsn, (index, end));
                 log.ahead_end = end;
                 log.ahead_moved_end = end;
                 let base = align_down(end as usize);
@@ -210,7 +211,10 @@ impl Shard {
                 log.create(first, next_lsn)?;
                 log.write_seg = first;
                 log.write_end = DATA_START;
-                self.inner.durable_end.set((first, DATA_START));
+                self.inner
+                    .group_commit
+                    .borrow_mut()
+                    .resume(next_lsn, (first, DATA_START));
                 log.start_batch(first, DATA_START, &[]);
             }
         }

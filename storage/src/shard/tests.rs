@@ -966,7 +966,7 @@ fn checkpoint_bounds_replay_and_restores_every_stream_state() {
             .await
             .expect("ok");
         assert!(shard.checkpoint().await.expect("checkpoint"));
-        let lsn = shard.inner.next_lsn.get().prev();
+        let lsn = shard.last_lsn();
         // After the checkpoint: appends to old streams, a new stream, a deletion.
         let mut rec = json_rec(&["{\"n\":4}\n"]);
         rec.producer = Some(ProducerStamp {
@@ -1068,7 +1068,7 @@ fn cleaning_after_a_checkpoint_keeps_every_live_stream() {
         for i in 0..per_stream {
             if i == 100 {
                 assert!(shard.checkpoint().await.expect("checkpoint"));
-                lsn = shard.inner.next_lsn.get().prev();
+                lsn = shard.last_lsn();
             }
             let mut commits = Vec::new();
             for (s, &id) in ids.iter().enumerate() {
