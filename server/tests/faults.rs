@@ -94,14 +94,23 @@ fn a_failed_commit_write_acknowledges_nothing_and_refuses_further_writes() {
         }
     }
     let (status, lost) = failed.expect("the injected commit failure refused an append");
-    assert_eq!(status, 503, "a failed flush is reported as unavailable");
+    // A failed durable write is permanent for this process: 500, never "retry".
+    assert_eq!(status, 500, "a failed flush is a storage fault");
     assert!(!acked.is_empty());
     // The shard no longer trusts its log: every later write is refused, reads still work
     // and show exactly what was acknowledged.
     for path in ["/v1/stream/f", "/v1/stream/other"] {
         let method = if path.ends_with('f') { "POST" } else { "PUT" };
         let r = c.request(method, path, &[TEXT], b"more").expect("write");
-        assert_eq!(r.status, 503, "{method} {path} after the failure");
+        assert_eq!(r.status, 500, "{method} {path} after the failure");
+        assert!(
+            r.header("retry-after").is_none(),
+            "a permanent fault is no retry"
+        );
+        assert_eq!(
+            r.body_str(),
+            "storage_fault: storage failed; writes are refused until the server restarts\n"
+        );
     }
     assert_eq!(read_all(&server, "/v1/stream/f"), acked);
     server.kill9();

@@ -71,16 +71,8 @@ pub enum Ack {
 
 impl Ack {
     fn storage(e: StorageError, tail: Offset) -> Ack {
-        let error = match e {
-            // The engine's own text stays in the log; the frame gets a fixed reason.
-            StorageError::NoSpace
-            | StorageError::NoSpaceUnarchived(_)
-            | StorageError::TooLarge
-            | StorageError::Busy => e.into(),
-            _ => ApiError::Unavailable("storage unavailable".into()),
-        };
         Ack::Failed {
-            error,
+            error: e.into(),
             closed: false,
             next: Some(tail),
         }

@@ -77,8 +77,13 @@ pub enum ApiError {
     UnsupportedCharset,
     HeaderTooLarge,
     NotImplemented(&'static str),
-    /// Retry later: a queue is full, a core is gone, or the shard refuses writes.
+    /// Retry later: a queue is full, a core is gone, or a disk read or write failed in a
+    /// way that may pass.
     Unavailable(Cow<'static, str>),
+    /// Stored data failed its checksum, or the shard stopped taking writes after a failed
+    /// durable write: retrying cannot help until an operator acts. The details are in the
+    /// server's log, never in the answer.
+    StorageFault(&'static str),
     /// The disk is full; the reason may name why nothing can leave it (the archive lag).
     InsufficientStorage(Cow<'static, str>),
 }
@@ -120,6 +125,7 @@ impl ApiError {
             PayloadTooLarge(_) => 413,
             UnsupportedEncoding | UnsupportedCharset => 415,
             HeaderTooLarge => 431,
+            StorageFault(_) => 500,
             NotImplemented(_) => 501,
             Unavailable(_) => 503,
             InsufficientStorage(_) => 507,
@@ -174,6 +180,7 @@ impl ApiError {
             UnsupportedCharset => "unsupported_charset",
             HeaderTooLarge => "header_too_large",
             NotImplemented(_) => "not_implemented",
+            StorageFault(_) => "storage_fault",
             Unavailable(_) => "unavailable",
             InsufficientStorage(_) => "insufficient_storage",
         }
@@ -196,7 +203,8 @@ impl ApiError {
             | StreamExists(r)
             | ContentTypeMismatch(r)
             | OffsetTrimmed(r)
-            | NotImplemented(r) => r,
+            | NotImplemented(r)
+            | StorageFault(r) => r,
             MethodNotAllowed { reason, .. } => reason,
             PayloadTooLarge(r) | Unavailable(r) | InsufficientStorage(r) => r,
             InvalidBucketId => "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
@@ -263,6 +271,8 @@ impl From<ApiError> for Response {
     }
 }
 
+/// The one mapping of engine errors: what the client may act on gets its own status; a
+/// fault of the server's disk gets a fixed reason, and its details go to the log.
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> ApiError {
         match e {
@@ -272,7 +282,20 @@ impl From<StorageError> for ApiError {
             }
             StorageError::TooLarge => ApiError::PayloadTooLarge("too large".into()),
             StorageError::Busy => ApiError::Unavailable("write queue full; retry shortly".into()),
-            other => ApiError::Unavailable(other.to_string().into()),
+            StorageError::Io(e) => {
+                tracing::warn!("storage i/o error answered 503: {e}");
+                ApiError::Unavailable("storage i/o error; retry shortly".into())
+            }
+            StorageError::Corrupt(what) => {
+                tracing::error!("corrupt data on disk answered 500: {what}");
+                ApiError::StorageFault("stored data failed its checksum")
+            }
+            StorageError::Failed(why) => {
+                tracing::error!("write refused by a failed shard, answered 500: {why}");
+                ApiError::StorageFault(
+                    "storage failed; writes are refused until the server restarts",
+                )
+            }
         }
     }
 }
@@ -319,6 +342,19 @@ mod tests {
         assert_eq!(r.status, 503);
         assert!(r.headers.contains(&("retry-after", "1".to_string())));
         assert_eq!(body(&r), "unavailable: write queue full; retry shortly\n");
+        // Faults retrying cannot fix are 500 without Retry-After, and keep the engine's
+        // text (paths, offsets) out of the answer.
+        let r = ApiError::from(StorageError::Corrupt("segment 7 at 4096".into())).response();
+        assert_eq!(r.status, 500);
+        assert!(!r.headers.iter().any(|(name, _)| *name == "retry-after"));
+        assert_eq!(body(&r), "storage_fault: stored data failed its checksum\n");
+        let r = ApiError::from(StorageError::Failed("log write failed: EIO".into())).response();
+        assert_eq!(r.status, 500);
+        assert!(!body(&r).contains("EIO"));
+        let r = ApiError::from(StorageError::Io(std::io::Error::other("/data/x"))).response();
+        assert_eq!(r.status, 503);
+        assert!(r.headers.contains(&("retry-after", "1".to_string())));
+        assert!(!body(&r).contains("/data"));
         // The same code can belong to two refusals with different statuses.
         assert_eq!(ApiError::SnapshotBeyondTail.status(), 409);
         assert_eq!(ApiError::OffsetBeyondTail("x").status(), 400);
