@@ -47,10 +47,10 @@ impl Shard {
         record: &Record,
         create_effect: Option<(StreamId, Offset, bool)>,
     ) -> Result<(Lsn, Option<DiskLoc>), StorageError> {
-        if let Some(why) = self.inner.group_commit.borrow().failure() {
-            return Err(StorageError::Failed(why.to_string()));
-        }
-        let lsn = self.inner.group_commit.borrow().last_lsn().next();
+        let lsn = match self.inner.group_commit.borrow().next_lsn() {
+            Ok(lsn) => lsn,
+            Err(why) => return Err(StorageError::Failed(why.to_string())),
+        };
         let mut loc = None;
         let mut guard = self.inner.log.borrow_mut();
         if let Some(log) = guard.as_mut() {
@@ -85,12 +85,9 @@ impl Shard {
             self.wake_flusher();
         }
         let mut group_commit = self.inner.group_commit.borrow_mut();
-        let assigned = group_commit
-            .assign()
-            .map_err(|why| StorageError::Failed(why.to_string()))?;
-        debug_assert_eq!(assigned, lsn);
+        group_commit.assigned(lsn);
         if self.memory() {
-            group_commit.all_durable();
+            group_commit.made_durable(lsn);
         }
         Ok((lsn, loc))
     }

@@ -101,14 +101,18 @@ impl GroupCommit {
         unflushed == 0 || unflushed + len <= budget
     }
 
-    /// Hand out the next LSN, or refuse once the log has failed.
-    pub(super) fn assign(&mut self) -> Result<Lsn, &Failure> {
-        if let Some(why) = &self.failure {
-            return Err(why);
+    /// The LSN the next record gets, or the failure once the log has failed.
+    pub(super) fn next_lsn(&self) -> Result<Lsn, &Failure> {
+        match &self.failure {
+            Some(why) => Err(why),
+            None => Ok(self.next_lsn),
         }
-        let lsn = self.next_lsn;
+    }
+
+    /// The record given [`Self::next_lsn`] was queued: that LSN is handed out.
+    pub(super) fn assigned(&mut self, lsn: Lsn) {
+        assert_eq!(lsn, self.next_lsn, "LSNs are handed out in order");
         self.next_lsn = lsn.next();
-        Ok(lsn)
     }
 
     /// Count `bytes` queued for the next flush.
@@ -137,11 +141,6 @@ impl GroupCommit {
             self.last_lsn()
         );
         self.durable_lsn = lsn;
-    }
-
-    /// Everything acknowledged so far is durable (a memory shard: at once).
-    pub(super) fn all_durable(&mut self) {
-        self.durable_lsn = self.last_lsn();
     }
 
     pub(super) fn set_durable_end(&mut self, end: (SegmentNo, u64)) {
@@ -249,7 +248,13 @@ mod tests {
     }
 
     fn assign_n(g: &mut GroupCommit, n: usize) -> Vec<Lsn> {
-        (0..n).map(|_| g.assign().expect("open log")).collect()
+        (0..n)
+            .map(|_| {
+                let lsn = g.next_lsn().expect("open log");
+                g.assigned(lsn);
+                lsn
+            })
+            .collect()
     }
 
     #[test]
@@ -360,7 +365,7 @@ mod tests {
         // What was durable before the failure stays acknowledged.
         let done = g.ticket(lsns[0]);
         assert!(matches!(g.poll(done, false, &waker), Poll::Ready(Ok(()))));
-        assert!(g.assign().is_err());
+        assert!(g.next_lsn().is_err());
     }
 
     #[test]
@@ -401,6 +406,6 @@ mod tests {
         g.resume(Lsn::FIRST.next().next(), end);
         assert_eq!(g.durable_lsn(), Lsn::FIRST.next());
         assert_eq!(g.durable_end(), end);
-        assert_eq!(g.assign().ok(), Some(Lsn::FIRST.next().next()));
+        assert_eq!(g.next_lsn().ok(), Some(Lsn::FIRST.next().next()));
     }
 }
