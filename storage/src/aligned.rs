@@ -223,6 +223,16 @@ impl BufPool {
         AlignedBuf::with_capacity(min_capacity.max(inner.standard))
     }
 
+    /// Bytes of the free buffers kept for reuse.
+    pub fn free_bytes(&self) -> usize {
+        self.inner
+            .borrow()
+            .free
+            .iter()
+            .map(AlignedBuf::capacity)
+            .sum()
+    }
+
     pub fn give(&self, mut buf: AlignedBuf) {
         let mut inner = self.inner.borrow_mut();
         let held: usize = inner.free.iter().map(AlignedBuf::capacity).sum();

@@ -58,6 +58,14 @@ pub(crate) enum Extent {
 }
 
 impl StreamCache {
+    /// Heap bytes of the cache's bookkeeping (the runs' map and the fresh list; the cached
+    /// bytes themselves are counted by the shard's read cache).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.runs.len() * (size_of::<(Offset, Bytes)>() + 16)
+            + self.fresh.capacity() * size_of::<Offset>()
+    }
+
     /// Cache one appended chunk's bytes; it starts at stream offset `start`.
     pub(crate) fn insert_append(&mut self, start: Offset, data: &Bytes) {
         if data.is_empty() {

@@ -1,11 +1,13 @@
 //! Checkpoints: every stream's state at one LSN, so recovery reads only the log after it.
 //!
-//! A checkpoint holds, for each live stream, its image (the same payload as an Image log
+//! A checkpoint holds, for each resident stream, its image (the same payload as an Image log
 //! record) and its chunk table and record index as `packed` tables: pages that are in index
 //! files by reference (file number, position, length), the rest by value (the pages
 //! completed since the last index file, fewer than a page of blocks, and the newest
-//! entries). So its size grows with streams and segments, not with retained appends. After the streams
-//! comes the cleaner's map of which streams have data in which segment. Recovery loads it
+//! entries). So its size grows with streams and segments, not with retained appends. A
+//! dormant stream (see `shard::dormancy`) is named by where its saved state is, beside its
+//! key, instead. After the streams comes the cleaner's map of which streams have data in
+//! which segment. Recovery loads it
 //! and replays only the records after its LSN, starting at the log position it names;
 //! segments before that position are not read at all.
 //!
@@ -20,12 +22,15 @@
 //! 44..52   next stream id
 //! 52..60   last creation incarnation handed out
 //! 60..68   snapshot blob counter
-//! 68..76   number of streams
+//! 68..76   number of resident streams
 //! 76..84   body length
 //! 84..88   CRC32C of the body
-//! 88..     body: per stream, a framed Image record, then the chunk table and the record
-//!          index (`Packed::encode_into`); then the segment count and, per segment, its
-//!          index, its stream count and those stream ids (LEB128 varints)
+//! 88..     body: per resident stream, a framed Image record, then the chunk table and the
+//!          record index (`Packed::encode_into`); then the dormant stream count and per
+//!          dormant stream its id, key (length, bytes), saved state (index file, position,
+//!          length), deadline (signed), data bytes and the index files its pages are in
+//!          (count, numbers); then the segment count and, per segment, its index, its
+//!          stream count and those stream ids (LEB128 varints)
 //! ```
 //!
 //! The file is written as `checkpoint.tmp`, synced, and renamed over `checkpoint` only once
@@ -40,13 +45,16 @@ use std::rc::Rc;
 use bytes::Bytes;
 
 use crate::index::{IndexFile, IndexFileNo};
-use crate::packed::Packed;
+use crate::packed::{DiskPage, Packed};
 use crate::position::{Lsn, Offset, SegmentNo};
 use crate::record::{decode_at, ImageRec, Record};
+use crate::shard::Dormant;
 use crate::stream::{Chunk, DiskLoc, Stream, StreamId};
 
 const MAGIC: &[u8; 8] = b"URSCKPT1";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
+/// The format before dormant streams: no dormant section. Still read.
+const VERSION_ALL_RESIDENT: u32 = 2;
 /// The format before index files: every table inline, no segment map. Still read, so a
 /// data dir written by an older build opens; the first checkpoint after it is format 2.
 const VERSION_INLINE_TABLES: u32 = 1;
@@ -108,6 +116,35 @@ impl CapturedStream {
     }
 }
 
+/// A dormant stream as loaded from a checkpoint. `state` is None when its index file is
+/// missing or torn, and `pins` misses the files that are.
+pub(crate) struct SavedDormant {
+    pub id: StreamId,
+    pub key: Box<str>,
+    pub state: Option<DiskPage>,
+    pub state_file: IndexFileNo,
+    pub pins: Vec<Rc<IndexFile>>,
+    pub pins_complete: bool,
+    pub deadline_ms: i64,
+    pub data_bytes: u64,
+}
+
+/// Append dormant stream `id`'s entry to a checkpoint's dormant section.
+pub(crate) fn encode_dormant(out: &mut Vec<u8>, id: StreamId, key: &str, d: &Dormant) {
+    put_varint(out, id);
+    put_varint(out, key.len() as u64);
+    out.extend_from_slice(key.as_bytes());
+    put_varint(out, d.state.file.number.get());
+    put_varint(out, d.state.off);
+    put_varint(out, u64::from(d.state.len));
+    put_varint(out, ((d.deadline_ms << 1) ^ (d.deadline_ms >> 63)) as u64);
+    put_varint(out, d.data_bytes);
+    put_varint(out, d.pins.len() as u64);
+    for p in d.pins.iter() {
+        put_varint(out, p.number.get());
+    }
+}
+
 /// Builds a checkpoint file image one captured stream at a time, checksumming the body as
 /// it grows, so a caller can yield between streams.
 #[derive(Default)]
@@ -132,15 +169,19 @@ impl Encoder {
         self.body.len()
     }
 
-    /// The complete file image: the header at `pos`, the streams pushed so far, then the
-    /// segment map.
+    /// The complete file image: the header at `pos`, the streams pushed so far, the
+    /// dormant section (its count, and its entries as [`encode_dormant`] wrote them), then
+    /// the segment map.
     pub(crate) fn finish(
         mut self,
         shard: u32,
         pos: Position,
+        dormant: (u64, Vec<u8>),
         segments: impl Iterator<Item = (SegmentNo, Vec<StreamId>)>,
     ) -> Vec<u8> {
         let from = self.body.len();
+        put_varint(&mut self.body, dormant.0);
+        self.body.extend_from_slice(&dormant.1);
         let segments: Vec<_> = segments.collect();
         put_varint(&mut self.body, segments.len() as u64);
         for (index, ids) in segments {
@@ -190,7 +231,7 @@ pub(crate) fn encode<'a>(
     for s in streams {
         encoder.push(CapturedStream::of(s));
     }
-    encoder.finish(shard, pos, segments)
+    encoder.finish(shard, pos, (0, Vec::new()), segments)
 }
 
 /// What a checkpoint file needs around it, for a copy of the shard elsewhere (the cold
@@ -210,7 +251,7 @@ pub struct CheckpointSummary {
 /// Summarise a checkpoint file of `shard` (checked like a load, without opening anything).
 pub fn summary(shard: u32, file: &Bytes) -> Result<CheckpointSummary, String> {
     let mut named = std::collections::BTreeSet::new();
-    let (pos, _, segments) = decode(shard, file, &mut |number| {
+    let (pos, _, _, segments) = decode(shard, file, &mut |number| {
         named.insert(number);
         None
     })?;
@@ -229,7 +270,7 @@ pub(crate) fn decode(
     shard: u32,
     file: &Bytes,
     index: &mut impl FnMut(IndexFileNo) -> Option<Rc<IndexFile>>,
-) -> Result<(Position, Vec<SavedStream>, SegmentMap), String> {
+) -> Result<Decoded, String> {
     let header = file
         .get(..HEADER_LEN)
         .ok_or_else(|| format!("{} bytes is shorter than the header", file.len()))?;
@@ -240,7 +281,7 @@ pub(crate) fn decode(
         return Err("header checksum mismatch".into());
     }
     let version = le_u32(&header[12..16]);
-    if version != VERSION && version != VERSION_INLINE_TABLES {
+    if ![VERSION, VERSION_ALL_RESIDENT, VERSION_INLINE_TABLES].contains(&version) {
         return Err(format!("unsupported format version {version}"));
     }
     let owner = le_u32(&header[16..20]);
@@ -267,7 +308,7 @@ pub(crate) fn decode(
     }
     if version == VERSION_INLINE_TABLES {
         let (streams, segments) = decode_inline_tables(file, count, body_end)?;
-        return Ok((pos, streams, segments));
+        return Ok((pos, streams, Vec::new(), segments));
     }
     let mut at = HEADER_LEN;
     let mut streams = Vec::new();
@@ -287,6 +328,13 @@ pub(crate) fn decode(
         });
     }
     let mut r = Varints { buf: file, at };
+    let mut dormant = Vec::new();
+    if version == VERSION {
+        let n = r.next().ok_or("dormant count")?;
+        for _ in 0..n {
+            dormant.push(decode_dormant(&mut r, index)?);
+        }
+    }
     let mut segments = SegmentMap::new();
     let n = r.next().ok_or("segment count")?;
     for _ in 0..n {
@@ -302,7 +350,57 @@ pub(crate) fn decode(
     if at != body_end {
         return Err(format!("{} bytes after the segment map", body_end - at));
     }
-    Ok((pos, streams, segments))
+    Ok((pos, streams, dormant, segments))
+}
+
+/// What a checkpoint holds: where the log continues, its resident and dormant streams, and
+/// its segment map.
+pub(crate) type Decoded = (Position, Vec<SavedStream>, Vec<SavedDormant>, SegmentMap);
+
+/// One entry of the dormant section.
+fn decode_dormant(
+    r: &mut Varints<'_>,
+    index: &mut impl FnMut(IndexFileNo) -> Option<Rc<IndexFile>>,
+) -> Result<SavedDormant, String> {
+    let id = r.next().ok_or("dormant stream id")?;
+    let bad = |what: &str| format!("dormant stream {id}: {what}");
+    let key_len = r.next().ok_or_else(|| bad("key length"))? as usize;
+    let key =
+        r.at.checked_add(key_len)
+            .and_then(|end| r.buf.get(r.at..end))
+            .and_then(|k| std::str::from_utf8(k).ok())
+            .ok_or_else(|| bad("key"))?;
+    let key: Box<str> = key.into();
+    r.at += key_len;
+    let mut next = |what: &str| r.next().ok_or_else(|| bad(what));
+    let state_file = IndexFileNo::new(next("state file")?);
+    let off = next("state position")?;
+    let len = u32::try_from(next("state length")?).map_err(|_| bad("state length"))?;
+    let zigzag = next("deadline")?;
+    let deadline_ms = ((zigzag >> 1) as i64) ^ -((zigzag & 1) as i64);
+    let data_bytes = next("data bytes")?;
+    let pin_count = next("pin count")?;
+    let mut pins = Vec::new();
+    let mut pins_complete = true;
+    for _ in 0..pin_count {
+        match index(IndexFileNo::new(next("pin")?)) {
+            Some(f) => pins.push(f),
+            None => pins_complete = false,
+        }
+    }
+    let state = index(state_file)
+        .filter(|f| f.holds(off, len))
+        .map(|file| DiskPage { file, off, len });
+    Ok(SavedDormant {
+        id,
+        key,
+        state,
+        state_file,
+        pins,
+        pins_complete,
+        deadline_ms,
+        data_bytes,
+    })
 }
 
 /// The body of a format 1 checkpoint: per stream its image, then its chunk table and record
@@ -465,7 +563,7 @@ mod tests {
         };
         let map = vec![(seg(3), vec![9]), (seg(4), vec![9, 11])];
         let file = Bytes::from(encode(2, pos, std::iter::once(&s), map.clone().into_iter()));
-        let (got, streams, segments) = decode(2, &file, &mut |_| None).expect("decodes");
+        let (got, streams, _, segments) = decode(2, &file, &mut |_| None).expect("decodes");
         assert_eq!(got, pos);
         assert_eq!(segments.into_iter().collect::<Vec<_>>(), map);
         let summary = summary(2, &file).expect("summarises");
@@ -534,7 +632,10 @@ mod tests {
         s.retain(cut, first_kept);
         let mut encoder = Encoder::default();
         encoder.push(captured);
-        assert_eq!(encoder.finish(2, pos, map.into_iter()), at_capture);
+        assert_eq!(
+            encoder.finish(2, pos, (0, Vec::new()), map.into_iter()),
+            at_capture
+        );
         assert_ne!(
             encode(2, pos, std::iter::once(&s), std::iter::empty()),
             at_capture

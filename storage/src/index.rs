@@ -208,12 +208,30 @@ impl IndexFile {
         page
     }
 
+    /// A dormant stream's saved state at `[off, off + len)`, read from the file (not
+    /// cached: it is read once, as the stream wakes) and checked against its CRC (the
+    /// first four bytes, over the rest).
+    pub(crate) fn saved_state(&self, off: u64, len: u32) -> Bytes {
+        let mut buf = vec![0u8; len as usize];
+        match self.file.read_exact_at(&mut buf, off) {
+            Err(e) => self.fault(off, &e.to_string()),
+            Ok(())
+                if len < 4
+                    || crc32c::crc32c(&buf[4..])
+                        != u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) =>
+            {
+                self.fault(off, "checksum mismatch")
+            }
+            Ok(()) => Bytes::from(buf),
+        }
+    }
+
     /// A page that cannot be read back is a disk fault under metadata the engine relies
     /// on, and a lookup has no other answer to give. The file is set aside as
     /// `.idx.corrupt` (for an operator to look at) and the process stops: the next start
     /// finds the index file missing and rebuilds those tables from the segments' records,
     /// which carry their own CRCs. Nothing acknowledged depends on the index file alone.
-    fn fault(&self, off: u64, why: &str) -> ! {
+    pub(crate) fn fault(&self, off: u64, why: &str) -> ! {
         let aside = self.path.with_extension("idx.corrupt");
         let renamed = std::fs::rename(&self.path, &aside);
         tracing::error!(
@@ -236,6 +254,11 @@ impl IndexFile {
         CACHE.with(|c| c.borrow_mut().forget(self.id));
         monoio::fs::remove_file(&self.path).await
     }
+}
+
+/// Bytes of index pages this core's page cache holds now.
+pub(crate) fn cached_page_bytes() -> usize {
+    CACHE.with(|c| c.borrow().used)
 }
 
 /// Set the byte budget of this core's page cache (the last shard opened on a thread wins;

@@ -28,8 +28,8 @@ pub use index::DEFAULT_INDEX_CACHE_BYTES;
 pub use position::{Lsn, Offset, RecordNo, SegmentNo};
 pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta};
 pub use shard::{
-    write_cold_marker, Changed, Commit, DiskUsage, Durability, NewStream, RecoveryReport, Shard,
-    ShardConfig, ShardStats, StorageError, COLD_MARKER,
+    write_cold_marker, Changed, Commit, DiskUsage, Durability, HeapUsage, NewStream,
+    RecoveryReport, Shard, ShardConfig, ShardStats, StorageError, COLD_MARKER,
 };
 pub use stream::{Chunk, DiskLoc, Piece, Producer, Receipt, Stream, StreamId};
 pub use view::{StreamHead, StreamView};

@@ -411,7 +411,6 @@ impl<T: Delta> Packed<T> {
     }
 
     /// Index files this table's pages are in.
-    #[cfg(test)]
     pub(crate) fn page_files(&self) -> impl Iterator<Item = &Rc<IndexFile>> + '_ {
         self.pages.iter().filter_map(|p| match &p.body {
             Body::Disk(d) => Some(&d.file),

@@ -45,6 +45,21 @@ pub enum Lifetime {
     ExpiresAtMs(i64),
 }
 
+impl Lifetime {
+    /// When a stream last accessed at `last_access_ms` expires (Unix ms), or None when
+    /// it never does, or only past what a millisecond clock can hold.
+    pub fn deadline_ms(self, last_access_ms: i64) -> Option<i64> {
+        match self {
+            Lifetime::Forever => None,
+            Lifetime::TtlSeconds(t) => i64::try_from(t)
+                .ok()?
+                .checked_mul(1000)?
+                .checked_add(last_access_ms),
+            Lifetime::ExpiresAtMs(at) => Some(at),
+        }
+    }
+}
+
 /// A producer's identity and position, carried by the append it deduplicates.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProducerStamp {

@@ -243,6 +243,12 @@ pub struct Stream {
     version: Cell<u64>,
     /// Tasks waiting for a change, by waiter id (see `Shard::changed`).
     waiters: RefCell<HashMap<u64, Waker>>,
+    /// Last time (Unix ms, to the second) the shard handed this stream out: a stream unused
+    /// for a while goes dormant (see `shard::dormancy`).
+    pub(crate) used_ms: Cell<i64>,
+    /// Counts the changes made to it through the catalog, so that a stream whose state was
+    /// saved to go dormant only does if nothing changed meanwhile.
+    pub(crate) changes: u64,
 }
 
 impl Stream {
@@ -271,6 +277,8 @@ impl Stream {
             last_access_ms: Cell::new(now_ms),
             version: Cell::new(0),
             waiters: RefCell::new(HashMap::new()),
+            used_ms: Cell::new(now_ms),
+            changes: 0,
         }
     }
 
@@ -654,6 +662,11 @@ impl Stream {
         }
     }
 
+    /// Whether a task waits for this stream to change.
+    pub(crate) fn has_waiters(&self) -> bool {
+        !self.waiters.borrow().is_empty()
+    }
+
     /// Forget waiter `id` (its wait ended without a change).
     pub(crate) fn unregister_waiter(&self, id: u64) {
         self.waiters.borrow_mut().remove(&id);
@@ -872,6 +885,27 @@ impl Stream {
             out.push(0);
         }
         out
+    }
+
+    /// Heap bytes this stream's state holds (the struct itself included; its cached data
+    /// is counted by the read cache).
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let producers: usize = self
+            .producers
+            .iter()
+            .map(|(id, p)| id.len() + p.receipts.capacity() * size_of::<Receipt>())
+            .sum::<usize>()
+            + self.producers.capacity() * (size_of::<(Box<str>, Producer)>() + 1);
+        size_of::<Stream>()
+            + self.key.len()
+            + self.content_type.len()
+            + self.ext.len()
+            + self.last_stream_seq.as_ref().map_or(0, Bytes::len)
+            + producers
+            + self.index_heap_bytes()
+            + self.cache.heap_bytes()
+            + self.waiters.borrow().capacity() * (size_of::<(u64, Waker)>() + 1)
     }
 
     /// Heap bytes of the chunk table and message index.

@@ -103,11 +103,13 @@ impl Shard {
         let Ok(entries) = std::fs::read_dir(&blobs) else {
             return;
         };
+        // A stream with a snapshot never sleeps (see `dormancy`): the resident ones name
+        // every blob in use.
         let referenced: HashSet<Box<str>> = self
             .inner
-            .streams
+            .catalog
             .borrow()
-            .values()
+            .resident()
             .filter_map(|s| s.snapshot.as_ref().map(|m| m.blob.clone()))
             .collect();
         for entry in entries.flatten() {

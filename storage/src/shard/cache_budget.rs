@@ -13,7 +13,7 @@ impl Shard {
     pub(super) fn cached(&self, id: StreamId, a: &AppendRec) {
         if self.memory() {
             // Nothing is evicted in memory mode: the cache is the only copy.
-            if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+            if let Some(s) = self.inner.catalog.borrow_mut().get_mut(id) {
                 s.drain_fresh_cache_runs();
             }
             return;
@@ -27,7 +27,7 @@ impl Shard {
         self.inner
             .resident_bytes
             .set(self.inner.resident_bytes.get() + len);
-        if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+        if let Some(s) = self.inner.catalog.borrow_mut().get_mut(id) {
             let mut queue = self.inner.evict_queue.borrow_mut();
             queue.extend(s.drain_fresh_cache_runs().map(|start| (id, start)));
         }
@@ -39,13 +39,14 @@ impl Shard {
     pub(super) fn evict_over_budget(&self) {
         let budget = self.inner.cfg.cache_bytes;
         let mut queue = self.inner.evict_queue.borrow_mut();
-        let mut streams = self.inner.streams.borrow_mut();
+        let mut catalog = self.inner.catalog.borrow_mut();
         let mut pending_seen = 0;
         while self.inner.resident_bytes.get() > budget && pending_seen < queue.len() {
             let Some((id, start)) = queue.pop_front() else {
                 break;
             };
-            match streams.get_mut(&id) {
+            // A stream that went dormant (or was deleted) left its runs behind already.
+            match catalog.get_mut(id) {
                 Some(s) if s.cache_pending(start) => {
                     queue.push_back((id, start));
                     pending_seen += 1;

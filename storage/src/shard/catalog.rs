@@ -1,220 +1,356 @@
-//! The shard's streams and keys: creating, appending to, changing and deleting them.
+//! The catalog: every stream of the shard by id and by key, the ids and creation tokens
+//! handed out, and whether each stream is resident or dormant.
 //!
-//! Each change is checked against the head state, applied to it, and logged in one step with
-//! no await in between; the returned [`Commit`] resolves once its record is durable.
+//! A resident stream has its whole state in memory (a [`Stream`]: tables, producers, cache,
+//! waiters). A stream nobody has used for a while is made dormant (see `dormancy`): its state
+//! is saved in an index file and memory keeps only a [`Dormant`] entry (where the state is,
+//! when the stream expires, how many bytes it holds) beside its key. So a shard's memory
+//! grows with the streams in use, not with every stream it keeps. The catalog does no I/O:
+//! the shard reads a dormant stream's state back and hands it to [`Catalog::wake`].
 
-use super::*;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::rc::Rc;
 
-impl Shard {
-    pub fn lookup(&self, key: &str) -> Option<StreamId> {
-        self.inner.keys.borrow().get(key).copied()
-    }
+use super::FastMap;
+use crate::index::IndexFile;
+use crate::packed::DiskPage;
+use crate::stream::{Stream, StreamId};
 
-    /// What readers may see of stream `id`: its durable state (see [`StreamView`]).
-    pub fn stream(&self, id: StreamId) -> Option<StreamView<'_>> {
-        self.state(id).map(StreamView::new)
-    }
+/// A dormant stream's entry: what memory keeps of a stream whose state is in an index file.
+pub(crate) struct Dormant {
+    /// The saved state (see `dormancy::encode_state`).
+    pub(crate) state: DiskPage,
+    /// The index files its tables' pages are in, held open so they stay while it sleeps
+    /// (a file is deleted once nothing holds it; see `checkpointing`).
+    pub(crate) pins: Box<[Rc<IndexFile>]>,
+    /// When the stream expires (Unix ms; `i64::MAX`: never), so that the expiry sweep
+    /// does not have to wake it to find out.
+    pub(crate) deadline_ms: i64,
+    /// Bytes of data it holds (for the cleaner's space accounting after a restart).
+    pub(crate) data_bytes: u64,
+}
 
-    pub fn stream_by_key(&self, key: &str) -> Option<StreamView<'_>> {
-        self.stream(self.lookup(key)?)
-    }
+pub(super) struct Catalog {
+    entries: FastMap<StreamId, Entry>,
+    keys: FastMap<Box<str>, StreamId>,
+    next_id: StreamId,
+    last_incarnation: u64,
+    /// Every resident stream exactly once (unless it is being put to sleep), with a time
+    /// at or before its last use, oldest first: the sweep for idle streams reads the front.
+    by_use: VecDeque<(StreamId, i64)>,
+    /// Deadlines of dormant streams that expire, soonest first. An entry whose stream woke
+    /// up (or went to sleep again with another deadline) is stale and skipped.
+    deadlines: BinaryHeap<Reverse<(i64, StreamId)>>,
+    dormant: usize,
+    /// Bytes of all keys, and index files pinned by dormant streams (for `heap_bytes`).
+    key_bytes: usize,
+    pins: usize,
+}
 
-    /// Stream `id`'s head, for checking a new write against (see [`StreamHead`]).
-    pub fn head(&self, id: StreamId) -> Option<StreamHead<'_>> {
-        self.state(id).map(StreamHead::new)
-    }
+enum Entry {
+    Resident(Box<Stream>),
+    Dormant(Dormant),
+}
 
-    /// The whole state of stream `id`, head and visible end, for the engine itself.
-    pub(crate) fn state(&self, id: StreamId) -> Option<Ref<'_, Stream>> {
-        Ref::filter_map(self.inner.streams.borrow(), |m| m.get(&id)).ok()
-    }
-
-    #[cfg(test)]
-    pub(crate) fn state_by_key(&self, key: &str) -> Option<Ref<'_, Stream>> {
-        self.state(self.lookup(key)?)
-    }
-
-    /// Keys of all streams, in no particular order.
-    pub fn keys(&self) -> Vec<Box<str>> {
-        self.inner.keys.borrow().keys().cloned().collect()
-    }
-
-    /// A creation token that differs from every incarnation this shard handed out before.
-    pub fn next_incarnation(&self, now_ms: i64) -> u64 {
-        let next = (now_ms.max(0) as u64).max(self.inner.last_incarnation.get() + 1);
-        self.inner.last_incarnation.set(next);
-        next
-    }
-
-    pub fn create(&self, spec: NewStream) -> Result<(StreamId, Commit), StorageError> {
-        self.admit(spec.initial.data.len())?;
-        let id = self.inner.next_id.get();
-        let mut initial = spec.initial;
-        initial.id = id;
-        initial.start = Offset::ZERO;
-        let rec = CreateRec {
-            id,
-            key: spec.key,
-            incarnation: spec.incarnation,
-            created_ms: spec.created_ms,
-            content_type: spec.content_type,
-            lifetime: spec.lifetime,
-            ext: spec.ext,
-            initial,
-        };
-        let record = Record::Create(rec);
-        let (lsn, loc) = self.log_record(&record, Some((id, Offset::ZERO, false)))?;
-        let Record::Create(rec) = record else {
-            unreachable!("built above")
-        };
-        self.inner.next_id.set(id + 1);
-        let now = crate::now_ms();
-        let mut stream = Stream::from_create(&rec, now);
-        let loc = loc.map(|l| l.with_data(rec.initial.data.len()));
-        let receipt =
-            stream.apply_append(&rec.initial, self.inner.cfg.receipt_window, now, loc, true);
-        self.set_effect_tail(lsn, id, receipt.next, stream.closed);
-        self.insert_stream(stream, lsn);
-        self.add_live(rec.initial.data.len() as u64);
-        self.cached(id, &rec.initial);
-        Ok((id, self.commit(lsn)))
-    }
-
-    /// Append to (and/or close) a stream. `a.id` and `a.start` are filled in here.
-    pub fn append(
-        &self,
-        id: StreamId,
-        mut a: AppendRec,
-    ) -> Result<(Receipt, Commit), StorageError> {
-        let tail = self.state(id).map(|s| s.tail).ok_or_else(missing)?;
-        self.admit(a.data.len())?;
-        a.id = id;
-        a.start = tail;
-        let record = Record::Append(a);
-        let (lsn, loc) = self.log_record(&record, None)?;
-        let Record::Append(a) = record else {
-            unreachable!("built above")
-        };
-        let now = crate::now_ms();
-        let loc = loc.map(|l| l.with_data(a.data.len()));
-        let mut streams = self.inner.streams.borrow_mut();
-        let stream = streams.get_mut(&id).ok_or_else(missing)?;
-        let receipt = stream.apply_append(&a, self.inner.cfg.receipt_window, now, loc, true);
-        stream.last_access_ms.set(now);
-        let closed = stream.closed;
-        drop(streams);
-        self.add_live(a.data.len() as u64);
-        self.cached(id, &a);
-        self.set_effect_tail(lsn, id, receipt.next, closed);
-        if self.memory() {
-            self.make_visible(id, receipt.next, closed);
+impl Catalog {
+    pub(super) fn new() -> Catalog {
+        Catalog {
+            entries: FastMap::default(),
+            keys: FastMap::default(),
+            next_id: 1,
+            last_incarnation: 0,
+            by_use: VecDeque::new(),
+            deadlines: BinaryHeap::new(),
+            dormant: 0,
+            key_bytes: 0,
+            pins: 0,
         }
-        Ok((receipt, self.commit(lsn)))
     }
 
-    pub fn delete(&self, id: StreamId) -> Result<Commit, StorageError> {
-        let (lsn, _) = self.log_record(&Record::Delete { id }, None)?;
-        let removed = self.inner.streams.borrow_mut().remove(&id);
-        if let Some(stream) = removed {
-            self.inner.keys.borrow_mut().remove(&stream.key);
-            let freed = stream.resident_bytes();
-            self.inner
-                .resident_bytes
-                .set(self.inner.resident_bytes.get().saturating_sub(freed));
-            self.inner.live_bytes.set(
-                self.inner
-                    .live_bytes
-                    .get()
-                    .saturating_sub(stream.data_bytes()),
-            );
-            if let Some(snap) = &stream.snapshot {
-                self.drop_blob(lsn, snap.blob.clone());
+    pub(super) fn lookup(&self, key: &str) -> Option<StreamId> {
+        self.keys.get(key).copied()
+    }
+
+    /// Stream `id` if it is resident.
+    pub(super) fn get(&self, id: StreamId) -> Option<&Stream> {
+        match self.entries.get(&id)? {
+            Entry::Resident(s) => Some(s),
+            Entry::Dormant(_) => None,
+        }
+    }
+
+    /// Stream `id` if it is resident, to change it.
+    pub(super) fn get_mut(&mut self, id: StreamId) -> Option<&mut Stream> {
+        match self.entries.get_mut(&id)? {
+            Entry::Resident(s) => {
+                s.changes += 1;
+                Some(s)
             }
-            stream.notify();
-        }
-        Ok(self.commit(lsn))
-    }
-
-    /// Make `meta` (whose blob is durable) the stream's visible snapshot, replacing any other.
-    pub fn set_snapshot(&self, id: StreamId, meta: SnapshotMeta) -> Result<Commit, StorageError> {
-        let record = Record::Snapshot { id, meta };
-        let (lsn, _) = self.log_record(&record, None)?;
-        let Record::Snapshot { meta, .. } = record else {
-            unreachable!("built above")
-        };
-        let old = match self.inner.streams.borrow_mut().get_mut(&id) {
-            Some(s) => s.snapshot.replace(meta),
-            None => None,
-        };
-        if let Some(old) = old {
-            self.drop_blob(lsn, old.blob);
-        }
-        Ok(self.commit(lsn))
-    }
-
-    /// Advance a stream's retention point to `offset` (a message boundary the caller has
-    /// validated): data before it stops being readable and its space is reclaimed.
-    pub fn retain(&self, id: StreamId, offset: Offset) -> Result<Commit, StorageError> {
-        let first_record = self
-            .stream(id)
-            .map(|s| s.message_at_or_after(offset))
-            .ok_or_else(missing)?;
-        let (lsn, _) = self.log_record(
-            &Record::Retain {
-                id,
-                offset,
-                first_record,
-            },
-            None,
-        )?;
-        let freed = match self.inner.streams.borrow_mut().get_mut(&id) {
-            Some(s) => s.retain(offset, first_record),
-            None => (0, 0),
-        };
-        self.inner
-            .live_bytes
-            .set(self.inner.live_bytes.get().saturating_sub(freed.0));
-        self.inner
-            .resident_bytes
-            .set(self.inner.resident_bytes.get().saturating_sub(freed.1));
-        Ok(self.commit(lsn))
-    }
-
-    /// Replace the server-owned state blob of a stream.
-    pub fn set_ext(&self, id: StreamId, ext: Bytes) -> Result<Commit, StorageError> {
-        let record = Record::SetExt { id, ext };
-        let (lsn, _) = self.log_record(&record, None)?;
-        let Record::SetExt { ext, .. } = record else {
-            unreachable!("built above")
-        };
-        if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
-            s.ext = ext;
-        }
-        Ok(self.commit(lsn))
-    }
-
-    /// Record an access for sliding TTLs.
-    pub fn touch(&self, id: StreamId, now_ms: i64) {
-        if let Some(s) = self.inner.streams.borrow().get(&id) {
-            s.last_access_ms.set(now_ms);
+            Entry::Dormant(_) => None,
         }
     }
 
-    pub(super) fn insert_stream(&self, stream: Stream, lsn: Lsn) {
+    /// Stream `id`'s dormant entry, if it is dormant.
+    pub(super) fn dormant(&self, id: StreamId) -> Option<&Dormant> {
+        match self.entries.get(&id)? {
+            Entry::Dormant(d) => Some(d),
+            Entry::Resident(_) => None,
+        }
+    }
+
+    pub(super) fn contains(&self, id: StreamId) -> bool {
+        self.entries.contains_key(&id)
+    }
+
+    /// Streams, resident and dormant.
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(super) fn dormant_count(&self) -> usize {
+        self.dormant
+    }
+
+    pub(super) fn keys(&self) -> impl Iterator<Item = &Box<str>> + '_ {
+        self.keys.keys()
+    }
+
+    pub(super) fn resident(&self) -> impl Iterator<Item = &Stream> + '_ {
+        self.entries.values().filter_map(|e| match e {
+            Entry::Resident(s) => Some(&**s),
+            Entry::Dormant(_) => None,
+        })
+    }
+
+    pub(super) fn resident_mut(&mut self) -> impl Iterator<Item = &mut Stream> + '_ {
+        self.entries.values_mut().filter_map(|e| match e {
+            Entry::Resident(s) => Some(&mut **s),
+            Entry::Dormant(_) => None,
+        })
+    }
+
+    /// Dormant streams with their keys.
+    pub(super) fn dormant_by_key(&self) -> impl Iterator<Item = (&str, StreamId, &Dormant)> + '_ {
+        self.keys
+            .iter()
+            .filter_map(|(key, &id)| match self.entries.get(&id)? {
+                Entry::Dormant(d) => Some((&**key, id, d)),
+                Entry::Resident(_) => None,
+            })
+    }
+
+    pub(super) fn next_id(&self) -> StreamId {
+        self.next_id
+    }
+
+    /// Ids below `id` are taken (recovery, and a create).
+    pub(super) fn taken_below(&mut self, id: StreamId) {
+        self.next_id = self.next_id.max(id);
+    }
+
+    pub(super) fn last_incarnation(&self) -> u64 {
+        self.last_incarnation
+    }
+
+    /// Creation tokens up to `incarnation` are taken.
+    pub(super) fn incarnation_taken(&mut self, incarnation: u64) {
+        self.last_incarnation = self.last_incarnation.max(incarnation);
+    }
+
+    /// Add a resident stream used at `now_ms`. Returns the stream its key named before, if
+    /// it was resident (it is removed either way), so that its readers can be told.
+    pub(super) fn insert(&mut self, stream: Stream, now_ms: i64) -> Option<Stream> {
         let id = stream.id;
-        if stream.incarnation > self.inner.last_incarnation.get() {
-            self.inner.last_incarnation.set(stream.incarnation);
+        self.incarnation_taken(stream.incarnation);
+        self.taken_below(id + 1);
+        let replaced = self.bind_key(stream.key.clone(), id);
+        self.put(id, Entry::Resident(Box::new(stream)));
+        self.by_use.push_back((id, now_ms));
+        replaced
+    }
+
+    /// Add a dormant stream (recovery).
+    pub(super) fn insert_dormant(&mut self, id: StreamId, key: Box<str>, d: Dormant) {
+        self.taken_below(id + 1);
+        if d.deadline_ms != i64::MAX {
+            self.deadlines.push(Reverse((d.deadline_ms, id)));
         }
-        let visible = self.memory() || lsn <= self.durable_lsn();
-        let (tail, closed) = (stream.tail, stream.closed);
-        if let Some(old) = self.inner.keys.borrow_mut().insert(stream.key.clone(), id) {
-            if let Some(s) = self.inner.streams.borrow_mut().remove(&old) {
-                s.notify();
+        self.bind_key(key, id);
+        self.put(id, Entry::Dormant(d));
+    }
+
+    /// Point `key` at `id`; the stream it named before is removed and returned if it was
+    /// resident.
+    fn bind_key(&mut self, key: Box<str>, id: StreamId) -> Option<Stream> {
+        let len = key.len();
+        match self.keys.insert(key, id) {
+            None => {
+                self.key_bytes += len;
+                None
+            }
+            Some(old) if old != id => self.take(old),
+            Some(_) => None,
+        }
+    }
+
+    fn put(&mut self, id: StreamId, entry: Entry) {
+        if let Entry::Dormant(d) = &entry {
+            self.dormant += 1;
+            self.pins += d.pins.len();
+        }
+        if let Some(old) = self.entries.insert(id, entry) {
+            self.forget(&old);
+        }
+    }
+
+    /// Remove entry `id` (not its key); the stream if it was resident.
+    fn take(&mut self, id: StreamId) -> Option<Stream> {
+        let entry = self.entries.remove(&id)?;
+        self.forget(&entry);
+        match entry {
+            Entry::Resident(s) => Some(*s),
+            Entry::Dormant(_) => None,
+        }
+    }
+
+    /// Count an entry out of the totals.
+    fn forget(&mut self, entry: &Entry) {
+        if let Entry::Dormant(d) = entry {
+            self.dormant -= 1;
+            self.pins -= d.pins.len();
+        }
+    }
+
+    /// Remove stream `id` and its key; returns it if it was resident. Callers that need a
+    /// stream's state to remove it (deletion) wake it first: finding a dormant stream's key
+    /// takes a scan of every key.
+    pub(super) fn remove(&mut self, id: StreamId) -> Option<Stream> {
+        let stream = self.take(id);
+        let key = match &stream {
+            Some(s) => Some(s.key.clone()),
+            None => self
+                .keys
+                .iter()
+                .find(|(_, &v)| v == id)
+                .map(|(k, _)| k.clone()),
+        };
+        if let Some(key) = key.filter(|k| self.keys.get(k) == Some(&id)) {
+            self.keys.remove(&key);
+            self.key_bytes -= key.len();
+        }
+        stream
+    }
+
+    /// Replace dormant stream `id`'s entry with its state, read back from disk; used now.
+    pub(super) fn wake(&mut self, id: StreamId, stream: Stream, now_ms: i64) {
+        assert!(
+            stream.id == id && self.dormant(id).is_some(),
+            "only a dormant stream wakes, with its own state"
+        );
+        self.put(id, Entry::Resident(Box::new(stream)));
+        self.by_use.push_back((id, now_ms));
+    }
+
+    /// Resident streams unused since `cutoff_ms`, at most `most` of them, taken off the use
+    /// order: each goes to sleep with [`Catalog::sleep`] or back with [`Catalog::keep`].
+    pub(super) fn idle(&mut self, cutoff_ms: i64, most: usize) -> Vec<StreamId> {
+        let mut out = Vec::new();
+        while out.len() < most {
+            match self.by_use.front() {
+                Some(&(_, seen)) if seen <= cutoff_ms => {}
+                _ => break,
+            }
+            let Some((id, _)) = self.by_use.pop_front() else {
+                break;
+            };
+            // Gone, or asleep already (a stale place from before it slept): dropped.
+            if let Some(Entry::Resident(s)) = self.entries.get(&id) {
+                let used = s.used_ms.get();
+                if used <= cutoff_ms {
+                    out.push(id);
+                } else {
+                    self.by_use.push_back((id, used));
+                }
             }
         }
-        self.inner.streams.borrow_mut().insert(id, stream);
-        if visible {
-            self.make_visible(id, tail, closed);
+        out
+    }
+
+    /// The earliest time the use order has for a resident stream (its last use is at or
+    /// after it).
+    pub(super) fn oldest_use(&self) -> Option<i64> {
+        self.by_use.front().map(|&(_, t)| t)
+    }
+
+    /// Put an idle stream back in the use order: it stays resident.
+    pub(super) fn keep(&mut self, id: StreamId, now_ms: i64) {
+        if let Some(Entry::Resident(_)) = self.entries.get(&id) {
+            self.by_use.push_back((id, now_ms));
         }
+    }
+
+    /// Make resident stream `id` dormant, its state saved as `d`, if it has not changed
+    /// since `changes` (its count when the state was saved). Returns the stream it was, to
+    /// release what it held, or None if it changed (or is gone) and stays as it is.
+    pub(super) fn sleep(&mut self, id: StreamId, changes: u64, d: Dormant) -> Option<Stream> {
+        match self.entries.get(&id) {
+            Some(Entry::Resident(s)) if s.changes == changes => {}
+            _ => return None,
+        }
+        if d.deadline_ms != i64::MAX {
+            self.deadlines.push(Reverse((d.deadline_ms, id)));
+        }
+        let stream = self.take(id);
+        self.put(id, Entry::Dormant(d));
+        stream
+    }
+
+    /// Dormant streams whose deadline is at or before `now_ms`.
+    pub(super) fn dormant_expired(&mut self, now_ms: i64) -> Vec<StreamId> {
+        let mut out = Vec::new();
+        while let Some(&Reverse((deadline, id))) = self.deadlines.peek() {
+            if deadline > now_ms {
+                break;
+            }
+            self.deadlines.pop();
+            if self.dormant(id).is_some_and(|d| d.deadline_ms == deadline) {
+                out.push(id);
+            }
+        }
+        // Stale deadlines (streams that woke up) leave when they pass; a heap mostly stale
+        // is rebuilt from the dormant entries, so it stays within twice their number.
+        if self.deadlines.len() > 2 * self.dormant + 1024 {
+            self.deadlines = self
+                .entries
+                .iter()
+                .filter_map(|(&id, e)| match e {
+                    Entry::Dormant(d) if d.deadline_ms != i64::MAX => {
+                        Some(Reverse((d.deadline_ms, id)))
+                    }
+                    _ => None,
+                })
+                .collect();
+        }
+        out
+    }
+
+    /// Resident streams that may expire (their lifetime is not forever).
+    pub(super) fn resident_mortal(&self) -> Vec<StreamId> {
+        self.resident()
+            .filter(|s| s.lifetime != crate::record::Lifetime::Forever)
+            .map(|s| s.id)
+            .collect()
+    }
+
+    /// Heap bytes the catalog holds for its entries, keys and orders (hash tables at their
+    /// capacity, keys at their length), not counting resident streams' own state.
+    pub(super) fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let entries = self.entries.capacity() * (size_of::<(StreamId, Entry)>() + 1);
+        let keys = self.keys.capacity() * (size_of::<(Box<str>, StreamId)>() + 1);
+        let orders = self.by_use.capacity() * size_of::<(StreamId, i64)>()
+            + self.deadlines.capacity() * size_of::<Reverse<(i64, StreamId)>>();
+        entries + keys + self.key_bytes + self.pins * size_of::<Rc<IndexFile>>() + orders
     }
 }

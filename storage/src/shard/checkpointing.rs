@@ -10,7 +10,7 @@ use super::*;
 const ENCODE_SLICE_BYTES: usize = 256 << 10;
 
 /// Let every other task that is ready run before this one goes on.
-async fn yield_to_requests() {
+pub(super) async fn yield_to_requests() {
     let mut yielded = false;
     poll_fn(|cx| {
         if yielded {
@@ -88,9 +88,9 @@ impl Shard {
     /// Bytes of completed pages that are not in an index file yet.
     pub(super) fn unwritten_page_bytes(&self) -> usize {
         self.inner
-            .streams
+            .catalog
             .borrow()
-            .values()
+            .resident()
             .map(|s| {
                 let (chunks, msgs) = s.tables();
                 chunks
@@ -120,8 +120,9 @@ impl Shard {
         result
     }
 
-    /// Write every page not in an index file yet to a new index file, and let those pages
-    /// leave memory. Callers hold `upkeep_busy`.
+    /// Write every page not in an index file yet, and the saved state of every stream
+    /// that is idle enough to go dormant, to a new index file; then let those pages leave
+    /// memory and those streams sleep. Callers hold `upkeep_busy`.
     pub(super) async fn write_index(&self, dir: &Path) -> Result<(), StorageError> {
         // Every page completed so far is covered once this returns, so is every sealed
         // segment's roll.
@@ -131,29 +132,62 @@ impl Shard {
             .borrow()
             .as_ref()
             .and_then(|l| l.write_seg.prev());
-        let number = IndexFileNo::after(self.last_lsn(), self.inner.newest_index_file.get());
-        // Each page, and whose table it is in (stream, chunk table or record index).
+        let sleepers = self.idle_streams(self.clock_ms()).await;
+        let asleep: FastSet<StreamId> = sleepers.iter().map(|s| s.id()).collect();
+        // Each page, and whose table it is in (stream, chunk table or record index). A
+        // stream going to sleep carries its pages in its saved state.
         let (mut pages, mut owners) = (Vec::new(), Vec::new());
-        for (&id, s) in self.inner.streams.borrow().iter() {
+        for s in self.inner.catalog.borrow().resident() {
+            if asleep.contains(&s.id) {
+                continue;
+            }
             let (chunks, msgs) = s.tables();
             for p in chunks.unwritten_pages() {
                 pages.push(p.clone());
-                owners.push((id, true));
+                owners.push((s.id, true));
             }
             for p in msgs.unwritten_pages() {
                 pages.push(p.clone());
-                owners.push((id, false));
+                owners.push((s.id, false));
             }
+        }
+        let mut number = IndexFileNo::after(self.last_lsn(), self.inner.newest_index_file.get());
+        if number.is_none() && !sleepers.is_empty() {
+            // No record since the newest file (a quiet shard): a file's number must be a
+            // newer LSN, so log one, an image of a sleeper (its state as it is: replaying
+            // it changes nothing).
+            let image = self.state(sleepers[0].id()).map(|s| s.image());
+            if let Some(image) = image {
+                self.log_record(&Record::Image(image), None)?;
+            }
+            number = IndexFileNo::after(self.last_lsn(), self.inner.newest_index_file.get());
         }
         // Without a number (no record since the newest file: only just after a restart),
         // the pages stay in memory and in the checkpoint until one arrives.
-        if let (false, Some(number)) = (pages.is_empty(), number) {
-            let started = Instant::now();
-            let (file, offsets) = index::write(dir, self.inner.cfg.shard, number, &pages).await?;
-            self.inner.newest_index_file.set(number);
-            let mut streams = self.inner.streams.borrow_mut();
-            for (((id, chunk_table), page), off) in owners.into_iter().zip(&pages).zip(offsets) {
-                let Some(s) = streams.get_mut(&id) else {
+        let Some(number) = number.filter(|_| !pages.is_empty() || !sleepers.is_empty()) else {
+            self.keep_awake(sleepers);
+            self.indexed_through(sealed);
+            return Ok(());
+        };
+        let started = Instant::now();
+        let blobs: Vec<Bytes> = pages
+            .iter()
+            .cloned()
+            .chain(sleepers.iter().map(|s| s.state().clone()))
+            .collect();
+        let written = index::write(dir, self.inner.cfg.shard, number, &blobs).await;
+        let (file, offsets) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                self.keep_awake(sleepers);
+                return Err(e.into());
+            }
+        };
+        self.inner.newest_index_file.set(number);
+        {
+            let mut catalog = self.inner.catalog.borrow_mut();
+            for (((id, chunk_table), page), &off) in owners.into_iter().zip(&pages).zip(&offsets) {
+                let Some(s) = catalog.get_mut(id) else {
                     continue;
                 };
                 let at = crate::packed::DiskPage {
@@ -170,22 +204,29 @@ impl Shard {
                     msgs.page_written(page, at);
                 }
             }
-            drop(streams);
-            self.inner.index_files.borrow_mut().insert(number, file);
-            tracing::debug!(
-                shard = self.inner.cfg.shard,
-                file = number.get(),
-                pages = pages.len(),
-                bytes = pages.iter().map(Bytes::len).sum::<usize>(),
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "index file written"
-            );
         }
+        let slept = sleepers.len();
+        self.put_to_sleep(sleepers, &file, &offsets[pages.len()..]);
+        self.inner.index_files.borrow_mut().insert(number, file);
+        tracing::debug!(
+            shard = self.inner.cfg.shard,
+            file = number.get(),
+            pages = pages.len(),
+            sleepers = slept,
+            bytes = blobs.iter().map(Bytes::len).sum::<usize>(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "index file written"
+        );
+        self.indexed_through(sealed);
+        Ok(())
+    }
+
+    /// Segments up to `sealed` have their completed pages in index files.
+    fn indexed_through(&self, sealed: Option<SegmentNo>) {
         if let Some(sealed) = sealed {
             let through = self.inner.indexed_through.get().max(sealed);
             self.inner.indexed_through.set(through);
         }
-        Ok(())
     }
 
     pub(super) async fn write_checkpoint_in(&self, dir: &Path) -> Result<(), StorageError> {
@@ -203,8 +244,8 @@ impl Shard {
             lsn: self.last_lsn(),
             segment,
             offset,
-            next_id: self.inner.next_id.get(),
-            last_incarnation: self.inner.last_incarnation.get(),
+            next_id: self.inner.catalog.borrow().next_id(),
+            last_incarnation: self.inner.catalog.borrow().last_incarnation(),
             blob_counter: self.inner.blob_counter.get(),
         };
         let logged = self.inner.logged_bytes.get();
@@ -224,13 +265,18 @@ impl Shard {
         // shares pages and frozen blocks with the streams, so this is bounded by the
         // streams' unpacked entries, not by their pages.
         let capture_started = Instant::now();
-        let captured: Vec<checkpoint::CapturedStream> = self
-            .inner
-            .streams
-            .borrow()
-            .values()
-            .map(checkpoint::CapturedStream::of)
-            .collect();
+        let (captured, dormant) = {
+            let catalog = self.inner.catalog.borrow();
+            let captured: Vec<checkpoint::CapturedStream> = catalog
+                .resident()
+                .map(checkpoint::CapturedStream::of)
+                .collect();
+            let mut dormant = Vec::with_capacity(catalog.dormant_count() * 48);
+            for (key, id, d) in catalog.dormant_by_key() {
+                checkpoint::encode_dormant(&mut dormant, id, key, d);
+            }
+            (captured, (catalog.dormant_count() as u64, dormant))
+        };
         let segments: Vec<(SegmentNo, Vec<StreamId>)> = self
             .inner
             .segments
@@ -256,7 +302,7 @@ impl Shard {
                 slice_started = Instant::now();
             }
         }
-        let image = encoder.finish(self.inner.cfg.shard, pos, segments.into_iter());
+        let image = encoder.finish(self.inner.cfg.shard, pos, dormant, segments.into_iter());
         let slice_max_us = slice_max.max(slice_started.elapsed()).as_micros() as u64;
         let encode_us = encode_started.elapsed().as_micros() as u64;
         let bytes = image.len();

@@ -155,7 +155,7 @@ impl Shard {
             self.commit(last_lsn).durable().await?;
         }
         for (id, start, loc) in moves {
-            if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+            if let Some(mut s) = self.state_mut(id) {
                 s.relocate(start, loc);
             }
         }

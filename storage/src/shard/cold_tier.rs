@@ -414,7 +414,7 @@ impl Shard {
     /// room, so it cannot delay a reader's own fetches).
     pub(super) fn read_ahead(&self, id: StreamId, to: Offset) {
         let Some(tier) = self.cold_tier() else { return };
-        let plan = match self.inner.streams.borrow_mut().get_mut(&id) {
+        let plan = match self.inner.catalog.borrow_mut().get_mut(id) {
             Some(s) => s.read_plan(to, to.saturating_add(READAHEAD_BYTES)),
             None => return,
         };

@@ -35,7 +35,8 @@ impl Shard {
     }
 
     pub(super) fn make_visible(&self, id: StreamId, tail: Offset, closed: bool) {
-        if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+        // A stream with something in flight never sleeps (see `dormancy`).
+        if let Some(s) = self.inner.catalog.borrow_mut().get_mut(id) {
             s.make_visible(tail, closed);
         }
     }

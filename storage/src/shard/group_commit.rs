@@ -89,6 +89,11 @@ impl GroupCommit {
         self.failure.as_ref()
     }
 
+    /// Heap bytes of the commit waiters.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.waiters.capacity() * std::mem::size_of::<(Ticket, Waker)>()
+    }
+
     /// Framed bytes accepted but not yet durable.
     pub(super) fn unflushed_bytes(&self) -> u64 {
         self.queued_bytes + self.flushing_bytes

@@ -264,7 +264,11 @@ fn a_data_dir_from_before_index_files_opens_and_moves_to_them() {
     });
     let written =
         std::fs::read(dir.path().join("shard-0").join(checkpoint::FILE_NAME)).expect("checkpoint");
-    assert_eq!(&written[12..16], &2u32.to_le_bytes(), "now format 2");
+    assert_eq!(
+        &written[12..16],
+        &3u32.to_le_bytes(),
+        "now the current format"
+    );
     block_on(async {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
         check(&shard, &models).await;

@@ -15,7 +15,7 @@
 //! of a shard lives on one thread: `Rc`/`RefCell`, no locks. Callers must not hold a `Ref`
 //! from [`Shard::stream`] across a call that mutates the shard.
 
-use std::cell::{Cell, Ref, RefCell};
+use std::cell::{Cell, Ref, RefCell, RefMut};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::{poll_fn, Future};
 use std::io;
@@ -40,12 +40,16 @@ use crate::view::{StreamHead, StreamView};
 mod blobs;
 mod cache_budget;
 mod catalog;
+mod changes;
 mod checkpointing;
 mod cleaner;
 #[cfg(test)]
 mod cold_tests;
 mod cold_tier;
 mod commit;
+mod dormancy;
+#[cfg(test)]
+mod dormancy_tests;
 mod group_commit;
 #[cfg(test)]
 mod index_tests;
@@ -58,6 +62,8 @@ mod tests;
 mod upkeep;
 mod writer;
 
+use catalog::Catalog;
+pub(crate) use catalog::Dormant;
 pub use cleaner::DiskUsage;
 pub use cold_tier::{
     write_cold_marker, COLD_BLOCK_BYTES, COLD_MARKER, DEFAULT_COLD_CACHE_BYTES,
@@ -125,6 +131,14 @@ pub struct ShardConfig {
     /// Bytes of cold-tier fetches a shard has in flight at once: what keeps catch-up
     /// readers of cold data from taking the network and the core from appends.
     pub cold_in_flight_bytes: usize,
+    /// A stream unused this long goes dormant: its state is saved to an index file and
+    /// leaves memory until it is used again (see `dormancy`). `Duration::MAX` keeps every
+    /// stream resident.
+    pub idle_after: Duration,
+    /// Streams whose server-owned state (`ext`) this says yes to never go dormant: what
+    /// the server must see of them without waking them (a stream deleted while forks still
+    /// read it is hidden from listings, which count dormant streams without waking them).
+    pub stays_resident: fn(&[u8]) -> bool,
     /// Lets tests stand in for a small disk: creating a segment file while this many exist
     /// fails as a full disk does.
     pub(crate) disk_segments: Option<usize>,
@@ -151,6 +165,8 @@ impl ShardConfig {
             local_bytes: None,
             cold_cache_bytes: DEFAULT_COLD_CACHE_BYTES,
             cold_in_flight_bytes: DEFAULT_COLD_IN_FLIGHT_BYTES,
+            idle_after: DEFAULT_IDLE_AFTER,
+            stays_resident: |_| false,
             disk_segments: None,
             tiny_segments: false,
         }
@@ -161,6 +177,7 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 128 << 20;
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
 pub const DEFAULT_WRITE_BUDGET_BYTES: usize = 256 << 20;
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
+pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(60);
 /// Least log bytes between checkpoints, as a multiple of the last checkpoint's size.
 pub const CHECKPOINT_LOG_RATIO: u64 = 4;
 /// A segment must hold the largest record.
@@ -276,6 +293,47 @@ pub struct ShardStats {
     pub local_segment_bytes: u64,
 }
 
+/// Heap bytes a shard holds, by component: what `ursula_memory_bytes` reports. Each is the
+/// component's own count of what it holds (tables at their capacity), not a reading of
+/// the allocator, so RSS above their sum is the allocator's and the connections'.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HeapUsage {
+    /// The catalog: its tables of streams and keys, the keys, dormant entries, the orders
+    /// by last use and by deadline.
+    pub catalog: usize,
+    /// Resident streams' own state: metadata, producers and receipts, the unpacked ends
+    /// and page handles of their tables, pages not written to an index file yet.
+    pub streams: usize,
+    /// Stream data cached for reads (`cache_bytes` bounds it).
+    pub read_cache: usize,
+    /// Index pages read back from index files (`index_cache_bytes` bounds it; per core).
+    pub index_cache: usize,
+    /// Blocks fetched from the cold tier, cached and in flight.
+    pub cold_cache: usize,
+    /// Write batches being filled or flushed, and the pool kept for reuse.
+    pub write_buffers: usize,
+    /// The cleaner's map of which streams have records in which segment.
+    pub segment_map: usize,
+    /// Commit waiters.
+    pub group_commit: usize,
+}
+
+impl HeapUsage {
+    /// Each component by name (the `component` label of `ursula_memory_bytes`).
+    pub fn components(&self) -> [(&'static str, usize); 8] {
+        [
+            ("catalog", self.catalog),
+            ("streams", self.streams),
+            ("read_cache", self.read_cache),
+            ("index_cache", self.index_cache),
+            ("cold_cache", self.cold_cache),
+            ("write_buffers", self.write_buffers),
+            ("segment_map", self.segment_map),
+            ("group_commit", self.group_commit),
+        ]
+    }
+}
+
 /// Upper bounds, in microseconds, of the commit write latency buckets in [`ShardStats`].
 pub const COMMIT_WRITE_BUCKETS_US: [u64; 14] = [
     50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
@@ -301,10 +359,10 @@ pub struct Shard {
 
 struct Inner {
     cfg: ShardConfig,
-    streams: RefCell<FastMap<StreamId, Stream>>,
-    keys: RefCell<FastMap<Box<str>, StreamId>>,
-    next_id: Cell<StreamId>,
-    last_incarnation: Cell<u64>,
+    /// Streams by id and key, resident or dormant; ids and creation tokens handed out.
+    catalog: RefCell<Catalog>,
+    /// Now, to the second: what streams' last use is stamped with (see `dormancy`).
+    clock_ms: Cell<i64>,
     log: RefCell<Option<Log>>,
     /// LSNs, durability, bytes awaiting the flusher, the failure and commit waiters.
     group_commit: RefCell<GroupCommit>,
@@ -358,10 +416,8 @@ impl Shard {
         crate::fault::skips();
         let inner = Rc::new(Inner {
             cfg: cfg.clone(),
-            streams: RefCell::new(FastMap::default()),
-            keys: RefCell::new(FastMap::default()),
-            next_id: Cell::new(1),
-            last_incarnation: Cell::new(0),
+            catalog: RefCell::new(Catalog::new()),
+            clock_ms: Cell::new(crate::now_ms()),
             log: RefCell::new(None),
             group_commit: RefCell::new(GroupCommit::new((SegmentNo::default(), DATA_START))),
             flusher: RefCell::new(None),
@@ -404,7 +460,7 @@ impl Shard {
             let upkeep = shard.clone();
             monoio::spawn(async move { upkeep.run_upkeep().await });
         }
-        report.streams = shard.inner.streams.borrow().len();
+        report.streams = shard.inner.catalog.borrow().len();
         report.elapsed = started.elapsed();
         Ok((shard, report))
     }
@@ -433,6 +489,37 @@ impl Shard {
             stats.cold_bytes_in_flight = t.bytes_in_flight() as u64;
         }
         stats
+    }
+
+    /// Heap bytes held by each of the shard's components (see [`HeapUsage`]). Walks the
+    /// resident streams and the segment map: for a metrics scrape, not a hot path.
+    pub fn heap_usage(&self) -> HeapUsage {
+        let catalog = self.inner.catalog.borrow();
+        let streams = catalog.resident().map(Stream::heap_bytes).sum();
+        let segment_map = self
+            .inner
+            .segments
+            .borrow()
+            .values()
+            .map(|set| 16 + set.capacity() * (std::mem::size_of::<StreamId>() + 1))
+            .sum();
+        let stats = self.stats();
+        HeapUsage {
+            catalog: catalog.heap_bytes(),
+            streams,
+            read_cache: self.inner.resident_bytes.get(),
+            index_cache: index::cached_page_bytes(),
+            cold_cache: (stats.cold_cache_bytes + stats.cold_bytes_in_flight) as usize,
+            write_buffers: self
+                .inner
+                .log
+                .try_borrow()
+                .ok()
+                .and_then(|l| l.as_ref().map(Log::buffer_bytes))
+                .unwrap_or(0),
+            segment_map,
+            group_commit: self.inner.group_commit.borrow().heap_bytes(),
+        }
     }
 
     /// How far the log is durable (see [`crate::cold::DurableEnd`]).
@@ -533,7 +620,9 @@ impl Future for Changed<'_> {
     type Output = ();
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
-        match self.shard.inner.streams.borrow().get(&self.stream) {
+        // A stream that went dormant has nobody waiting on it, so this wait has not started
+        // yet; it ends at once and its reader looks again (waking the stream).
+        match self.shard.inner.catalog.borrow().get(self.stream) {
             Some(s) if s.version() == self.seen_version => {
                 s.register_waiter(self.waiter, cx.waker());
                 Poll::Pending
@@ -545,8 +634,8 @@ impl Future for Changed<'_> {
 
 impl Drop for Changed<'_> {
     fn drop(&mut self) {
-        if let Ok(streams) = self.shard.inner.streams.try_borrow() {
-            if let Some(s) = streams.get(&self.stream) {
+        if let Ok(catalog) = self.shard.inner.catalog.try_borrow() {
+            if let Some(s) = catalog.get(self.stream) {
                 s.unregister_waiter(self.waiter);
             }
         }

@@ -192,9 +192,15 @@ async fn check_all(shard: &Shard, models: &BTreeMap<String, Model>, rng: &mut Rn
     }
 }
 
-fn run(seed: u64, steps: usize, segment_bytes: u64, cold: bool) {
+/// With `dormant`, every stream is idle at once (`idle_after` zero), and the steps include
+/// putting them to sleep, so that the history runs through dormant streams woken by every
+/// kind of change, by the cleaner, by checkpoints and by restarts.
+fn run(seed: u64, steps: usize, segment_bytes: u64, cold: bool, dormant: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = config(dir.path(), segment_bytes);
+    if dormant {
+        cfg.idle_after = Duration::ZERO;
+    }
     // The local budget holds one segment: everything older is read from the cold tier.
     let store = cold.then(|| DirStore::new(&dir.path().join("cold"), Duration::ZERO));
     if let Some(store) = &store {
@@ -282,6 +288,9 @@ fn run(seed: u64, steps: usize, segment_bytes: u64, cold: bool) {
                         store.archive_sealed(&shard);
                         shard.evict_archived().await.expect("evict");
                     }
+                } else if dormant && roll < 975 {
+                    shard.sleep_idle().await.expect("sleep");
+                    assert!(shard.stream_counts().1 > 0 || models.is_empty());
                 } else if roll < 980 {
                     check_all(&shard, &models, &mut rng).await;
                 } else {
@@ -317,20 +326,32 @@ fn run(seed: u64, steps: usize, segment_bytes: u64, cold: bool) {
 #[test]
 fn random_histories_read_back_exactly_across_restarts() {
     for seed in [0x5eed_0001, 0x5eed_0002] {
-        run(seed, 1200, 0, false);
+        run(seed, 1200, 0, false, false);
     }
 }
 
 #[test]
 fn random_histories_over_many_small_segments_survive_cleaning_and_restarts() {
     for seed in [0x5eed_0003, 0x5eed_0004] {
-        run(seed, 1200, 16 << 10, false);
+        run(seed, 1200, 16 << 10, false, false);
     }
+}
+
+#[test]
+fn random_histories_through_dormant_streams_read_back_exactly() {
+    for seed in [0x5eed_0011, 0x5eed_0012] {
+        run(seed, 1200, 16 << 10, false, true);
+    }
+}
+
+#[test]
+fn random_histories_through_dormant_streams_with_a_cold_tier() {
+    run(0x5eed_0013, 1500, 16 << 10, true, true);
 }
 
 #[test]
 fn random_histories_with_a_cold_tier_survive_eviction_cleaning_and_restarts() {
     for seed in [0x5eed_0005, 0x5eed_0006, 0x5eed_0007] {
-        run(seed, 1500, 16 << 10, true);
+        run(seed, 1500, 16 << 10, true, false);
     }
 }

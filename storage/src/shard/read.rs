@@ -15,8 +15,8 @@ impl Shard {
         from: Offset,
         to: Offset,
     ) -> Result<Vec<Bytes>, StorageError> {
-        let plan = match self.inner.streams.borrow_mut().get_mut(&id) {
-            Some(s) => s.read_plan(from, to),
+        let plan = match self.state_mut(id) {
+            Some(mut s) => s.read_plan(from, to),
             None => return Ok(Vec::new()),
         };
         let mut out = Vec::with_capacity(plan.len());
@@ -141,7 +141,8 @@ impl Shard {
                 let off = (part.chunk_start - run_start) as usize;
                 out[part.slot] = run.slice(off + part.from..off + part.to);
             }
-            let added = match self.inner.streams.borrow_mut().get_mut(&id) {
+            // Not if it went dormant (or was deleted) while the span loaded.
+            let added = match self.inner.catalog.borrow_mut().get_mut(id) {
                 Some(s) => s.recache(run_start, &run),
                 None => 0,
             };

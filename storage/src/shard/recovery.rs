@@ -225,12 +225,18 @@ impl Shard {
             );
         }
         let mut live = 0;
-        for s in self.inner.streams.borrow_mut().values_mut() {
+        let mut catalog = self.inner.catalog.borrow_mut();
+        for s in catalog.resident_mut() {
             s.finish_recovery();
             let (tail, closed) = (s.tail, s.closed);
             s.make_visible(tail, closed);
             live += s.data_bytes();
         }
+        live += catalog
+            .dormant_by_key()
+            .map(|(_, _, d)| d.data_bytes)
+            .sum::<u64>();
+        drop(catalog);
         self.inner.live_bytes.set(live);
         // A long replay is worth a checkpoint at the first upkeep round.
         self.inner.logged_bytes.set(report.log_bytes);
@@ -307,8 +313,8 @@ impl Shard {
                 })
                 .clone()
         };
-        let (pos, saved, segments) =
-            checkpoint::decode(shard, &file, &mut open_index).map_err(|why| {
+        let (pos, saved, dormant, segments) = checkpoint::decode(shard, &file, &mut open_index)
+            .map_err(|why| {
                 StorageError::Failed(format!(
                     "checkpoint {} is corrupt ({why}); the log before it may already be \
                      reclaimed, so a full replay cannot stand in for it: restore this data \
@@ -329,6 +335,7 @@ impl Shard {
             };
             self.insert_stream(stream, Lsn::NONE);
         }
+        self.load_dormant(dormant, rebuild)?;
         {
             let mut map = self.inner.segments.borrow_mut();
             for (seg, ids) in segments {
@@ -336,21 +343,64 @@ impl Shard {
             }
         }
         self.adopt_index_files(dir, &opened)?;
-        self.inner
-            .next_id
-            .set(pos.next_id.max(self.inner.next_id.get()));
-        let inc = self.inner.last_incarnation.get().max(pos.last_incarnation);
-        self.inner.last_incarnation.set(inc);
+        {
+            let mut catalog = self.inner.catalog.borrow_mut();
+            catalog.taken_below(pos.next_id);
+            catalog.incarnation_taken(pos.last_incarnation);
+        }
         self.inner.blob_counter.set(pos.blob_counter);
         self.inner.checkpoint_segment.set(Some(pos.segment));
         self.inner.checkpoint_size.set(file.len() as u64);
         tracing::info!(
             shard = self.inner.cfg.shard,
             lsn = pos.lsn.get(),
-            streams = self.inner.streams.borrow().len(),
+            streams = self.inner.catalog.borrow().len(),
+            dormant = self.inner.catalog.borrow().dormant_count(),
             "loaded checkpoint"
         );
         Ok(Some(pos))
+    }
+
+    /// Enter the checkpoint's dormant streams into the catalog. One whose saved state is in
+    /// a missing or torn index file cannot be recovered (the log before the checkpoint may
+    /// be gone): that is an error, as a corrupt checkpoint is. One whose tables' pages are
+    /// in such a file is woken now and its tables rebuilt from the log (`rebuild`).
+    fn load_dormant(
+        &self,
+        dormant: Vec<checkpoint::SavedDormant>,
+        rebuild: &mut FastSet<StreamId>,
+    ) -> Result<(), StorageError> {
+        let now = self.clock_ms();
+        for d in dormant {
+            let Some(state) = d.state else {
+                return Err(StorageError::Failed(format!(
+                    "index file {} holding the saved state of dormant stream {} is missing \
+                     or torn; restore this data directory (with a cold tier: `ursula \
+                     restore`)",
+                    d.state_file.get(),
+                    d.key
+                )));
+            };
+            if d.pins_complete {
+                self.inner.catalog.borrow_mut().insert_dormant(
+                    d.id,
+                    d.key,
+                    Dormant {
+                        state,
+                        pins: d.pins.into_boxed_slice(),
+                        deadline_ms: d.deadline_ms,
+                        data_bytes: d.data_bytes,
+                    },
+                );
+                continue;
+            }
+            let bytes = state.file.saved_state(state.off, state.len);
+            let stream = dormancy::decode_needing_rebuild(&bytes, now)
+                .map_err(|why| StorageError::Failed(format!("dormant stream {}: {why}", d.key)))?;
+            rebuild.insert(d.id);
+            self.insert_stream(stream, Lsn::NONE);
+        }
+        Ok(())
     }
 
     /// Keep the index files the checkpoint named and opened (`named`), and delete the
@@ -388,7 +438,9 @@ impl Shard {
             .entry(loc.segment)
             .or_default()
             .insert(id);
-        self.inner.next_id.set(self.inner.next_id.get().max(id + 1));
+        self.inner.catalog.borrow_mut().taken_below(id + 1);
+        // A record for a stream that sleeps applies to its state, read back first.
+        self.wake(id);
         match record {
             Record::Create(c) => {
                 let mut stream = Stream::from_create(&c, now);
@@ -398,8 +450,8 @@ impl Shard {
             }
             Record::Append(a) => {
                 let loc = loc.with_data(a.data.len());
-                let mut streams = self.inner.streams.borrow_mut();
-                match streams.get_mut(&a.id) {
+                let mut catalog = self.inner.catalog.borrow_mut();
+                match catalog.get_mut(a.id) {
                     Some(s) if a.start == s.tail => {
                         s.apply_append(&a, window, now, Some(loc), false);
                     }
@@ -409,22 +461,22 @@ impl Shard {
             }
             Record::Relocate(a) => {
                 let loc = loc.with_data(a.data.len());
-                match self.inner.streams.borrow_mut().get_mut(&a.id) {
+                match self.inner.catalog.borrow_mut().get_mut(a.id) {
                     Some(s) => add_chunks(s, &a, loc),
                     None => stash.entry(a.id).or_default().push((strip(a), loc)),
                 }
             }
             Record::Image(i) => {
-                let known = self.inner.streams.borrow().contains_key(&i.id);
+                let known = self.inner.catalog.borrow().contains(i.id);
                 if known {
-                    if let Some(s) = self.inner.streams.borrow_mut().get_mut(&i.id) {
+                    if let Some(s) = self.inner.catalog.borrow_mut().get_mut(i.id) {
                         s.apply_image(&i);
                     }
                 } else {
                     self.insert_stream(Stream::from_image(&i, now), Lsn::NONE);
                 }
                 if let Some(pending) = stash.remove(&i.id) {
-                    if let Some(s) = self.inner.streams.borrow_mut().get_mut(&i.id) {
+                    if let Some(s) = self.inner.catalog.borrow_mut().get_mut(i.id) {
                         for (a, loc) in &pending {
                             add_chunks(s, a, *loc);
                         }
@@ -433,18 +485,16 @@ impl Shard {
             }
             Record::Delete { id } => {
                 stash.remove(&id);
-                if let Some(s) = self.inner.streams.borrow_mut().remove(&id) {
-                    self.inner.keys.borrow_mut().remove(&s.key);
-                }
+                self.inner.catalog.borrow_mut().remove(id);
             }
             Record::SetExt { id, ext } => {
-                if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                if let Some(s) = self.inner.catalog.borrow_mut().get_mut(id) {
                     s.ext = ext;
                 }
             }
             // For a stream not known yet, its image (later in the log) carries both.
             Record::Snapshot { id, meta } => {
-                if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                if let Some(s) = self.inner.catalog.borrow_mut().get_mut(id) {
                     s.snapshot = Some(meta);
                 }
             }
@@ -453,7 +503,7 @@ impl Shard {
                 offset,
                 first_record,
             } => {
-                if let Some(s) = self.inner.streams.borrow_mut().get_mut(&id) {
+                if let Some(s) = self.inner.catalog.borrow_mut().get_mut(id) {
                     s.retain(offset, first_record);
                 }
             }
@@ -478,7 +528,7 @@ impl Shard {
             streams = ids.len(),
             "rebuilding index pages from the log"
         );
-        let mut streams = self.inner.streams.borrow_mut();
+        let mut catalog = self.inner.catalog.borrow_mut();
         for &index in indexes {
             let path = segment::segment_path(dir, index);
             let buf = Bytes::from_owner(segment::read_whole(&path)?);
@@ -505,7 +555,7 @@ impl Shard {
                     Record::Append(a) | Record::Relocate(a) if ids.contains(&a.id) => a,
                     _ => continue,
                 };
-                if let Some(s) = streams.get_mut(&a.id) {
+                if let Some(s) = catalog.get_mut(a.id) {
                     if a.start < s.tail {
                         add_chunks(s, &a, loc.with_data(a.data.len()));
                     }

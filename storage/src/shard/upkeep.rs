@@ -8,6 +8,7 @@ impl Shard {
     pub(super) async fn run_upkeep(self) {
         while !self.inner.stopping.get() {
             monoio::time::sleep(Duration::from_secs(1)).await;
+            self.inner.clock_ms.set(crate::now_ms());
             if self.inner.stopping.get() || self.failure().is_some() {
                 continue;
             }
@@ -22,7 +23,7 @@ impl Shard {
                 if let Err(e) = self.checkpoint().await {
                     tracing::warn!(shard = self.inner.cfg.shard, "checkpoint failed: {e}");
                 }
-            } else if self.index_due() {
+            } else if self.index_due() || self.sleep_due() {
                 if let Err(e) = self.flush_index().await {
                     tracing::warn!(shard = self.inner.cfg.shard, "index file failed: {e}");
                 }

@@ -68,6 +68,17 @@ pub(super) struct Effect {
 }
 
 impl Log {
+    /// Bytes of write buffers held: the batches' and the pool's.
+    pub(super) fn buffer_bytes(&self) -> usize {
+        let batches: usize = self
+            .batches
+            .iter()
+            .filter_map(|b| b.buf.as_ref())
+            .map(AlignedBuf::capacity)
+            .sum();
+        batches + self.pool.free_bytes()
+    }
+
     pub(super) fn has_pending(&self) -> bool {
         self.batches.iter().any(|b| !b.effects.is_empty())
     }

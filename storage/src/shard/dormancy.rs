@@ -1,0 +1,319 @@
+//! Dormant streams: a stream unused for [`ShardConfig::idle_after`] is saved to an index
+//! file and leaves memory, and comes back on first use.
+//!
+//! A resident stream costs a few KiB however idle it is: its tables' newest entries,
+//! producers, cache and hash-table slots. A telemetry server keeps many streams nobody
+//! touches any more (one per browser session, or per service and day), so the upkeep task
+//! saves each idle stream's state, exactly what a checkpoint holds for it, into the next
+//! index file, and the catalog keeps only a [`Dormant`] entry: where the state is, when the
+//! stream expires and how much data it holds (about 60 bytes beside its key).
+//!
+//! Only a stream with nothing in flight sleeps: everything it accepted is durable and
+//! visible, and no reader waits on it. Its state is saved while it stays resident and
+//! serving; once the file is durable it goes dormant only if nothing changed it meanwhile.
+//! The first use of a dormant stream reads its state back (one `pread` of a few hundred
+//! bytes, checked against its CRC) before anything else happens to it. Checkpoints name a
+//! dormant stream's saved state instead of repeating it, so a restart loads a dormant
+//! stream as dormant, and an index file stays as long as a dormant stream's state (or a
+//! page of its tables) is in it.
+//!
+//! ```text
+//! saved state: CRC32C of the rest (4 bytes), a framed Image record, the chunk table and
+//!              the record index (`Packed::encode_into`), the last access (signed varint)
+//! ```
+
+use super::*;
+use crate::packed::{get_signed, put_signed, DiskPage, Packed};
+use crate::record::ImageRec;
+
+/// Most streams one upkeep round puts to sleep: bounds the round's file and the catalog
+/// work between two chances for requests to run.
+const SLEEPERS_PER_ROUND: usize = 100_000;
+
+/// Bytes of saved state encoded between two chances for the core's requests to run.
+const ENCODE_SLICE_BYTES: usize = 256 << 10;
+
+/// A stream's state, saved to go dormant, waiting for its index file.
+pub(super) struct Sleeper {
+    id: StreamId,
+    /// The stream's change count when it was saved (see `Catalog::sleep`).
+    changes: u64,
+    state: Bytes,
+    pins: Box<[Rc<IndexFile>]>,
+    deadline_ms: i64,
+    data_bytes: u64,
+}
+
+impl Sleeper {
+    pub(super) fn id(&self) -> StreamId {
+        self.id
+    }
+
+    pub(super) fn state(&self) -> &Bytes {
+        &self.state
+    }
+}
+
+impl Shard {
+    /// Make stream `id` resident if it is dormant, reading its saved state back. Returns
+    /// whether the shard has the stream. A saved state that fails its CRC stops the process
+    /// like any unreadable index page (see `IndexFile::fault`).
+    pub(super) fn wake(&self, id: StreamId) -> bool {
+        let (state, pins) = {
+            let catalog = self.inner.catalog.borrow();
+            match catalog.dormant(id) {
+                Some(d) => (d.state.clone(), d.pins.clone()),
+                None => return catalog.contains(id),
+            }
+        };
+        let bytes = state.file.saved_state(state.off, state.len);
+        let now = self.clock_ms();
+        let stream = match decode_state(&bytes, &pins, now) {
+            Ok(s) => s,
+            Err(why) => state.file.fault(state.off, &why),
+        };
+        match self.inner.catalog.try_borrow_mut() {
+            Ok(mut catalog) => {
+                catalog.wake(id, stream, now);
+                true
+            }
+            Err(_) => {
+                // A caller holds a stream while asking for another one that sleeps: an
+                // engine bug, answered as if the stream were missing rather than by a panic.
+                debug_assert!(false, "stream {id} woken while the catalog is borrowed");
+                tracing::error!(
+                    stream = id,
+                    "dormant stream asked for while the catalog is in use"
+                );
+                false
+            }
+        }
+    }
+
+    /// When stream `id` expires (Unix ms; `i64::MAX`: never) if it is dormant; None if it
+    /// is resident or missing. Lets a caller count dormant streams without waking them.
+    pub fn dormant_deadline(&self, id: StreamId) -> Option<i64> {
+        self.inner
+            .catalog
+            .borrow()
+            .dormant(id)
+            .map(|d| d.deadline_ms)
+    }
+
+    /// Streams in the shard now, and how many of them are dormant.
+    pub fn stream_counts(&self) -> (usize, usize) {
+        let catalog = self.inner.catalog.borrow();
+        (catalog.len(), catalog.dormant_count())
+    }
+
+    /// Save the state of streams unused for `idle_after` (as of `now_ms`), up to a round's
+    /// worth; they go dormant once the index file holding them is durable
+    /// ([`Self::put_to_sleep`]). Streams with something in flight stay resident.
+    pub(super) async fn idle_streams(&self, now_ms: i64) -> Vec<Sleeper> {
+        let idle_after = self.inner.cfg.idle_after;
+        if self.memory() || idle_after == Duration::MAX {
+            return Vec::new();
+        }
+        let cutoff = now_ms.saturating_sub(idle_after.as_millis() as i64);
+        let ids = self
+            .inner
+            .catalog
+            .borrow_mut()
+            .idle(cutoff, SLEEPERS_PER_ROUND);
+        let mut out = Vec::with_capacity(ids.len());
+        let mut since_yield = 0;
+        for id in ids {
+            let stays = self.inner.cfg.stays_resident;
+            let sleeper = self
+                .inner
+                .catalog
+                .borrow()
+                .get(id)
+                .filter(|s| quiescent(s) && !stays(&s.ext))
+                .map(encode_state);
+            match sleeper {
+                Some(s) => {
+                    since_yield += s.state.len();
+                    out.push(s);
+                }
+                None => self.inner.catalog.borrow_mut().keep(id, now_ms),
+            }
+            if since_yield >= ENCODE_SLICE_BYTES {
+                since_yield = 0;
+                checkpointing::yield_to_requests().await;
+            }
+        }
+        out
+    }
+
+    /// The saved states of `sleepers` are durable in `file` at `offsets`: make each stream
+    /// dormant unless it changed since it was saved (then it stays resident).
+    pub(super) fn put_to_sleep(
+        &self,
+        sleepers: Vec<Sleeper>,
+        file: &Rc<IndexFile>,
+        offsets: &[u64],
+    ) {
+        let now = self.clock_ms();
+        let mut freed = 0;
+        let mut slept = 0;
+        for (s, &off) in sleepers.into_iter().zip(offsets) {
+            let d = Dormant {
+                state: DiskPage {
+                    file: file.clone(),
+                    off,
+                    len: s.state.len() as u32,
+                },
+                pins: s.pins,
+                deadline_ms: s.deadline_ms,
+                data_bytes: s.data_bytes,
+            };
+            let mut catalog = self.inner.catalog.borrow_mut();
+            match catalog.sleep(s.id, s.changes, d) {
+                Some(stream) => {
+                    freed += stream.resident_bytes();
+                    slept += 1;
+                }
+                None => catalog.keep(s.id, now),
+            }
+        }
+        self.inner
+            .resident_bytes
+            .set(self.inner.resident_bytes.get().saturating_sub(freed));
+        if slept > 0 {
+            tracing::debug!(
+                shard = self.inner.cfg.shard,
+                streams = slept,
+                "streams went dormant"
+            );
+        }
+    }
+
+    /// Whether a resident stream has gone unused for `idle_after`: the upkeep round then
+    /// writes an index file to put it to sleep.
+    pub(super) fn sleep_due(&self) -> bool {
+        let idle_after = self.inner.cfg.idle_after;
+        if self.memory() || idle_after == Duration::MAX {
+            return false;
+        }
+        let cutoff = self
+            .clock_ms()
+            .saturating_sub(idle_after.as_millis() as i64);
+        self.inner
+            .catalog
+            .borrow()
+            .oldest_use()
+            .is_some_and(|used| used <= cutoff)
+    }
+
+    /// Streams saved to sleep whose index file could not be written stay resident.
+    pub(super) fn keep_awake(&self, sleepers: Vec<Sleeper>) {
+        let now = self.clock_ms();
+        let mut catalog = self.inner.catalog.borrow_mut();
+        for s in sleepers {
+            catalog.keep(s.id, now);
+        }
+    }
+
+    /// Put every stream idle by now to sleep at once (tests).
+    #[cfg(test)]
+    pub(crate) async fn sleep_idle(&self) -> Result<(), StorageError> {
+        let Some(dir) = self.inner.log.borrow().as_ref().map(|l| l.dir.clone()) else {
+            return Ok(());
+        };
+        self.wait_for_upkeep().await;
+        self.inner.clock_ms.set(crate::now_ms());
+        let result = self.write_index(&dir).await;
+        self.inner.upkeep_busy.set(false);
+        result
+    }
+
+    /// Now, as the shard's coarse clock has it (Unix ms, updated every upkeep round): what
+    /// a stream's last use is measured in, without reading the clock on every access.
+    pub(super) fn clock_ms(&self) -> i64 {
+        self.inner.clock_ms.get()
+    }
+}
+
+/// Whether a stream can go dormant: all it accepted is durable and visible, nobody waits
+/// for it to change, and it has no snapshot (a restart finds the snapshot blobs in use
+/// from the resident streams, and deletes the others).
+fn quiescent(s: &Stream) -> bool {
+    s.tail == s.visible_tail
+        && s.closed == s.visible_closed
+        && !s.has_waiters()
+        && s.snapshot.is_none()
+}
+
+/// Save a stream's state (format in the module comment).
+fn encode_state(s: &Stream) -> Sleeper {
+    let mut out = vec![0u8; 4];
+    Record::Image(s.image()).encode(Lsn::NONE, &mut out);
+    let (chunks, msgs) = s.tables();
+    chunks.encode_into(&mut out);
+    msgs.encode_into(&mut out);
+    put_signed(&mut out, s.last_access_ms.get());
+    let crc = crc32c::crc32c(&out[4..]);
+    out[..4].copy_from_slice(&crc.to_le_bytes());
+    let mut pins: Vec<Rc<IndexFile>> = Vec::new();
+    for f in chunks.page_files().chain(msgs.page_files()) {
+        if !pins.iter().any(|p| Rc::ptr_eq(p, f)) {
+            pins.push(f.clone());
+        }
+    }
+    Sleeper {
+        id: s.id,
+        changes: s.changes,
+        state: Bytes::from(out),
+        pins: pins.into_boxed_slice(),
+        deadline_ms: s
+            .lifetime
+            .deadline_ms(s.last_access_ms.get())
+            .unwrap_or(i64::MAX),
+        data_bytes: s.data_bytes(),
+    }
+}
+
+/// A saved state's image and where its tables start.
+fn decode_image(buf: &Bytes) -> Result<(ImageRec, usize), String> {
+    let framed = decode_at(buf, 4).map_err(|e| format!("saved stream image: {e:?}"))?;
+    let Record::Image(image) = framed.record else {
+        return Err("saved stream: expected an image record".into());
+    };
+    Ok((image, 4 + framed.len))
+}
+
+/// A saved state whose tables' pages are in an index file that is lost: the stream without
+/// its tables, which recovery rebuilds from the log.
+pub(super) fn decode_needing_rebuild(buf: &Bytes, now_ms: i64) -> Result<Stream, String> {
+    let (image, _) = decode_image(buf)?;
+    Ok(Stream::needing_rebuild(&image, now_ms))
+}
+
+/// Read a saved state back (its CRC already checked) into a resident stream; `pins` are
+/// the index files its tables' pages are in.
+pub(super) fn decode_state(
+    buf: &Bytes,
+    pins: &[Rc<IndexFile>],
+    now_ms: i64,
+) -> Result<Stream, String> {
+    let (image, mut at) = decode_image(buf)?;
+    let mut file = |number: IndexFileNo| pins.iter().find(|f| f.number == number).cloned();
+    let chunks = Packed::decode_from(buf, &mut at, &mut file)?;
+    let msgs = Packed::decode_from(buf, &mut at, &mut file)?;
+    let (Some(chunks), Some(msgs)) = (chunks, msgs) else {
+        return Err("saved stream: a page of its tables is in a file it does not pin".into());
+    };
+    if at >= buf.len() {
+        return Err("saved stream: no last access".into());
+    }
+    let last_access = get_signed(buf, &mut at);
+    if at != buf.len() {
+        return Err("saved stream: trailing bytes".into());
+    }
+    let mut stream = Stream::from_checkpoint(&image, chunks, msgs, true, now_ms);
+    stream.last_access_ms.set(last_access);
+    let (tail, closed) = (stream.tail, stream.closed);
+    stream.make_visible(tail, closed);
+    Ok(stream)
+}

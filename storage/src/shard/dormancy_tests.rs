@@ -1,0 +1,249 @@
+//! Dormant streams: idle streams leave memory and come back whole on first use, across
+//! crashes and clean restarts; a stream with something in flight stays resident; expiry
+//! finds dormant streams without waking the others; index files go once nothing sleeps in
+//! them.
+
+use super::*;
+use crate::position::off;
+use crate::record::ProducerStamp;
+use crate::test_support::block_on;
+
+fn config(dir: &Path) -> ShardConfig {
+    let mut cfg = ShardConfig::new(0, Durability::Disk(dir.to_path_buf()));
+    cfg.cache_bytes = 4096;
+    cfg.checkpoint_bytes = u64::MAX;
+    cfg.idle_after = Duration::ZERO;
+    cfg
+}
+
+fn new_stream(key: &str, lifetime: Lifetime) -> NewStream {
+    NewStream {
+        key: key.into(),
+        incarnation: 3,
+        created_ms: 1,
+        content_type: "text/plain".into(),
+        lifetime,
+        ext: Bytes::from_static(b"ext"),
+        initial: AppendRec::default(),
+    }
+}
+
+fn data(bytes: &str, producer_seq: Option<u64>) -> AppendRec {
+    AppendRec {
+        append_lens: vec![bytes.len() as u32],
+        msg_lens: vec![bytes.len() as u32],
+        data: Bytes::copy_from_slice(bytes.as_bytes()),
+        producer: producer_seq.map(|seq| ProducerStamp {
+            id: "p".into(),
+            epoch: 1,
+            seq,
+        }),
+        ..Default::default()
+    }
+}
+
+/// `n` streams `s0..`, each with `appends` appends ("k.a;" for stream k, append a), the
+/// first two by producer `p`.
+async fn fill(shard: &Shard, n: usize, appends: usize) {
+    for k in 0..n {
+        let (id, c) = shard
+            .create(new_stream(&format!("s{k}"), Lifetime::Forever))
+            .expect("create");
+        c.durable().await.expect("durable");
+        for a in 0..appends {
+            let seq = (a < 2).then_some(a as u64);
+            let (_, c) = shard
+                .append(id, data(&format!("{k}.{a};"), seq))
+                .expect("append");
+            c.durable().await.expect("durable");
+        }
+    }
+}
+
+fn expected(k: usize, appends: usize) -> Vec<u8> {
+    (0..appends)
+        .map(|a| format!("{k}.{a};"))
+        .collect::<String>()
+        .into_bytes()
+}
+
+async fn read_all(shard: &Shard, key: &str) -> Vec<u8> {
+    let id = shard.lookup(key).expect("key");
+    shard
+        .read(id, off(0), off(u64::MAX))
+        .await
+        .expect("read")
+        .concat()
+}
+
+#[test]
+fn idle_streams_sleep_and_wake_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+        fill(&shard, 40, 30).await;
+        shard.sleep_idle().await.expect("sleep");
+        assert_eq!(shard.stream_counts(), (40, 40), "every idle stream sleeps");
+        assert_eq!(
+            shard.resident_bytes(),
+            0,
+            "their cached bytes left with them"
+        );
+        for k in 0..40 {
+            assert_eq!(read_all(&shard, &format!("s{k}")).await, expected(k, 30));
+        }
+        assert_eq!(shard.stream_counts(), (40, 0), "each woke on its read");
+        shard.sleep_idle().await.expect("sleep");
+        // Everything a stream is comes back: metadata, producer state, records.
+        let id = shard.lookup("s7").expect("s7");
+        {
+            let s = shard.state(id).expect("woken");
+            assert_eq!((s.incarnation, &s.ext[..]), (3, &b"ext"[..]));
+            assert_eq!(s.content_type.as_ref(), "text/plain");
+            assert_eq!(s.message_count().get(), 30);
+            assert_eq!(
+                s.message_start(crate::position::rec(29)),
+                Some(off(10 * 4 + 19 * 5))
+            );
+            // What a retried producer append is answered with.
+            let p = &s.producers["p"];
+            assert_eq!((p.epoch, p.last_seq), (1, 1));
+            assert_eq!(
+                p.receipt(1).map(|r| (r.start, r.next)),
+                Some((off(4), off(8)))
+            );
+        }
+        shard.sleep_idle().await.expect("sleep");
+        let (r, c) = shard.append(id, data("new;", Some(2))).expect("append");
+        c.durable().await.expect("durable");
+        assert_eq!(r.start, off(10 * 4 + 20 * 5));
+        assert_eq!(
+            read_all(&shard, "s7").await,
+            [expected(7, 30), b"new;".to_vec()].concat()
+        );
+        shard.halt().await.expect("halt");
+    });
+}
+
+#[test]
+fn dormant_streams_stay_dormant_across_restarts_and_crashes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+        fill(&shard, 30, 20).await;
+        shard.sleep_idle().await.expect("sleep");
+        shard.checkpoint().await.expect("checkpoint");
+        // Woken after the checkpoint and changed: the log replays on top of its saved state.
+        let id = shard.lookup("s3").expect("s3");
+        let (_, c) = shard.append(id, data("after;", None)).expect("append");
+        c.durable().await.expect("durable");
+        shard.halt().await.expect("halt");
+    });
+    block_on(async {
+        let (shard, report) = Shard::open(config(dir.path())).await.expect("reopen");
+        assert_eq!(report.streams, 30);
+        assert_eq!(shard.stream_counts(), (30, 29), "loaded as they slept");
+        for k in 0..30 {
+            let mut want = expected(k, 20);
+            if k == 3 {
+                want.extend_from_slice(b"after;");
+            }
+            assert_eq!(read_all(&shard, &format!("s{k}")).await, want, "s{k}");
+        }
+        shard.sleep_idle().await.expect("sleep");
+        shard.shutdown().await.expect("shutdown");
+    });
+    block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("reopen");
+        assert_eq!(shard.stream_counts(), (30, 30));
+        assert_eq!(
+            read_all(&shard, "s3").await,
+            [expected(3, 20), b"after;".to_vec()].concat()
+        );
+        // Files nobody sleeps in any more go with the next checkpoint.
+        for k in 0..30 {
+            read_all(&shard, &format!("s{k}")).await;
+        }
+        shard.sleep_idle().await.expect("sleep");
+        shard.checkpoint().await.expect("checkpoint");
+        let files = std::fs::read_dir(dir.path().join("shard-0"))
+            .expect("dir")
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".idx"))
+            })
+            .count();
+        assert_eq!(files, 1, "only the newest file holds sleeping streams");
+        shard.halt().await.expect("halt");
+    });
+}
+
+#[test]
+fn a_stream_with_something_in_flight_stays_resident() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+        fill(&shard, 2, 3).await;
+        let waited = shard.lookup("s0").expect("s0");
+        let version = shard.state(waited).map(|s| s.version()).expect("s0");
+        // A reader waits on s0.
+        let mut wait = Box::pin(shard.changed(waited, version));
+        let woke = std::future::poll_fn(|cx| {
+            assert!(wait.as_mut().poll(cx).is_pending());
+            Poll::Ready(())
+        });
+        woke.await;
+        shard.sleep_idle().await.expect("sleep");
+        assert_eq!(
+            shard.stream_counts(),
+            (2, 1),
+            "only the stream nobody waits on"
+        );
+        assert!(shard.inner.catalog.borrow().get(waited).is_some());
+        drop(wait);
+        shard.sleep_idle().await.expect("sleep");
+        assert_eq!(shard.stream_counts(), (2, 2));
+        shard.halt().await.expect("halt");
+    });
+}
+
+#[test]
+fn expiry_finds_dormant_streams_past_their_deadline_without_waking_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+        let now = crate::now_ms();
+        let (soon, c) = shard
+            .create(new_stream("soon", Lifetime::ExpiresAtMs(now + 1_000)))
+            .expect("create");
+        c.durable().await.expect("durable");
+        let (_, c) = shard
+            .create(new_stream("later", Lifetime::TtlSeconds(3_600)))
+            .expect("create");
+        c.durable().await.expect("durable");
+        let (_, c) = shard
+            .create(new_stream("never", Lifetime::Forever))
+            .expect("create");
+        c.durable().await.expect("durable");
+        shard.sleep_idle().await.expect("sleep");
+        assert_eq!(shard.stream_counts(), (3, 3));
+        assert!(shard.expiry_candidates(now).is_empty());
+        assert_eq!(shard.expiry_candidates(now + 2_000), vec![soon]);
+        assert_eq!(shard.stream_counts(), (3, 3), "nothing woke to be checked");
+        shard
+            .delete(soon)
+            .expect("delete")
+            .durable()
+            .await
+            .expect("durable");
+        assert_eq!(shard.stream_counts(), (2, 2));
+        assert!(shard.lookup("soon").is_none());
+        // The key is free for a new stream.
+        let (again, c) = shard
+            .create(new_stream("soon", Lifetime::Forever))
+            .expect("create");
+        c.durable().await.expect("durable");
+        assert_eq!(shard.lookup("soon"), Some(again));
+        shard.halt().await.expect("halt");
+    });
+}
