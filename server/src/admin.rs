@@ -20,7 +20,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use ursula_protocol::http1::Method;
 use ursula_storage::shard::COMMIT_WRITE_BUCKETS_US;
-use ursula_storage::{DiskUsage, ShardStats};
+use ursula_storage::{DiskUsage, HeapUsage, ShardStats};
 
 use crate::config::StorageMode;
 use crate::core::Core;
@@ -172,6 +172,8 @@ struct CoreSnapshot {
     disk: Option<DiskUsage>,
     cache_bytes: usize,
     streams: usize,
+    dormant_streams: usize,
+    heap: HeapUsage,
     failed: bool,
 }
 
@@ -196,7 +198,9 @@ fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
         unflushed_bytes: core.shard.unflushed_bytes(),
         disk: (core.config.storage == StorageMode::Disk).then(|| core.shard.disk_usage()),
         cache_bytes: core.shard.resident_bytes(),
-        streams: core.shard.keys().len(),
+        streams: core.shard.stream_counts().0,
+        dormant_streams: core.shard.stream_counts().1,
+        heap: core.shard.heap_usage(),
         failed: core.shard.failure().is_some(),
     }
 }
@@ -539,6 +543,28 @@ impl prometheus_client::collector::Collector for Scrape {
             "shard",
             c().map(|s| (s.core, gauge(s.streams as u64))),
         )?;
+        per_core(
+            &mut e,
+            "ursula_dormant_streams",
+            "Streams of each shard whose state is in its index files, not in memory, until used",
+            "shard",
+            c().map(|s| (s.core, gauge(s.dormant_streams as u64))),
+        )?;
+        let mut family = e.encode_descriptor(
+            "ursula_memory_bytes",
+            "Heap bytes each shard's components hold, as each counts them",
+            None,
+            MetricType::Gauge,
+        )?;
+        for s in c() {
+            for (component, bytes) in s.heap.components() {
+                let labels = [
+                    ("shard", s.core.to_string()),
+                    ("component", component.to_string()),
+                ];
+                gauge(bytes as u64).encode(family.encode_family(&labels)?)?;
+            }
+        }
         per_core(
             &mut e,
             "ursula_storage_failed",

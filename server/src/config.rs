@@ -200,6 +200,9 @@ pub struct FileConfig {
     pub cache_bytes: Option<usize>,
     /// Bytes of index pages read back from index files each core keeps cached (disk storage).
     pub index_cache_bytes: Option<usize>,
+    /// How long a stream goes unused before its state leaves memory for its shard's index
+    /// files, to come back on its next use (disk storage; 0: streams always stay in memory).
+    pub idle_stream_ms: Option<u64>,
     pub max_connections: Option<usize>,
     /// Appended bytes each core may hold that are not yet durable (disk storage).
     pub write_budget_bytes: Option<usize>,
@@ -239,6 +242,8 @@ pub struct Config {
     pub segment_bytes: u64,
     pub cache_bytes: usize,
     pub index_cache_bytes: usize,
+    /// Unused this long, a stream goes dormant (`Duration::MAX`: never).
+    pub idle_stream: Duration,
     /// Open connections allowed on each core (`max_connections` split over the cores).
     pub max_connections_per_core: usize,
     pub write_budget_bytes: usize,
@@ -377,6 +382,11 @@ impl Config {
             index_cache_bytes: file
                 .index_cache_bytes
                 .unwrap_or(ursula_storage::DEFAULT_INDEX_CACHE_BYTES),
+            idle_stream: match file.idle_stream_ms {
+                Some(0) => Duration::MAX,
+                Some(n) => ms(n),
+                None => ursula_storage::shard::DEFAULT_IDLE_AFTER,
+            },
             // Rounded up so that every core can hold at least one connection.
             max_connections_per_core: max_connections.div_ceil(cores),
             write_budget_bytes: file

@@ -46,9 +46,9 @@ impl Ext {
     /// Whether a stream is soft-deleted, without decoding the blob in the common case:
     /// the encoder writes the flag as `"soft_deleted":true`, so a blob without those bytes
     /// is not soft-deleted (bytes inside an attribute value only cost a full decode).
-    pub fn is_soft_deleted(raw: &Bytes) -> bool {
+    pub fn is_soft_deleted(raw: &[u8]) -> bool {
         memchr::memmem::find(raw, br#""soft_deleted":true"#).is_some()
-            && Ext::decode(raw).soft_deleted
+            && Ext::decode(&Bytes::copy_from_slice(raw)).soft_deleted
     }
 
     pub fn encode(&self) -> Bytes {

@@ -48,10 +48,7 @@ pub fn find(core: &Rc<Core>, key: &str) -> Found {
 /// When a sliding window of `ttl_seconds` that started at `from_ms` closes, or `None` when
 /// that instant is past what a millisecond clock can hold.
 pub fn ttl_deadline_ms(from_ms: i64, ttl_seconds: u64) -> Option<i64> {
-    i64::try_from(ttl_seconds)
-        .ok()?
-        .checked_mul(1000)?
-        .checked_add(from_ms)
+    Lifetime::TtlSeconds(ttl_seconds).deadline_ms(from_ms)
 }
 
 /// The live stream `key` names, or the refusal a request for it gets.

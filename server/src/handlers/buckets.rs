@@ -124,25 +124,62 @@ struct Entry {
     last_write_ms: i64,
 }
 
-/// Every live stream of `bucket` across all cores, sorted by name.
-async fn entries(core: &Rc<Core>, bucket: &str) -> Vec<Entry> {
+/// Which streams of a bucket a listing asks for.
+#[derive(Clone, Copy)]
+struct Selection<'a> {
+    /// Names start with this.
+    prefix: Option<&'a str>,
+    /// Names sort after this (the cursor).
+    after: Option<&'a str>,
+}
+
+impl Selection<'_> {
+    fn takes(&self, name: &str) -> bool {
+        self.prefix
+            .is_none_or(|p| name.as_bytes().starts_with(p.as_bytes()))
+            && self.after.is_none_or(|a| name.as_bytes() > a.as_bytes())
+    }
+}
+
+/// The first `most` live streams of `bucket` that `sel` takes, across all cores, sorted by
+/// name. Each core sorts its names first and wakes (see `ursula_storage::shard` dormancy)
+/// only the streams it reports, at most `most`.
+async fn entries(core: &Rc<Core>, bucket: &str, sel: Selection<'_>, most: usize) -> Vec<Entry> {
     let prefix = format!("b/{bucket}/");
     let mut all = Vec::new();
     for i in 0..core.cores() {
         let prefix = prefix.clone();
+        let (name_prefix, after) = (
+            sel.prefix.map(str::to_string),
+            sel.after.map(str::to_string),
+        );
         let part = core
             .on(i, move |c| async move {
+                let sel = Selection {
+                    prefix: name_prefix.as_deref(),
+                    after: after.as_deref(),
+                };
+                let mut keys: Vec<Box<str>> = c
+                    .shard
+                    .keys()
+                    .into_iter()
+                    .filter(|k| {
+                        k.strip_prefix(prefix.as_str())
+                            .is_some_and(|n| sel.takes(n))
+                    })
+                    .collect();
+                keys.sort_unstable();
                 let mut out = Vec::new();
-                for key in c.shard.keys() {
-                    let Some(name) = key.strip_prefix(prefix.as_str()) else {
-                        continue;
-                    };
+                for key in keys {
+                    if out.len() == most {
+                        break;
+                    }
                     let Found::Live(id) = find(&c, &key) else {
                         continue;
                     };
                     if let Some(s) = c.shard.stream(id) {
                         out.push(Entry {
-                            name: name.to_string(),
+                            name: key[prefix.len()..].to_string(),
                             closed: s.is_closed(),
                             content_type: s.content_type().to_string(),
                             tail: s.next_offset(),
@@ -158,7 +195,40 @@ async fn entries(core: &Rc<Core>, bucket: &str) -> Vec<Entry> {
         all.extend(part);
     }
     all.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+    all.truncate(most);
     all
+}
+
+/// How many live streams `bucket` has, across all cores, without waking dormant ones (a
+/// dormant stream is live until the deadline it went to sleep with).
+async fn count(core: &Rc<Core>, bucket: &str) -> usize {
+    let prefix = format!("b/{bucket}/");
+    let mut total = 0;
+    for i in 0..core.cores() {
+        let prefix = prefix.clone();
+        total += core
+            .on(i, move |c| async move {
+                let now = ursula_storage::now_ms();
+                c.shard
+                    .keys()
+                    .into_iter()
+                    .filter(|k| k.starts_with(prefix.as_str()))
+                    .filter(|k| {
+                        match c
+                            .shard
+                            .lookup(k)
+                            .and_then(|id| c.shard.dormant_deadline(id))
+                        {
+                            Some(deadline) => deadline > now,
+                            None => matches!(find(&c, k), Found::Live(_)),
+                        }
+                    })
+                    .count()
+            })
+            .await
+            .unwrap_or_default();
+    }
+    total
 }
 
 async fn metadata(core: &Rc<Core>, bucket: &str) -> Response {
@@ -168,7 +238,7 @@ async fn metadata(core: &Rc<Core>, bucket: &str) -> Response {
     {
         return ApiError::BucketNotFound.response();
     }
-    let count = entries(core, bucket).await.len();
+    let count = count(core, bucket).await;
     let body = sonic_rs::json!({"bucket_id": bucket, "streams": count}).to_string();
     Response::new(200)
         .header("content-type", "application/json")
@@ -203,12 +273,7 @@ async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
     {
         return ApiError::BucketNotFound.response();
     }
-    let matching: Vec<Entry> = entries(core, bucket)
-        .await
-        .into_iter()
-        .filter(|e| prefix.is_none_or(|p| e.name.as_bytes().starts_with(p.as_bytes())))
-        .filter(|e| after.is_none_or(|a| e.name.as_bytes() > a.as_bytes()))
-        .collect();
+    let matching = entries(core, bucket, Selection { prefix, after }, limit + 1).await;
     let has_more = matching.len() > limit;
     let page = &matching[..matching.len().min(limit)];
     let streams: Vec<sonic_rs::Value> = page
@@ -251,7 +316,7 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Response {
     {
         return ApiError::BucketNotFound.response();
     }
-    if !entries(core, bucket).await.is_empty() {
+    if count(core, bucket).await > 0 {
         return ApiError::BucketNotEmpty.response();
     }
     let owner = core.owner_of(&bucket_key(bucket));

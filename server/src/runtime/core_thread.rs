@@ -48,6 +48,9 @@ pub fn run(
         shard_cfg.segment_bytes = config.segment_bytes;
         shard_cfg.cache_bytes = config.cache_bytes;
         shard_cfg.index_cache_bytes = config.index_cache_bytes;
+        shard_cfg.idle_after = config.idle_stream;
+        // Listings hide these, and count dormant streams without waking them.
+        shard_cfg.stays_resident = crate::ext::Ext::is_soft_deleted;
         shard_cfg.write_budget_bytes = config.write_budget_bytes;
         shard_cfg.fail_commit_after = fault_fail_commit_after();
         if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
@@ -261,7 +264,12 @@ async fn sweep_expired(core: Rc<Core>) {
     while !core.shutting_down() {
         core.wait_or_shutdown(std::future::pending::<()>(), EXPIRY_SWEEP)
             .await;
-        for key in core.shard.keys() {
+        // Only streams that may have expired: resident ones with a lifetime, and dormant
+        // ones past the deadline they slept with (the others stay asleep).
+        for id in core.shard.expiry_candidates(ursula_storage::now_ms()) {
+            let Some(key) = core.shard.stream(id).map(|s| s.key().to_string()) else {
+                continue;
+            };
             if let Found::Expired(id) = find(&core, &key) {
                 removal::remove_expired(&core, id);
             }
