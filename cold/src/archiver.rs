@@ -46,7 +46,8 @@ use ursula_storage::cold::{ColdRead, ColdStore, DurableEnd};
 use ursula_storage::segment::{self, DATA_START};
 use ursula_storage::SegmentNo;
 
-use crate::manifest::{self, CommitError, End, Keys, Manifest, Object, Piece};
+use crate::error::{Error, Result};
+use crate::manifest::{self, End, Keys, Manifest, Object, Piece};
 use crate::status::{Outcome, Request, Status};
 
 /// How the server runs its cold tier.
@@ -105,10 +106,10 @@ pub const RESTORED_FILE: &str = "cold-restored";
 
 /// Start the archiver thread for a data dir of `shards` shards: claim every shard's
 /// manifest (the next owner epoch) and return once that is done, or why it was refused.
-pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Archive>, String> {
+pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Archive>> {
     let owner = owner_identity(data_dir)?;
     let restored = read_restored(data_dir)?;
-    let (tx, rx) = std::sync::mpsc::channel::<Result<Arc<Archive>, String>>();
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Arc<Archive>>>();
     let data_dir = data_dir.to_path_buf();
     std::thread::Builder::new()
         .name("ursula-archiver".into())
@@ -118,8 +119,11 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
                 .build()
             {
                 Ok(r) => r,
-                Err(e) => {
-                    let _ = tx.send(Err(format!("archiver runtime: {e}")));
+                Err(source) => {
+                    let _ = tx.send(Err(Error::Start {
+                        what: "archiver runtime",
+                        source,
+                    }));
                     return;
                 }
             };
@@ -170,9 +174,11 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
                 }
             });
         })
-        .map_err(|e| format!("spawn archiver thread: {e}"))?;
-    rx.recv()
-        .map_err(|_| "the archiver thread exited during start-up".to_string())?
+        .map_err(|source| Error::Start {
+            what: "spawn archiver thread",
+            source,
+        })?;
+    rx.recv().map_err(|_| Error::ThreadExited)?
 }
 
 impl ColdStore for Archive {
@@ -308,7 +314,7 @@ async fn read_range(
             }
             Err(e) => {
                 status.count(Request::Get, Outcome::Error);
-                return Err(io::Error::other(e.to_string()));
+                return Err(io::Error::other(Error::request(&p.object.key)(e)));
             }
         };
         out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(&bytes);
@@ -327,18 +333,20 @@ async fn claim(
     shards: u32,
     owner: &str,
     restored: &Option<Vec<u64>>,
-) -> Result<Vec<(Manifest, String)>, String> {
+) -> Result<Vec<(Manifest, String)>> {
     let at = store.describe();
+    let claiming = |e: Error| Error::Claim {
+        store: at.clone(),
+        source: Box::new(e),
+    };
     manifest::ensure_layout(store, shards)
         .await
-        .map_err(|e| format!("cold tier {at}: {e}"))?;
+        .map_err(claiming)?;
     let interval_ms = settings.archive_interval.as_millis() as u64;
     let mut out = Vec::new();
     for shard in 0..shards {
         let now = ursula_storage::now_ms();
-        let current = manifest::load(store, shard)
-            .await
-            .map_err(|e| format!("cold tier {at}: {e}"))?;
+        let current = manifest::load(store, shard).await.map_err(claiming)?;
         let (next, etag) = match current {
             None => (Manifest::new(shard, 1, owner, interval_ms, now), None),
             Some((m, etag)) => {
@@ -348,12 +356,13 @@ async fn claim(
                     .is_some_and(|&e| e == m.epoch);
                 let ours = m.owner == owner;
                 if !ours && !restored_from && !settings.takeover && m.owner_alive(now) {
-                    return Err(format!(
-                        "cold tier {at} shard {shard} is owned by server {} (epoch {}, last                          heartbeat {} ms ago); refusing to start. Stop that server, or start                          this one with --cold-takeover to fence it out",
-                        m.owner,
-                        m.epoch,
-                        now - m.heartbeat_ms
-                    ));
+                    return Err(Error::Owned {
+                        store: at.clone(),
+                        shard,
+                        owner: m.owner,
+                        epoch: m.epoch,
+                        heartbeat_age_ms: now - m.heartbeat_ms,
+                    });
                 }
                 if !ours && !restored_from {
                     tracing::warn!(
@@ -373,11 +382,11 @@ async fn claim(
         let etag = manifest::commit(store, &next, etag.as_deref())
             .await
             .map_err(|e| match e {
-                CommitError::Conflict => format!(
-                    "cold tier {at} shard {shard}: another server claimed the manifest at the \
-                     same time; refusing to start"
-                ),
-                CommitError::Store(e) => format!("cold tier {at}: {e}"),
+                Error::Conflict { .. } => Error::ClaimRace {
+                    store: at.clone(),
+                    shard,
+                },
+                e => claiming(e),
             })?;
         tracing::info!(
             shard,
@@ -391,18 +400,18 @@ async fn claim(
 }
 
 /// The random identity of the server owning `data_dir`, created on first use.
-fn owner_identity(data_dir: &Path) -> Result<String, String> {
+fn owner_identity(data_dir: &Path) -> Result<String> {
     let path = data_dir.join(OWNER_FILE);
     match std::fs::read_to_string(&path) {
         Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(e) => return Err(Error::io(path)(e)),
     }
     let mut random = [0u8; 8];
     std::fs::File::open("/dev/urandom")
         .and_then(|f| f.read_exact_at(&mut random, 0))
-        .map_err(|e| format!("/dev/urandom: {e}"))?;
+        .map_err(Error::io("/dev/urandom"))?;
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
     let id = format!("{}-{hex}", host.trim());
@@ -411,18 +420,19 @@ fn owner_identity(data_dir: &Path) -> Result<String, String> {
         .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
         .and_then(|()| std::fs::rename(&tmp, &path))
         .and_then(|()| segment::sync_dir(data_dir))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(Error::io(&path))?;
     Ok(id)
 }
 
-fn read_restored(data_dir: &Path) -> Result<Option<Vec<u64>>, String> {
+/// The epochs `ursula restore` left in `data_dir`, if it did.
+fn read_restored(data_dir: &Path) -> Result<Option<Vec<u64>>> {
     let path = data_dir.join(RESTORED_FILE);
     match std::fs::read(&path) {
         Ok(b) => sonic_rs::from_slice(&b)
             .map(Some)
-            .map_err(|e| format!("{}: {e}", path.display())),
+            .map_err(|source| Error::CorruptFile { path, source }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(Error::io(path)(e)),
     }
 }
 
@@ -434,12 +444,12 @@ enum RoundError {
     /// Another owner has the manifest: stop archiving for good.
     Fenced(String),
     /// Try again (S3 unreachable, a file vanished under the round).
-    Retry(String),
+    Retry(Error),
 }
 
-impl From<io::Error> for RoundError {
-    fn from(e: io::Error) -> Self {
-        RoundError::Retry(e.to_string())
+impl From<Error> for RoundError {
+    fn from(e: Error) -> Self {
+        RoundError::Retry(e)
     }
 }
 
@@ -585,9 +595,9 @@ impl Worker {
     async fn bounded_round(&mut self) -> Result<(), RoundError> {
         match tokio::time::timeout(ROUND_TIMEOUT, self.round()).await {
             Ok(r) => r,
-            Err(_) => Err(RoundError::Retry(format!(
-                "no progress in {ROUND_TIMEOUT:?}"
-            ))),
+            Err(_) => Err(RoundError::Retry(Error::Stalled {
+                after: ROUND_TIMEOUT,
+            })),
         }
     }
 
@@ -619,7 +629,8 @@ impl Worker {
     async fn round(&mut self) -> Result<(), RoundError> {
         let now = ursula_storage::now_ms();
         // Listed before the durable end is read (see the module comment).
-        let local: BTreeSet<u64> = segment::list_segments(&self.dir)?
+        let local: BTreeSet<u64> = segment::list_segments(&self.dir)
+            .map_err(Error::io(&self.dir))?
             .into_iter()
             .map(SegmentNo::get)
             .collect();
@@ -686,10 +697,8 @@ impl Worker {
         now: i64,
     ) -> Result<(), RoundError> {
         let path = segment::segment_path(&self.dir, SegmentNo::new(s));
-        let file = std::fs::File::open(&path)?;
-        let file_len = file.metadata()?.len();
-        let mut bytes = vec![0u8; file_len as usize];
-        file.read_exact_at(&mut bytes, 0)?;
+        let mut bytes = read_at(&path, 0, None)?;
+        let file_len = bytes.len() as u64;
         // Only up to the end of the records: the rest is the zeroed preallocation.
         let used = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         let keep =
@@ -739,11 +748,9 @@ impl Worker {
             return Ok(());
         }
         let path = segment::segment_path(&self.dir, point.segment);
-        let file = std::fs::File::open(&path)?;
-        let file_len = file.metadata()?.len();
+        let file_len = std::fs::metadata(&path).map_err(Error::io(&path))?.len();
         self.segment_bytes = file_len;
-        let mut bytes = vec![0u8; (point.position - start) as usize];
-        file.read_exact_at(&mut bytes, start)?;
+        let bytes = read_at(&path, start, Some(point.position - start))?;
         let object = self
             .upload(
                 &self.keys.slice(seg, start, point.position),
@@ -771,16 +778,20 @@ impl Worker {
     async fn archive_checkpoint(&mut self, m: &mut Manifest, now: i64) -> Result<(), RoundError> {
         let path = self.dir.join(ursula_storage::CHECKPOINT_FILE);
         let seen = match std::fs::metadata(&path) {
-            Ok(meta) => (meta.modified()?, meta.len()),
+            Ok(meta) => (meta.modified().map_err(Error::io(&path))?, meta.len()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(Error::io(path)(e).into()),
         };
         if self.checkpoint_seen == Some(seen) {
             return Ok(());
         }
-        let bytes = Bytes::from(std::fs::read(&path)?);
-        let summary = ursula_storage::checkpoint_summary(self.shard, &bytes)
-            .map_err(|e| RoundError::Retry(format!("{}: {e}", path.display())))?;
+        let bytes = Bytes::from(std::fs::read(&path).map_err(Error::io(&path))?);
+        let summary = ursula_storage::checkpoint_summary(self.shard, &bytes).map_err(|reason| {
+            Error::CorruptCheckpoint {
+                path: path.clone(),
+                reason,
+            }
+        })?;
         let crc = crc32c::crc32c(&bytes);
         if m.checkpoint
             .as_ref()
@@ -804,7 +815,7 @@ impl Worker {
                 Ok(c) => c,
                 // Replaced by a newer checkpoint meanwhile: take that one next round.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(Error::io(idx)(e).into()),
             };
             let object = self
                 .upload(&self.keys.index(number), Bytes::from(content))
@@ -870,7 +881,7 @@ impl Worker {
             let content = match std::fs::read(dir.join(name)) {
                 Ok(c) => c,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(Error::io(dir.join(name))(e).into()),
             };
             let len = content.len() as u64;
             let object = self
@@ -1010,11 +1021,9 @@ impl Worker {
                 self.publish(m);
                 Ok(())
             }
-            Err(CommitError::Conflict) => {
+            Err(Error::Conflict { .. }) => {
                 status.count(Request::Manifest, Outcome::Precondition);
-                let current = manifest::load(&self.archive.store, self.shard)
-                    .await
-                    .map_err(RoundError::Retry)?;
+                let current = manifest::load(&self.archive.store, self.shard).await?;
                 match current {
                     Some((cur, _)) if cur.epoch != m.epoch || cur.owner != m.owner => {
                         Err(RoundError::Fenced(format!(
@@ -1026,9 +1035,7 @@ impl Worker {
                     Some((cur, etag)) => {
                         self.etag = etag;
                         self.publish(cur);
-                        Err(RoundError::Retry(
-                            "the manifest changed under us (our own retried write)".into(),
-                        ))
+                        Err(RoundError::Retry(Error::OwnWriteRetried))
                     }
                     None => Err(RoundError::Fenced(format!(
                         "shard {}: the manifest was deleted",
@@ -1036,7 +1043,7 @@ impl Worker {
                     ))),
                 }
             }
-            Err(CommitError::Store(e)) => {
+            Err(e) => {
                 status.count(Request::Manifest, Outcome::Error);
                 Err(RoundError::Retry(e))
             }
@@ -1107,7 +1114,7 @@ impl Worker {
                     .store
                     .get(key)
                     .await
-                    .map_err(|e| RoundError::Retry(e.to_string()))?;
+                    .map_err(Error::request(key))?;
                 status.count(Request::Get, Outcome::Ok);
                 match there {
                     Some(o)
@@ -1125,7 +1132,7 @@ impl Worker {
             }
             Err(e) => {
                 status.count(Request::Put, Outcome::Error);
-                Err(RoundError::Retry(e.to_string()))
+                Err(RoundError::Retry(Error::request(key)(e)))
             }
         }
     }
@@ -1175,15 +1182,16 @@ fn orphans(
 }
 
 /// Snapshot blob files of a shard directory and their lengths.
-fn list_blobs(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
+fn list_blobs(dir: &Path) -> Result<BTreeMap<String, u64>> {
+    let dir = dir.join("snapshots");
     let mut out = BTreeMap::new();
-    let entries = match std::fs::read_dir(dir.join("snapshots")) {
+    let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(e),
+        Err(e) => return Err(Error::io(dir)(e)),
     };
     for entry in entries {
-        let entry = entry?;
+        let entry = entry.map_err(Error::io(&dir))?;
         let Ok(name) = entry.file_name().into_string() else {
             continue;
         };
@@ -1195,10 +1203,25 @@ fn list_blobs(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
                 out.insert(name, meta.len());
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(Error::io(dir.join(name))(e)),
         }
     }
     Ok(out)
+}
+
+/// `len` bytes of the file at `path` from `offset` on (`None`: to its end).
+fn read_at(path: &Path, offset: u64, len: Option<u64>) -> Result<Vec<u8>> {
+    let read = || {
+        let file = std::fs::File::open(path)?;
+        let len = match len {
+            Some(n) => n,
+            None => file.metadata()?.len().saturating_sub(offset),
+        };
+        let mut bytes = vec![0u8; len as usize];
+        file.read_exact_at(&mut bytes, offset)?;
+        Ok(bytes)
+    };
+    read().map_err(Error::io(path))
 }
 
 #[cfg(test)]
