@@ -18,6 +18,7 @@ use crate::batch::{Packer, Sharded, ShardedStore};
 use crate::cache::PartCache;
 use crate::compact::Merge;
 use crate::config::Config;
+use crate::error::{Error, Result};
 use crate::extract::{Extractor, Outcome, SkipKind};
 use crate::manifest::{
     self, Catalog, Manifest, PartMeta, Registration, RetiredNamespace, Skipped, Status, Versioned,
@@ -139,7 +140,7 @@ pub struct Index {
 
 /// A source long-poll in flight: `(offset it reads from, result)`.
 type PendingRead =
-    std::pin::Pin<Box<dyn std::future::Future<Output = (u64, Result<ReadResult, String>)> + Send>>;
+    std::pin::Pin<Box<dyn std::future::Future<Output = (u64, Result<ReadResult>)> + Send>>;
 
 /// How often an owner asks the source for `HEAD` (retention floor, incarnation, tail for
 /// the lag metric) while its long-polls come back empty. Idle indexes then cost the source
@@ -170,11 +171,6 @@ pub struct QueryResult {
     pub through: u64,
     pub entries: Vec<Entry>,
     pub next: Option<(i64, u64)>,
-}
-
-pub enum QueryError {
-    Bad(String),
-    Internal(String),
 }
 
 /// Cursor token: 16 hex digits of `t_ms` with the sign bit flipped, then 16 of the offset,
@@ -215,22 +211,24 @@ fn lock_write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 impl Index {
     /// Open (creating if needed) the namespace of `reg`.
-    pub async fn open(shared: Arc<Shared>, reg: Registration) -> Result<Arc<Index>, String> {
+    pub async fn open(shared: Arc<Shared>, reg: Registration) -> Result<Arc<Index>> {
         let ns = reg.namespace();
         let key = manifest::current_key(&ns);
         let current = match manifest::load::<Manifest>(&shared.store, &key).await? {
             Some(v) => v,
             None => {
                 let m = Manifest::initial(&reg);
-                match manifest::cas(&shared.store, &key, &m, None).await? {
+                match manifest::cas(&shared.store, &key, &m, None).await {
                     Ok(etag) => Versioned { value: m, etag },
-                    Err(()) => manifest::load::<Manifest>(&shared.store, &key)
+                    // Another worker created it first: take theirs.
+                    Err(Error::Conflict { .. }) => manifest::load::<Manifest>(&shared.store, &key)
                         .await?
-                        .ok_or_else(|| format!("{key} vanished during creation"))?,
+                        .ok_or_else(|| Error::Vanished { key: key.clone() })?,
+                    Err(e) => return Err(e),
                 }
             }
         };
-        current.value.validate(&reg)?;
+        current.value.validate(&key, &reg)?;
         // A compaction that is due now may have been under way when the previous owner
         // died, leaving its outputs unpublished under `parts/`: list once to find them.
         let orphans_possible = due_compaction(&current.value, shared.cfg.compact_parts).is_some();
@@ -285,7 +283,7 @@ impl Index {
     }
 
     /// Re-read `CURRENT` if it changed; keeps the tail when it still extends the manifest.
-    pub async fn refresh(&self) -> Result<(), String> {
+    pub async fn refresh(&self) -> Result<()> {
         let cur = self.view();
         let key = manifest::current_key(&self.ns);
         if let Some(v) = manifest::reload::<Manifest>(&self.shared.store, &key, &cur.etag).await? {
@@ -310,13 +308,13 @@ impl Index {
     // -----------------------------------------------------------------------------------
     // Query
 
-    pub async fn query(&self, q: &Query) -> Result<QueryResult, QueryError> {
+    pub async fn query(&self, q: &Query) -> Result<QueryResult> {
         let view = self.view();
         let m = &view.manifest;
         let indexed = view.indexed();
         let through = q.through.unwrap_or(indexed);
         if through < m.indexed_from_offset || through > indexed {
-            return Err(QueryError::Bad(format!(
+            return Err(Error::BadQuery(format!(
                 "through must lie between coverage.from ({}) and the indexed offset ({})",
                 source::offset_token(m.indexed_from_offset),
                 source::offset_token(indexed)
@@ -334,12 +332,7 @@ impl Index {
                 continue;
             }
             let lb = lower_bound(q, p.max_span_ms);
-            let file = self
-                .shared
-                .cache
-                .file(&p.key)
-                .await
-                .map_err(QueryError::Internal)?;
+            let file = self.shared.cache.file(&p.key).await?;
             cursors.push(Cursor::Part(PartCursor {
                 key: p.key.clone(),
                 file,
@@ -361,7 +354,7 @@ impl Index {
         let cache = &self.shared.cache;
         let mut heap = BinaryHeap::new();
         for (i, c) in cursors.iter_mut().enumerate() {
-            if let Some(e) = c.peek(cache).await.map_err(QueryError::Internal)? {
+            if let Some(e) = c.peek(cache).await? {
                 if e.t_ms < q.until {
                     heap.push(Reverse((e.key(), i)));
                 }
@@ -371,11 +364,11 @@ impl Index {
         let mut last: Option<(i64, u64)> = None;
         while let Some(Reverse((_, i))) = heap.pop() {
             let c = &mut cursors[i];
-            let Some(e) = c.peek(cache).await.map_err(QueryError::Internal)? else {
+            let Some(e) = c.peek(cache).await? else {
                 continue;
             };
             c.advance();
-            if let Some(n) = c.peek(cache).await.map_err(QueryError::Internal)? {
+            if let Some(n) = c.peek(cache).await? {
                 if n.t_ms < q.until {
                     heap.push(Reverse((n.key(), i)));
                 }
@@ -412,27 +405,29 @@ impl Index {
     // -----------------------------------------------------------------------------------
     // Status changes from the API
 
-    /// `POST …/status/resume`: `blocked` → `ready`; `ready` stays; `source_gone` → Err.
-    pub async fn resume(&self) -> Result<Result<(), String>, String> {
+    /// `POST …/status/resume`: `blocked` → `ready`; `ready` stays; `source_gone` →
+    /// [`Error::SourceGone`].
+    pub async fn resume(&self) -> Result<()> {
         let key = manifest::current_key(&self.ns);
-        let (r, _) = manifest::update::<Manifest, Result<(), String>>(&self.shared.store, &key, 16, |cur| {
-            let Some(cur) = cur else {
-                return Err("manifest is missing".into());
-            };
-            match cur.status {
-                Status::Ready => Ok((None, Ok(()))),
-                Status::SourceGone => Ok((None, Err("the source stream is gone; the index resumes by itself when it answers again".into()))),
-                Status::Blocked { .. } => {
-                    let mut next = cur.clone();
-                    next.generation += 1;
-                    next.status = Status::Ready;
-                    Ok((Some(next), Ok(())))
+        let (r, _) =
+            manifest::update::<Manifest, Result<()>>(&self.shared.store, &key, 16, |cur| {
+                let Some(cur) = cur else {
+                    return Err(missing(&key));
+                };
+                match cur.status {
+                    Status::Ready => Ok((None, Ok(()))),
+                    Status::SourceGone => Ok((None, Err(Error::SourceGone))),
+                    Status::Blocked { .. } => {
+                        let mut next = cur.clone();
+                        next.generation += 1;
+                        next.status = Status::Ready;
+                        Ok((Some(next), Ok(())))
+                    }
                 }
-            }
-        })
-        .await?;
+            })
+            .await?;
         self.refresh().await?;
-        Ok(r)
+        r
     }
 
     // -----------------------------------------------------------------------------------
@@ -468,7 +463,7 @@ impl Index {
         }
     }
 
-    async fn acquire_claim(&self) -> Result<Option<String>, String> {
+    async fn acquire_claim(&self) -> Result<Option<String>> {
         let key = manifest::claim_key(&self.ns);
         let me = &self.shared.cfg.worker_id;
         let now = now_ms();
@@ -484,9 +479,12 @@ impl Index {
             }
             Some(_) => return Ok(None),
         };
-        Ok(manifest::cas(&self.shared.store, &key, &claim, etag)
-            .await?
-            .ok())
+        match manifest::cas(&self.shared.store, &key, &claim, etag).await {
+            Ok(etag) => Ok(Some(etag)),
+            // Another worker claimed it first.
+            Err(Error::Conflict { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn renew_claim(&self, etag: &str, release: bool) -> Option<String> {
@@ -499,10 +497,9 @@ impl Index {
                 now_ms() + self.shared.cfg.lease.as_millis() as i64
             },
         };
-        match manifest::cas(&self.shared.store, &key, &claim, Some(etag)).await {
-            Ok(Ok(e)) => Some(e),
-            _ => None,
-        }
+        manifest::cas(&self.shared.store, &key, &claim, Some(etag))
+            .await
+            .ok()
     }
 
     async fn own(self: &Arc<Self>, claim_etag: String, next_gc: &mut Instant) -> OwnerExit {
@@ -763,11 +760,11 @@ impl Index {
         });
     }
 
-    async fn set_status(&self, status: Status, only_from: Option<Status>) -> Result<(), String> {
+    async fn set_status(&self, status: Status, only_from: Option<Status>) -> Result<()> {
         let key = manifest::current_key(&self.ns);
         manifest::update::<Manifest, ()>(&self.shared.store, &key, 16, |cur| {
             let Some(cur) = cur else {
-                return Err("manifest is missing".into());
+                return Err(missing(&key));
             };
             if cur.status == status || only_from.as_ref().is_some_and(|f| &cur.status != f) {
                 return Ok((None, ()));
@@ -783,13 +780,13 @@ impl Index {
 
     /// A new `Stream-Incarnation`: rebind the registration to the recreated stream (a new
     /// namespace) and retire the old namespace.
-    async fn restart(&self, head: &source::Head) -> Result<(), String> {
+    async fn restart(&self, head: &source::Head) -> Result<()> {
         let old_ns = self.ns.clone();
         let id = self.reg.id.clone();
         let old_inc = self.reg.incarnation.clone();
         manifest::update::<Catalog, ()>(&self.shared.store, manifest::CATALOG_KEY, 32, |cur| {
             let Some(cur) = cur else {
-                return Err("CATALOG is missing".into());
+                return Err(missing(manifest::CATALOG_KEY));
             };
             let mut next = cur.clone();
             let Some(r) = next
@@ -828,21 +825,24 @@ impl Index {
 
     /// Ok(true): committed (or nothing to do); Ok(false): must stop owning (blocked, or the
     /// manifest moved in a way that needs a fresh start).
-    async fn commit(&self, ing: &mut Ingest) -> Result<bool, String> {
+    async fn commit(&self, ing: &mut Ingest) -> Result<bool> {
         let key = manifest::current_key(&self.ns);
         let ours = ing.sorted_entries();
         for _attempt in 0..8 {
             let Some(cur) = manifest::load::<Manifest>(&self.shared.store, &key).await? else {
-                return Err("manifest is missing".into());
+                return Err(missing(&key));
             };
             let m = &cur.value;
             if matches!(m.status, Status::Blocked { .. }) {
                 return Ok(false);
             }
             if m.durable_offset < ing.seg_start {
-                return Err(format!(
-                    "manifest durable {} is behind segment start {}",
-                    m.durable_offset, ing.seg_start
+                return Err(Error::bad_manifest(
+                    &key,
+                    format!(
+                        "manifest durable {} is behind segment start {}",
+                        m.durable_offset, ing.seg_start
+                    ),
                 ));
             }
             let cut = m.durable_offset;
@@ -899,7 +899,7 @@ impl Index {
                 next.status = Status::Ready;
             }
             next.parts.extend(new_parts);
-            match manifest::cas(&self.shared.store, &key, &next, Some(&cur.etag)).await? {
+            match manifest::cas(&self.shared.store, &key, &next, Some(&cur.etag)).await {
                 Ok(etag) => {
                     self.shared
                         .metrics
@@ -918,7 +918,7 @@ impl Index {
                     self.maybe_compact().await;
                     return Ok(true);
                 }
-                Err(()) => {
+                Err(Error::Conflict { .. }) => {
                     self.shared
                         .metrics
                         .cas_conflicts
@@ -926,12 +926,13 @@ impl Index {
                         .inc();
                     continue;
                 }
+                Err(e) => return Err(e),
             }
         }
-        Err("too many manifest conflicts".into())
+        Err(Error::Contended { key })
     }
 
-    async fn block(&self, offset: u64, reason: String) -> Result<(), String> {
+    async fn block(&self, offset: u64, reason: String) -> Result<()> {
         tracing::error!(index = %self.reg.id, "blocking index: {reason}");
         self.set_status(
             Status::Blocked {
@@ -944,12 +945,7 @@ impl Index {
     }
 
     /// Committed entries with `start <= offset < end`, sorted by offset.
-    async fn committed_between(
-        &self,
-        m: &Manifest,
-        start: u64,
-        end: u64,
-    ) -> Result<Vec<Entry>, String> {
+    async fn committed_between(&self, m: &Manifest, start: u64, end: u64) -> Result<Vec<Entry>> {
         let mut out = Vec::new();
         for p in &m.parts {
             if p.max_offset < start || p.min_offset >= end {
@@ -968,7 +964,7 @@ impl Index {
     }
 
     /// Encode, upload (create-only: content-addressed, so a 412 means already there).
-    async fn write_part(&self, entries: Vec<Entry>, level: u8) -> Result<PartMeta, String> {
+    async fn write_part(&self, entries: Vec<Entry>, level: u8) -> Result<PartMeta> {
         let bytes = part::encode(&entries, self.shared.cfg.part_compression)?;
         // Small level-0 parts of all indexes committing together share one pack PUT;
         // compaction outputs are large and get objects of their own.
@@ -983,7 +979,7 @@ impl Index {
                 .await
             {
                 Ok(_) | Err(StoreError::PreconditionFailed) => {}
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(Error::request(key)(e)),
             }
             key
         };
@@ -1009,7 +1005,7 @@ impl Index {
         }
     }
 
-    async fn compact(&self, day: i64, l0: Vec<PartMeta>) -> Result<(), String> {
+    async fn compact(&self, day: i64, l0: Vec<PartMeta>) -> Result<()> {
         // Its outputs go under `parts/`; if its publish fails they are orphans for GC.
         self.orphans_possible.store(true, Ordering::Relaxed);
         let cfg = &self.shared.cfg;
@@ -1041,7 +1037,7 @@ impl Index {
         let key = manifest::current_key(&self.ns);
         let (_, published) = manifest::update::<Manifest, ()>(&self.shared.store, &key, 8, |cur| {
             let Some(cur) = cur else {
-                return Err("manifest is missing".into());
+                return Err(missing(&key));
             };
             if gone.iter().any(|k| !cur.parts.iter().any(|p| &p.key == k)) {
                 return Ok((None, ())); // inputs changed under us; try again later
@@ -1079,7 +1075,7 @@ impl Index {
     /// Delete parts that no reader can need: retired for `--gc-retain-generations`
     /// generations and older than the grace window, plus unreferenced uploads (lost CAS
     /// races) older than the grace window.
-    pub async fn gc(&self) -> Result<usize, String> {
+    pub async fn gc(&self) -> Result<usize> {
         let cfg = &self.shared.cfg;
         let view = self.view();
         let m = &view.manifest;
@@ -1110,11 +1106,12 @@ impl Index {
                 .iter()
                 .any(|r| crate::batch::pack_member(&r.key).is_none());
         let listed = if may_have_orphans {
+            let prefix = manifest::parts_prefix(&self.ns);
             self.shared
                 .store
-                .list(&manifest::parts_prefix(&self.ns))
+                .list(&prefix)
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(Error::request(prefix))?
         } else {
             Vec::new()
         };
@@ -1131,7 +1128,7 @@ impl Index {
                 .store
                 .delete(&l.key)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(Error::request(&l.key))?;
             deleted += 1;
         }
         if expired.is_empty() {
@@ -1146,14 +1143,14 @@ impl Index {
                 .store
                 .delete(k)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(Error::request(k))?;
             deleted += 1;
         }
         let key = manifest::current_key(&self.ns);
         let gone: HashSet<String> = expired.into_iter().collect();
         manifest::update::<Manifest, ()>(&self.shared.store, &key, 8, |cur| {
             let Some(cur) = cur else {
-                return Err("manifest is missing".into());
+                return Err(missing(&key));
             };
             let mut next = cur.clone();
             next.generation += 1;
@@ -1182,6 +1179,13 @@ fn due_compaction(m: &Manifest, compact_parts: usize) -> Option<(i64, Vec<PartMe
         (l0.clone().count() >= compact_parts)
             .then(|| (day, l0.take(compact_parts).cloned().collect()))
     })
+}
+
+/// The manifest or catalog `key` must exist (it is created before anything uses it).
+fn missing(key: &str) -> Error {
+    Error::Missing {
+        key: key.to_string(),
+    }
 }
 
 fn lower_bound(q: &Query, max_span_ms: i64) -> (i64, u64) {
@@ -1264,7 +1268,7 @@ impl PartCursor {
 }
 
 impl Cursor {
-    async fn peek(&mut self, cache: &PartCache) -> Result<Option<Entry>, String> {
+    async fn peek(&mut self, cache: &PartCache) -> Result<Option<Entry>> {
         match self {
             Cursor::Run(run, i) => Ok(run.get(*i).copied()),
             Cursor::Part(p) => loop {
