@@ -6,11 +6,13 @@
 //!   (`archiver`). The returned [`Archive`] is the engine's [`ursula_storage::cold::ColdStore`].
 //! * [`restore::restore`] builds a data dir from the archive alone.
 //! * [`manifest`] is the object layout and the manifest format; [`status`] what the tier
-//!   reports (metrics, fencing).
+//!   reports (metrics, fencing); [`Error`] why any of it failed.
 
 mod archiver;
+pub mod error;
 pub mod manifest;
 pub mod restore;
 pub mod status;
 
 pub use archiver::{start, Archive, FinalRound, Settings, OWNER_FILE, RESTORED_FILE};
+pub use error::{Error, Result};

@@ -19,6 +19,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use ursula_s3::{DynStore, PutMode, StoreError};
 
+use crate::error::{Error, Result};
+
 pub const LAYOUT_KEY: &str = "layout.json";
 pub const VERSION: u32 = 1;
 
@@ -232,33 +234,22 @@ impl Keys {
     }
 }
 
-/// Why a manifest could not be committed.
-#[derive(Debug)]
-pub enum CommitError {
-    /// Another writer changed it since we read it: re-read and decide.
-    Conflict,
-    Store(String),
-}
-
-impl std::fmt::Display for CommitError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CommitError::Conflict => f.write_str("the manifest changed under us"),
-            CommitError::Store(e) => f.write_str(e),
-        }
-    }
-}
-
 /// Read shard `shard`'s manifest and its ETag.
-pub async fn load(store: &DynStore, shard: u32) -> Result<Option<(Manifest, String)>, String> {
+pub async fn load(store: &DynStore, shard: u32) -> Result<Option<(Manifest, String)>> {
     let key = manifest_key(shard);
-    match store.get(&key).await.map_err(|e| e.to_string())? {
+    match store.get(&key).await.map_err(Error::request(&key))? {
         None => Ok(None),
         Some(o) => {
-            let m: Manifest = sonic_rs::from_slice(&o.bytes)
-                .map_err(|e| format!("{key}: corrupt manifest: {e}"))?;
+            let m: Manifest =
+                sonic_rs::from_slice(&o.bytes).map_err(|source| Error::CorruptManifest {
+                    key: key.clone(),
+                    source,
+                })?;
             if m.shard != shard {
-                return Err(format!("{key} describes shard {}", m.shard));
+                return Err(Error::WrongShard {
+                    key,
+                    found: m.shard,
+                });
             }
             Ok(Some((m, o.etag)))
         }
@@ -266,55 +257,63 @@ pub async fn load(store: &DynStore, shard: u32) -> Result<Option<(Manifest, Stri
 }
 
 /// Write `m` if the stored manifest still has ETag `etag` (`None`: if there is none yet);
-/// returns the new ETag.
-pub async fn commit(
-    store: &DynStore,
-    m: &Manifest,
-    etag: Option<&str>,
-) -> Result<String, CommitError> {
-    let bytes = sonic_rs::to_vec(m).map_err(|e| CommitError::Store(e.to_string()))?;
+/// returns the new ETag. [`Error::Conflict`] when another writer changed it.
+pub async fn commit(store: &DynStore, m: &Manifest, etag: Option<&str>) -> Result<String> {
+    let bytes = sonic_rs::to_vec(m).map_err(|source| Error::Encode {
+        what: "manifest",
+        source,
+    })?;
     let mode = match etag {
         Some(e) => PutMode::IfMatch(e.to_string()),
         None => PutMode::CreateOnly,
     };
-    match store
-        .put(&manifest_key(m.shard), Bytes::from(bytes), mode)
-        .await
-    {
+    let key = manifest_key(m.shard);
+    match store.put(&key, Bytes::from(bytes), mode).await {
         Ok(tag) => Ok(tag),
-        Err(StoreError::PreconditionFailed) => Err(CommitError::Conflict),
-        Err(e) => Err(CommitError::Store(e.to_string())),
+        Err(StoreError::PreconditionFailed) => Err(Error::Conflict { key }),
+        Err(e) => Err(Error::request(key)(e)),
     }
 }
 
 /// Read the prefix's layout.
-pub async fn load_layout(store: &DynStore) -> Result<Option<Layout>, String> {
-    match store.get(LAYOUT_KEY).await.map_err(|e| e.to_string())? {
+pub async fn load_layout(store: &DynStore) -> Result<Option<Layout>> {
+    match store
+        .get(LAYOUT_KEY)
+        .await
+        .map_err(Error::request(LAYOUT_KEY))?
+    {
         None => Ok(None),
-        Some(o) => sonic_rs::from_slice(&o.bytes)
-            .map(Some)
-            .map_err(|e| format!("{LAYOUT_KEY}: corrupt: {e}")),
+        Some(o) => {
+            sonic_rs::from_slice(&o.bytes)
+                .map(Some)
+                .map_err(|source| Error::CorruptLayout {
+                    key: LAYOUT_KEY.to_string(),
+                    source,
+                })
+        }
     }
 }
 
 /// Create the layout, or check that the existing one has `shards` shards.
-pub async fn ensure_layout(store: &DynStore, shards: u32) -> Result<(), String> {
+pub async fn ensure_layout(store: &DynStore, shards: u32) -> Result<()> {
     let check = |l: Layout| {
         if l.shards == shards {
             Ok(())
         } else {
-            Err(format!(
-                "{} holds a data dir of {} shards; this server has {shards} (start it with --cores {})",
-                store.describe(),
-                l.shards,
-                l.shards
-            ))
+            Err(Error::LayoutMismatch {
+                store: store.describe(),
+                archived: l.shards,
+                ours: shards,
+            })
         }
     };
     if let Some(l) = load_layout(store).await? {
         return check(l);
     }
-    let bytes = sonic_rs::to_vec(&Layout { shards }).map_err(|e| e.to_string())?;
+    let bytes = sonic_rs::to_vec(&Layout { shards }).map_err(|source| Error::Encode {
+        what: "layout",
+        source,
+    })?;
     match store
         .put(LAYOUT_KEY, Bytes::from(bytes), PutMode::CreateOnly)
         .await
@@ -322,9 +321,11 @@ pub async fn ensure_layout(store: &DynStore, shards: u32) -> Result<(), String> 
         Ok(_) => Ok(()),
         Err(StoreError::PreconditionFailed) => match load_layout(store).await? {
             Some(l) => check(l),
-            None => Err(format!("{LAYOUT_KEY} vanished while being created")),
+            None => Err(Error::LayoutVanished {
+                key: LAYOUT_KEY.to_string(),
+            }),
         },
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(Error::request(LAYOUT_KEY)(e)),
     }
 }
 
@@ -434,7 +435,7 @@ mod tests {
             let m = Manifest::new(0, 1, "a", 1000, 1);
             let tag = commit(&store, &m, None).await.expect("create");
             assert!(
-                matches!(commit(&store, &m, None).await, Err(CommitError::Conflict)),
+                matches!(commit(&store, &m, None).await, Err(Error::Conflict { .. })),
                 "create-only"
             );
             let (got, got_tag) = load(&store, 0).await.expect("load").expect("present");
@@ -445,7 +446,7 @@ mod tests {
             let won = commit(&store, &a, Some(&tag)).await.expect("first wins");
             assert!(matches!(
                 commit(&store, &b, Some(&tag)).await,
-                Err(CommitError::Conflict)
+                Err(Error::Conflict { .. })
             ));
             let (now, now_tag) = load(&store, 0).await.expect("load").expect("present");
             assert_eq!((now.epoch, now.owner.as_str(), now_tag), (2, "a", won));
@@ -462,7 +463,10 @@ mod tests {
         run(async {
             ensure_layout(&store, 4).await.expect("create");
             ensure_layout(&store, 4).await.expect("same count");
-            let err = ensure_layout(&store, 2).await.expect_err("other count");
+            let err = ensure_layout(&store, 2)
+                .await
+                .expect_err("other count")
+                .to_string();
             assert!(
                 err.contains("4 shards") && err.contains("--cores 4"),
                 "{err}"

@@ -13,7 +13,6 @@
 //! server, started with the same cold tier, reads those segments from S3 like any it
 //! evicted itself.
 
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -24,6 +23,7 @@ use ursula_storage::segment::{self, SegmentHeader, DATA_START};
 use ursula_storage::SegmentNo;
 
 use crate::archiver::RESTORED_FILE;
+use crate::error::{Error, Result};
 use crate::manifest::{self, Manifest, Object};
 
 /// What a restore wrote.
@@ -48,24 +48,23 @@ pub async fn restore(
     store: &DynStore,
     data_dir: &Path,
     local_bytes: Option<u64>,
-) -> Result<Report, String> {
+) -> Result<Report> {
     let started = Instant::now();
     if let Ok(mut entries) = std::fs::read_dir(data_dir) {
         if entries.next().is_some() {
-            return Err(format!(
-                "{} is not empty; restore builds a new data dir",
-                data_dir.display()
-            ));
+            return Err(Error::NotEmpty {
+                dir: data_dir.to_path_buf(),
+            });
         }
     }
     let at = store.describe();
-    let layout = manifest::load_layout(store).await?.ok_or_else(|| {
-        format!(
-            "{at} holds no archive ({} is missing)",
-            manifest::LAYOUT_KEY
-        )
-    })?;
-    segment::create_dir_durable(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let layout = manifest::load_layout(store)
+        .await?
+        .ok_or_else(|| Error::NoArchive {
+            store: at.clone(),
+            key: manifest::LAYOUT_KEY,
+        })?;
+    segment::create_dir_durable(data_dir).map_err(Error::io(data_dir))?;
     let mut report = Report {
         shards: layout.shards,
         ..Report::default()
@@ -74,26 +73,26 @@ pub async fn restore(
     for shard in 0..layout.shards {
         let (m, _) = manifest::load(store, shard)
             .await?
-            .ok_or_else(|| format!("{at}: shard {shard} has no manifest"))?;
+            .ok_or_else(|| Error::NoManifest {
+                store: at.clone(),
+                shard,
+            })?;
         let budget = local_bytes.map(|b| b / u64::from(layout.shards.max(1)));
         restore_shard(store, &m, data_dir, budget, &mut report).await?;
         epochs.push(m.epoch);
         report.ends.push(m.archived);
     }
-    let write = |name: &str, content: Vec<u8>| {
-        let path = data_dir.join(name);
-        std::fs::write(&path, content)
-            .and_then(|()| std::fs::File::open(&path)?.sync_all())
-            .map_err(|e| format!("{}: {e}", path.display()))
-    };
-    let restored = sonic_rs::to_vec(&epochs).map_err(|e| e.to_string())?;
-    write(RESTORED_FILE, restored)?;
+    let restored = sonic_rs::to_vec(&epochs).map_err(|source| Error::Encode {
+        what: "restored epochs",
+        source,
+    })?;
+    write_file(&data_dir.join(RESTORED_FILE), &restored)?;
     // The layout last: a data dir with one was restored completely.
-    write(
-        "ursula.layout",
-        format!("shards={}\n", layout.shards).into_bytes(),
+    write_file(
+        &data_dir.join("ursula.layout"),
+        format!("shards={}\n", layout.shards).as_bytes(),
     )?;
-    segment::sync_dir(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    segment::sync_dir(data_dir).map_err(Error::io(data_dir))?;
     report.elapsed = started.elapsed();
     Ok(report)
 }
@@ -104,13 +103,12 @@ async fn restore_shard(
     data_dir: &Path,
     budget: Option<u64>,
     report: &mut Report,
-) -> Result<(), String> {
+) -> Result<()> {
     let dir = data_dir.join(format!("shard-{}", m.shard));
-    let fail = |what: &Path, e: io::Error| format!("{}: {e}", what.display());
-    segment::create_dir_durable(&dir).map_err(|e| fail(&dir, e))?;
+    segment::create_dir_durable(&dir).map_err(Error::io(&dir))?;
     let (local, cold) = local_segments(m, budget);
     if !cold.is_empty() {
-        ursula_storage::write_cold_marker(&dir).map_err(|e| fail(&dir, e))?;
+        ursula_storage::write_cold_marker(&dir).map_err(Error::io(&dir))?;
         report.cold_segments += cold.len() as u64;
         report.cold_bytes += cold.iter().map(|s| s.file_len).sum::<u64>();
     }
@@ -125,22 +123,19 @@ async fn restore_shard(
             .filter(|(start, b)| *start == 0 && b.len() >= DATA_START as usize)
             .and_then(|(_, b)| SegmentHeader::decode(b))
             .filter(|h| h.shard == m.shard && h.index.get() == seg.index)
-            .ok_or_else(|| {
-                format!(
-                    "segment {} of shard {}: no valid header",
-                    seg.index, m.shard
-                )
+            .ok_or(Error::BadSegmentHeader {
+                segment: seg.index,
+                shard: m.shard,
             })?;
-        drop(segment::create_segment(&dir, header, seg.file_len).map_err(|e| fail(&path, e))?);
+        drop(segment::create_segment(&dir, header, seg.file_len).map_err(Error::io(&path))?);
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
-            .map_err(|e| fail(&path, e))?;
+            .map_err(Error::io(&path))?;
         for (start, bytes) in pieces {
-            file.write_all_at(&bytes, start)
-                .map_err(|e| fail(&path, e))?;
+            file.write_all_at(&bytes, start).map_err(Error::io(&path))?;
         }
-        file.sync_all().map_err(|e| fail(&path, e))?;
+        file.sync_all().map_err(Error::io(&path))?;
     }
     for f in &m.index_files {
         let path = dir.join(format!("{:010}.idx", f.number));
@@ -148,20 +143,20 @@ async fn restore_shard(
     }
     if !m.blobs.is_empty() {
         let blobs = dir.join("snapshots");
-        segment::create_dir_durable(&blobs).map_err(|e| fail(&blobs, e))?;
+        segment::create_dir_durable(&blobs).map_err(Error::io(&blobs))?;
         for b in &m.blobs {
             write_file(
                 &blobs.join(&b.name),
                 &fetch(store, &b.object, report).await?,
             )?;
         }
-        segment::sync_dir(&blobs).map_err(|e| fail(&blobs, e))?;
+        segment::sync_dir(&blobs).map_err(Error::io(&blobs))?;
     }
     if let Some(c) = &m.checkpoint {
         let path = dir.join(ursula_storage::CHECKPOINT_FILE);
         write_file(&path, &fetch(store, &c.object, report).await?)?;
     }
-    segment::sync_dir(&dir).map_err(|e| fail(&dir, e))
+    segment::sync_dir(&dir).map_err(Error::io(&dir))
 }
 
 /// Which of the manifest's segments up to the archived end to download, and which to leave
@@ -204,25 +199,26 @@ fn local_segments(
 }
 
 /// Download `o` and check it is what the manifest says.
-async fn fetch(store: &DynStore, o: &Object, report: &mut Report) -> Result<Bytes, String> {
+async fn fetch(store: &DynStore, o: &Object, report: &mut Report) -> Result<Bytes> {
     let got = store
         .get(&o.key)
         .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{} is missing from {}", o.key, store.describe()))?;
+        .map_err(Error::request(&o.key))?
+        .ok_or_else(|| Error::Missing {
+            key: o.key.clone(),
+            store: store.describe(),
+        })?;
     if got.bytes.len() as u64 != o.len || crc32c::crc32c(&got.bytes) != o.crc {
-        return Err(format!(
-            "{}: content differs from its manifest entry",
-            o.key
-        ));
+        return Err(Error::CorruptObject { key: o.key.clone() });
     }
     report.objects += 1;
     report.bytes += o.len;
     Ok(got.bytes)
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
+/// Write `path` and make its content durable (its directory is synced by the caller).
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes)
         .and_then(|()| std::fs::File::open(path)?.sync_all())
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(Error::io(path))
 }

@@ -236,7 +236,6 @@ async fn query(n: usize, compression: part::PartCompression) {
         );
         manifest::cas(&shared.store, &manifest::current_key(&ns), &m, None)
             .await
-            .expect("io")
             .expect("cas");
         println!(
             "\n{label}: {n} entries in {} parts, built in {:.1?}; {:.2} bytes/entry",
@@ -272,7 +271,7 @@ async fn query(n: usize, compression: part::PartCompression) {
             through: None,
             through_record: None,
         };
-        ix.query(&all_day).await.ok().expect("warm-up query");
+        ix.query(&all_day).await.expect("warm-up query");
         for (wname, width) in [
             ("100 ms", 100i64),
             ("1 min", 60_000),
@@ -294,7 +293,7 @@ async fn query(n: usize, compression: part::PartCompression) {
                         through_record: None,
                     };
                     let s = Instant::now();
-                    let r = ix.query(&q).await.ok().expect("query");
+                    let r = ix.query(&q).await.expect("query");
                     std::hint::black_box(r.entries.len());
                     if k >= 20 {
                         lat.push(s.elapsed()); // the first 20 warm the cache
@@ -324,7 +323,7 @@ async fn query(n: usize, compression: part::PartCompression) {
         let mut per_page: Vec<Duration> = Vec::new();
         while pages < 100 {
             let ps = Instant::now();
-            let r = ix.query(&q).await.ok().expect("query");
+            let r = ix.query(&q).await.expect("query");
             per_page.push(ps.elapsed());
             pages += 1;
             match r.next {

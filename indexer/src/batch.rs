@@ -35,6 +35,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use crate::error::{Error, Result};
 use crate::store::StoreResult;
 use crate::store::{DynStore, Fetched, Listed, Object, ObjectStore, PutMode, StoreError};
 
@@ -397,7 +398,7 @@ pub fn pack_member(key: &str) -> Option<(String, u64, u64)> {
 
 struct Pending {
     bytes: Bytes,
-    done: oneshot::Sender<Result<String, String>>,
+    done: oneshot::Sender<Result<String>>,
 }
 
 pub struct Packer {
@@ -416,7 +417,7 @@ impl Packer {
     }
 
     /// Upload `part` inside the next pack; returns its member key.
-    pub async fn write(self: &Arc<Self>, part: Bytes) -> Result<String, String> {
+    pub async fn write(self: &Arc<Self>, part: Bytes) -> Result<String> {
         let (tx, rx) = oneshot::channel();
         lock(&self.queue).push(Pending {
             bytes: part,
@@ -426,7 +427,7 @@ impl Packer {
             let me = self.clone();
             tokio::spawn(async move { me.flush_loop().await });
         }
-        rx.await.map_err(|_| "pack flush was dropped".to_string())?
+        rx.await.map_err(|_| Error::FlushDropped { what: "pack" })?
     }
 
     async fn flush_loop(self: Arc<Self>) {
@@ -453,13 +454,16 @@ impl Packer {
             // Content-addressed: "already exists" is as good as written.
             let r = match self.store.put(&key, pack.into(), PutMode::CreateOnly).await {
                 Ok(_) | Err(StoreError::PreconditionFailed) => Ok(()),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(Arc::new(e)),
             };
             for (p, (off, len, h)) in batch.into_iter().zip(names) {
-                let _ = p.done.send(
-                    r.clone()
-                        .map(|()| format!("packs/{hash}/{off}-{len}-{h}.parquet")),
-                );
+                let _ = p.done.send(match &r {
+                    Ok(()) => Ok(format!("packs/{hash}/{off}-{len}-{h}.parquet")),
+                    Err(source) => Err(Error::PackUpload {
+                        key: key.clone(),
+                        source: source.clone(),
+                    }),
+                });
             }
         }
     }
@@ -468,12 +472,12 @@ impl Packer {
 /// Delete packs that no manifest slot names any more and that are older than `grace_ms`.
 /// Packs are listed before the manifests are read, so a pack whose commit lands between
 /// the two is young and protected by the grace window.
-pub async fn gc_packs(store: &ShardedStore, now_ms: i64, grace_ms: i64) -> Result<usize, String> {
+pub async fn gc_packs(store: &ShardedStore, now_ms: i64, grace_ms: i64) -> Result<usize> {
     let listed = store
         .inner
         .list("packs/")
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(Error::request("packs/"))?;
     let old: Vec<Listed> = listed
         .into_iter()
         .filter(|l| l.modified_ms.is_some_and(|t| now_ms - t >= grace_ms))
@@ -482,12 +486,13 @@ pub async fn gc_packs(store: &ShardedStore, now_ms: i64, grace_ms: i64) -> Resul
         return Ok(0);
     }
     let mut referenced: HashSet<String> = HashSet::new();
-    for (key, bytes) in store.all_slots().await.map_err(|e| e.to_string())? {
+    let slots = store.all_slots().await.map_err(Error::request("shards/"))?;
+    for (key, bytes) in slots {
         if !key.ends_with("/CURRENT") {
             continue;
         }
-        let m: crate::manifest::Manifest = sonic_rs::from_slice(&bytes)
-            .map_err(|e| format!("{key}: corrupt manifest, not collecting packs: {e}"))?;
+        // A manifest that does not parse stops the collection: it may name any pack.
+        let m: crate::manifest::Manifest = crate::manifest::parse(&key, &bytes)?;
         for k in m
             .parts
             .iter()
@@ -506,7 +511,7 @@ pub async fn gc_packs(store: &ShardedStore, now_ms: i64, grace_ms: i64) -> Resul
                 .inner
                 .delete(&l.key)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(Error::request(&l.key))?;
             deleted += 1;
         }
     }

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use crate::error::{Error, Result};
 use crate::part::{Group, PartFile};
 use crate::store::DynStore;
 
@@ -41,7 +42,7 @@ impl PartCache {
         }
     }
 
-    pub async fn file(&self, key: &str) -> Result<Arc<PartFile>, String> {
+    pub async fn file(&self, key: &str) -> Result<Arc<PartFile>> {
         if let Some(f) = lock(&self.files).get(&key.to_string()) {
             return Ok(f);
         }
@@ -53,16 +54,18 @@ impl PartCache {
                         .store
                         .get_range(&pack, off, len)
                         .await
-                        .map_err(|e| e.to_string())?,
+                        .map_err(Error::request(pack))?,
                     None => self
                         .store
                         .get(key)
                         .await
-                        .map_err(|e| e.to_string())?
+                        .map_err(Error::request(key))?
                         .map(|o| o.bytes),
                 };
                 let Some(bytes) = got else {
-                    return Err(format!("part {key} is missing from the store"));
+                    return Err(Error::MissingPart {
+                        key: key.to_string(),
+                    });
                 };
                 if let Some(d) = &self.disk {
                     d.put(key, &bytes);
@@ -77,7 +80,7 @@ impl PartCache {
     }
 
     /// Page slice `s` of row group `i` of part `key`, decoded.
-    pub async fn slice(&self, key: &str, i: usize, s: usize) -> Result<Arc<Group>, String> {
+    pub async fn slice(&self, key: &str, i: usize, s: usize) -> Result<Arc<Group>> {
         let k = (key.to_string(), i, s);
         if let Some(g) = lock(&self.groups).get(&k) {
             return Ok(g);
@@ -90,7 +93,7 @@ impl PartCache {
     }
 
     /// The `t_ms` column alone of page slice `s` of row group `i` of part `key`.
-    pub async fn times(&self, key: &str, i: usize, s: usize) -> Result<Arc<Vec<i64>>, String> {
+    pub async fn times(&self, key: &str, i: usize, s: usize) -> Result<Arc<Vec<i64>>> {
         let k = (key.to_string(), i, s);
         if let Some(t) = lock(&self.times).get(&k) {
             return Ok(t);

@@ -12,6 +12,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use crate::cache::PartCache;
+use crate::error::Result;
 use crate::part::{Entry, PartFile, ROW_GROUP_ROWS};
 
 /// Most rows a merge of `runs` runs with output parts of `out_max` entries keeps decoded
@@ -33,7 +34,7 @@ struct Run {
 
 impl Run {
     /// The next entry, decoding the next slice (and opening the next part) when needed.
-    async fn peek(&mut self, cache: &PartCache) -> Result<Option<Entry>, String> {
+    async fn peek(&mut self, cache: &PartCache) -> Result<Option<Entry>> {
         loop {
             if let Some(e) = self.buf.get(self.pos) {
                 return Ok(Some(*e));
@@ -107,7 +108,7 @@ impl Merge {
     }
 
     /// The next output chunk; `None` once every run is exhausted.
-    pub async fn next_chunk(&mut self, cache: &PartCache) -> Result<Option<Vec<Entry>>, String> {
+    pub async fn next_chunk(&mut self, cache: &PartCache) -> Result<Option<Vec<Entry>>> {
         if !self.started {
             self.started = true;
             for i in 0..self.runs.len() {

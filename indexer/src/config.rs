@@ -7,6 +7,8 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
+use crate::error::{Error, Result};
+
 #[derive(Parser, Debug, Default)]
 #[command(
     name = "ursula-indexer",
@@ -157,7 +159,7 @@ pub struct Config {
 }
 
 impl Config {
-    pub fn resolve(cli: Cli) -> Result<Config, String> {
+    pub fn resolve(cli: Cli) -> Result<Config> {
         let file = match &cli.config {
             Some(p) => load_file(p)?,
             None => FileConfig::default(),
@@ -168,7 +170,9 @@ impl Config {
         let store_dir = cli.store_dir.or(file.store_dir);
         let store = match (bucket, store_dir) {
             (Some(_), Some(_)) => {
-                return Err("give either a store directory or an S3 bucket, not both".into())
+                return Err(Error::Config(
+                    "give either a store directory or an S3 bucket, not both",
+                ))
             }
             (Some(bucket), None) => StoreConfig::S3(crate::store::S3Settings {
                 bucket,
@@ -185,7 +189,7 @@ impl Config {
         };
         let compact_parts = cli.compact_parts.or(file.compact_parts).unwrap_or(8);
         if compact_parts < 2 {
-            return Err("--compact-parts must be at least 2".into());
+            return Err(Error::Config("--compact-parts must be at least 2"));
         }
         let worker_id = cli.worker_id.or(file.worker_id).unwrap_or_else(|| {
             format!(
@@ -197,7 +201,7 @@ impl Config {
         let tls = match (cli.tls_cert.or(file.tls_cert), cli.tls_key.or(file.tls_key)) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,
-            _ => return Err("tls_cert and tls_key must be given together".into()),
+            _ => return Err(Error::Config("tls_cert and tls_key must be given together")),
         };
         Ok(Config {
             tls,
@@ -246,9 +250,15 @@ impl Config {
     }
 }
 
-fn load_file(p: &Path) -> Result<FileConfig, String> {
-    let text = std::fs::read_to_string(p).map_err(|e| format!("read {}: {e}", p.display()))?;
-    toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+fn load_file(p: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(p).map_err(|source| Error::ConfigRead {
+        path: p.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| Error::ConfigParse {
+        path: p.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -261,22 +271,24 @@ mod tests {
         let resolve = |args: &[&str]| {
             let mut argv = vec!["ursula-indexer"];
             argv.extend_from_slice(args);
-            Config::resolve(Cli::try_parse_from(argv).expect("parse")).map(|c| c.part_compression)
+            Config::resolve(Cli::try_parse_from(argv).expect("parse"))
+                .map(|c| c.part_compression)
+                .ok()
         };
-        assert_eq!(resolve(&[]), Ok(PartCompression::Zstd));
+        assert_eq!(resolve(&[]), Some(PartCompression::Zstd));
         assert_eq!(
             resolve(&["--part-compression", "none"]),
-            Ok(PartCompression::None)
+            Some(PartCompression::None)
         );
         assert!(Cli::try_parse_from(["ursula-indexer", "--part-compression", "lz4"]).is_err());
         let dir = tempfile::tempdir().expect("tmp");
         let file = dir.path().join("indexer.toml");
         std::fs::write(&file, "part_compression = \"none\"\n").expect("write");
         let file = file.to_str().expect("utf-8");
-        assert_eq!(resolve(&["--config", file]), Ok(PartCompression::None));
+        assert_eq!(resolve(&["--config", file]), Some(PartCompression::None));
         assert_eq!(
             resolve(&["--config", file, "--part-compression", "zstd"]),
-            Ok(PartCompression::Zstd)
+            Some(PartCompression::Zstd)
         );
     }
 }

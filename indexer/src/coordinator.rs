@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::error::{Error, Result};
 use crate::extract::{ExtractSpec, Extractor};
 use crate::index::{Index, Shared};
 use crate::manifest::{self, Catalog, Registration, RetiredNamespace, Start};
@@ -59,8 +60,11 @@ pub struct Slot {
 
 pub enum Lookup {
     Open(Arc<Index>),
-    /// Registered, but opening it failed or is taking longer than [`OPEN_WAIT`].
-    Opening(String),
+    /// Registered, but opening it is taking longer than [`OPEN_WAIT`].
+    Opening,
+    /// Registered, but opening it failed (the next request or background pass tries
+    /// again).
+    Failed(Error),
     Unknown,
 }
 
@@ -75,13 +79,6 @@ pub struct RegisterBody {
     pub timestamp_field: Option<String>,
     #[serde(default)]
     pub start: Option<Start>,
-}
-
-pub enum RegisterError {
-    Bad(String),
-    Source(String),
-    Conflict(String),
-    Internal(String),
 }
 
 pub fn valid_id(id: &str) -> bool {
@@ -197,14 +194,14 @@ impl Coordinator {
         }
         match tokio::time::timeout(OPEN_WAIT, self.open_slot(&slot)).await {
             Ok(Ok(ix)) => Lookup::Open(ix),
-            Ok(Err(e)) => Lookup::Opening(format!("index {id} could not be opened yet: {e}")),
-            Err(_) => Lookup::Opening(format!("index {id} is still opening")),
+            Ok(Err(e)) => Lookup::Failed(e),
+            Err(_) => Lookup::Opening,
         }
     }
 
     /// Open `slot` (once: concurrent callers wait for the same open) and start its ingest
     /// task. A failed open leaves the slot unopened for the next attempt.
-    async fn open_slot(&self, slot: &Arc<Slot>) -> Result<Arc<Index>, String> {
+    async fn open_slot(&self, slot: &Arc<Slot>) -> Result<Arc<Index>> {
         slot.index
             .get_or_try_init(|| async {
                 let delay = self.shared.cfg.debug_open_delay;
@@ -216,7 +213,7 @@ impl Coordinator {
                 // Reap the tasks of indexes that ended (restarted or unregistered).
                 while tasks.try_join_next().is_some() {}
                 tasks.spawn(ix.clone().run(self.restarted.clone()));
-                Ok::<_, String>(ix)
+                Ok::<_, Error>(ix)
             })
             .await
             .cloned()
@@ -288,7 +285,7 @@ impl Coordinator {
     }
 
     /// Bring the set of open indexes in line with CATALOG (`force`: even if unchanged).
-    pub async fn sync(&self, force: bool) -> Result<(), String> {
+    pub async fn sync(&self, force: bool) -> Result<()> {
         let mut etag = self.catalog_etag.lock().await;
         let store = &self.shared.store;
         let catalog = if force || etag.is_none() {
@@ -355,7 +352,7 @@ impl Coordinator {
         Ok(())
     }
 
-    pub async fn list(&self) -> Result<Vec<Registration>, String> {
+    pub async fn list(&self) -> Result<Vec<Registration>> {
         Ok(
             manifest::load::<Catalog>(&self.shared.store, manifest::CATALOG_KEY)
                 .await?
@@ -364,36 +361,25 @@ impl Coordinator {
         )
     }
 
-    pub async fn register(
-        &self,
-        id: &str,
-        body: RegisterBody,
-    ) -> Result<Registration, RegisterError> {
+    pub async fn register(&self, id: &str, body: RegisterBody) -> Result<Registration> {
         let extract = match (body.extract, body.timestamp_field) {
-            (Some(_), Some(_)) => {
-                return Err(RegisterError::Bad(
-                    "give either extract or timestamp_field, not both".into(),
-                ))
-            }
+            (Some(_), Some(_)) => return Err(Error::ExtractTwice),
             (Some(e), None) => e,
             (None, Some(f)) => ExtractSpec::legacy(&f),
             (None, None) => ExtractSpec::captured_at(),
         };
-        Extractor::compile(&extract).map_err(RegisterError::Bad)?;
-        let stream_url = source::canonical_url(&body.stream_url).map_err(RegisterError::Bad)?;
+        Extractor::compile(&extract)?;
+        let stream_url = source::canonical_url(&body.stream_url)?;
         let start = body.start.unwrap_or_default();
         let head = match self.shared.source.head(&stream_url).await {
             Ok(HeadResult::Ok(h)) => h,
-            Ok(HeadResult::NotFound) => {
-                return Err(RegisterError::Source("source stream does not exist".into()))
-            }
-            Err(e) => return Err(RegisterError::Source(format!("source did not answer: {e}"))),
+            Ok(HeadResult::NotFound) => return Err(Error::SourceMissing),
+            Err(e) => return Err(Error::SourceUnreachable(Box::new(e))),
         };
         if !source::is_indexable_type(&head.content_type) {
-            return Err(RegisterError::Source(format!(
-                "source content type {:?} is not application/json or application/x-ndjson",
-                head.content_type
-            )));
+            return Err(Error::NotIndexable {
+                content_type: head.content_type,
+            });
         }
         let (from, from_record) = match start {
             Start::Retained => (head.retained_offset, head.record_first),
@@ -415,7 +401,7 @@ impl Coordinator {
             record_coordinates: head.record_coordinates,
         };
         let candidate = reg.clone();
-        let result = manifest::update::<Catalog, Result<Registration, RegisterError>>(
+        let result = manifest::update::<Catalog, Result<Registration>>(
             &self.shared.store,
             manifest::CATALOG_KEY,
             32,
@@ -433,10 +419,9 @@ impl Coordinator {
                         if same {
                             Ok(existing.clone())
                         } else {
-                            Err(RegisterError::Conflict(format!(
-                                "index {} is already registered with different settings",
-                                candidate.id
-                            )))
+                            Err(Error::RegisteredDifferently {
+                                id: candidate.id.clone(),
+                            })
                         },
                     ));
                 }
@@ -447,10 +432,9 @@ impl Coordinator {
                 {
                     return Ok((
                         None,
-                        Err(RegisterError::Conflict(format!(
-                            "stream is already indexed as {}",
-                            other.id
-                        ))),
+                        Err(Error::StreamIndexed {
+                            other: other.id.clone(),
+                        }),
                     ));
                 }
                 if next
@@ -458,32 +442,24 @@ impl Coordinator {
                     .iter()
                     .any(|t| t.namespace == candidate.namespace())
                 {
-                    return Ok((
-                        None,
-                        Err(RegisterError::Conflict(
-                            "namespace is retired; try again later".into(),
-                        )),
-                    ));
+                    return Ok((None, Err(Error::NamespaceRetired)));
                 }
                 next.registrations.push(candidate.clone());
                 Ok((Some(next), Ok(candidate.clone())))
             },
         )
-        .await
-        .map_err(RegisterError::Internal)?;
+        .await?;
         let reg = result.0?;
-        self.sync(true).await.map_err(RegisterError::Internal)?;
+        self.sync(true).await?;
         // Open it before answering, so the index is queryable when the client hears 201.
         if let Some(slot) = self.slot(id) {
-            self.open_slot(&slot)
-                .await
-                .map_err(RegisterError::Internal)?;
+            self.open_slot(&slot).await?;
         }
         Ok(reg)
     }
 
     /// Unregister: drop the registration and tombstone its namespace in one CAS.
-    pub async fn unregister(&self, id: &str) -> Result<bool, String> {
+    pub async fn unregister(&self, id: &str) -> Result<bool> {
         let id = id.to_string();
         let (found, _) = manifest::update::<Catalog, bool>(
             &self.shared.store,
@@ -512,7 +488,7 @@ impl Coordinator {
     }
 
     /// Delete retired namespaces whose tombstone is older than the grace window.
-    async fn purge_retired(&self) -> Result<(), String> {
+    async fn purge_retired(&self) -> Result<()> {
         let Some(cat) =
             manifest::load::<Catalog>(&self.shared.store, manifest::CATALOG_KEY).await?
         else {
@@ -540,20 +516,21 @@ impl Coordinator {
                     .store
                     .delete(&key)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(Error::request(&key))?;
             }
-            for l in self
+            let prefix = manifest::ns_prefix(&t.namespace);
+            let listed = self
                 .shared
                 .store
-                .list(&manifest::ns_prefix(&t.namespace))
+                .list(&prefix)
                 .await
-                .map_err(|e| e.to_string())?
-            {
+                .map_err(Error::request(&prefix))?;
+            for l in listed {
                 self.shared
                     .store
                     .delete(&l.key)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(Error::request(&l.key))?;
             }
         }
         manifest::update::<Catalog, ()>(&self.shared.store, manifest::CATALOG_KEY, 32, |cur| {

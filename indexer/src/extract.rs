@@ -8,6 +8,8 @@
 use serde::{Deserialize, Serialize};
 use sonic_rs::LazyValue;
 
+use crate::error::{Error, Result};
+
 /// What one message turned into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -95,9 +97,9 @@ impl ExtractSpec {
 }
 
 impl Extractor {
-    pub fn compile(spec: &ExtractSpec) -> Result<Extractor, String> {
+    pub fn compile(spec: &ExtractSpec) -> Result<Extractor> {
         if spec.time.is_empty() {
-            return Err("extract.time needs at least one pointer".into());
+            return Err(Error::NoTimePointer);
         }
         let each = match &spec.each {
             Some(p) => Some(Pointer::parse(p)?),
@@ -241,12 +243,16 @@ enum Seg {
 }
 
 impl Pointer {
-    fn parse(s: &str) -> Result<Pointer, String> {
+    fn parse(s: &str) -> Result<Pointer> {
+        let invalid = |reason| Error::InvalidPointer {
+            pointer: s.to_string(),
+            reason,
+        };
         if s.is_empty() {
             return Ok(Pointer { segs: Vec::new() });
         }
         let Some(rest) = s.strip_prefix('/') else {
-            return Err(format!("invalid JSON pointer {s:?}: must start with '/'"));
+            return Err(invalid("must start with '/'"));
         };
         let mut segs = Vec::new();
         for raw in rest.split('/') {
@@ -264,7 +270,7 @@ impl Pointer {
                 match chars.next() {
                     Some('0') => key.push('~'),
                     Some('1') => key.push('/'),
-                    _ => return Err(format!("invalid JSON pointer {s:?}: bad '~' escape")),
+                    _ => return Err(invalid("bad '~' escape")),
                 }
             }
             let canonical_index = !key.is_empty()

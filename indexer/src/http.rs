@@ -1,6 +1,9 @@
 //! The HTTP API (indexer.md §1): routing, parameter parsing and response bodies.
 //! Errors are `{"error": "<text>"}` with 400 (bad request), 404 (unknown index),
-//! 409 (conflicts, cannot resume), 415, 422 (source preflight) or 500.
+//! 409 (conflicts, cannot resume), 415, 422 (source preflight), 503 with `Retry-After`
+//! (the object store or the source failed, or is contended: asking again can succeed) or
+//! 500 (a corrupt index or a broken invariant: a short reason only, the details go to the
+//! log). [`status_for`] is the one place that decides which error is which.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -12,8 +15,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use serde::Serialize;
 
-use crate::coordinator::{valid_id, Coordinator, Lookup, RegisterBody, RegisterError};
-use crate::index::{decode_cursor, encode_cursor, Index, Query, QueryError, View};
+use crate::coordinator::{valid_id, Coordinator, Lookup, RegisterBody};
+use crate::error::Error;
+use crate::index::{decode_cursor, encode_cursor, Index, Query, View};
 use crate::manifest::{Skipped, Status};
 use crate::part::Entry;
 use crate::source::offset_token;
@@ -60,11 +64,11 @@ pub async fn handle(
                 )
                 .body(Full::new(Bytes::from(text)))
                 .unwrap_or_else(|_| empty(StatusCode::INTERNAL_SERVER_ERROR)),
-            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+            Err(e) => failure(&e),
         },
         (&Method::GET, ["v1", "indexes"]) => match co.list().await {
             Ok(regs) => json(StatusCode::OK, &regs),
-            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+            Err(e) => failure(&e),
         },
         (m, ["v1", "indexes", id]) if m == Method::PUT => {
             let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
@@ -80,7 +84,7 @@ pub async fn handle(
                 match co.unregister(id).await {
                     Ok(true) => empty(StatusCode::NO_CONTENT),
                     Ok(false) => error(StatusCode::NOT_FOUND, "unknown index"),
-                    Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+                    Err(e) => failure(&e),
                 }
             }
         }
@@ -102,9 +106,8 @@ pub async fn handle(
         },
         (&Method::POST, ["v1", "indexes", id, "status", "resume"]) => match lookup(&co, id).await {
             Ok(ix) => match ix.resume().await {
-                Ok(Ok(())) => status(&ix),
-                Ok(Err(e)) => error(StatusCode::CONFLICT, &e),
-                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+                Ok(()) => status(&ix),
+                Err(e) => failure(&e),
             },
             Err(r) => r,
         },
@@ -122,16 +125,22 @@ async fn lookup(co: &Arc<Coordinator>, id: &str) -> Result<Arc<Index>, Resp> {
     }
     match co.lookup(id).await {
         Lookup::Open(ix) => return Ok(ix),
-        Lookup::Opening(why) => return Err(retry_later(&why)),
+        Lookup::Opening => return Err(still_opening(id)),
+        Lookup::Failed(e) => return Err(failure(&e)),
         Lookup::Unknown => {}
     }
     // Registered through another worker a moment ago?
     let _ = co.sync(true).await;
     match co.lookup(id).await {
         Lookup::Open(ix) => Ok(ix),
-        Lookup::Opening(why) => Err(retry_later(&why)),
+        Lookup::Opening => Err(still_opening(id)),
+        Lookup::Failed(e) => Err(failure(&e)),
         Lookup::Unknown => Err(error(StatusCode::NOT_FOUND, "unknown index")),
     }
+}
+
+fn still_opening(id: &str) -> Resp {
+    retry_later(&format!("index {id} is still opening"))
 }
 
 /// 503 with `Retry-After: 1`: the request is fine, this worker cannot answer it yet.
@@ -169,10 +178,87 @@ async fn register(co: &Arc<Coordinator>, id: &str, ct: &str, body: &[u8]) -> Res
     };
     match co.register(id, parsed).await {
         Ok(reg) => json(StatusCode::CREATED, &reg),
-        Err(RegisterError::Bad(e)) => error(StatusCode::BAD_REQUEST, &e),
-        Err(RegisterError::Source(e)) => error(StatusCode::UNPROCESSABLE_ENTITY, &e),
-        Err(RegisterError::Conflict(e)) => error(StatusCode::CONFLICT, &e),
-        Err(RegisterError::Internal(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(e) => failure(&e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors
+
+/// The status an error is answered with: what the client can do about it. A client's
+/// mistake is 4xx; a failure that asking again can get past (the object store or the
+/// source failing, compare-and-swaps contended) is 503; a corrupt index, a broken
+/// invariant or a bug is 500. No wildcard arm: a new variant must be placed here.
+pub fn status_for(e: &Error) -> StatusCode {
+    match e {
+        Error::BadQuery(_)
+        | Error::InvalidUrl(_)
+        | Error::NoTimePointer
+        | Error::InvalidPointer { .. }
+        | Error::ExtractTwice => StatusCode::BAD_REQUEST,
+        Error::RegisteredDifferently { .. }
+        | Error::StreamIndexed { .. }
+        | Error::NamespaceRetired
+        | Error::SourceGone => StatusCode::CONFLICT,
+        Error::SourceMissing | Error::SourceUnreachable(_) | Error::NotIndexable { .. } => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        Error::Request { .. }
+        | Error::PackUpload { .. }
+        | Error::Conflict { .. }
+        | Error::Contended { .. }
+        | Error::Vanished { .. }
+        | Error::FlushDropped { .. }
+        | Error::SourceRequest(_)
+        | Error::SourceTimeout
+        | Error::SourceStatus { .. }
+        | Error::SourceBody(_)
+        | Error::SourceBodyTimeout => StatusCode::SERVICE_UNAVAILABLE,
+        Error::SourceUrl(_)
+        | Error::ArrayNotUtf8(_)
+        | Error::ArrayRead(_)
+        | Error::CorruptJson { .. }
+        | Error::BadManifest { .. }
+        | Error::Missing { .. }
+        | Error::MissingPart { .. }
+        | Error::Parquet(_)
+        | Error::BadPart(_)
+        | Error::PartSchema(_)
+        | Error::Encode(_)
+        | Error::Metrics(_)
+        | Error::Config(_)
+        | Error::ConfigRead { .. }
+        | Error::ConfigParse { .. }
+        | Error::CaFile { .. }
+        | Error::NoCertificates { .. }
+        | Error::Tls(_)
+        | Error::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The answer to a request that failed with `e`. A 4xx says what was wrong; a 5xx says
+/// only what kind of failure it was, and its details (object keys, the store's own
+/// message) go to the log.
+fn failure(e: &Error) -> Resp {
+    let status = status_for(e);
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        tracing::warn!("request failed, retry later: {e}");
+        let why = match e {
+            Error::Conflict { .. } | Error::Contended { .. } | Error::Vanished { .. } => {
+                "the index changed concurrently; try again"
+            }
+            Error::FlushDropped { .. } => "the worker is stopping; try again",
+            Error::Request { .. } | Error::PackUpload { .. } => {
+                "the object store is unavailable; try again"
+            }
+            _ => "the source is unavailable; try again",
+        };
+        retry_later(why)
+    } else if status.is_server_error() {
+        tracing::error!("request failed: {e}");
+        error(status, "internal error")
+    } else {
+        error(status, &e.to_string())
     }
 }
 
@@ -279,12 +365,11 @@ fn status(ix: &Index) -> Resp {
 async fn events(ix: &Index, raw_query: &str) -> Resp {
     let q = match parse_query(raw_query) {
         Ok(q) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+        Err(e) => return failure(&e),
     };
     let r = match ix.query(&q).await {
         Ok(r) => r,
-        Err(QueryError::Bad(e)) => return error(StatusCode::BAD_REQUEST, &e),
-        Err(QueryError::Internal(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(e) => return failure(&e),
     };
     let records = ix.reg.record_coordinates;
     let view = &r.view;
@@ -334,7 +419,8 @@ fn entry_body(e: &Entry) -> EntryBody {
     }
 }
 
-fn parse_query(raw: &str) -> Result<Query, String> {
+fn parse_query(raw: &str) -> Result<Query, Error> {
+    let bad = |why: &str| Error::BadQuery(why.to_string());
     let mut from = None;
     let mut until = None;
     let mut overlap = false;
@@ -344,52 +430,58 @@ fn parse_query(raw: &str) -> Result<Query, String> {
     let mut through_record = None;
     for pair in raw.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = percent_decode(v).ok_or_else(|| format!("{k}: bad percent-encoding"))?;
+        let v = percent_decode(v).ok_or_else(|| bad(&format!("{k}: bad percent-encoding")))?;
         match k {
             "from" => {
                 from = Some(
                     crate::time::parse_query_time(&v)
-                        .ok_or("from: expected ms since the epoch or RFC 3339")?,
+                        .ok_or_else(|| bad("from: expected ms since the epoch or RFC 3339"))?,
                 )
             }
             "until" => {
                 until = Some(
                     crate::time::parse_query_time(&v)
-                        .ok_or("until: expected ms since the epoch or RFC 3339")?,
+                        .ok_or_else(|| bad("until: expected ms since the epoch or RFC 3339"))?,
                 )
             }
             "match" => {
                 overlap = match v.as_str() {
                     "start" => false,
                     "overlap" => true,
-                    _ => return Err("match must be start or overlap".into()),
+                    _ => return Err(bad("match must be start or overlap")),
                 }
             }
             "limit" => {
-                limit = v.parse().map_err(|_| "limit must be an integer")?;
+                limit = v.parse().map_err(|_| bad("limit must be an integer"))?;
                 if limit == 0 || limit > MAX_LIMIT {
-                    return Err(format!("limit must be between 1 and {MAX_LIMIT}"));
+                    return Err(bad(&format!("limit must be between 1 and {MAX_LIMIT}")));
                 }
             }
             "after" => {
-                after = Some(decode_cursor(&v).ok_or("after: expected a 32-hex-digit cursor")?)
+                after = Some(
+                    decode_cursor(&v)
+                        .ok_or_else(|| bad("after: expected a 32-hex-digit cursor"))?,
+                )
             }
             "through" => {
                 if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err("through must be an offset (digit string)".into());
+                    return Err(bad("through must be an offset (digit string)"));
                 }
-                through = Some(v.parse().map_err(|_| "through is out of range")?)
+                through = Some(v.parse().map_err(|_| bad("through is out of range"))?)
             }
             "through_record" => {
-                through_record = Some(v.parse().map_err(|_| "through_record must be an integer")?)
+                through_record = Some(
+                    v.parse()
+                        .map_err(|_| bad("through_record must be an integer"))?,
+                )
             }
-            other => return Err(format!("unknown query parameter {other:?}")),
+            other => return Err(bad(&format!("unknown query parameter {other:?}"))),
         }
     }
-    let from = from.ok_or("from is required")?;
-    let until = until.ok_or("until is required")?;
+    let from = from.ok_or_else(|| bad("from is required"))?;
+    let until = until.ok_or_else(|| bad("until is required"))?;
     if from >= until {
-        return Err("from must be before until".into());
+        return Err(bad("from must be before until"));
     }
     Ok(Query {
         from,
@@ -433,7 +525,7 @@ fn json<T: Serialize>(status: StatusCode, body: &T) -> Resp {
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(b)))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(e) => failure(&Error::Encode(e)),
     }
 }
 
@@ -478,5 +570,109 @@ mod tests {
         assert_eq!(c, "8000019f74c698a400000000000019e6");
         assert_eq!(decode_cursor(&c), Some((1784370600100, 6630)));
         assert!(encode_cursor((-1, 0)) < encode_cursor((0, 0)));
+    }
+
+    #[test]
+    fn a_bad_query_is_400_and_says_why() {
+        let e = parse_query("from=1&until=2&limit=0").expect_err("limit 0");
+        assert_eq!(status_for(&e), StatusCode::BAD_REQUEST);
+        assert_eq!(e.to_string(), "limit must be between 1 and 10000");
+    }
+
+    /// The body of `r` (a `Full` body is ready at once).
+    fn body(r: Resp) -> String {
+        let collected = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(r.into_body().collect())
+            .expect("body");
+        String::from_utf8(collected.to_bytes().to_vec()).expect("utf-8")
+    }
+
+    #[test]
+    fn client_errors_are_4xx_with_their_reason() {
+        for (e, status) in [
+            (Error::InvalidUrl("stream_url must have a host"), 400),
+            (Error::ExtractTwice, 400),
+            (Error::NoTimePointer, 400),
+            (Error::NamespaceRetired, 409),
+            (Error::SourceGone, 409),
+            (Error::RegisteredDifferently { id: "a".into() }, 409),
+            (Error::SourceMissing, 422),
+            (
+                Error::SourceUnreachable(Box::new(Error::SourceTimeout)),
+                422,
+            ),
+        ] {
+            let r = failure(&e);
+            assert_eq!(r.status().as_u16(), status, "{e}");
+            assert!(r.headers().get(http::header::RETRY_AFTER).is_none());
+            assert!(body(r).contains(&e.to_string()), "{e}");
+        }
+    }
+
+    #[test]
+    fn transient_failures_are_503_with_retry_after_and_no_details() {
+        let store = || crate::store::StoreError::Other("s3 get: secret-bucket is down".into());
+        for e in [
+            Error::Request {
+                key: "indexes/x/CURRENT".into(),
+                source: store(),
+            },
+            Error::PackUpload {
+                key: "packs/p.pack".into(),
+                source: Arc::new(store()),
+            },
+            Error::Conflict {
+                key: "CATALOG".into(),
+            },
+            Error::Contended {
+                key: "CATALOG".into(),
+            },
+            Error::Vanished {
+                key: "CATALOG".into(),
+            },
+            Error::FlushDropped { what: "pack" },
+            Error::SourceTimeout,
+        ] {
+            let r = failure(&e);
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "{e}");
+            assert_eq!(
+                r.headers()
+                    .get(http::header::RETRY_AFTER)
+                    .map(|v| v.as_bytes()),
+                Some(&b"1"[..])
+            );
+            let text = body(r);
+            assert!(text.contains("try again"), "{text}");
+            assert!(
+                !text.contains("secret-bucket") && !text.contains("CATALOG"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn corruption_is_500_with_a_generic_reason() {
+        let corrupt = sonic_rs::from_str::<u32>("{").expect_err("not a number");
+        for e in [
+            Error::CorruptJson {
+                key: "indexes/x/CURRENT".into(),
+                source: corrupt,
+            },
+            Error::Missing {
+                key: "indexes/x/CURRENT".into(),
+            },
+            Error::MissingPart {
+                key: "indexes/x/parts/p.parquet".into(),
+            },
+            Error::BadPart("row group columns disagree in length"),
+            Error::bad_manifest("indexes/x/CURRENT", "manifest watermarks out of order"),
+        ] {
+            let r = failure(&e);
+            assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{e}");
+            assert!(r.headers().get(http::header::RETRY_AFTER).is_none());
+            assert_eq!(body(r), r#"{"error":"internal error"}"#);
+        }
     }
 }

@@ -12,6 +12,7 @@ pub mod cache;
 pub mod compact;
 pub mod config;
 pub mod coordinator;
+pub mod error;
 pub mod extract;
 pub mod http;
 pub mod index;

@@ -10,6 +10,7 @@ use hyper_util::rt::TokioIo;
 
 use ursula_indexer::config::{Cli, Config, StoreConfig};
 use ursula_indexer::coordinator::Coordinator;
+use ursula_indexer::error::{Error, Result};
 use ursula_indexer::index::Shared;
 use ursula_indexer::source::SourceClient;
 use ursula_indexer::store::{DynStore, LocalStore, S3Store};
@@ -51,9 +52,13 @@ fn main() {
     }
 }
 
-async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<(), String> {
+async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<()> {
+    let io = |what: String| move |source| Error::Io { what, source };
     let store: DynStore = match &cfg.store {
-        StoreConfig::Dir(d) => Arc::new(LocalStore::open(d).map_err(|e| e.to_string())?),
+        StoreConfig::Dir(d) => Arc::new(LocalStore::open(d).map_err(|source| Error::Request {
+            key: d.display().to_string(),
+            source,
+        })?),
         StoreConfig::S3(s) => Arc::new(S3Store::connect(s).await),
     };
     tracing::info!("store: {}", store.describe());
@@ -67,8 +72,10 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<(), 
     let co = Coordinator::new(shared);
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
-        .map_err(|e| format!("bind {}: {e}", cfg.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(io(format!("bind {}", cfg.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(io("listener address".into()))?;
     // Read CATALOG, then listen at once: the indexes open in the background (a request
     // for one that is not open yet opens it first), and `/readyz` and READY=1 wait
     // until every index has been opened.
@@ -84,7 +91,7 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<(), 
         tokio::spawn(watchdog(interval));
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| e.to_string())?;
+        .map_err(io("SIGTERM handler".into()))?;
     loop {
         let (socket, _) = tokio::select! {
             r = listener.accept() => match r {

@@ -15,8 +15,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
 use crate::extract::ExtractSpec;
-use crate::store::{DynStore, Fetched, PutMode, StoreError};
+use crate::store::{DynStore, Fetched, PutMode};
 
 pub const CATALOG_KEY: &str = "CATALOG";
 pub const MANIFEST_VERSION: u32 = 1;
@@ -194,19 +195,25 @@ impl Manifest {
         }
     }
 
-    /// Structural checks on a loaded manifest.
-    pub fn validate(&self, reg: &Registration) -> Result<(), String> {
+    /// Structural checks on a loaded manifest (stored under `key`).
+    pub fn validate(&self, key: &str, reg: &Registration) -> Result<()> {
         if self.version != MANIFEST_VERSION {
-            return Err(format!(
-                "manifest version {} is not {MANIFEST_VERSION}",
-                self.version
+            return Err(Error::bad_manifest(
+                key,
+                format!(
+                    "manifest version {} is not {MANIFEST_VERSION}",
+                    self.version
+                ),
             ));
         }
         if self.stream_url != reg.stream_url || self.extractor_digest != reg.extract.digest() {
-            return Err("manifest belongs to another source or extractor".into());
+            return Err(Error::bad_manifest(
+                key,
+                "manifest belongs to another source or extractor",
+            ));
         }
         if self.indexed_from_offset > self.floor_offset || self.floor_offset > self.durable_offset {
-            return Err("manifest watermarks out of order".into());
+            return Err(Error::bad_manifest(key, "manifest watermarks out of order"));
         }
         Ok(())
     }
@@ -245,18 +252,22 @@ pub struct Versioned<T> {
 pub async fn load<T: for<'de> Deserialize<'de>>(
     store: &DynStore,
     key: &str,
-) -> Result<Option<Versioned<T>>, String> {
-    match store.get(key).await.map_err(|e| e.to_string())? {
+) -> Result<Option<Versioned<T>>> {
+    match store.get(key).await.map_err(Error::request(key))? {
         None => Ok(None),
-        Some(o) => {
-            let value =
-                sonic_rs::from_slice(&o.bytes).map_err(|e| format!("{key}: corrupt JSON: {e}"))?;
-            Ok(Some(Versioned {
-                value,
-                etag: o.etag,
-            }))
-        }
+        Some(o) => Ok(Some(Versioned {
+            value: parse(key, &o.bytes)?,
+            etag: o.etag,
+        })),
     }
+}
+
+/// The JSON document `key` holds.
+pub fn parse<T: for<'de> Deserialize<'de>>(key: &str, bytes: &[u8]) -> Result<T> {
+    sonic_rs::from_slice(bytes).map_err(|source| Error::CorruptJson {
+        key: key.to_string(),
+        source,
+    })
 }
 
 /// Conditional reload: `None` when unchanged.
@@ -264,42 +275,40 @@ pub async fn reload<T: for<'de> Deserialize<'de>>(
     store: &DynStore,
     key: &str,
     etag: &str,
-) -> Result<Option<Versioned<T>>, String> {
+) -> Result<Option<Versioned<T>>> {
     match store
         .get_if_changed(key, Some(etag))
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(Error::request(key))?
     {
         Fetched::Unchanged => Ok(None),
-        Fetched::Missing => Err(format!("{key} disappeared")),
-        Fetched::Changed(o) => {
-            let value =
-                sonic_rs::from_slice(&o.bytes).map_err(|e| format!("{key}: corrupt JSON: {e}"))?;
-            Ok(Some(Versioned {
-                value,
-                etag: o.etag,
-            }))
-        }
+        Fetched::Missing => Err(Error::Vanished {
+            key: key.to_string(),
+        }),
+        Fetched::Changed(o) => Ok(Some(Versioned {
+            value: parse(key, &o.bytes)?,
+            etag: o.etag,
+        })),
     }
 }
 
-/// Write `value` under `key` if its ETag is still `etag` (`None`: create only).
+/// Write `value` under `key` if its ETag is still `etag` (`None`: create only); returns
+/// the new ETag, or [`Error::Conflict`] when someone else wrote `key` first.
 pub async fn cas<T: Serialize>(
     store: &DynStore,
     key: &str,
     value: &T,
     etag: Option<&str>,
-) -> Result<Result<String, ()>, String> {
-    let bytes = sonic_rs::to_vec(value).map_err(|e| e.to_string())?;
+) -> Result<String> {
+    let bytes = sonic_rs::to_vec(value).map_err(Error::Encode)?;
     let mode = match etag {
         Some(e) => PutMode::IfMatch(e.to_string()),
         None => PutMode::CreateOnly,
     };
-    match store.put(key, bytes.into(), mode).await {
-        Ok(tag) => Ok(Ok(tag)),
-        Err(StoreError::PreconditionFailed) => Ok(Err(())),
-        Err(e) => Err(e.to_string()),
-    }
+    store
+        .put(key, bytes.into(), mode)
+        .await
+        .map_err(Error::write(key))
 }
 
 /// Read-modify-write `key` with compare-and-swap, retrying on conflicts. `f` gets the
@@ -309,8 +318,8 @@ pub async fn update<T, R>(
     store: &DynStore,
     key: &str,
     attempts: usize,
-    mut f: impl FnMut(Option<&T>) -> Result<(Option<T>, R), String>,
-) -> Result<(R, Option<Versioned<T>>), String>
+    mut f: impl FnMut(Option<&T>) -> Result<(Option<T>, R)>,
+) -> Result<(R, Option<Versioned<T>>)>
 where
     T: Serialize + for<'de> Deserialize<'de> + Clone,
 {
@@ -320,10 +329,13 @@ where
         let Some(next) = next else {
             return Ok((r, cur));
         };
-        match cas(store, key, &next, cur.as_ref().map(|v| v.etag.as_str())).await? {
+        match cas(store, key, &next, cur.as_ref().map(|v| v.etag.as_str())).await {
             Ok(etag) => return Ok((r, Some(Versioned { value: next, etag }))),
-            Err(()) => continue,
+            Err(Error::Conflict { .. }) => continue,
+            Err(e) => return Err(e),
         }
     }
-    Err(format!("{key}: too many compare-and-swap conflicts"))
+    Err(Error::Contended {
+        key: key.to_string(),
+    })
 }

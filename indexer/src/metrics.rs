@@ -90,10 +90,9 @@ impl Metrics {
         })
     }
 
-    pub fn render(&self) -> Result<String, String> {
+    pub fn render(&self) -> crate::error::Result<String> {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .map_err(|e| e.to_string())?;
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
 

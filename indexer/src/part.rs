@@ -20,6 +20,8 @@ use parquet::file::statistics::Statistics;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 
+use crate::error::{Error, Result};
+
 /// Rows per row group: the unit of pruning and of decoding at query time.
 pub const ROW_GROUP_ROWS: usize = 8192;
 /// Rows per data page: the granularity of the page index.
@@ -90,21 +92,20 @@ pub enum PartCompression {
 }
 
 /// Encode `entries` (sorted by `(t_ms, offset)`) as one Parquet file.
-pub fn encode(entries: &[Entry], compression: PartCompression) -> Result<Bytes, String> {
+pub fn encode(entries: &[Entry], compression: PartCompression) -> Result<Bytes> {
     encode_with(entries, writer_properties(compression))
 }
 
 /// [`encode`] with other writer properties (benchmarks compare layouts with it). Parts
 /// written with any properties stay readable: readers follow each file's own metadata.
-pub fn encode_with(entries: &[Entry], props: WriterProperties) -> Result<Bytes, String> {
-    let schema = Arc::new(parse_message_type(SCHEMA).map_err(|e| e.to_string())?);
+pub fn encode_with(entries: &[Entry], props: WriterProperties) -> Result<Bytes> {
+    let schema = Arc::new(parse_message_type(SCHEMA)?);
     let props = Arc::new(props);
     let mut out = Vec::with_capacity(entries.len() * 8 + 1024);
     {
-        let mut w =
-            SerializedFileWriter::new(&mut out, schema, props).map_err(|e| e.to_string())?;
+        let mut w = SerializedFileWriter::new(&mut out, schema, props)?;
         for chunk in entries.chunks(ROW_GROUP_ROWS) {
-            let mut rg = w.next_row_group().map_err(|e| e.to_string())?;
+            let mut rg = w.next_row_group()?;
             let cols: [Vec<i64>; 4] = [
                 chunk.iter().map(|e| e.t_ms).collect(),
                 chunk.iter().map(|e| e.t_end_ms).collect(),
@@ -112,13 +113,11 @@ pub fn encode_with(entries: &[Entry], props: WriterProperties) -> Result<Bytes, 
                 chunk.iter().map(|e| e.len as i64).collect(),
             ];
             for col in &cols {
-                let Some(mut c) = rg.next_column().map_err(|e| e.to_string())? else {
-                    return Err("schema has too few columns".into());
+                let Some(mut c) = rg.next_column()? else {
+                    return Err(Error::BadPart("schema has too few columns"));
                 };
-                c.typed::<Int64Type>()
-                    .write_batch(col, None, None)
-                    .map_err(|e| e.to_string())?;
-                c.close().map_err(|e| e.to_string())?;
+                c.typed::<Int64Type>().write_batch(col, None, None)?;
+                c.close()?;
             }
             let records: Vec<i64> = chunk
                 .iter()
@@ -128,16 +127,15 @@ pub fn encode_with(entries: &[Entry], props: WriterProperties) -> Result<Bytes, 
                 .iter()
                 .map(|e| i16::from(e.record.is_some()))
                 .collect();
-            let Some(mut c) = rg.next_column().map_err(|e| e.to_string())? else {
-                return Err("schema has too few columns".into());
+            let Some(mut c) = rg.next_column()? else {
+                return Err(Error::BadPart("schema has too few columns"));
             };
             c.typed::<Int64Type>()
-                .write_batch(&records, Some(&defs), None)
-                .map_err(|e| e.to_string())?;
-            c.close().map_err(|e| e.to_string())?;
-            rg.close().map_err(|e| e.to_string())?;
+                .write_batch(&records, Some(&defs), None)?;
+            c.close()?;
+            rg.close()?;
         }
-        w.close().map_err(|e| e.to_string())?;
+        w.close()?;
     }
     Ok(Bytes::from(out))
 }
@@ -204,15 +202,16 @@ impl Group {
 }
 
 impl PartFile {
-    pub fn open(bytes: Bytes) -> Result<PartFile, String> {
+    pub fn open(bytes: Bytes) -> Result<PartFile> {
         let options = ReadOptionsBuilder::new().with_page_index().build();
-        let reader =
-            SerializedFileReader::new_with_options(bytes, options).map_err(|e| e.to_string())?;
+        let reader = SerializedFileReader::new_with_options(bytes, options)?;
         let md = reader.metadata();
         let schema = md.file_metadata().schema_descr();
         let names: Vec<&str> = schema.columns().iter().map(|c| c.name()).collect();
         if names.len() < 4 || names[..4] != ["t_ms", "t_end_ms", "offset", "len"] {
-            return Err(format!("unexpected part schema {names:?}"));
+            return Err(Error::PartSchema(
+                names.iter().map(|n| n.to_string()).collect(),
+            ));
         }
         let mut groups = Vec::with_capacity(md.num_row_groups());
         for rg in md.row_groups() {
@@ -265,12 +264,12 @@ impl PartFile {
 
     /// Rows of slice `s` of row group `i`: only the pages holding them are decompressed
     /// and decoded (the offset index lets the column readers skip the others).
-    pub fn decode_slice(&self, i: usize, s: usize) -> Result<Group, String> {
+    pub fn decode_slice(&self, i: usize, s: usize) -> Result<Group> {
         let (first, end) = self.slice_rows(i, s)?;
         self.decode_rows(i, first, end)
     }
 
-    pub fn decode_group(&self, i: usize) -> Result<Group, String> {
+    pub fn decode_group(&self, i: usize) -> Result<Group> {
         let rows = self.groups.get(i).map(|g| g.0).unwrap_or(0);
         self.decode_rows(i, 0, rows)
     }
@@ -282,21 +281,19 @@ impl PartFile {
         c: usize,
         first: usize,
         end: usize,
-    ) -> Result<(Vec<i64>, Vec<i16>), String> {
+    ) -> Result<(Vec<i64>, Vec<i16>)> {
         let rows = end - first;
         let mut values = Vec::with_capacity(rows);
         let mut defs = Vec::with_capacity(rows);
         if c >= rg.num_columns() {
             return Ok((values, defs));
         }
-        let ColumnReader::Int64ColumnReader(mut r) =
-            rg.get_column_reader(c).map_err(|e| e.to_string())?
-        else {
-            return Err("unexpected column type".into());
+        let ColumnReader::Int64ColumnReader(mut r) = rg.get_column_reader(c)? else {
+            return Err(Error::BadPart("unexpected column type"));
         };
         let mut skipped = 0;
         while skipped < first {
-            let n = r.skip_records(first - skipped).map_err(|e| e.to_string())?;
+            let n = r.skip_records(first - skipped)?;
             if n == 0 {
                 break;
             }
@@ -304,9 +301,7 @@ impl PartFile {
         }
         let mut got = 0;
         while got < rows {
-            let (n, _, _) = r
-                .read_records(rows - got, Some(&mut defs), None, &mut values)
-                .map_err(|e| e.to_string())?;
+            let (n, _, _) = r.read_records(rows - got, Some(&mut defs), None, &mut values)?;
             if n == 0 {
                 break;
             }
@@ -315,10 +310,17 @@ impl PartFile {
         Ok((values, defs))
     }
 
-    fn slice_rows(&self, i: usize, s: usize) -> Result<(usize, usize), String> {
-        let slices = self.pages.get(i).ok_or("no such row group")?;
+    fn slice_rows(&self, i: usize, s: usize) -> Result<(usize, usize)> {
+        let slices = self
+            .pages
+            .get(i)
+            .ok_or(Error::BadPart("no such row group"))?;
         let rows = self.groups.get(i).map(|g| g.0).unwrap_or(0);
-        let first = slices.get(s).ok_or("no such page")?.first_row.min(rows);
+        let first = slices
+            .get(s)
+            .ok_or(Error::BadPart("no such page"))?
+            .first_row
+            .min(rows);
         let end = slices.get(s + 1).map_or(rows, |n| n.first_row.min(rows));
         Ok((first, end.max(first)))
     }
@@ -326,18 +328,18 @@ impl PartFile {
     /// The `t_ms` column of slice `s` of row group `i` alone: one column to decompress, so
     /// a query can tell where its window starts in a page (or that it starts past it)
     /// before decoding the rest.
-    pub fn slice_times(&self, i: usize, s: usize) -> Result<Vec<i64>, String> {
+    pub fn slice_times(&self, i: usize, s: usize) -> Result<Vec<i64>> {
         let (first, end) = self.slice_rows(i, s)?;
-        let rg = self.reader.get_row_group(i).map_err(|e| e.to_string())?;
+        let rg = self.reader.get_row_group(i)?;
         let (t, _) = self.read_column(&*rg, 0, first, end)?;
         if t.len() != end - first {
-            return Err("page shorter than its offset index says".into());
+            return Err(Error::BadPart("page shorter than its offset index says"));
         }
         Ok(t)
     }
 
-    fn decode_rows(&self, i: usize, first: usize, end: usize) -> Result<Group, String> {
-        let rg = self.reader.get_row_group(i).map_err(|e| e.to_string())?;
+    fn decode_rows(&self, i: usize, first: usize, end: usize) -> Result<Group> {
+        let rg = self.reader.get_row_group(i)?;
         let rows = end - first;
         let mut cols: Vec<Vec<i64>> = Vec::with_capacity(5);
         let mut record_defs: Vec<i16> = Vec::new();
@@ -364,7 +366,7 @@ impl PartFile {
             vec![None; rows]
         };
         if cols[..4].iter().any(|c| c.len() != rows) {
-            return Err("row group columns disagree in length".into());
+            return Err(Error::BadPart("row group columns disagree in length"));
         }
         Ok(Group {
             offset: cols[2].iter().map(|v| *v as u64).collect(),
@@ -376,7 +378,7 @@ impl PartFile {
     }
 
     /// Every entry of the part (compaction, overlap verification).
-    pub fn all(&self) -> Result<Vec<Entry>, String> {
+    pub fn all(&self) -> Result<Vec<Entry>> {
         let mut out = Vec::new();
         for i in 0..self.groups.len() {
             let g = self.decode_group(i)?;

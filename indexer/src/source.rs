@@ -11,6 +11,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use crate::error::{Error, Result};
+
 pub const RECORD_EXTENSION: &str = "json-record-coordinates-v1";
 
 #[derive(Clone)]
@@ -55,27 +57,31 @@ pub enum ReadResult {
 
 /// Validate and canonicalise a `stream_url`: absolute `http` URL with a host, no user
 /// info, no fragment; scheme and host lower-cased.
-pub fn canonical_url(raw: &str) -> Result<String, String> {
+pub fn canonical_url(raw: &str) -> Result<String> {
     let uri: http::Uri = raw
         .parse()
-        .map_err(|_| "stream_url is not a valid URL".to_string())?;
+        .map_err(|_| Error::InvalidUrl("stream_url is not a valid URL"))?;
     let scheme = uri.scheme_str().map(|s| s.to_ascii_lowercase());
     let scheme = match scheme.as_deref() {
         Some("http") => "http",
         Some("https") => "https",
-        _ => return Err("stream_url must be an absolute http or https URL".into()),
+        _ => {
+            return Err(Error::InvalidUrl(
+                "stream_url must be an absolute http or https URL",
+            ))
+        }
     };
     if raw.contains('#') {
-        return Err("stream_url must not have a fragment".into());
+        return Err(Error::InvalidUrl("stream_url must not have a fragment"));
     }
     let Some(auth) = uri.authority() else {
-        return Err("stream_url must have a host".into());
+        return Err(Error::InvalidUrl("stream_url must have a host"));
     };
     if auth.as_str().contains('@') {
-        return Err("stream_url must not contain user info".into());
+        return Err(Error::InvalidUrl("stream_url must not contain user info"));
     }
     if auth.host().is_empty() {
-        return Err("stream_url must have a host".into());
+        return Err(Error::InvalidUrl("stream_url must have a host"));
     }
     let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     Ok(format!(
@@ -99,12 +105,12 @@ fn header_u64(h: &http::HeaderMap, name: &str) -> Option<u64> {
 
 impl SourceClient {
     /// Plain HTTP and HTTPS (rustls, the platform's root certificates).
-    pub fn new() -> Result<SourceClient, String> {
+    pub fn new() -> Result<SourceClient> {
         Self::with_roots(None)
     }
 
     /// Like [`SourceClient::new`], also trusting the PEM certificates in `ca_file`.
-    pub fn with_roots(ca_file: Option<&std::path::Path>) -> Result<SourceClient, String> {
+    pub fn with_roots(ca_file: Option<&std::path::Path>) -> Result<SourceClient> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::CertificateDer;
         let mut roots = rustls::RootCertStore::empty();
@@ -112,29 +118,31 @@ impl SourceClient {
         let native = rustls_native_certs::load_native_certs();
         roots.add_parsable_certificates(native.certs);
         if let Some(path) = ca_file {
+            let bad = |e: Box<dyn std::error::Error + Send + Sync>| Error::CaFile {
+                path: path.to_path_buf(),
+                source: e,
+            };
             let mut n = 0;
-            for cert in CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?
-            {
-                let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(e.into()))? {
+                let cert = cert.map_err(|e| bad(e.into()))?;
+                roots.add(cert).map_err(|e| bad(e.into()))?;
                 n += 1;
             }
             if n == 0 {
-                return Err(format!("{}: no certificates", path.display()));
+                return Err(Error::NoCertificates {
+                    path: path.to_path_buf(),
+                });
             }
         }
         Self::build(roots)
     }
 
-    fn build(roots: rustls::RootCertStore) -> Result<SourceClient, String> {
+    fn build(roots: rustls::RootCertStore) -> Result<SourceClient> {
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::aws_lc_rs::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("tls: {e}"))?
+        .map_err(Error::Tls)?
         .with_root_certificates(roots)
         .with_no_client_auth();
         let mut conn = HttpConnector::new();
@@ -156,20 +164,20 @@ impl SourceClient {
         method: http::Method,
         url: &str,
         timeout: Duration,
-    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+    ) -> Result<http::Response<hyper::body::Incoming>> {
         let req = http::Request::builder()
             .method(method)
             .uri(url)
             .body(Empty::new())
-            .map_err(|e| format!("bad request: {e}"))?;
+            .map_err(Error::SourceUrl)?;
         match tokio::time::timeout(timeout, self.client.request(req)).await {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) => Err(format!("source request failed: {e}")),
-            Err(_) => Err("source request timed out".into()),
+            Ok(Err(e)) => Err(Error::SourceRequest(e)),
+            Err(_) => Err(Error::SourceTimeout),
         }
     }
 
-    pub async fn head(&self, url: &str) -> Result<HeadResult, String> {
+    pub async fn head(&self, url: &str) -> Result<HeadResult> {
         let resp = self
             .send(http::Method::HEAD, url, Duration::from_secs(10))
             .await?;
@@ -178,7 +186,10 @@ impl SourceClient {
             return Ok(HeadResult::NotFound);
         }
         if !(200..300).contains(&status) {
-            return Err(format!("source HEAD answered {status}"));
+            return Err(Error::SourceStatus {
+                request: "HEAD",
+                status,
+            });
         }
         let h = resp.headers();
         let ext = header(h, "stream-extensions").unwrap_or("");
@@ -200,7 +211,7 @@ impl SourceClient {
         offset: u64,
         long_poll: bool,
         wait: Duration,
-    ) -> Result<ReadResult, String> {
+    ) -> Result<ReadResult> {
         let sep = if url.contains('?') { '&' } else { '?' };
         let mut full = format!("{url}{sep}offset={}", offset_token(offset));
         if long_poll {
@@ -208,7 +219,7 @@ impl SourceClient {
         }
         let resp = match self.send(http::Method::GET, &full, wait).await {
             Ok(r) => r,
-            Err(e) if e.contains("timed out") && long_poll => {
+            Err(Error::SourceTimeout) if long_poll => {
                 return Ok(ReadResult::NoData { next_offset: None })
             }
             Err(e) => return Err(e),
@@ -223,7 +234,12 @@ impl SourceClient {
             404 => return Ok(ReadResult::NotFound),
             410 => return Ok(ReadResult::Gone),
             200 => {}
-            s => return Err(format!("source read answered {s}")),
+            status => {
+                return Err(Error::SourceStatus {
+                    request: "read",
+                    status,
+                })
+            }
         }
         let next_offset = header_u64(resp.headers(), "stream-next-offset");
         let ct = header(resp.headers(), "content-type")
@@ -236,8 +252,8 @@ impl SourceClient {
         .await
         {
             Ok(Ok(b)) => b.to_bytes(),
-            Ok(Err(e)) => return Err(format!("source body: {e}")),
-            Err(_) => return Err("source body timed out".into()),
+            Ok(Err(e)) => return Err(Error::SourceBody(e)),
+            Err(_) => return Err(Error::SourceBodyTimeout),
         };
         let json_array = ct.starts_with("application/json") && body.first() == Some(&b'[');
         Ok(ReadResult::Data {
@@ -261,11 +277,11 @@ pub fn is_indexable_type(ct: &str) -> bool {
 /// A JSON-array read (the compat surface renders JSON streams as arrays) turned back into
 /// the stored framing: one line per element. Each element is stored as its canonical text
 /// plus LF, so offsets stay byte positions.
-pub fn array_to_lines(body: &[u8]) -> Result<Vec<u8>, String> {
-    let text = std::str::from_utf8(body).map_err(|_| "array read is not UTF-8".to_string())?;
+pub fn array_to_lines(body: &[u8]) -> Result<Vec<u8>> {
+    let text = std::str::from_utf8(body).map_err(Error::ArrayNotUtf8)?;
     let mut out = Vec::with_capacity(body.len());
     for v in sonic_rs::to_array_iter(text) {
-        let v = v.map_err(|e| format!("array read: {e}"))?;
+        let v = v.map_err(Error::ArrayRead)?;
         out.extend_from_slice(v.as_raw_str().as_bytes());
         out.push(b'\n');
     }
@@ -279,17 +295,23 @@ mod tests {
     #[test]
     fn urls() {
         assert_eq!(
-            canonical_url("HTTP://Example.COM:80/a/b?x=1").as_deref(),
-            Ok("http://example.com:80/a/b?x=1")
+            canonical_url("HTTP://Example.COM:80/a/b?x=1")
+                .ok()
+                .as_deref(),
+            Some("http://example.com:80/a/b?x=1")
         );
         assert!(canonical_url("http://u:p@h/x").is_err());
         assert!(canonical_url("http://h/x#f").is_err());
         assert!(canonical_url("/relative").is_err());
         assert!(canonical_url("ftp://h/x").is_err());
         assert_eq!(
-            canonical_url("https://H:8443/s").as_deref(),
-            Ok("https://h:8443/s")
+            canonical_url("https://H:8443/s").ok().as_deref(),
+            Some("https://h:8443/s")
         );
+        assert!(matches!(
+            canonical_url("http://u:p@h/x"),
+            Err(Error::InvalidUrl("stream_url must not contain user info"))
+        ));
     }
 
     #[test]

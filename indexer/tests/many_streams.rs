@@ -148,13 +148,13 @@ fn bulk_register(s3_url: &str, ua: &str, n: u64) {
             .await,
         );
         let (_, done) = manifest::update::<Catalog, ()>(&store, manifest::CATALOG_KEY, 8, |cur| {
-            let mut next = cur.cloned().ok_or("no CATALOG")?;
+            let mut next = cur.cloned().expect("a CATALOG");
             let template = next
                 .registrations
                 .iter()
                 .find(|r| r.id == "s0")
                 .cloned()
-                .ok_or("s0 is not registered")?;
+                .expect("s0 is registered");
             next.registrations.retain(|r| r.id == "s0");
             for i in 1..n {
                 let mut r = template.clone();

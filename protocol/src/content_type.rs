@@ -13,11 +13,37 @@ fn is_lower_token(s: &str) -> bool {
     is_token(s) && !s.bytes().any(|c| c.is_ascii_uppercase())
 }
 
+/// Why a `Content-Type` value was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentTypeError {
+    /// No `type/subtype` of two tokens.
+    MediaType,
+    /// A parameter that is not `name=token` or `name="quoted string"`.
+    Parameter,
+}
+
+impl ContentTypeError {
+    /// A short reason for the client.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ContentTypeError::MediaType => "no valid type/subtype",
+            ContentTypeError::Parameter => "a parameter is not name=value",
+        }
+    }
+}
+
+impl std::fmt::Display for ContentTypeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
+impl std::error::Error for ContentTypeError {}
+
 /// Normalises a `Content-Type` value: trimmed, lower-cased, `type/subtype` and every
 /// parameter validated, empty parameters (`;;`, trailing `;`) dropped, parameters
 /// joined with `"; "`. The result is what the server stores and echoes verbatim.
-#[allow(clippy::result_unit_err)]
-pub fn normalize(v: &str) -> Result<String, ()> {
+pub fn normalize(v: &str) -> Result<String, ContentTypeError> {
     // Most values are canonical already (lower-case `type/subtype`, no parameters), and
     // every append carries one: no lower-cased copy, no parameter scan.
     let trimmed = v.trim();
@@ -30,9 +56,9 @@ pub fn normalize(v: &str) -> Result<String, ()> {
     let b = lower.as_bytes();
     let semi = b.iter().position(|&c| c == b';').unwrap_or(b.len());
     let mt = lower[..semi].trim();
-    let (ty, sub) = mt.split_once('/').ok_or(())?;
+    let (ty, sub) = mt.split_once('/').ok_or(ContentTypeError::MediaType)?;
     if !is_token(ty) || !is_token(sub) {
-        return Err(());
+        return Err(ContentTypeError::MediaType);
     }
     let mut out = String::with_capacity(lower.len());
     out.push_str(ty);
@@ -56,7 +82,7 @@ pub fn normalize(v: &str) -> Result<String, ()> {
         }
         let name = &lower[name_start..i];
         if name.is_empty() || i >= b.len() || b[i] != b'=' {
-            return Err(());
+            return Err(ContentTypeError::Parameter);
         }
         i += 1;
         let value_start = i;
@@ -64,7 +90,7 @@ pub fn normalize(v: &str) -> Result<String, ()> {
             i += 1;
             loop {
                 match b.get(i) {
-                    None => return Err(()),
+                    None => return Err(ContentTypeError::Parameter),
                     Some(b'"') => {
                         i += 1;
                         break;
@@ -72,12 +98,12 @@ pub fn normalize(v: &str) -> Result<String, ()> {
                     Some(b'\\') => {
                         match b.get(i + 1) {
                             Some(&c) if c == b'\t' || c >= 0x20 && c != 0x7f => {}
-                            _ => return Err(()),
+                            _ => return Err(ContentTypeError::Parameter),
                         }
                         i += 2;
                     }
                     Some(&c) if c == b'\t' || (c >= 0x20 && c != 0x7f) => i += 1,
-                    Some(_) => return Err(()),
+                    Some(_) => return Err(ContentTypeError::Parameter),
                 }
             }
         } else {
@@ -85,7 +111,7 @@ pub fn normalize(v: &str) -> Result<String, ()> {
                 i += 1;
             }
             if i == value_start {
-                return Err(());
+                return Err(ContentTypeError::Parameter);
             }
         }
         let value = &lower[value_start..i];
@@ -93,7 +119,7 @@ pub fn normalize(v: &str) -> Result<String, ()> {
             i += 1;
         }
         if i < b.len() && b[i] != b';' {
-            return Err(());
+            return Err(ContentTypeError::Parameter);
         }
         out.push_str("; ");
         out.push_str(name);
@@ -276,7 +302,7 @@ mod tests {
             "tëxt/plain",
             "text/plain; a=\u{1}",
         ] {
-            assert_eq!(normalize(bad), Err(()), "{bad:?}");
+            assert!(normalize(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -10,51 +10,73 @@ pub const MAX_PRODUCER_ID_LEN: usize = 256;
 /// Longest accepted `Stream-Seq`, in bytes.
 pub const MAX_STREAM_SEQ_LEN: usize = 1024;
 
+/// Why an integer header value (`Stream-TTL`, `Stream-Fork-Sub-Offset`, `Producer-Epoch`,
+/// `Producer-Seq`) was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntError {
+    /// Empty, or not only ASCII digits (a sign, a fraction, an exponent, a space).
+    NotDigits,
+    /// A leading zero where each value has one spelling only.
+    LeadingZero,
+    /// Larger than the header allows (`u64`, or 2^53 − 1 for producer values).
+    TooLarge,
+}
+
+impl IntError {
+    /// A short reason for the client.
+    pub fn reason(self) -> &'static str {
+        match self {
+            IntError::NotDigits => "not a decimal integer",
+            IntError::LeadingZero => "has a leading zero",
+            IntError::TooLarge => "is too large",
+        }
+    }
+}
+
+impl std::fmt::Display for IntError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
+impl std::error::Error for IntError {}
+
 /// `Stream-TTL`: `0` or `[1-9][0-9]*`, fitting `u64` (seconds).
-#[allow(clippy::result_unit_err)]
-pub fn parse_ttl(v: &str) -> Result<u64, ()> {
+pub fn parse_ttl(v: &str) -> Result<u64, IntError> {
     parse_canonical_uint(v.trim())
 }
 
 /// `Stream-Fork-Sub-Offset`: same grammar as the TTL (`05`, `+1`, `-1`, `1.5` rejected).
-#[allow(clippy::result_unit_err)]
-pub fn parse_fork_sub_offset(v: &str) -> Result<u64, ()> {
+pub fn parse_fork_sub_offset(v: &str) -> Result<u64, IntError> {
     parse_canonical_uint(v.trim())
 }
 
 /// `0` or a decimal without leading zeros; one spelling per value so that
 /// idempotent-create comparisons never depend on formatting.
-fn parse_canonical_uint(s: &str) -> Result<u64, ()> {
-    let b = s.as_bytes();
-    if b.len() > 1 && b[0] == b'0' {
-        return Err(());
+fn parse_canonical_uint(s: &str) -> Result<u64, IntError> {
+    let n = parse_ascii_digits(s.as_bytes())?;
+    if s.len() > 1 && s.starts_with('0') {
+        return Err(IntError::LeadingZero);
     }
-    parse_ascii_digits(b)
+    Ok(n)
 }
 
-fn parse_ascii_digits(b: &[u8]) -> Result<u64, ()> {
-    if b.is_empty() {
-        return Err(());
+fn parse_ascii_digits(b: &[u8]) -> Result<u64, IntError> {
+    if b.is_empty() || !b.iter().all(u8::is_ascii_digit) {
+        return Err(IntError::NotDigits);
     }
-    let mut v: u64 = 0;
-    for &c in b {
-        if !c.is_ascii_digit() {
-            return Err(());
-        }
-        v = v
-            .checked_mul(10)
-            .and_then(|v| v.checked_add(u64::from(c - b'0')))
-            .ok_or(())?;
-    }
-    Ok(v)
+    b.iter()
+        .try_fold(0u64, |v, &c| {
+            v.checked_mul(10)?.checked_add(u64::from(c - b'0'))
+        })
+        .ok_or(IntError::TooLarge)
 }
 
 /// `Producer-Epoch` / `Producer-Seq`: `[0-9]+` with value ≤ 2^53 − 1.
-#[allow(clippy::result_unit_err)]
-pub fn parse_producer_int(v: &str) -> Result<u64, ()> {
-    match parse_ascii_digits(v.trim().as_bytes()) {
-        Ok(n) if n <= MAX_SAFE_INTEGER => Ok(n),
-        _ => Err(()),
+pub fn parse_producer_int(v: &str) -> Result<u64, IntError> {
+    match parse_ascii_digits(v.trim().as_bytes())? {
+        n if n <= MAX_SAFE_INTEGER => Ok(n),
+        _ => Err(IntError::TooLarge),
     }
 }
 
@@ -64,12 +86,23 @@ pub fn is_closed_true(v: Option<&str>) -> bool {
     v.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
+/// A `Stream-Seq` longer than [`MAX_STREAM_SEQ_LEN`] bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamSeqTooLong;
+
+impl std::fmt::Display for StreamSeqTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stream-Seq is longer than 1024 bytes")
+    }
+}
+
+impl std::error::Error for StreamSeqTooLong {}
+
 /// `Stream-Seq`: empty (after trimming) means absent; longer than 1024 bytes is a 400.
-#[allow(clippy::result_unit_err)]
-pub fn parse_stream_seq(v: Option<&str>) -> Result<Option<&str>, ()> {
+pub fn parse_stream_seq(v: Option<&str>) -> Result<Option<&str>, StreamSeqTooLong> {
     match v.map(str::trim) {
         None | Some("") => Ok(None),
-        Some(s) if s.len() > MAX_STREAM_SEQ_LEN => Err(()),
+        Some(s) if s.len() > MAX_STREAM_SEQ_LEN => Err(StreamSeqTooLong),
         Some(s) => Ok(Some(s)),
     }
 }
@@ -101,9 +134,9 @@ pub fn parse_producer(
         return Err("Producer-Id is longer than 256 bytes");
     }
     let epoch = parse_producer_int(epoch)
-        .map_err(|()| "Producer-Epoch must be an integer between 0 and 2^53-1")?;
+        .map_err(|_| "Producer-Epoch must be an integer between 0 and 2^53-1")?;
     let seq = parse_producer_int(seq)
-        .map_err(|()| "Producer-Seq must be an integer between 0 and 2^53-1")?;
+        .map_err(|_| "Producer-Seq must be an integer between 0 and 2^53-1")?;
     Ok(Some(ProducerHeaders {
         id: id.to_owned(),
         epoch,
@@ -111,20 +144,46 @@ pub fn parse_producer(
     }))
 }
 
+/// Why a `Stream-Expires-At` value was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DateTimeError {
+    /// Not shaped like an RFC 3339 date-time (`YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`).
+    Syntax,
+    /// Shaped right, but a month, day, hour, minute, second or offset that does not exist.
+    OutOfRange,
+}
+
+impl DateTimeError {
+    /// A short reason for the client.
+    pub fn reason(self) -> &'static str {
+        match self {
+            DateTimeError::Syntax => "not an RFC 3339 date-time",
+            DateTimeError::OutOfRange => "a date or time field is out of range",
+        }
+    }
+}
+
+impl std::fmt::Display for DateTimeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
+impl std::error::Error for DateTimeError {}
+
 /// `Stream-Expires-At`: an RFC 3339 date-time with `Z` or a numeric offset and an
 /// optional fraction, converted to Unix milliseconds (fraction truncated to ms).
-#[allow(clippy::result_unit_err)]
-pub fn parse_expires_at(v: &str) -> Result<i64, ()> {
+pub fn parse_expires_at(v: &str) -> Result<i64, DateTimeError> {
     let b = v.trim().as_bytes();
     // Fixed part: YYYY-MM-DDTHH:MM:SS
     if b.len() < 20 {
-        return Err(());
+        return Err(DateTimeError::Syntax);
     }
-    let num = |r: std::ops::Range<usize>| -> Result<u32, ()> {
+    let num = |r: std::ops::Range<usize>| -> Result<u32, DateTimeError> {
         let mut n = 0u32;
         for &c in &b[r] {
             if !c.is_ascii_digit() {
-                return Err(());
+                return Err(DateTimeError::Syntax);
             }
             n = n * 10 + u32::from(c - b'0');
         }
@@ -137,17 +196,17 @@ pub fn parse_expires_at(v: &str) -> Result<i64, ()> {
     let minute = num(14..16)?;
     let second = num(17..19)?;
     if b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't') || b[13] != b':' {
-        return Err(());
+        return Err(DateTimeError::Syntax);
     }
     if b[16] != b':' {
-        return Err(());
+        return Err(DateTimeError::Syntax);
     }
     if !(1..=12).contains(&month) || day == 0 || day > days_in_month(year, month) {
-        return Err(());
+        return Err(DateTimeError::OutOfRange);
     }
     // 60 admits a leap second; it simply lands on the next minute's first second.
     if hour > 23 || minute > 59 || second > 60 {
-        return Err(());
+        return Err(DateTimeError::OutOfRange);
     }
 
     let mut i = 19;
@@ -163,7 +222,7 @@ pub fn parse_expires_at(v: &str) -> Result<i64, ()> {
         }
         let n = i - start;
         if n == 0 {
-            return Err(());
+            return Err(DateTimeError::Syntax);
         }
         for _ in n..3 {
             millis *= 10;
@@ -173,17 +232,17 @@ pub fn parse_expires_at(v: &str) -> Result<i64, ()> {
     let offset_minutes: i64 = match b.get(i..) {
         Some([b'Z' | b'z']) => 0,
         Some([sign @ (b'+' | b'-'), h1, h2, b':', m1, m2]) => {
-            let d = |c: &u8| -> Result<i64, ()> {
+            let d = |c: &u8| -> Result<i64, DateTimeError> {
                 if c.is_ascii_digit() {
                     Ok(i64::from(c - b'0'))
                 } else {
-                    Err(())
+                    Err(DateTimeError::Syntax)
                 }
             };
             let oh = d(h1)? * 10 + d(h2)?;
             let om = d(m1)? * 10 + d(m2)?;
             if oh > 23 || om > 59 {
-                return Err(());
+                return Err(DateTimeError::OutOfRange);
             }
             let total = oh * 60 + om;
             if *sign == b'-' {
@@ -192,7 +251,7 @@ pub fn parse_expires_at(v: &str) -> Result<i64, ()> {
                 total
             }
         }
-        _ => return Err(()),
+        _ => return Err(DateTimeError::Syntax),
     };
 
     let days = days_from_civil(year, month, day);
@@ -245,7 +304,7 @@ mod tests {
             "0x3c",
             "18446744073709551616",
         ] {
-            assert_eq!(parse_ttl(bad), Err(()), "{bad:?}");
+            assert!(parse_ttl(bad).is_err(), "{bad:?}");
         }
     }
 
@@ -255,8 +314,23 @@ mod tests {
         assert_eq!(parse_fork_sub_offset("3"), Ok(3));
         assert_eq!(parse_fork_sub_offset(" 12 "), Ok(12));
         for bad in ["-1", "abc", "1.5", "05", "+1", ""] {
-            assert_eq!(parse_fork_sub_offset(bad), Err(()), "{bad:?}");
+            assert!(parse_fork_sub_offset(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn integer_errors_say_why() {
+        assert_eq!(parse_ttl("1e3"), Err(IntError::NotDigits));
+        assert_eq!(parse_ttl(""), Err(IntError::NotDigits));
+        assert_eq!(parse_ttl("0x3c"), Err(IntError::NotDigits));
+        assert_eq!(parse_ttl("007"), Err(IntError::LeadingZero));
+        assert_eq!(parse_ttl("18446744073709551616"), Err(IntError::TooLarge));
+        assert_eq!(parse_fork_sub_offset("05"), Err(IntError::LeadingZero));
+        assert_eq!(
+            parse_producer_int("9007199254740992"),
+            Err(IntError::TooLarge)
+        );
+        assert_eq!(parse_producer_int("+1"), Err(IntError::NotDigits));
     }
 
     #[test]
@@ -279,8 +353,25 @@ mod tests {
             "1.0",
             "99999999999999999999999",
         ] {
-            assert_eq!(parse_producer_int(bad), Err(()), "{bad:?}");
+            assert!(parse_producer_int(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn expires_at_errors_say_why() {
+        assert_eq!(
+            parse_expires_at("2026/07/18T10:30:00Z"),
+            Err(DateTimeError::Syntax)
+        );
+        assert_eq!(parse_expires_at("1784370600"), Err(DateTimeError::Syntax));
+        assert_eq!(
+            parse_expires_at("2026-02-29T10:30:00Z"),
+            Err(DateTimeError::OutOfRange)
+        );
+        assert_eq!(
+            parse_expires_at("2026-07-18T10:30:00+24:00"),
+            Err(DateTimeError::OutOfRange)
+        );
     }
 
     #[test]
@@ -302,7 +393,10 @@ mod tests {
         assert_eq!(parse_stream_seq(Some(" 10 ")), Ok(Some("10")));
         let long = "a".repeat(1024);
         assert_eq!(parse_stream_seq(Some(&long)), Ok(Some(long.as_str())));
-        assert_eq!(parse_stream_seq(Some(&"a".repeat(1025))), Err(()));
+        assert_eq!(
+            parse_stream_seq(Some(&"a".repeat(1025))),
+            Err(StreamSeqTooLong)
+        );
     }
 
     #[test]
@@ -394,7 +488,7 @@ mod tests {
             "1784370600",
             "２026-07-18T10:30:00Z",
         ] {
-            assert_eq!(parse_expires_at(bad), Err(()), "{bad:?}");
+            assert!(parse_expires_at(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -169,29 +169,7 @@ pub fn single_valued(name: &str) -> Option<&'static str> {
 pub fn parse_request_head(buf: &[u8]) -> Result<RequestHead, HeadError> {
     let mut raw_headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut raw_headers);
-    let head_len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            return Err(if buf.len() > MAX_HEAD_BYTES {
-                HeadError::TooLarge
-            } else {
-                HeadError::Incomplete
-            });
-        }
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-        Err(httparse::Error::Version) => return Err(HeadError::Bad("unsupported HTTP version")),
-        Err(_) => {
-            // A head that is merely cut short can still look malformed to httparse
-            // only if it is also over the limit; report the size first.
-            if buf.len() > MAX_HEAD_BYTES {
-                return Err(HeadError::TooLarge);
-            }
-            return Err(HeadError::Bad("malformed request head"));
-        }
-    };
-    if head_len > MAX_HEAD_BYTES {
-        return Err(HeadError::TooLarge);
-    }
+    let head_len = head_length(req.parse(buf), buf.len())?;
     let method = Method::from_token(req.method.ok_or(HeadError::Bad("missing method"))?);
     let target = req.path.ok_or(HeadError::Bad("missing request target"))?;
     let version_minor = req.version.ok_or(HeadError::Bad("missing version"))?;
@@ -204,56 +182,123 @@ pub fn parse_request_head(buf: &[u8]) -> Result<RequestHead, HeadError> {
             .map_err(|_| HeadError::Bad("header value is not valid UTF-8"))?;
         headers.push(h.name, value);
     }
+    let framing = Framing::of(&headers, version_minor)?;
+    let body = framing.body(version_minor)?;
+    let expect_continue = framing.expect_continue && body != BodyKind::None;
+    let keep_alive = framing.keep_alive;
+    Ok(RequestHead {
+        method,
+        path,
+        query,
+        headers,
+        version_minor,
+        body,
+        expect_continue,
+        keep_alive,
+        head_len,
+    })
+}
 
-    let mut content_length: Option<u64> = None;
-    let mut te_values: Vec<&str> = Vec::new();
-    let mut keep_alive = version_minor >= 1;
-    let mut expect_continue = false;
-    let mut host_count = 0usize;
-    for (at, (name, value)) in headers.iter().enumerate() {
-        if let Some(why) = single_valued(name) {
-            if headers.iter().skip(at + 1).any(|(other, _)| other == name) {
-                return Err(HeadError::Bad(why));
-            }
+/// The length of a complete head from httparse's verdict on a buffer of `buffered`
+/// bytes, or why there is none yet (or never will be).
+fn head_length(
+    parsed: Result<httparse::Status<usize>, httparse::Error>,
+    buffered: usize,
+) -> Result<usize, HeadError> {
+    let head_len = match parsed {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            return Err(if buffered > MAX_HEAD_BYTES {
+                HeadError::TooLarge
+            } else {
+                HeadError::Incomplete
+            });
         }
-        match name {
-            "content-length" => content_length = Some(parse_content_length(value)?),
-            "transfer-encoding" => te_values.push(value),
-            "connection" => {
-                for token in value.split(',').map(str::trim) {
-                    if token.eq_ignore_ascii_case("close") {
-                        keep_alive = false;
-                    } else if token.eq_ignore_ascii_case("keep-alive") && version_minor == 0 {
-                        keep_alive = true;
-                    }
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(httparse::Error::Version) => return Err(HeadError::Bad("unsupported HTTP version")),
+        Err(_) => {
+            // A head that is merely cut short can still look malformed to httparse
+            // only if it is also over the limit; report the size first.
+            if buffered > MAX_HEAD_BYTES {
+                return Err(HeadError::TooLarge);
+            }
+            return Err(HeadError::Bad("malformed request head"));
+        }
+    };
+    if head_len > MAX_HEAD_BYTES {
+        return Err(HeadError::TooLarge);
+    }
+    Ok(head_len)
+}
+
+/// What the headers say about the message's framing and the connection.
+struct Framing<'h> {
+    content_length: Option<u64>,
+    /// Every `Transfer-Encoding` value, in order.
+    transfer_encodings: Vec<&'h str>,
+    keep_alive: bool,
+    expect_continue: bool,
+}
+
+impl<'h> Framing<'h> {
+    /// Reads the framing headers, refusing duplicates of single-valued ones and an
+    /// HTTP/1.1 request without `Host`.
+    fn of(headers: &'h Headers, version_minor: u8) -> Result<Framing<'h>, HeadError> {
+        let mut framing = Framing {
+            content_length: None,
+            transfer_encodings: Vec::new(),
+            keep_alive: version_minor >= 1,
+            expect_continue: false,
+        };
+        let mut host_count = 0usize;
+        for (at, (name, value)) in headers.iter().enumerate() {
+            if let Some(why) = single_valued(name) {
+                if headers.iter().skip(at + 1).any(|(other, _)| other == name) {
+                    return Err(HeadError::Bad(why));
                 }
             }
-            // Only 100-continue is in use; RFC 9110 allows ignoring other
-            // expectations instead of answering 417.
-            "expect" if value.eq_ignore_ascii_case("100-continue") => {
-                expect_continue = version_minor >= 1;
+            match name {
+                "content-length" => framing.content_length = Some(parse_content_length(value)?),
+                "transfer-encoding" => framing.transfer_encodings.push(value),
+                "connection" => {
+                    for token in value.split(',').map(str::trim) {
+                        if token.eq_ignore_ascii_case("close") {
+                            framing.keep_alive = false;
+                        } else if token.eq_ignore_ascii_case("keep-alive") && version_minor == 0 {
+                            framing.keep_alive = true;
+                        }
+                    }
+                }
+                // Only 100-continue is in use; RFC 9110 allows ignoring other
+                // expectations instead of answering 417.
+                "expect" if value.eq_ignore_ascii_case("100-continue") => {
+                    framing.expect_continue = version_minor >= 1;
+                }
+                "host" => host_count += 1,
+                _ => {}
             }
-            "host" => host_count += 1,
-            _ => {}
         }
-    }
-    // "close" wins over "keep-alive" whatever their order.
-    if headers.iter().any(|(n, v)| {
-        n == "connection" && v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))
-    }) {
-        keep_alive = false;
-    }
-    if version_minor >= 1 && host_count == 0 {
-        return Err(HeadError::Bad("HTTP/1.1 requires a Host header"));
+        // "close" wins over "keep-alive" whatever their order.
+        if headers.iter().any(|(n, v)| {
+            n == "connection" && v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))
+        }) {
+            framing.keep_alive = false;
+        }
+        if version_minor >= 1 && host_count == 0 {
+            return Err(HeadError::Bad("HTTP/1.1 requires a Host header"));
+        }
+        Ok(framing)
     }
 
-    let body = if te_values.is_empty() {
-        match content_length {
-            None | Some(0) => BodyKind::None,
-            Some(n) => BodyKind::Length(n),
+    /// How the body is delimited: by `Content-Length`, or by plain `chunked` alone.
+    fn body(&self, version_minor: u8) -> Result<BodyKind, HeadError> {
+        if self.transfer_encodings.is_empty() {
+            return Ok(match self.content_length {
+                None | Some(0) => BodyKind::None,
+                Some(n) => BodyKind::Length(n),
+            });
         }
-    } else {
-        if content_length.is_some() {
+        if self.content_length.is_some() {
             return Err(HeadError::Bad(
                 "Content-Length and Transfer-Encoding together",
             ));
@@ -261,7 +306,8 @@ pub fn parse_request_head(buf: &[u8]) -> Result<RequestHead, HeadError> {
         if version_minor == 0 {
             return Err(HeadError::Bad("Transfer-Encoding in an HTTP/1.0 request"));
         }
-        let codings: Vec<&str> = te_values
+        let codings: Vec<&str> = self
+            .transfer_encodings
             .iter()
             .flat_map(|v| v.split(','))
             .map(str::trim)
@@ -275,20 +321,8 @@ pub fn parse_request_head(buf: &[u8]) -> Result<RequestHead, HeadError> {
         if codings.len() != 1 {
             return Err(HeadError::NotImplemented);
         }
-        BodyKind::Chunked
-    };
-
-    Ok(RequestHead {
-        method,
-        path,
-        query,
-        headers,
-        version_minor,
-        body,
-        expect_continue: expect_continue && body != BodyKind::None,
-        keep_alive,
-        head_len,
-    })
+        Ok(BodyKind::Chunked)
+    }
 }
 
 fn parse_content_length(v: &str) -> Result<u64, HeadError> {

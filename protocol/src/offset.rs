@@ -69,17 +69,16 @@ pub fn parse_offset(s: &str) -> Result<OffsetParam, OffsetError> {
 /// Parses `Stream-Fork-Offset` (P§3.4): plain digits as in [`parse_offset`] or the
 /// reference server's legacy `^[0-9]{16}_[0-9]{16}$` form whose second half is the
 /// byte position. Sentinels (`-1`, `now`) are not fork points.
-#[allow(clippy::result_unit_err)]
-pub fn parse_fork_offset(s: &str) -> Result<u64, ()> {
+pub fn parse_fork_offset(s: &str) -> Result<u64, OffsetError> {
     let b = s.as_bytes();
     if b.len() == 33 && b[16] == b'_' {
         let (first, rest) = (&b[..16], &b[17..]);
         if !first.iter().all(u8::is_ascii_digit) {
-            return Err(());
+            return Err(OffsetError::Syntax);
         }
-        return parse_digits(rest).map_err(|_| ());
+        return parse_digits(rest);
     }
-    parse_digits(b).map_err(|_| ())
+    parse_digits(b)
 }
 
 /// 1–20 ASCII digits that fit in a `u64` (leading zeros allowed).
@@ -222,7 +221,7 @@ mod tests {
             "_",
             "18446744073709551616",
         ] {
-            assert_eq!(parse_fork_offset(bad), Err(()), "{bad:?}");
+            assert!(parse_fork_offset(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -19,8 +19,8 @@ pub fn parse_query(q: &str) -> Result<Query, &'static str> {
             continue;
         }
         let (k, v) = piece.split_once('=').unwrap_or((piece, ""));
-        let k = percent_decode(k).map_err(|()| "invalid percent-encoding in query")?;
-        let v = percent_decode(v).map_err(|()| "invalid percent-encoding in query")?;
+        let k = percent_decode(k).map_err(|_| "invalid percent-encoding in query")?;
+        let v = percent_decode(v).map_err(|_| "invalid percent-encoding in query")?;
         pairs.push((k, v));
     }
     Ok(Query { pairs })
@@ -62,9 +62,35 @@ impl Query {
     }
 }
 
+/// Why percent-decoding failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PercentError {
+    /// A `%` not followed by two hex digits.
+    BadEscape,
+    /// The decoded bytes are not UTF-8.
+    NotUtf8,
+}
+
+impl PercentError {
+    /// A short reason for the client.
+    pub fn reason(self) -> &'static str {
+        match self {
+            PercentError::BadEscape => "a % is not followed by two hex digits",
+            PercentError::NotUtf8 => "percent-decoded text is not UTF-8",
+        }
+    }
+}
+
+impl std::fmt::Display for PercentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
+impl std::error::Error for PercentError {}
+
 /// Decodes `%XX` escapes; a stray `%`, bad hex or a non-UTF-8 result is an error.
-#[allow(clippy::result_unit_err)]
-pub fn percent_decode(s: &str) -> Result<String, ()> {
+pub fn percent_decode(s: &str) -> Result<String, PercentError> {
     let b = s.as_bytes();
     if !b.contains(&b'%') {
         return Ok(s.to_owned());
@@ -73,8 +99,9 @@ pub fn percent_decode(s: &str) -> Result<String, ()> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
-            let hi = b.get(i + 1).copied().and_then(hex_val).ok_or(())?;
-            let lo = b.get(i + 2).copied().and_then(hex_val).ok_or(())?;
+            let hex = |at: usize| b.get(at).copied().and_then(hex_val);
+            let hi = hex(i + 1).ok_or(PercentError::BadEscape)?;
+            let lo = hex(i + 2).ok_or(PercentError::BadEscape)?;
             out.push(hi << 4 | lo);
             i += 3;
         } else {
@@ -82,7 +109,7 @@ pub fn percent_decode(s: &str) -> Result<String, ()> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| ())
+    String::from_utf8(out).map_err(|_| PercentError::NotUtf8)
 }
 
 fn hex_val(c: u8) -> Option<u8> {
@@ -198,10 +225,10 @@ mod tests {
         assert_eq!(percent_decode("%C3%A9").as_deref(), Ok("é"));
         assert_eq!(percent_decode("%c3%a9").as_deref(), Ok("é"));
         assert_eq!(percent_decode("a%2Fb").as_deref(), Ok("a/b"));
-        assert_eq!(percent_decode("100%"), Err(()));
-        assert_eq!(percent_decode("%ZZ"), Err(()));
-        assert_eq!(percent_decode("%80"), Err(()));
-        assert_eq!(percent_decode("%e2%82"), Err(()));
+        assert_eq!(percent_decode("100%"), Err(PercentError::BadEscape));
+        assert_eq!(percent_decode("%ZZ"), Err(PercentError::BadEscape));
+        assert_eq!(percent_decode("%80"), Err(PercentError::NotUtf8));
+        assert_eq!(percent_decode("%e2%82"), Err(PercentError::NotUtf8));
     }
 
     #[test]

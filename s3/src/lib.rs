@@ -34,6 +34,10 @@ impl std::fmt::Display for StoreError {
     }
 }
 
+/// So the cold tier and the indexer can keep a store failure as the source of their own
+/// errors.
+impl std::error::Error for StoreError {}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 #[derive(Debug, Clone)]

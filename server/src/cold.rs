@@ -13,7 +13,8 @@ pub fn start(
     data_dir: &std::path::Path,
     shards: usize,
 ) -> Result<(), String> {
-    let archive = ursula_cold::start(tier.settings.clone(), data_dir, shards as u32)?;
+    let archive = ursula_cold::start(tier.settings.clone(), data_dir, shards as u32)
+        .map_err(|e| e.to_string())?;
     let _ = ARCHIVE.set(archive);
     Ok(())
 }
@@ -68,6 +69,8 @@ pub fn restore(args: &crate::config::RestoreArgs) -> Result<ursula_cold::restore
         .map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(async {
         let store: ursula_s3::DynStore = Arc::new(ursula_s3::S3Store::connect(&args.s3()).await);
-        ursula_cold::restore::restore(&store, &args.data_dir, args.cold_local_bytes).await
+        ursula_cold::restore::restore(&store, &args.data_dir, args.cold_local_bytes)
+            .await
+            .map_err(|e| e.to_string())
     })
 }

@@ -47,7 +47,7 @@ pub fn route(raw_path: &str) -> Route {
         .unwrap_or(raw_path)
         .split('/')
         .collect();
-    let decoded: Result<Vec<String>, ()> = segments.iter().map(|s| percent_decode(s)).collect();
+    let decoded: Result<Vec<String>, _> = segments.iter().map(|s| percent_decode(s)).collect();
     let Ok(decoded) = decoded else {
         return Route::Invalid("invalid percent-encoding in path");
     };
@@ -105,7 +105,7 @@ fn compat_id(raw: &str) -> Result<String, &'static str> {
     }
     let mut out = String::with_capacity(raw.len());
     for (i, seg) in raw.split('/').enumerate() {
-        let seg = percent_decode(seg).map_err(|()| "bad percent-encoding")?;
+        let seg = percent_decode(seg).map_err(|_| "bad percent-encoding")?;
         if i > 0 {
             out.push('/');
         }

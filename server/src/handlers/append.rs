@@ -7,8 +7,10 @@
 use std::rc::Rc;
 
 use bytes::Bytes;
-use ursula_protocol::content_type::{normalize, same_media_type};
-use ursula_protocol::headers::{is_closed_true, parse_producer, parse_stream_seq, ProducerHeaders};
+use ursula_protocol::content_type::{normalize, same_media_type, ContentTypeError};
+use ursula_protocol::headers::{
+    is_closed_true, parse_producer, parse_stream_seq, ProducerHeaders, StreamSeqTooLong,
+};
 use ursula_protocol::offset::format_offset;
 use ursula_storage::{AppendRec, ProducerStamp, Receipt, RecordNo, StreamId};
 
@@ -87,11 +89,11 @@ fn check_producer(core: &Rc<Core>, id: StreamId, p: &ProducerHeaders) -> Produce
 /// kept, not returned, so the owner reports it in the order the protocol checks them.
 pub struct AppendRequest {
     producer: Result<Option<ProducerHeaders>, &'static str>,
-    stream_seq: Result<Option<Bytes>, ()>,
+    stream_seq: Result<Option<Bytes>, StreamSeqTooLong>,
     close: bool,
     record_match: Result<Option<RecordNo>, ()>,
     /// The normalised `Content-Type`, if one was sent.
-    content_type: Option<Result<String, ()>>,
+    content_type: Option<Result<String, ContentTypeError>>,
     body: Bytes,
 }
 
@@ -130,7 +132,9 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
     };
     let stream_seq = match req.stream_seq {
         Ok(s) => s,
-        Err(()) => return ApiError::InvalidRequest("Stream-Seq longer than 1024 bytes").response(),
+        Err(StreamSeqTooLong) => {
+            return ApiError::InvalidRequest("Stream-Seq longer than 1024 bytes").response()
+        }
     };
     let close = req.close;
     let record_match = match req.record_match {
@@ -158,7 +162,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
     if !close_only {
         let ct = match req.content_type {
             None => return ApiError::MissingContentType.response(),
-            Some(Err(())) => return ApiError::InvalidRequest("invalid Content-Type").response(),
+            Some(Err(_)) => return ApiError::InvalidRequest("invalid Content-Type").response(),
             Some(Ok(ct)) => ct,
         };
         body = match PayloadKind::of(&ct).and_then(|kind| payload(kind, req.body, false)) {

@@ -237,7 +237,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     }
     let request_type = match req.header("content-type").map(normalize) {
         Some(Ok(ct)) => Some(ct),
-        Some(Err(())) => return ApiError::InvalidHeader("invalid Content-Type").response(),
+        Some(Err(_)) => return ApiError::InvalidHeader("invalid Content-Type").response(),
         None => None,
     };
     // 3. existence

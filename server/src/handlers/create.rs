@@ -30,12 +30,12 @@ fn parse_lifetime(req: &Request) -> Result<Option<Lifetime>, Response> {
     match (ttl, expires) {
         (Some(_), Some(_)) => refuse("Stream-TTL and Stream-Expires-At are exclusive"),
         (Some(t), None) => match parse_ttl(t) {
-            Err(()) => refuse("invalid Stream-TTL"),
+            Err(_) => refuse("invalid Stream-TTL"),
             Ok(t) if ttl_deadline_ms(now, t).is_none() => refuse("Stream-TTL is too large"),
             Ok(t) => Ok(Some(Lifetime::TtlSeconds(t))),
         },
         (None, Some(e)) => match parse_expires_at(e) {
-            Err(()) => refuse("invalid Stream-Expires-At"),
+            Err(_) => refuse("invalid Stream-Expires-At"),
             Ok(at) if at <= now => refuse("Stream-Expires-At is not in the future"),
             Ok(at) => Ok(Some(Lifetime::ExpiresAtMs(at))),
         },
@@ -79,7 +79,7 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
     let content_type = match req.header("content-type") {
         Some(v) => match normalize(v) {
             Ok(ct) => Some(ct),
-            Err(()) => return ApiError::InvalidRequest("invalid Content-Type").response(),
+            Err(_) => return ApiError::InvalidRequest("invalid Content-Type").response(),
         },
         None => None,
     };

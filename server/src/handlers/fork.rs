@@ -41,14 +41,14 @@ pub fn parse_request(req: &Request) -> Result<Option<ForkRequest>, Response> {
         return Ok(None);
     };
     let offset = match offset {
-        Some(v) => Some(Offset::new(parse_fork_offset(v).map_err(|()| {
+        Some(v) => Some(Offset::new(parse_fork_offset(v).map_err(|_| {
             ApiError::InvalidOffset("invalid Stream-Fork-Offset").response()
         })?)),
         None => None,
     };
     let sub_offset = match sub {
         Some(v) => parse_fork_sub_offset(v)
-            .map_err(|()| ApiError::InvalidOffset("invalid Stream-Fork-Sub-Offset").response())?,
+            .map_err(|_| ApiError::InvalidOffset("invalid Stream-Fork-Sub-Offset").response())?,
         None => 0,
     };
     // Accept a path or a same-origin absolute URL.

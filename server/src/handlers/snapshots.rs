@@ -58,7 +58,7 @@ fn not_found() -> Response {
 /// A path offset: 1–20 ASCII digits after percent-decoding (`-1`, `now` are not offsets).
 fn path_offset(raw: &str) -> Result<Offset, Response> {
     let decoded =
-        percent_decode(raw).map_err(|()| ApiError::InvalidRequest("invalid offset").response())?;
+        percent_decode(raw).map_err(|_| ApiError::InvalidRequest("invalid offset").response())?;
     match parse_digits(decoded.as_bytes()) {
         Ok(n) => Ok(Offset::new(n)),
         Err(OffsetError::Syntax) => {
@@ -169,7 +169,7 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
     let content_type = match req.header("content-type") {
         Some(v) => match normalize(v) {
             Ok(ct) => ct,
-            Err(()) => return ApiError::InvalidRequest("invalid Content-Type").response(),
+            Err(_) => return ApiError::InvalidRequest("invalid Content-Type").response(),
         },
         None => "application/octet-stream".to_string(),
     };

@@ -1,0 +1,124 @@
+//! Claiming the archive at start: the layout must match, and every shard's manifest
+//! passes to this server's next owner epoch unless another live server owns it. The owner
+//! identity and a restore's epochs live in files of the data dir.
+
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use ursula_s3::DynStore;
+use ursula_storage::segment;
+
+use super::{Settings, OWNER_FILE, RESTORED_FILE};
+use crate::error::{Error, Result};
+use crate::manifest::{self, Manifest};
+
+/// Take the next owner epoch of every shard's manifest, or refuse to start.
+pub(super) async fn claim(
+    store: &DynStore,
+    settings: &Settings,
+    shards: u32,
+    owner: &str,
+    restored: &Option<Vec<u64>>,
+) -> Result<Vec<(Manifest, String)>> {
+    let at = store.describe();
+    let claiming = |e: Error| Error::Claim {
+        store: at.clone(),
+        source: Box::new(e),
+    };
+    manifest::ensure_layout(store, shards)
+        .await
+        .map_err(claiming)?;
+    let interval_ms = settings.archive_interval.as_millis() as u64;
+    let mut out = Vec::new();
+    for shard in 0..shards {
+        let now = ursula_storage::now_ms();
+        let current = manifest::load(store, shard).await.map_err(claiming)?;
+        let (next, etag) = match current {
+            None => (Manifest::new(shard, 1, owner, interval_ms, now), None),
+            Some((m, etag)) => {
+                let restored_from = restored
+                    .as_ref()
+                    .and_then(|r| r.get(shard as usize))
+                    .is_some_and(|&e| e == m.epoch);
+                let ours = m.owner == owner;
+                if !ours && !restored_from && !settings.takeover && m.owner_alive(now) {
+                    return Err(Error::Owned {
+                        store: at.clone(),
+                        shard,
+                        owner: m.owner,
+                        epoch: m.epoch,
+                        heartbeat_age_ms: now - m.heartbeat_ms,
+                    });
+                }
+                if !ours && !restored_from {
+                    tracing::warn!(
+                        shard,
+                        previous_owner = %m.owner,
+                        epoch = m.epoch + 1,
+                        "taking the cold tier archive over; the previous owner's objects \
+                         are dropped after the grace period"
+                    );
+                }
+                (
+                    m.successor(owner, interval_ms, ours || restored_from, now),
+                    Some(etag),
+                )
+            }
+        };
+        let etag = manifest::commit(store, &next, etag.as_deref())
+            .await
+            .map_err(|e| match e {
+                Error::Conflict { .. } => Error::ClaimRace {
+                    store: at.clone(),
+                    shard,
+                },
+                e => claiming(e),
+            })?;
+        tracing::info!(
+            shard,
+            epoch = next.epoch,
+            owner,
+            "cold tier archive claimed"
+        );
+        out.push((next, etag));
+    }
+    Ok(out)
+}
+
+/// The random identity of the server owning `data_dir`, created on first use.
+pub(super) fn owner_identity(data_dir: &Path) -> Result<String> {
+    let path = data_dir.join(OWNER_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(path)(e)),
+    }
+    let mut random = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|f| f.read_exact_at(&mut random, 0))
+        .map_err(Error::io("/dev/urandom"))?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let id = format!("{}-{hex}", host.trim());
+    let tmp = data_dir.join(format!("{OWNER_FILE}.tmp"));
+    std::fs::write(&tmp, format!("{id}\n"))
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .and_then(|()| segment::sync_dir(data_dir))
+        .map_err(Error::io(&path))?;
+    Ok(id)
+}
+
+/// The epochs `ursula restore` left in `data_dir`, if it did.
+pub(super) fn read_restored(data_dir: &Path) -> Result<Option<Vec<u64>>> {
+    let path = data_dir.join(RESTORED_FILE);
+    match std::fs::read(&path) {
+        Ok(b) => sonic_rs::from_slice(&b)
+            .map(Some)
+            .map_err(|source| Error::CorruptFile { path, source }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path)(e)),
+    }
+}
