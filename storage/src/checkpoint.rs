@@ -130,7 +130,13 @@ pub(crate) struct SavedDormant {
 }
 
 /// Append dormant stream `id`'s entry to a checkpoint's dormant section.
-pub(crate) fn encode_dormant(out: &mut Vec<u8>, id: StreamId, key: &str, d: &Dormant) {
+pub(crate) fn encode_dormant(
+    out: &mut Vec<u8>,
+    id: StreamId,
+    key: &str,
+    d: &Dormant,
+    pins: &[Rc<IndexFile>],
+) {
     put_varint(out, id);
     put_varint(out, key.len() as u64);
     out.extend_from_slice(key.as_bytes());
@@ -139,8 +145,8 @@ pub(crate) fn encode_dormant(out: &mut Vec<u8>, id: StreamId, key: &str, d: &Dor
     put_varint(out, u64::from(d.state.len));
     put_varint(out, ((d.deadline_ms << 1) ^ (d.deadline_ms >> 63)) as u64);
     put_varint(out, d.data_bytes);
-    put_varint(out, d.pins.len() as u64);
-    for p in d.pins.iter() {
+    put_varint(out, pins.len() as u64);
+    for p in pins {
         put_varint(out, p.number.get());
     }
 }

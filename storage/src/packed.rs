@@ -205,10 +205,11 @@ impl<T: Delta> Packed<T> {
                 body: Body::Memory(encode_page(&blocks)),
             });
         }
-        // A table loaded whole (recovery) would otherwise keep its unpacked capacity.
-        if self.tail.capacity() > 4 * BLOCK {
-            self.tail.shrink_to(2 * BLOCK);
-        }
+        // What stays unpacked is fewer than a block of entries, often none: a stream that
+        // stops here (most do, sooner or later) keeps a quarter block of capacity rather
+        // than the block it grew to, and one that goes on grows it again twice per block.
+        // (A table loaded whole, at recovery, would otherwise keep all of it.)
+        self.tail.shrink_to(self.tail.len().max(BLOCK / 4));
     }
 
     /// Add a page at the end. A table gains pages for as long as its stream lives, and

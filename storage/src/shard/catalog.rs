@@ -4,7 +4,8 @@
 //! A resident stream has its whole state in memory (a [`Stream`]: tables, producers, cache,
 //! waiters). A stream nobody has used for a while is made dormant (see `dormancy`): its state
 //! is saved in an index file and memory keeps only a [`Dormant`] entry (where the state is,
-//! when the stream expires, how many bytes it holds) beside its key. So a shard's memory
+//! when the stream expires, how many bytes it holds; 40 bytes) beside its key, and the
+//! index files its tables' pages are in, for the few streams whose tables have pages. So a shard's memory
 //! grows with the streams in use, not with every stream it keeps. The catalog does no I/O:
 //! the shard reads a dormant stream's state back and hands it to [`Catalog::wake`].
 
@@ -21,9 +22,6 @@ use crate::stream::{Stream, StreamId};
 pub(crate) struct Dormant {
     /// The saved state (see `dormancy::encode_state`).
     pub(crate) state: DiskPage,
-    /// The index files its tables' pages are in, held open so they stay while it sleeps
-    /// (a file is deleted once nothing holds it; see `checkpointing`).
-    pub(crate) pins: Box<[Rc<IndexFile>]>,
     /// When the stream expires (Unix ms; `i64::MAX`: never), so that the expiry sweep
     /// does not have to wake it to find out.
     pub(crate) deadline_ms: i64,
@@ -42,10 +40,15 @@ pub(super) struct Catalog {
     /// Deadlines of dormant streams that expire, soonest first. An entry whose stream woke
     /// up (or went to sleep again with another deadline) is stale and skipped.
     deadlines: BinaryHeap<Reverse<(i64, StreamId)>>,
+    /// For dormant streams whose tables have pages in index files: those files, held open
+    /// so they stay while the stream sleeps (a file is deleted once nothing holds it; see
+    /// `checkpointing`). Beside the entries, not in them: most streams have no pages, and
+    /// every dormant entry would pay for the slot.
+    pins: FastMap<StreamId, Box<[Rc<IndexFile>]>>,
     dormant: usize,
     /// Bytes of all keys, and index files pinned by dormant streams (for `heap_bytes`).
     key_bytes: usize,
-    pins: usize,
+    pinned: usize,
 }
 
 enum Entry {
@@ -62,9 +65,10 @@ impl Catalog {
             last_incarnation: 0,
             by_use: VecDeque::new(),
             deadlines: BinaryHeap::new(),
+            pins: FastMap::default(),
             dormant: 0,
             key_bytes: 0,
-            pins: 0,
+            pinned: 0,
         }
     }
 
@@ -97,6 +101,11 @@ impl Catalog {
             Entry::Dormant(d) => Some(d),
             Entry::Resident(_) => None,
         }
+    }
+
+    /// The index files dormant stream `id`'s tables' pages are in.
+    pub(super) fn pins(&self, id: StreamId) -> &[Rc<IndexFile>] {
+        self.pins.get(&id).map_or(&[], |p| p)
     }
 
     pub(super) fn contains(&self, id: StreamId) -> bool {
@@ -166,18 +175,32 @@ impl Catalog {
         self.taken_below(id + 1);
         let replaced = self.bind_key(stream.key.clone(), id);
         self.put(id, Entry::Resident(Box::new(stream)));
-        self.by_use.push_back((id, now_ms));
+        self.push_use(id, now_ms);
         replaced
     }
 
     /// Add a dormant stream (recovery).
-    pub(super) fn insert_dormant(&mut self, id: StreamId, key: Box<str>, d: Dormant) {
+    pub(super) fn insert_dormant(
+        &mut self,
+        id: StreamId,
+        key: Box<str>,
+        d: Dormant,
+        pins: Box<[Rc<IndexFile>]>,
+    ) {
         self.taken_below(id + 1);
         if d.deadline_ms != i64::MAX {
             self.deadlines.push(Reverse((d.deadline_ms, id)));
         }
         self.bind_key(key, id);
         self.put(id, Entry::Dormant(d));
+        self.pin(id, pins);
+    }
+
+    fn pin(&mut self, id: StreamId, pins: Box<[Rc<IndexFile>]>) {
+        if !pins.is_empty() {
+            self.pinned += pins.len();
+            self.pins.insert(id, pins);
+        }
     }
 
     /// Point `key` at `id`; the stream it named before is removed and returned if it was
@@ -195,30 +218,32 @@ impl Catalog {
     }
 
     fn put(&mut self, id: StreamId, entry: Entry) {
-        if let Entry::Dormant(d) = &entry {
-            self.dormant += 1;
-            self.pins += d.pins.len();
-        }
+        let dormant = matches!(entry, Entry::Dormant(_));
         if let Some(old) = self.entries.insert(id, entry) {
-            self.forget(&old);
+            self.forget(id, &old);
+        }
+        if dormant {
+            self.dormant += 1;
         }
     }
 
     /// Remove entry `id` (not its key); the stream if it was resident.
     fn take(&mut self, id: StreamId) -> Option<Stream> {
         let entry = self.entries.remove(&id)?;
-        self.forget(&entry);
+        self.forget(id, &entry);
         match entry {
             Entry::Resident(s) => Some(*s),
             Entry::Dormant(_) => None,
         }
     }
 
-    /// Count an entry out of the totals.
-    fn forget(&mut self, entry: &Entry) {
-        if let Entry::Dormant(d) = entry {
+    /// Count an entry out of the totals, and drop what it pinned.
+    fn forget(&mut self, id: StreamId, entry: &Entry) {
+        if let Entry::Dormant(_) = entry {
             self.dormant -= 1;
-            self.pins -= d.pins.len();
+            if let Some(pins) = self.pins.remove(&id) {
+                self.pinned -= pins.len();
+            }
         }
     }
 
@@ -249,7 +274,7 @@ impl Catalog {
             "only a dormant stream wakes, with its own state"
         );
         self.put(id, Entry::Resident(Box::new(stream)));
-        self.by_use.push_back((id, now_ms));
+        self.push_use(id, now_ms);
     }
 
     /// Resident streams unused since `cutoff_ms`, at most `most` of them, taken off the use
@@ -270,7 +295,7 @@ impl Catalog {
                 if used <= cutoff_ms {
                     out.push(id);
                 } else {
-                    self.by_use.push_back((id, used));
+                    self.push_use(id, used);
                 }
             }
         }
@@ -286,16 +311,31 @@ impl Catalog {
     /// Put an idle stream back in the use order: it stays resident.
     pub(super) fn keep(&mut self, id: StreamId, now_ms: i64) {
         if let Some(Entry::Resident(_)) = self.entries.get(&id) {
-            self.by_use.push_back((id, now_ms));
+            self.push_use(id, now_ms);
         }
     }
 
-    /// Make resident stream `id` dormant, its state saved as `d`, if it has not changed
-    /// since `changes` (its count when the state was saved). Returns the stream it was, to
-    /// release what it held, or None if it changed (or is gone) and stays as it is.
-    pub(super) fn sleep(&mut self, id: StreamId, changes: u64, d: Dormant) -> Option<Stream> {
+    /// Queue `id` for an idleness check at `used_ms` or later. The order's times never
+    /// decrease from front to back, so the front is always the first due: a stream used
+    /// earlier than the back's time is checked at the back's time, a little late at most.
+    fn push_use(&mut self, id: StreamId, used_ms: i64) {
+        let at = self.by_use.back().map_or(used_ms, |&(_, t)| t.max(used_ms));
+        self.by_use.push_back((id, at));
+    }
+
+    /// Make resident stream `id` dormant, its state saved as `d` (its pages in `pins`), if
+    /// it has been neither changed nor used since the state was saved (`changes` and `used`
+    /// were its counts then). Returns the stream it was, to release what it held, or None if
+    /// it stays as it is (or is gone).
+    pub(super) fn sleep(
+        &mut self,
+        id: StreamId,
+        (changes, used): (u64, i64),
+        d: Dormant,
+        pins: Box<[Rc<IndexFile>]>,
+    ) -> Option<Stream> {
         match self.entries.get(&id) {
-            Some(Entry::Resident(s)) if s.changes == changes => {}
+            Some(Entry::Resident(s)) if s.changes == changes && s.used_ms.get() == used => {}
             _ => return None,
         }
         if d.deadline_ms != i64::MAX {
@@ -303,6 +343,7 @@ impl Catalog {
         }
         let stream = self.take(id);
         self.put(id, Entry::Dormant(d));
+        self.pin(id, pins);
         stream
     }
 
@@ -351,6 +392,116 @@ impl Catalog {
         let keys = self.keys.capacity() * (size_of::<(Box<str>, StreamId)>() + 1);
         let orders = self.by_use.capacity() * size_of::<(StreamId, i64)>()
             + self.deadlines.capacity() * size_of::<Reverse<(i64, StreamId)>>();
-        entries + keys + self.key_bytes + self.pins * size_of::<Rc<IndexFile>>() + orders
+        let pins = self.pins.capacity() * (size_of::<(StreamId, Box<[Rc<IndexFile>]>)>() + 1)
+            + self.pinned * size_of::<Rc<IndexFile>>();
+        entries + keys + self.key_bytes + pins + orders
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{AppendRec, CreateRec, Lifetime};
+
+    fn stream(id: StreamId, key: &str, now_ms: i64) -> Stream {
+        Stream::from_create(
+            &CreateRec {
+                id,
+                key: key.into(),
+                incarnation: 1,
+                created_ms: 0,
+                content_type: "text/plain".into(),
+                lifetime: Lifetime::Forever,
+                ext: bytes::Bytes::new(),
+                initial: AppendRec::default(),
+            },
+            now_ms,
+        )
+    }
+
+    fn dormant(file: &Rc<IndexFile>) -> Dormant {
+        Dormant {
+            state: DiskPage {
+                file: file.clone(),
+                off: 48,
+                len: 10,
+            },
+            deadline_ms: i64::MAX,
+            data_bytes: 7,
+        }
+    }
+
+    fn index_file(dir: &std::path::Path) -> Rc<IndexFile> {
+        let no = crate::index::IndexFileNo::new(9);
+        let mut bytes = crate::index::header(0, no, 1, 10).to_vec();
+        bytes.extend_from_slice(&[0; 10]);
+        std::fs::write(crate::index::index_path(dir, no), bytes).expect("write");
+        Rc::new(IndexFile::open(dir, 0, no).expect("open"))
+    }
+
+    #[test]
+    fn a_dormant_entry_stays_small() {
+        // What every dormant stream costs beside its key: the table slot is this plus the id.
+        assert!(
+            std::mem::size_of::<Entry>() <= 40,
+            "{}",
+            std::mem::size_of::<Entry>()
+        );
+    }
+
+    #[test]
+    fn only_streams_unused_since_the_cutoff_are_idle_and_each_once() {
+        let mut c = Catalog::new();
+        c.insert(stream(1, "a", 100), 100);
+        c.insert(stream(2, "b", 100), 100);
+        c.insert(stream(3, "c", 500), 500);
+        c.get(2).expect("b").used_ms.set(400);
+        assert_eq!(c.idle(200, 10), vec![1]);
+        assert!(c.idle(200, 10).is_empty(), "taken off the order");
+        c.keep(1, 450);
+        // Queued behind c (used at 500), so not looked at before 500.
+        assert!(c.idle(450, 10).is_empty());
+        c.get(3).expect("c").used_ms.set(600);
+        assert_eq!(c.idle(500, 10), vec![2, 1]);
+        assert_eq!(c.oldest_use(), Some(600));
+    }
+
+    #[test]
+    fn a_stream_changed_or_used_after_it_was_saved_stays_resident() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = index_file(dir.path());
+        let mut c = Catalog::new();
+        c.insert(stream(1, "a", 100), 100);
+        let saved = (c.get(1).expect("a").changes, 100);
+        c.get_mut(1).expect("a");
+        assert!(c.sleep(1, saved, dormant(&file), Box::new([])).is_none());
+        let saved = (c.get(1).expect("a").changes, 100);
+        c.get(1).expect("a").used_ms.set(150);
+        assert!(c.sleep(1, saved, dormant(&file), Box::new([])).is_none());
+        let saved = (c.get(1).expect("a").changes, 150);
+        let pins: Box<[Rc<IndexFile>]> = Box::new([file.clone()]);
+        assert!(c.sleep(1, saved, dormant(&file), pins).is_some());
+        assert_eq!((c.len(), c.dormant_count(), c.pins(1).len()), (1, 1, 1));
+        assert!(c.get(1).is_none() && c.dormant(1).is_some());
+        assert_eq!(c.lookup("a"), Some(1));
+        // Woken, it is resident again and its files are no longer held for it.
+        c.wake(1, stream(1, "a", 200), 200);
+        assert_eq!((c.dormant_count(), c.pins(1).len()), (0, 0));
+        assert_eq!(Rc::strong_count(&file), 1);
+    }
+
+    #[test]
+    fn removing_a_dormant_stream_frees_its_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = index_file(dir.path());
+        let mut c = Catalog::new();
+        c.insert_dormant(4, "k".into(), dormant(&file), Box::new([]));
+        assert_eq!((c.next_id(), c.dormant_count()), (5, 1));
+        assert!(c.remove(4).is_none(), "no state in memory to hand back");
+        assert_eq!((c.len(), c.dormant_count(), c.lookup("k")), (0, 0, None));
+        // A new stream under a key a dormant one held replaces it.
+        c.insert_dormant(6, "k".into(), dormant(&file), Box::new([]));
+        c.insert(stream(7, "k", 0), 0);
+        assert_eq!((c.len(), c.dormant_count(), c.lookup("k")), (1, 0, Some(7)));
     }
 }

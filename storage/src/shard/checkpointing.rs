@@ -156,7 +156,13 @@ impl Shard {
             // No record since the newest file (a quiet shard): a file's number must be a
             // newer LSN, so log one, an image of a sleeper (its state as it is: replaying
             // it changes nothing).
-            let image = self.state(sleepers[0].id()).map(|s| s.image());
+            // Not through `state`, which would count as a use and keep the sleeper awake.
+            let image = self
+                .inner
+                .catalog
+                .borrow()
+                .get(sleepers[0].id())
+                .map(|s| s.image());
             if let Some(image) = image {
                 self.log_record(&Record::Image(image), None)?;
             }
@@ -273,7 +279,7 @@ impl Shard {
                 .collect();
             let mut dormant = Vec::with_capacity(catalog.dormant_count() * 48);
             for (key, id, d) in catalog.dormant_by_key() {
-                checkpoint::encode_dormant(&mut dormant, id, key, d);
+                checkpoint::encode_dormant(&mut dormant, id, key, d, catalog.pins(id));
             }
             (captured, (catalog.dormant_count() as u64, dormant))
         };

@@ -36,8 +36,9 @@ const ENCODE_SLICE_BYTES: usize = 256 << 10;
 /// A stream's state, saved to go dormant, waiting for its index file.
 pub(super) struct Sleeper {
     id: StreamId,
-    /// The stream's change count when it was saved (see `Catalog::sleep`).
+    /// The stream's change count and last use when it was saved (see `Catalog::sleep`).
     changes: u64,
+    used_ms: i64,
     state: Bytes,
     pins: Box<[Rc<IndexFile>]>,
     deadline_ms: i64,
@@ -62,7 +63,7 @@ impl Shard {
         let (state, pins) = {
             let catalog = self.inner.catalog.borrow();
             match catalog.dormant(id) {
-                Some(d) => (d.state.clone(), d.pins.clone()),
+                Some(d) => (d.state.clone(), catalog.pins(id).to_vec()),
                 None => return catalog.contains(id),
             }
         };
@@ -164,12 +165,11 @@ impl Shard {
                     off,
                     len: s.state.len() as u32,
                 },
-                pins: s.pins,
                 deadline_ms: s.deadline_ms,
                 data_bytes: s.data_bytes,
             };
             let mut catalog = self.inner.catalog.borrow_mut();
-            match catalog.sleep(s.id, s.changes, d) {
+            match catalog.sleep(s.id, (s.changes, s.used_ms), d, s.pins) {
                 Some(stream) => {
                     freed += stream.resident_bytes();
                     slept += 1;
@@ -264,6 +264,7 @@ fn encode_state(s: &Stream) -> Sleeper {
     Sleeper {
         id: s.id,
         changes: s.changes,
+        used_ms: s.used_ms.get(),
         state: Bytes::from(out),
         pins: pins.into_boxed_slice(),
         deadline_ms: s

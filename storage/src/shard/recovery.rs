@@ -387,10 +387,10 @@ impl Shard {
                     d.key,
                     Dormant {
                         state,
-                        pins: d.pins.into_boxed_slice(),
                         deadline_ms: d.deadline_ms,
                         data_bytes: d.data_bytes,
                     },
+                    d.pins.into_boxed_slice(),
                 );
                 continue;
             }
