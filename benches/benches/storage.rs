@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use ursula_storage::aligned::{AlignedBuf, BLOCK};
+use ursula_storage::aligned::AlignedBuf;
 use ursula_storage::cold::{ColdRead, ColdStore};
+use ursula_storage::limits::IO_BLOCK_BYTES;
 use ursula_storage::segment;
 use ursula_storage::{
     AppendRec, Durability, Lifetime, NewStream, Offset, Shard, ShardConfig, StorageError, StreamId,
@@ -536,7 +537,7 @@ async fn per_file_appends(
     secs: f64,
 ) -> Result<AppendResult, BoxError> {
     assert!(
-        size <= BLOCK && BLOCK % size == 0,
+        size <= IO_BLOCK_BYTES && IO_BLOCK_BYTES % size == 0,
         "payload must divide a block"
     );
     let hist = Rc::new(RefCell::new(histogram()));
@@ -559,19 +560,19 @@ async fn per_file_appends(
     for file in files {
         let (data, hist, ops) = (data.clone(), hist.clone(), ops.clone());
         tasks.push(monoio::spawn(async move {
-            let mut buf = AlignedBuf::with_capacity(BLOCK);
-            buf.set_len(BLOCK);
+            let mut buf = AlignedBuf::with_capacity(IO_BLOCK_BYTES);
+            buf.set_len(IO_BLOCK_BYTES);
             let mut tail = 0u64;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                let at = (tail % BLOCK as u64) as usize;
+                let at = (tail % IO_BLOCK_BYTES as u64) as usize;
                 buf.as_mut_full()[at..at + size].copy_from_slice(&data);
                 let (res, b) = file.write_all_at(buf, tail - at as u64).await;
                 buf = b;
                 res?;
                 file.sync_data().await?;
                 tail += size as u64;
-                if tail % BLOCK as u64 == 0 {
+                if tail % IO_BLOCK_BYTES as u64 == 0 {
                     buf.as_mut_full().fill(0);
                 }
                 let _ = hist
@@ -723,7 +724,7 @@ fn prealloc_case(
 ) -> Result<(Histogram<u64>, Histogram<u64>, f64), BoxError> {
     let path = dir.join("prealloc.dat");
     let file = open_direct_new(&path)?;
-    let size = (ops * BLOCK) as u64;
+    let size = (ops * IO_BLOCK_BYTES) as u64;
     match mode {
         Prealloc::Extend => {}
         Prealloc::Fallocate => {
@@ -745,14 +746,14 @@ fn prealloc_case(
     }
     file.sync_all()?;
     File::open(dir)?.sync_all()?;
-    let mut block = AlignedBuf::with_capacity(BLOCK);
-    block.set_len(BLOCK);
+    let mut block = AlignedBuf::with_capacity(IO_BLOCK_BYTES);
+    block.set_len(IO_BLOCK_BYTES);
     let (mut sync_h, mut op_h) = (histogram(), histogram());
     let started = Instant::now();
     for i in 0..ops {
         block.as_mut_full()[..8].copy_from_slice(&(i as u64).to_le_bytes());
         let t0 = Instant::now();
-        file.write_all_at(block.as_slice(), (i * BLOCK) as u64)?;
+        file.write_all_at(block.as_slice(), (i * IO_BLOCK_BYTES) as u64)?;
         let t1 = Instant::now();
         file.sync_data()?;
         let done = t1.elapsed().as_micros().max(1) as u64;

@@ -128,7 +128,10 @@ pub enum Error {
     ThreadExited,
     /// A local checkpoint the storage engine does not accept (read while being replaced).
     #[error("{}: {reason}", path.display())]
-    CorruptCheckpoint { path: PathBuf, reason: String },
+    CorruptCheckpoint {
+        path: PathBuf,
+        reason: ursula_storage::FormatError,
+    },
     /// A round of the archiver that made no progress in its time (a request that hangs).
     #[error("no progress in {after:?}")]
     Stalled { after: std::time::Duration },

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ursula_storage::Shard;
+use ursula_storage::{Shard, WaiterIds, WaiterSet};
 
 use crate::config::Config;
 use crate::hop::Mailbox;
@@ -55,8 +55,8 @@ pub struct Core {
     access_window: Cell<(u64, u32, u64)>,
     /// Live readers (long-poll, SSE) to wake when shutdown starts, one slot per waiting
     /// task, removed when its wait ends.
-    shutdown_waiters: std::cell::RefCell<std::collections::HashMap<u64, std::task::Waker>>,
-    next_waiter: Cell<u64>,
+    shutdown_waiters: WaiterSet,
+    next_waiter: WaiterIds,
     rng: Cell<u64>,
 }
 
@@ -91,8 +91,8 @@ impl Core {
             admin_fd: Cell::new(None),
             metrics: CoreMetrics::default(),
             access_window: Cell::new((0, 0, 0)),
-            shutdown_waiters: std::cell::RefCell::new(std::collections::HashMap::new()),
-            next_waiter: Cell::new(0),
+            shutdown_waiters: WaiterSet::default(),
+            next_waiter: WaiterIds::default(),
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1) ^ ursula_storage::now_ms() as u64,
             ),
@@ -162,7 +162,7 @@ impl Core {
     pub fn waiting_on_streams(&self) -> usize {
         // The expiry sweeper holds one waiter slot, except during its synchronous pass,
         // which a job on this same thread can never observe.
-        let waiting = self.shutdown_waiters.try_borrow().map_or(0, |w| w.len());
+        let waiting = self.shutdown_waiters.len();
         waiting.saturating_sub(1)
     }
 
@@ -187,8 +187,7 @@ impl Core {
     /// Wait for `changed` to resolve, `wait` to pass, or shutdown to start, whichever is
     /// first. Live readers use this so shutdown never waits for their timeouts.
     pub async fn wait_or_shutdown<F: std::future::Future>(&self, changed: F, wait: Duration) {
-        let id = self.next_waiter.get();
-        self.next_waiter.set(id + 1);
+        let id = self.next_waiter.next();
         // The slot is given back however the wait ends (change, timeout, or drop).
         let _slot = WaiterSlot { core: self, id };
         let mut changed = std::pin::pin!(changed);
@@ -196,14 +195,7 @@ impl Core {
             if self.shutting_down() {
                 return std::task::Poll::Ready(());
             }
-            let mut waiters = self.shutdown_waiters.borrow_mut();
-            match waiters.get_mut(&id) {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => {
-                    waiters.insert(id, cx.waker().clone());
-                }
-            }
-            drop(waiters);
+            self.shutdown_waiters.register(id, cx.waker());
             changed.as_mut().poll(cx).map(|_| ())
         });
         let _ = monoio::time::timeout(wait, either).await;
@@ -212,9 +204,7 @@ impl Core {
     /// Wake the live readers waiting on this core's streams, and make the pending
     /// `accept` fail so the accept loop ends; no connection is lost.
     pub fn stop_accepting(&self) {
-        for (_, w) in self.shutdown_waiters.borrow_mut().drain() {
-            w.wake();
-        }
+        self.shutdown_waiters.wake_all();
         for fd in [self.listener_fd.take(), self.admin_fd.take()]
             .into_iter()
             .flatten()
@@ -255,9 +245,7 @@ struct WaiterSlot<'a> {
 
 impl Drop for WaiterSlot<'_> {
     fn drop(&mut self) {
-        if let Ok(mut waiters) = self.core.shutdown_waiters.try_borrow_mut() {
-            waiters.remove(&self.id);
-        }
+        self.core.shutdown_waiters.unregister(self.id);
     }
 }
 

@@ -5,36 +5,28 @@
 //! disks we run on). Buffers are recycled through [`BufPool`] so the append path does not
 //! allocate per request.
 
+use crate::limits::{IO_BLOCK_BYTES, MAPPED_BUF_BYTES_MIN};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::RefCell;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
-/// Alignment of every direct-I/O buffer, offset and length.
-pub const BLOCK: usize = 4096;
-
-/// Round `n` up to the next multiple of [`BLOCK`].
+/// Round `n` up to the next multiple of [`IO_BLOCK_BYTES`].
 pub const fn align_up(n: usize) -> usize {
-    (n + BLOCK - 1) & !(BLOCK - 1)
+    (n + IO_BLOCK_BYTES - 1) & !(IO_BLOCK_BYTES - 1)
 }
 
-/// Round `n` down to a multiple of [`BLOCK`].
+/// Round `n` down to a multiple of [`IO_BLOCK_BYTES`].
 pub const fn align_down(n: usize) -> usize {
-    n & !(BLOCK - 1)
+    n & !(IO_BLOCK_BYTES - 1)
 }
 
-/// Buffers at least this large are mapped from the kernel directly and unmapped when
-/// dropped. The allocator keeps what it frees for reuse: after recovery read each shard's
-/// open 128 MiB segment whole, a server held ~280 MB it would never use again, more than
-/// its steady state with millions of appends retained.
-const MAP_THRESHOLD: usize = 16 << 20;
-
-/// A zero-initialised, [`BLOCK`]-aligned byte buffer with a fixed capacity and a length.
+/// A zero-initialised, [`IO_BLOCK_BYTES`]-aligned byte buffer with a fixed capacity and a length.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
     len: usize,
-    /// From `mmap` (at least [`MAP_THRESHOLD`]), not from the allocator.
+    /// From `mmap` (at least [`MAPPED_BUF_BYTES_MIN`]), not from the allocator.
     mapped: bool,
 }
 
@@ -47,12 +39,12 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// A buffer able to hold at least `capacity` bytes (rounded up to whole blocks), all zero.
     pub fn with_capacity(capacity: usize) -> AlignedBuf {
-        let cap = align_up(capacity.max(BLOCK));
-        let layout = Layout::from_size_align(cap, BLOCK).expect("aligned layout");
-        if cap >= MAP_THRESHOLD {
+        let cap = align_up(capacity.max(IO_BLOCK_BYTES));
+        let layout = Layout::from_size_align(cap, IO_BLOCK_BYTES).expect("aligned layout");
+        if cap >= MAPPED_BUF_BYTES_MIN {
             // SAFETY: an anonymous private mapping of `cap` bytes at an address the kernel
             // picks: no file, no existing memory involved. The kernel zero-fills it and
-            // aligns it to a page (4 KiB, a multiple of BLOCK's alignment).
+            // aligns it to a page (4 KiB, a multiple of IO_BLOCK_BYTES's alignment).
             let raw = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
@@ -75,7 +67,7 @@ impl AlignedBuf {
             }
             std::alloc::handle_alloc_error(layout);
         }
-        // SAFETY: layout has non-zero size (cap >= BLOCK).
+        // SAFETY: layout has non-zero size (cap >= IO_BLOCK_BYTES).
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         AlignedBuf {
@@ -143,7 +135,7 @@ impl Drop for AlignedBuf {
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.cap) };
             return;
         }
-        let layout = Layout::from_size_align(self.cap, BLOCK).expect("aligned layout");
+        let layout = Layout::from_size_align(self.cap, IO_BLOCK_BYTES).expect("aligned layout");
         // SAFETY: allocated in with_capacity with exactly this layout.
         unsafe { dealloc(self.ptr.as_ptr(), layout) }
     }
@@ -250,26 +242,26 @@ mod tests {
     #[test]
     fn alignment_and_rounding() {
         let b = AlignedBuf::with_capacity(10);
-        assert_eq!(b.capacity(), BLOCK);
-        assert_eq!(b.as_slice().as_ptr() as usize % BLOCK, 0);
+        assert_eq!(b.capacity(), IO_BLOCK_BYTES);
+        assert_eq!(b.as_slice().as_ptr() as usize % IO_BLOCK_BYTES, 0);
         assert_eq!(align_up(0), 0);
-        assert_eq!(align_up(1), BLOCK);
-        assert_eq!(align_up(BLOCK), BLOCK);
-        assert_eq!(align_down(BLOCK + 5), BLOCK);
+        assert_eq!(align_up(1), IO_BLOCK_BYTES);
+        assert_eq!(align_up(IO_BLOCK_BYTES), IO_BLOCK_BYTES);
+        assert_eq!(align_down(IO_BLOCK_BYTES + 5), IO_BLOCK_BYTES);
     }
 
     #[test]
     fn large_buffers_are_mapped_zeroed_aligned_and_writable() {
-        let mut b = AlignedBuf::with_capacity(MAP_THRESHOLD + 1);
+        let mut b = AlignedBuf::with_capacity(MAPPED_BUF_BYTES_MIN + 1);
         assert!(b.mapped);
-        assert_eq!(b.capacity(), MAP_THRESHOLD + BLOCK);
-        assert_eq!(b.as_mut_full().as_ptr() as usize % BLOCK, 0);
+        assert_eq!(b.capacity(), MAPPED_BUF_BYTES_MIN + IO_BLOCK_BYTES);
+        assert_eq!(b.as_mut_full().as_ptr() as usize % IO_BLOCK_BYTES, 0);
         assert!(b.as_mut_full().iter().all(|&x| x == 0));
         b.extend_from_slice(b"abc");
         b.set_len(b.capacity());
-        b.as_mut_full()[MAP_THRESHOLD] = 7;
+        b.as_mut_full()[MAPPED_BUF_BYTES_MIN] = 7;
         assert_eq!(&b.as_slice()[..3], b"abc");
-        assert!(!AlignedBuf::with_capacity(MAP_THRESHOLD - BLOCK).mapped);
+        assert!(!AlignedBuf::with_capacity(MAPPED_BUF_BYTES_MIN - IO_BLOCK_BYTES).mapped);
     }
 
     #[test]

@@ -13,21 +13,8 @@ use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::limits::{CACHE_BLOCK_BYTES_MAX, CACHE_BLOCK_BYTES_MIN, CACHE_PACK_BYTES_MAX};
 use crate::position::Offset;
-
-/// Appends up to this size are packed into blocks; larger ones are cached as they came
-/// (their piece is already big enough that its bookkeeping does not matter).
-pub(crate) const PACK_MAX: usize = 8 << 10;
-
-/// Largest packed block. A replay of a few hundred KiB is a handful of pieces, while a
-/// stream's open block (grown by doubling from `BLOCK_MIN`) stays small next to the cache.
-pub(crate) const BLOCK_MAX: usize = 64 << 10;
-
-/// Smallest open block. Blocks start at the first append's size rounded up to a power of
-/// two, so an open block larger than this is never more than half empty: a server with
-/// 100k streams that each received one small append holds about that much, not 100k
-/// whole blocks.
-const BLOCK_MIN: usize = 256;
 
 #[derive(Default)]
 pub(crate) struct StreamCache {
@@ -37,7 +24,7 @@ pub(crate) struct StreamCache {
     /// `[open_start, open_start + open.len())`.
     open: BytesMut,
     open_start: Offset,
-    /// The last block filled up to `BLOCK_MAX`: the stream is busy, so the next block
+    /// The last block filled up to `CACHE_BLOCK_BYTES_MAX`: the stream is busy, so the next block
     /// starts at full size instead of growing by doubling (each step a realloc and a copy).
     busy: bool,
     /// Bytes cached, sealed and open.
@@ -72,30 +59,37 @@ impl StreamCache {
             return;
         }
         self.len += data.len();
-        if data.len() > PACK_MAX {
+        if data.len() > CACHE_PACK_BYTES_MAX {
             self.seal();
             self.runs.insert(start, data.clone());
             self.fresh.push(start);
             return;
         }
         let open_end = self.open_start + self.open.len() as u64;
-        if !self.open.is_empty() && (open_end != start || self.open.len() + data.len() > BLOCK_MAX)
+        if !self.open.is_empty()
+            && (open_end != start || self.open.len() + data.len() > CACHE_BLOCK_BYTES_MAX)
         {
-            self.busy = self.open.len() + data.len() > BLOCK_MAX;
+            self.busy = self.open.len() + data.len() > CACHE_BLOCK_BYTES_MAX;
             self.seal();
         }
         if self.open.is_empty() {
             self.open_start = start;
             self.fresh.push(start);
-            let first = if self.busy { BLOCK_MAX } else { BLOCK_MIN };
+            let first = if self.busy {
+                CACHE_BLOCK_BYTES_MAX
+            } else {
+                CACHE_BLOCK_BYTES_MIN
+            };
             if self.open.capacity() < data.len().max(first) {
                 self.open = BytesMut::with_capacity(data.len().max(first).next_power_of_two());
             }
         } else if self.open.capacity() - self.open.len() < data.len() {
-            // Capacities stay powers of two up to BLOCK_MAX, which the block's new length
+            // Capacities stay powers of two up to CACHE_BLOCK_BYTES_MAX, which the block's new length
             // does not exceed (checked above).
             let need = (self.open.len() + data.len()).next_power_of_two();
-            let cap = (self.open.capacity() * 2).max(need).min(BLOCK_MAX);
+            let cap = (self.open.capacity() * 2)
+                .max(need)
+                .min(CACHE_BLOCK_BYTES_MAX);
             self.open.reserve(cap - self.open.len());
         }
         self.open.extend_from_slice(data);
@@ -307,7 +301,7 @@ mod tests {
             want.extend_from_slice(&d);
             pos += d.len() as u64;
         }
-        let big = filled(0xee, PACK_MAX + 1);
+        let big = filled(0xee, CACHE_PACK_BYTES_MAX + 1);
         c.insert_append(pos, &big);
         want.extend_from_slice(&big);
         pos += big.len() as u64;
@@ -315,9 +309,9 @@ mod tests {
         c.insert_append(pos, &tail);
         want.extend_from_slice(&tail);
         pos += 10;
-        let blocks = (100 << 10) / BLOCK_MAX as u64;
+        let blocks = (100 << 10) / CACHE_BLOCK_BYTES_MAX as u64;
         let fresh = c.drain_fresh().collect::<Vec<_>>();
-        assert_eq!(fresh[..2], [off(0), off(BLOCK_MAX as u64)]);
+        assert_eq!(fresh[..2], [off(0), off(CACHE_BLOCK_BYTES_MAX as u64)]);
         assert_eq!(
             fresh.len() as u64,
             blocks + 1 + 1 + 1,
@@ -412,9 +406,12 @@ mod tests {
             c.insert_append(pos, &filled(1, len));
             pos += len as u64;
             let cap = c.open.capacity();
-            assert!(cap.is_power_of_two() && cap <= BLOCK_MAX, "capacity {cap}");
             assert!(
-                c.open.len() * 2 > cap || cap == BLOCK_MIN,
+                cap.is_power_of_two() && cap <= CACHE_BLOCK_BYTES_MAX,
+                "capacity {cap}"
+            );
+            assert!(
+                c.open.len() * 2 > cap || cap == CACHE_BLOCK_BYTES_MIN,
                 "{} bytes in {cap}",
                 c.open.len()
             );

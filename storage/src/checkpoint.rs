@@ -44,6 +44,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 
+use crate::error::FormatError;
 use crate::index::{IndexFile, IndexFileNo};
 use crate::packed::{DiskPage, Packed};
 use crate::position::{Lsn, Offset, SegmentNo};
@@ -255,7 +256,7 @@ pub struct CheckpointSummary {
 }
 
 /// Summarise a checkpoint file of `shard` (checked like a load, without opening anything).
-pub fn summary(shard: u32, file: &Bytes) -> Result<CheckpointSummary, String> {
+pub fn summary(shard: u32, file: &Bytes) -> Result<CheckpointSummary, FormatError> {
     let mut named = std::collections::BTreeSet::new();
     let (pos, _, _, segments) = decode(shard, file, &mut |number| {
         named.insert(number);
@@ -276,23 +277,23 @@ pub(crate) fn decode(
     shard: u32,
     file: &Bytes,
     index: &mut impl FnMut(IndexFileNo) -> Option<Rc<IndexFile>>,
-) -> Result<Decoded, String> {
+) -> Result<Decoded, FormatError> {
     let header = file
         .get(..HEADER_LEN)
-        .ok_or_else(|| format!("{} bytes is shorter than the header", file.len()))?;
+        .ok_or(FormatError::ShortHeader { len: file.len() })?;
     if &header[..8] != MAGIC {
-        return Err("bad magic".into());
+        return Err(FormatError::BadMagic);
     }
     if crc32c::crc32c(&header[12..]) != le_u32(&header[8..12]) {
-        return Err("header checksum mismatch".into());
+        return Err(FormatError::HeaderChecksum);
     }
     let version = le_u32(&header[12..16]);
     if ![VERSION, VERSION_ALL_RESIDENT, VERSION_INLINE_TABLES].contains(&version) {
-        return Err(format!("unsupported format version {version}"));
+        return Err(FormatError::Version(version));
     }
     let owner = le_u32(&header[16..20]);
     if owner != shard {
-        return Err(format!("written by shard {owner}"));
+        return Err(FormatError::OtherShard(owner));
     }
     let field = |i: usize| le_u64(&header[20 + 8 * i..28 + 8 * i]);
     let pos = Position {
@@ -308,9 +309,12 @@ pub(crate) fn decode(
     let body_end = HEADER_LEN
         .checked_add(body_len)
         .filter(|&e| e == file.len())
-        .ok_or_else(|| format!("body is {} bytes, header says {body_len}", file.len()))?;
+        .ok_or(FormatError::Length {
+            len: file.len() as u64,
+            header: (HEADER_LEN + body_len) as u64,
+        })?;
     if crc32c::crc32c(&file[HEADER_LEN..body_end]) != le_u32(&header[84..88]) {
-        return Err("body checksum mismatch".into());
+        return Err(FormatError::BodyChecksum);
     }
     if version == VERSION_INLINE_TABLES {
         let (streams, segments) = decode_inline_tables(file, count, body_end)?;
@@ -319,14 +323,13 @@ pub(crate) fn decode(
     let mut at = HEADER_LEN;
     let mut streams = Vec::new();
     for n in 0..count {
-        let bad = |what: &str| format!("stream #{n}: {what}");
-        let framed = decode_at(file, at).map_err(|e| bad(&format!("image {e:?}")))?;
+        let framed = decode_at(file, at).map_err(|e| FormatError::Frame(e).in_stream(n))?;
         let Record::Image(image) = framed.record else {
-            return Err(bad("expected an image record"));
+            return Err(FormatError::NotAnImage.in_stream(n));
         };
         at += framed.len;
-        let chunks = Packed::decode_from(file, &mut at, index).map_err(|e| bad(&e))?;
-        let msgs = Packed::decode_from(file, &mut at, index).map_err(|e| bad(&e))?;
+        let chunks = Packed::decode_from(file, &mut at, index).map_err(|e| e.in_stream(n))?;
+        let msgs = Packed::decode_from(file, &mut at, index).map_err(|e| e.in_stream(n))?;
         streams.push(SavedStream {
             image,
             tables: chunks.zip(msgs),
@@ -336,25 +339,25 @@ pub(crate) fn decode(
     let mut r = Varints { buf: file, at };
     let mut dormant = Vec::new();
     if version == VERSION {
-        let n = r.next().ok_or("dormant count")?;
+        let n = r.next().ok_or(FormatError::Field("dormant count"))?;
         for _ in 0..n {
             dormant.push(decode_dormant(&mut r, index)?);
         }
     }
     let mut segments = SegmentMap::new();
-    let n = r.next().ok_or("segment count")?;
+    let n = r.next().ok_or(FormatError::Field("segment count"))?;
     for _ in 0..n {
-        let index = r.next().ok_or("segment index")?;
-        let ids = r.next().ok_or("segment stream count")?;
+        let index = r.next().ok_or(FormatError::Field("segment index"))?;
+        let ids = r.next().ok_or(FormatError::Field("segment stream count"))?;
         let mut list = Vec::with_capacity(ids.min(1 << 20) as usize);
         for _ in 0..ids {
-            list.push(r.next().ok_or("segment stream")?);
+            list.push(r.next().ok_or(FormatError::Field("segment stream"))?);
         }
         segments.insert(SegmentNo::new(index), list);
     }
     at = r.at;
     if at != body_end {
-        return Err(format!("{} bytes after the segment map", body_end - at));
+        return Err(FormatError::Trailing(body_end - at));
     }
     Ok((pos, streams, dormant, segments))
 }
@@ -367,9 +370,12 @@ pub(crate) type Decoded = (Position, Vec<SavedStream>, Vec<SavedDormant>, Segmen
 fn decode_dormant(
     r: &mut Varints<'_>,
     index: &mut impl FnMut(IndexFileNo) -> Option<Rc<IndexFile>>,
-) -> Result<SavedDormant, String> {
-    let id = r.next().ok_or("dormant stream id")?;
-    let bad = |what: &str| format!("dormant stream {id}: {what}");
+) -> Result<SavedDormant, FormatError> {
+    let id = r.next().ok_or(FormatError::Field("dormant stream id"))?;
+    let bad = |what: &'static str| FormatError::Dormant {
+        id,
+        source: Box::new(FormatError::Field(what)),
+    };
     let key_len = r.next().ok_or_else(|| bad("key length"))? as usize;
     let key =
         r.at.checked_add(key_len)
@@ -378,7 +384,7 @@ fn decode_dormant(
             .ok_or_else(|| bad("key"))?;
     let key: Box<str> = key.into();
     r.at += key_len;
-    let mut next = |what: &str| r.next().ok_or_else(|| bad(what));
+    let mut next = |what: &'static str| r.next().ok_or_else(|| bad(what));
     let state_file = IndexFileNo::new(next("state file")?);
     let off = next("state position")?;
     let len = u32::try_from(next("state length")?).map_err(|_| bad("state length"))?;
@@ -416,19 +422,19 @@ fn decode_inline_tables(
     file: &Bytes,
     count: u64,
     body_end: usize,
-) -> Result<(Vec<SavedStream>, SegmentMap), String> {
+) -> Result<(Vec<SavedStream>, SegmentMap), FormatError> {
     let mut at = HEADER_LEN;
     let mut streams = Vec::new();
     let mut segments = SegmentMap::new();
     for n in 0..count {
-        let bad = |what: &str| format!("stream #{n}: {what}");
-        let framed = decode_at(file, at).map_err(|e| bad(&format!("image {e:?}")))?;
+        let bad = |what: &'static str| FormatError::Field(what).in_stream(n);
+        let framed = decode_at(file, at).map_err(|e| FormatError::Frame(e).in_stream(n))?;
         let Record::Image(image) = framed.record else {
-            return Err(bad("expected an image record"));
+            return Err(FormatError::NotAnImage.in_stream(n));
         };
         at += framed.len;
         let mut r = Varints { buf: file, at };
-        let mut next = |what: &str| r.next().ok_or_else(|| bad(what));
+        let mut next = |what: &'static str| r.next().ok_or_else(|| bad(what));
         let chunk_count = next("chunk count")?;
         let mut chunks = Vec::with_capacity(chunk_count.min(1 << 20) as usize);
         let mut expected = Offset::ZERO;
@@ -469,7 +475,7 @@ fn decode_inline_tables(
         });
     }
     if at != body_end {
-        return Err(format!("{} bytes after the last stream", body_end - at));
+        return Err(FormatError::Trailing(body_end - at));
     }
     Ok((streams, segments))
 }

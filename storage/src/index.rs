@@ -2,9 +2,9 @@
 //!
 //! A stream's tables are kept as pages of [`crate::packed::PAGE`] delta-encoded blocks (see
 //! `packed`). Completed pages are gathered in memory and written out together as one index
-//! file whenever [`FLUSH_BYTES`] of them are waiting, and at every roll of the log; from then
+//! file whenever [`INDEX_FLUSH_BYTES`] of them are waiting, and at every roll of the log; from then
 //! on memory keeps only each page's first entry and where it is in that file. So the pages
-//! a shard holds in memory stay below about a second's worth of `FLUSH_BYTES`, however much
+//! a shard holds in memory stay below about a second's worth of `INDEX_FLUSH_BYTES`, however much
 //! history it keeps. A lookup that lands in a written page reads it (one `pread` of a few
 //! KiB) into a byte-bounded cache of pages shared by the core's streams.
 //!
@@ -43,6 +43,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 
+use crate::error::FormatError;
 use crate::position::{stored_as_u64, Lsn};
 
 const MAGIC: &[u8; 8] = b"URSLIDX1";
@@ -51,13 +52,6 @@ pub(crate) const HEADER_LEN: usize = 48;
 
 /// Bytes of index pages a core caches when its shard does not say otherwise.
 pub const DEFAULT_INDEX_CACHE_BYTES: usize = 8 << 20;
-
-/// Bytes of completed pages a shard gathers in memory before it writes them out as an index
-/// file (checked once a second by the upkeep task). Streams that grow at one pace complete
-/// their pages together: at 500 streams of 256 B appends per core, a wave of 500 pages
-/// (3.4 MB) every few seconds, two waves per 128 MiB segment, so each wave is one file.
-/// (Tests use less, so that small histories already write several files.)
-pub(crate) const FLUSH_BYTES: usize = if cfg!(test) { 4 << 10 } else { 1 << 20 };
 
 /// The number of an index file: its name, and how checkpoints and the cold tier's manifest
 /// refer to it. See the module comment for why a number is never reused.
@@ -144,36 +138,42 @@ thread_local! {
 impl IndexFile {
     /// Open index file `number` and check its header: written by `shard`, complete (its
     /// length is what the header says). A torn or foreign file is an error.
-    pub(crate) fn open(dir: &Path, shard: u32, number: IndexFileNo) -> Result<IndexFile, String> {
+    pub(crate) fn open(
+        dir: &Path,
+        shard: u32,
+        number: IndexFileNo,
+    ) -> Result<IndexFile, FormatError> {
         let path = index_path(dir, number);
-        let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let len = file
-            .metadata()
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .len();
+        let unreadable = |e: io::Error| FormatError::Read(e.kind());
+        let file = File::open(&path).map_err(unreadable)?;
+        let len = file.metadata().map_err(unreadable)?.len();
         let mut h = [0u8; HEADER_LEN];
-        file.read_exact_at(&mut h, 0)
-            .map_err(|e| format!("{}: header: {e}", path.display()))?;
+        file.read_exact_at(&mut h, 0).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => FormatError::ShortHeader { len: len as usize },
+            _ => unreadable(e),
+        })?;
         let field = |r: std::ops::Range<usize>| {
             let mut a = [0u8; 8];
             a[..r.len()].copy_from_slice(&h[r]);
             u64::from_le_bytes(a)
         };
-        let bad = |what: &str| format!("{}: {what}", path.display());
         if &h[..8] != MAGIC {
-            return Err(bad("bad magic"));
+            return Err(FormatError::BadMagic);
         }
         if crc32c::crc32c(&h[..40]) as u64 != field(40..44) {
-            return Err(bad("header checksum mismatch"));
+            return Err(FormatError::HeaderChecksum);
         }
         if field(8..12) != u64::from(VERSION) {
-            return Err(bad("unsupported version"));
+            return Err(FormatError::Version(field(8..12) as u32));
         }
         if field(12..16) != u64::from(shard) || field(16..24) != number.get() {
-            return Err(bad("written for another shard or under another number"));
+            return Err(FormatError::OtherFile);
         }
         if HEADER_LEN as u64 + field(32..40) != len {
-            return Err(bad("length differs from its header (torn)"));
+            return Err(FormatError::Length {
+                len,
+                header: HEADER_LEN as u64 + field(32..40),
+            });
         }
         Ok(IndexFile {
             id: NEXT_ID.with(|n| n.replace(n.get() + 1)),

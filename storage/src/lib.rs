@@ -10,8 +10,10 @@ pub mod aligned;
 mod cache;
 mod checkpoint;
 pub mod cold;
+mod error;
 mod fault;
 mod index;
+pub mod limits;
 mod packed;
 mod position;
 mod readback;
@@ -20,19 +22,22 @@ pub mod segment;
 pub mod shard;
 pub mod stream;
 mod view;
+pub mod waiters;
 
 pub use checkpoint::{
     summary as checkpoint_summary, CheckpointSummary, FILE_NAME as CHECKPOINT_FILE,
 };
+pub use error::{ArchiveLag, Corruption, FormatError, LogFailure, StorageError, Unrecoverable};
 pub use index::DEFAULT_INDEX_CACHE_BYTES;
 pub use position::{Lsn, Offset, RecordNo, SegmentNo};
 pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta};
 pub use shard::{
     write_cold_marker, Changed, Commit, DiskUsage, Durability, HeapUsage, NewStream,
-    RecoveryReport, Shard, ShardConfig, ShardStats, StorageError, COLD_MARKER,
+    RecoveryReport, Shard, ShardConfig, ShardStats, COLD_MARKER,
 };
 pub use stream::{Chunk, DiskLoc, Piece, Producer, Receipt, Stream, StreamId};
 pub use view::{StreamHead, StreamView};
+pub use waiters::{WaiterIds, WaiterSet};
 
 /// Wall-clock Unix milliseconds.
 pub fn now_ms() -> i64 {

@@ -2,9 +2,9 @@
 //!
 //! Both grow by one entry per append (or per record) and are read far more often at their
 //! newest end than anywhere else. So the newest entries stay in a plain `Vec`, where appends
-//! update them in place, and every full group of [`BLOCK`] older ones is frozen into a block:
+//! update them in place, and every full group of [`PACKED_BLOCK_ENTRIES`] older ones is frozen into a block:
 //! its first entry as it is, the others as LEB128 varint deltas from their predecessor.
-//! Every full group of [`PAGE`] blocks then becomes a page: one byte string holding the
+//! Every full group of [`PACKED_PAGE_BLOCKS`] blocks then becomes a page: one byte string holding the
 //! blocks and their first entries, with a CRC, the unit that is written to an index file
 //! beside the segments (`crate::index`). Once written, memory keeps only the page's first
 //! entry and where it lies in its file, so a stream's memory does not grow with its
@@ -13,8 +13,8 @@
 //! A lookup binary-searches the pages by their first entries, then the page's blocks by
 //! theirs, and decodes one block; an in-order walk decodes each block once. Entries are
 //! addressed by their position in the table; dropping entries from the front (retention)
-//! moves a skip counter instead of re-encoding, so every page keeps exactly `PAGE` blocks
-//! and every block `BLOCK` entries, and position arithmetic stays a division.
+//! moves a skip counter instead of re-encoding, so every page keeps exactly `PACKED_PAGE_BLOCKS` blocks
+//! and every block `PACKED_BLOCK_ENTRIES` entries, and position arithmetic stays a division.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -23,17 +23,14 @@ use std::thread::LocalKey;
 
 use bytes::Bytes;
 
+use crate::error::FormatError;
 use crate::index::{IndexFile, IndexFileNo};
+use crate::limits::{PACKED_BLOCK_ENTRIES, PACKED_PAGE_BLOCKS, PACKED_TAIL_GROWTH_ENTRIES};
 use crate::position::Offset;
 
-/// Entries per frozen block: a lookup decodes at most this many.
-pub(crate) const BLOCK: usize = 64;
-/// Blocks per page: the unit that moves to an index file, with one entry left in memory.
-/// (Tests use fewer, so that small histories already span several pages.)
-pub(crate) const PAGE: usize = if cfg!(test) { 4 } else { 16 };
-const PAGE_ENTRIES: usize = PAGE * BLOCK;
+const PAGE_ENTRIES: usize = PACKED_PAGE_BLOCKS * PACKED_BLOCK_ENTRIES;
 /// A page starts with its CRC32C, then the start of each block's bytes and their end.
-const PAGE_HEAD: usize = 4 + 4 * (PAGE + 1);
+const PAGE_HEAD: usize = 4 + 4 * (PACKED_PAGE_BLOCKS + 1);
 
 /// An entry that can be stored as a delta from the entry before it.
 pub(crate) trait Delta: Copy + 'static {
@@ -80,7 +77,7 @@ fn fresh_stamp() -> u64 {
 #[derive(Clone, Debug)]
 pub(crate) struct Packed<T: Delta> {
     pages: Vec<Page<T>>,
-    /// Blocks not gathered into a page yet: fewer than `PAGE`, after the pages.
+    /// Blocks not gathered into a page yet: fewer than `PACKED_PAGE_BLOCKS`, after the pages.
     frozen: Vec<Block<T>>,
     /// Identifies the frozen blocks as they are now (see [`fresh_stamp`]).
     stamp: u64,
@@ -93,7 +90,7 @@ pub(crate) struct Packed<T: Delta> {
 #[derive(Clone, Debug)]
 struct Block<T> {
     first: T,
-    /// The other `BLOCK - 1` entries, each a delta from the one before. Shared, so that a
+    /// The other `PACKED_BLOCK_ENTRIES - 1` entries, each a delta from the one before. Shared, so that a
     /// checkpoint captures a table by cloning it without copying its blocks.
     rest: Rc<[u8]>,
 }
@@ -157,11 +154,11 @@ impl<T: Delta> Packed<T> {
 
     /// Positions (counting skipped ones) held by pages and blocks.
     fn packed_len(&self) -> usize {
-        self.pages.len() * PAGE_ENTRIES + self.frozen.len() * BLOCK
+        self.pages.len() * PAGE_ENTRIES + self.frozen.len() * PACKED_BLOCK_ENTRIES
     }
 
     fn blocks(&self) -> usize {
-        self.pages.len() * PAGE + self.frozen.len()
+        self.pages.len() * PACKED_PAGE_BLOCKS + self.frozen.len()
     }
 
     /// The entries not frozen yet: the newest ones, in order.
@@ -174,18 +171,24 @@ impl<T: Delta> Packed<T> {
     }
 
     pub(crate) fn push(&mut self, entry: T) {
+        if self.tail.len() == self.tail.capacity() {
+            // By a few entries, not by doubling: most streams stop somewhere inside a block
+            // and stay resident until they go dormant, and doubling left up to half a
+            // block unused in each of their two tables (about 1 KiB a stream).
+            self.tail.reserve_exact(PACKED_TAIL_GROWTH_ENTRIES);
+        }
         self.tail.push(entry);
     }
 
-    /// Freeze every full group of `BLOCK` unpacked entries but the newest `keep`, so the
+    /// Freeze every full group of `PACKED_BLOCK_ENTRIES` unpacked entries but the newest `keep`, so the
     /// caller can still change those in place, and gather full groups of blocks into pages.
     pub(crate) fn freeze(&mut self, keep: usize) {
-        let groups = self.tail.len().saturating_sub(keep) / BLOCK;
+        let groups = self.tail.len().saturating_sub(keep) / PACKED_BLOCK_ENTRIES;
         if groups == 0 {
             return;
         }
-        let mut scratch = Vec::with_capacity(BLOCK * 12);
-        for g in self.tail[..groups * BLOCK].chunks_exact(BLOCK) {
+        let mut scratch = Vec::with_capacity(PACKED_BLOCK_ENTRIES * 12);
+        for g in self.tail[..groups * PACKED_BLOCK_ENTRIES].chunks_exact(PACKED_BLOCK_ENTRIES) {
             scratch.clear();
             for w in g.windows(2) {
                 w[1].put(&w[0], &mut scratch);
@@ -197,9 +200,9 @@ impl<T: Delta> Packed<T> {
         }
         // Blocks were only added or regrouped: those a memo may hold are unchanged and keep
         // their positions, so the stamp stays.
-        self.tail.drain(..groups * BLOCK);
-        while self.frozen.len() >= PAGE {
-            let blocks: Vec<Block<T>> = self.frozen.drain(..PAGE).collect();
+        self.tail.drain(..groups * PACKED_BLOCK_ENTRIES);
+        while self.frozen.len() >= PACKED_PAGE_BLOCKS {
+            let blocks: Vec<Block<T>> = self.frozen.drain(..PACKED_PAGE_BLOCKS).collect();
             self.push_page(Page {
                 first: blocks[0].first,
                 body: Body::Memory(encode_page(&blocks)),
@@ -209,7 +212,8 @@ impl<T: Delta> Packed<T> {
         // stops here (most do, sooner or later) keeps a quarter block of capacity rather
         // than the block it grew to, and one that goes on grows it again twice per block.
         // (A table loaded whole, at recovery, would otherwise keep all of it.)
-        self.tail.shrink_to(self.tail.len().max(BLOCK / 4));
+        self.tail
+            .shrink_to(self.tail.len().max(PACKED_BLOCK_ENTRIES / 4));
     }
 
     /// Add a page at the end. A table gains pages for as long as its stream lives, and
@@ -236,7 +240,9 @@ impl<T: Delta> Packed<T> {
         if p >= packed {
             return self.tail.get(p - packed).copied();
         }
-        Some(self.with_block(p / BLOCK, |entries| entries[p % BLOCK]))
+        Some(self.with_block(p / PACKED_BLOCK_ENTRIES, |entries| {
+            entries[p % PACKED_BLOCK_ENTRIES]
+        }))
     }
 
     /// Run `f` on the decoded entries of block `b` (pages first, then frozen blocks),
@@ -255,11 +261,11 @@ impl<T: Delta> Packed<T> {
     }
 
     fn decode_block(&self, b: usize, out: &mut Vec<T>) {
-        if b < self.pages.len() * PAGE {
-            let page = &self.pages[b / PAGE];
-            decode_page_block(&page.first, &page.bytes(), b % PAGE, out);
+        if b < self.pages.len() * PACKED_PAGE_BLOCKS {
+            let page = &self.pages[b / PACKED_PAGE_BLOCKS];
+            decode_page_block(&page.first, &page.bytes(), b % PACKED_PAGE_BLOCKS, out);
         } else {
-            let blk = &self.frozen[b - self.pages.len() * PAGE];
+            let blk = &self.frozen[b - self.pages.len() * PACKED_PAGE_BLOCKS];
             decode_rest(blk.first, &blk.rest, out);
         }
     }
@@ -275,8 +281,10 @@ impl<T: Delta> Packed<T> {
             packed + self.tail.partition_point(pred)
         } else if self.frozen.first().is_some_and(|b| pred(&b.first)) {
             let b = self.frozen.partition_point(|blk| pred(&blk.first));
-            let block = self.pages.len() * PAGE + b - 1;
-            paged + (b - 1) * BLOCK + self.with_block(block, |e| e.partition_point(&mut pred))
+            let block = self.pages.len() * PACKED_PAGE_BLOCKS + b - 1;
+            paged
+                + (b - 1) * PACKED_BLOCK_ENTRIES
+                + self.with_block(block, |e| e.partition_point(&mut pred))
         } else {
             let p = self.pages.partition_point(|pg| pred(&pg.first));
             if p == 0 {
@@ -285,8 +293,9 @@ impl<T: Delta> Packed<T> {
                 // One page read: its block firsts, then one block.
                 let page = &self.pages[p - 1];
                 let k = page_firsts(&page.first, &page.bytes()).partition_point(&mut pred);
-                let block = (p - 1) * PAGE + k - 1;
-                block * BLOCK + self.with_block(block, |e| e.partition_point(&mut pred))
+                let block = (p - 1) * PACKED_PAGE_BLOCKS + k - 1;
+                block * PACKED_BLOCK_ENTRIES
+                    + self.with_block(block, |e| e.partition_point(&mut pred))
             }
         };
         physical.max(self.skip) - self.skip
@@ -297,14 +306,14 @@ impl<T: Delta> Packed<T> {
         let p = i + self.skip;
         let mut it = Iter {
             table: self,
-            block: p / BLOCK,
+            block: p / PACKED_BLOCK_ENTRIES,
             entries: Vec::new(),
             at: 0,
             tail: 0,
         };
         if it.block < self.blocks() {
             self.decode_block(it.block, &mut it.entries);
-            it.at = p % BLOCK;
+            it.at = p % PACKED_BLOCK_ENTRIES;
         } else {
             it.block = self.blocks();
             it.tail = p - self.packed_len();
@@ -330,10 +339,10 @@ impl<T: Delta> Packed<T> {
             self.stamp = fresh_stamp();
         }
         if self.pages.is_empty() {
-            let whole = (self.skip / BLOCK).min(self.frozen.len());
+            let whole = (self.skip / PACKED_BLOCK_ENTRIES).min(self.frozen.len());
             if whole > 0 {
                 self.frozen.drain(..whole);
-                self.skip -= whole * BLOCK;
+                self.skip -= whole * PACKED_BLOCK_ENTRIES;
                 self.stamp = fresh_stamp();
             }
             if self.frozen.is_empty() {
@@ -369,21 +378,24 @@ impl<T: Delta> Packed<T> {
             let page = &mut self.pages[p / PAGE_ENTRIES];
             let bytes = page.bytes();
             let mut entries = Vec::with_capacity(PAGE_ENTRIES);
-            for k in 0..PAGE {
+            for k in 0..PACKED_PAGE_BLOCKS {
                 decode_page_block(&page.first, &bytes, k, &mut entries);
             }
             change(&mut entries[p % PAGE_ENTRIES]);
-            let blocks: Vec<Block<T>> = entries.chunks_exact(BLOCK).map(block_of).collect();
+            let blocks: Vec<Block<T>> = entries
+                .chunks_exact(PACKED_BLOCK_ENTRIES)
+                .map(block_of)
+                .collect();
             *page = Page {
                 first: entries[0],
                 body: Body::Memory(encode_page(&blocks)),
             };
             return;
         }
-        let blk = &mut self.frozen[(p - paged) / BLOCK];
-        let mut entries = Vec::with_capacity(BLOCK);
+        let blk = &mut self.frozen[(p - paged) / PACKED_BLOCK_ENTRIES];
+        let mut entries = Vec::with_capacity(PACKED_BLOCK_ENTRIES);
         decode_rest(blk.first, &blk.rest, &mut entries);
-        change(&mut entries[p % BLOCK]);
+        change(&mut entries[p % PACKED_BLOCK_ENTRIES]);
         *blk = block_of(&entries);
     }
 
@@ -475,7 +487,7 @@ impl<T: Delta> Packed<T> {
         buf: &[u8],
         at: &mut usize,
         file: &mut impl FnMut(IndexFileNo) -> Option<Rc<IndexFile>>,
-    ) -> Result<Option<Self>, String> {
+    ) -> Result<Option<Self>, FormatError> {
         let mut t = Packed::default();
         let mut lost = false;
         let mut r = Reader { buf, at: *at };
@@ -488,14 +500,15 @@ impl<T: Delta> Packed<T> {
                     let len = r.varint()? as usize;
                     let b = Bytes::copy_from_slice(r.take(len)?);
                     if !page_intact(&b) {
-                        return Err("page checksum".into());
+                        return Err(FormatError::PageChecksum);
                     }
                     Body::Memory(b)
                 }
                 1 => {
                     let number = IndexFileNo::new(r.varint()?);
                     let off = r.varint()?;
-                    let len = u32::try_from(r.varint()?).map_err(|_| "page length")?;
+                    let len = u32::try_from(r.varint()?)
+                        .map_err(|_| FormatError::Field("page length"))?;
                     match file(number).filter(|f| f.holds(off, len)) {
                         Some(file) => Body::Disk(DiskPage { file, off, len }),
                         None => {
@@ -504,7 +517,7 @@ impl<T: Delta> Packed<T> {
                         }
                     }
                 }
-                _ => return Err("page kind".into()),
+                _ => return Err(FormatError::Field("page kind")),
             };
             t.push_page(Page { first, body });
         }
@@ -522,8 +535,8 @@ impl<T: Delta> Packed<T> {
             t.tail.push(prev);
         }
         *at = r.at;
-        if t.frozen.len() >= PAGE || t.skip >= PAGE_ENTRIES.max(1) {
-            return Err("table layout".into());
+        if t.frozen.len() >= PACKED_PAGE_BLOCKS || t.skip >= PAGE_ENTRIES.max(1) {
+            return Err(FormatError::Field("table layout"));
         }
         Ok((!lost).then_some(t))
     }
@@ -539,11 +552,11 @@ impl<T: Delta> Packed<T> {
         let (from_page, from_block) = if p < paged {
             (p / PAGE_ENTRIES, 0)
         } else {
-            (self.pages.len(), (p - paged) / BLOCK)
+            (self.pages.len(), (p - paged) / PACKED_BLOCK_ENTRIES)
         };
         for page in &self.pages[from_page..] {
             let bytes = page.bytes();
-            for k in 0..PAGE {
+            for k in 0..PACKED_PAGE_BLOCKS {
                 decode_page_block(&page.first, &bytes, k, &mut unpacked);
             }
         }
@@ -574,12 +587,12 @@ fn block_of<T: Delta>(entries: &[T]) -> Block<T> {
     }
 }
 
-/// A page's bytes: CRC32C of what follows | start of each block's bytes (PAGE + 1 u32s,
+/// A page's bytes: CRC32C of what follows | start of each block's bytes (PACKED_PAGE_BLOCKS + 1 u32s,
 /// the last is the end) | per block, its first entry as a delta from the page's first
 /// (none for block 0), then its other entries as deltas. The page's own first entry is
 /// kept by its owner, in memory and in checkpoints.
 fn encode_page<T: Delta>(blocks: &[Block<T>]) -> Bytes {
-    debug_assert_eq!(blocks.len(), PAGE);
+    debug_assert_eq!(blocks.len(), PACKED_PAGE_BLOCKS);
     let first = blocks[0].first;
     let mut out = vec![0u8; PAGE_HEAD];
     for (k, b) in blocks.iter().enumerate() {
@@ -591,7 +604,7 @@ fn encode_page<T: Delta>(blocks: &[Block<T>]) -> Bytes {
         out.extend_from_slice(&b.rest);
     }
     let end = out.len() as u32;
-    out[4 + 4 * PAGE..8 + 4 * PAGE].copy_from_slice(&end.to_le_bytes());
+    out[4 + 4 * PACKED_PAGE_BLOCKS..8 + 4 * PACKED_PAGE_BLOCKS].copy_from_slice(&end.to_le_bytes());
     let crc = crc32c::crc32c(&out[4..]);
     out[..4].copy_from_slice(&crc.to_le_bytes());
     Bytes::from(out)
@@ -604,7 +617,7 @@ pub(crate) fn page_intact(page: &[u8]) -> bool {
         return false;
     }
     let mut prev = PAGE_HEAD;
-    for k in 0..=PAGE {
+    for k in 0..=PACKED_PAGE_BLOCKS {
         let o = u32_at(page, 4 + 4 * k);
         if o < prev || o > page.len() {
             return false;
@@ -619,8 +632,8 @@ fn u32_at(b: &[u8], at: usize) -> usize {
 }
 
 /// The first entry of each block of a page.
-fn page_firsts<T: Delta>(first: &T, page: &[u8]) -> [T; PAGE] {
-    let mut out = [*first; PAGE];
+fn page_firsts<T: Delta>(first: &T, page: &[u8]) -> [T; PACKED_PAGE_BLOCKS] {
+    let mut out = [*first; PACKED_PAGE_BLOCKS];
     for (k, slot) in out.iter_mut().enumerate().skip(1) {
         let mut at = u32_at(page, 4 + 4 * k);
         *slot = T::get(first, page, &mut at);
@@ -658,13 +671,16 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn byte(&mut self) -> Result<u8, String> {
-        let b = *self.buf.get(self.at).ok_or("truncated table")?;
+    fn byte(&mut self) -> Result<u8, FormatError> {
+        let b = *self
+            .buf
+            .get(self.at)
+            .ok_or(FormatError::Field("table (truncated)"))?;
         self.at += 1;
         Ok(b)
     }
 
-    fn varint(&mut self) -> Result<u64, String> {
+    fn varint(&mut self) -> Result<u64, FormatError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
@@ -673,12 +689,12 @@ impl Reader<'_> {
                 return Ok(v);
             }
         }
-        Err("overlong varint".into())
+        Err(FormatError::Field("varint (overlong)"))
     }
 
-    fn take(&mut self, len: usize) -> Result<&[u8], String> {
+    fn take(&mut self, len: usize) -> Result<&[u8], FormatError> {
         let end = self.at.checked_add(len).filter(|&e| e <= self.buf.len());
-        let end = end.ok_or("truncated table")?;
+        let end = end.ok_or(FormatError::Field("table (truncated)"))?;
         let s = &self.buf[self.at..end];
         self.at = end;
         Ok(s)
@@ -686,13 +702,13 @@ impl Reader<'_> {
 
     /// One entry; the body is checksummed, so only its end needs guarding: an entry is at
     /// most seven varints of ten bytes.
-    fn entry<T: Delta>(&mut self, prev: &T) -> Result<T, String> {
+    fn entry<T: Delta>(&mut self, prev: &T) -> Result<T, FormatError> {
         let mut scratch = self.buf[self.at..(self.at + 70).min(self.buf.len())].to_vec();
         scratch.resize(scratch.len() + 70, 0);
         let mut at = 0;
         let e = T::get(prev, &scratch, &mut at);
         if self.at + at > self.buf.len() {
-            return Err("truncated entry".into());
+            return Err(FormatError::Field("table entry (truncated)"));
         }
         self.at += at;
         Ok(e)
@@ -826,7 +842,7 @@ mod tests {
     #[test]
     fn frozen_and_unpacked_entries_read_the_same() {
         // Sorted, with deltas of every size class.
-        let n = 10 * BLOCK as u64 + 5;
+        let n = 10 * PACKED_BLOCK_ENTRIES as u64 + 5;
         let mut want: Vec<Offset> = Vec::new();
         let mut t = Packed::default();
         let mut v = Offset::ZERO;
@@ -837,7 +853,7 @@ mod tests {
         }
         t.freeze(3);
         assert_eq!(t.len(), want.len());
-        assert!(t.unpacked().len() < BLOCK + 3 && t.unpacked().len() >= 3);
+        assert!(t.unpacked().len() < PACKED_BLOCK_ENTRIES + 3 && t.unpacked().len() >= 3);
         for (i, &w) in want.iter().enumerate() {
             assert_eq!(t.get(i), Some(w), "entry {i}");
         }
@@ -845,9 +861,9 @@ mod tests {
         for from in [
             0,
             1,
-            BLOCK - 1,
-            BLOCK,
-            BLOCK + 1,
+            PACKED_BLOCK_ENTRIES - 1,
+            PACKED_BLOCK_ENTRIES,
+            PACKED_BLOCK_ENTRIES + 1,
             want.len() - 2,
             want.len(),
         ] {
@@ -916,7 +932,15 @@ mod tests {
 
     #[test]
     fn block_boundaries_hold_at_every_size() {
-        for n in [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK, 2 * BLOCK + 1] {
+        for n in [
+            0,
+            1,
+            PACKED_BLOCK_ENTRIES - 1,
+            PACKED_BLOCK_ENTRIES,
+            PACKED_BLOCK_ENTRIES + 1,
+            2 * PACKED_BLOCK_ENTRIES,
+            2 * PACKED_BLOCK_ENTRIES + 1,
+        ] {
             let mut want = model(n as u64);
             want.sort_unstable();
             let mut t = Packed::default();
@@ -928,33 +952,40 @@ mod tests {
             assert_eq!(t.iter().collect::<Vec<_>>(), want, "n {n}");
             assert_eq!(t.get(0), want.first().copied());
             assert_eq!(t.get(n.wrapping_sub(1)), want.last().copied());
-            assert_eq!(t.unpacked().len(), n % BLOCK);
+            assert_eq!(t.unpacked().len(), n % PACKED_BLOCK_ENTRIES);
         }
     }
 
     #[test]
     fn dropping_the_front_keeps_positions_and_frees_whole_blocks() {
         // Fewer blocks than a page, so they stay blocks.
-        let want = spaced((PAGE - 1) * BLOCK, 10);
+        let want = spaced((PACKED_PAGE_BLOCKS - 1) * PACKED_BLOCK_ENTRIES, 10);
         let mut t = Packed::default();
         for &w in &want {
             t.push(w);
         }
         t.freeze(0);
-        t.drop_front(BLOCK + 3);
-        assert_eq!(t.len(), want.len() - BLOCK - 3);
-        assert_eq!(t.frozen.len(), PAGE - 2, "the whole first block is gone");
-        assert_eq!(t.get(0), Some(want[BLOCK + 3]));
-        assert_eq!(t.get(0), Some(want[BLOCK + 3]));
-        assert_eq!(t.iter().collect::<Vec<_>>(), want[BLOCK + 3..].to_vec());
+        t.drop_front(PACKED_BLOCK_ENTRIES + 3);
+        assert_eq!(t.len(), want.len() - PACKED_BLOCK_ENTRIES - 3);
+        assert_eq!(
+            t.frozen.len(),
+            PACKED_PAGE_BLOCKS - 2,
+            "the whole first block is gone"
+        );
+        assert_eq!(t.get(0), Some(want[PACKED_BLOCK_ENTRIES + 3]));
+        assert_eq!(t.get(0), Some(want[PACKED_BLOCK_ENTRIES + 3]));
+        assert_eq!(
+            t.iter().collect::<Vec<_>>(),
+            want[PACKED_BLOCK_ENTRIES + 3..].to_vec()
+        );
         assert_eq!(
             t.partition_point(|&m| m < off(5)),
             0,
             "dropped entries do not count"
         );
         assert_eq!(
-            t.partition_point(|&m| m < want[2 * BLOCK]),
-            2 * BLOCK - (BLOCK + 3)
+            t.partition_point(|&m| m < want[2 * PACKED_BLOCK_ENTRIES]),
+            2 * PACKED_BLOCK_ENTRIES - (PACKED_BLOCK_ENTRIES + 3)
         );
         t.drop_front(usize::MAX);
         assert_eq!(t.len(), 0);
@@ -965,21 +996,24 @@ mod tests {
     #[test]
     fn dropping_unpacked_entries_then_freezing_starts_at_the_first_live_one() {
         let mut t = Packed::default();
-        for i in 0..(BLOCK as u64 + 10) {
+        for i in 0..(PACKED_BLOCK_ENTRIES as u64 + 10) {
             t.push(off(i));
         }
         t.drop_front(4);
         t.freeze(0);
-        assert_eq!(t.len(), BLOCK + 6);
-        assert_eq!(t.iter().collect::<Vec<_>>(), spaced(BLOCK + 10, 1)[4..]);
+        assert_eq!(t.len(), PACKED_BLOCK_ENTRIES + 6);
+        assert_eq!(
+            t.iter().collect::<Vec<_>>(),
+            spaced(PACKED_BLOCK_ENTRIES + 10, 1)[4..]
+        );
         assert_eq!(t.unpacked().len(), 6);
         assert_eq!(t.get(0), Some(off(4)));
     }
 
     #[test]
     fn lookups_never_see_a_stale_block() {
-        let block = off(BLOCK as u64);
-        let mut a = Packed::from_entries(spaced(3 * BLOCK, 1));
+        let block = off(PACKED_BLOCK_ENTRIES as u64);
+        let mut a = Packed::from_entries(spaced(3 * PACKED_BLOCK_ENTRIES, 1));
         a.freeze(0);
         let b = a.clone();
         assert_eq!(a.get(5), Some(off(5)), "decodes block 0 of a (and b)");
@@ -989,7 +1023,7 @@ mod tests {
         assert_eq!(b.get(6), Some(off(6)), "the clone keeps its own blocks");
         assert_eq!(a.get(7), Some(off(1001)));
         let mut c = b.clone();
-        c.drop_front(BLOCK);
+        c.drop_front(PACKED_BLOCK_ENTRIES);
         assert_eq!(c.get(0), Some(block), "blocks moved");
         assert_eq!(b.get(0), Some(off(0)));
         assert_eq!(c.partition_point(|&m| m < block + 3), 3);
@@ -1000,14 +1034,14 @@ mod tests {
 
     #[test]
     fn inserts_and_updates_reach_frozen_entries() {
-        let mut want = spaced(3 * BLOCK, 10);
+        let mut want = spaced(3 * PACKED_BLOCK_ENTRIES, 10);
         let mut t = Packed::default();
         for &w in &want {
             t.push(w);
         }
         t.freeze(0);
-        t.update(BLOCK + 1, |e| *e += 1);
-        want[BLOCK + 1] += 1;
+        t.update(PACKED_BLOCK_ENTRIES + 1, |e| *e += 1);
+        want[PACKED_BLOCK_ENTRIES + 1] += 1;
         assert_eq!(t.iter().collect::<Vec<_>>(), want);
         t.insert(5, off(45));
         want.insert(5, off(45));
@@ -1069,7 +1103,7 @@ mod tests {
     #[test]
     fn pages_read_the_same_from_memory_and_from_an_index_file() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let n = 3 * PAGE_ENTRIES + (PAGE - 1) * BLOCK + 7;
+        let n = 3 * PAGE_ENTRIES + (PACKED_PAGE_BLOCKS - 1) * PACKED_BLOCK_ENTRIES + 7;
         let mut want: Vec<Offset> = (0..n as u64).map(|i| off(i * 7 + (i % 3))).collect();
         let mut t = Packed::default();
         for &w in &want {
@@ -1078,7 +1112,7 @@ mod tests {
         t.freeze(0);
         assert_eq!(
             (t.pages.len(), t.frozen.len(), t.tail.len()),
-            (3, PAGE - 1, 7)
+            (3, PACKED_PAGE_BLOCKS - 1, 7)
         );
         check_same(&t, &want);
         let in_memory = t.heap_bytes();
@@ -1108,7 +1142,12 @@ mod tests {
         let lost = Packed::<Offset>::decode_from(&out, &mut at, &mut |_| None).expect("decodes");
         assert!(lost.is_none(), "a missing index file is reported");
         // Retention across pages, blocks and the tail keeps positions exact.
-        for drop in [5, PAGE_ENTRIES, 2 * BLOCK + 1, PAGE_ENTRIES + 3] {
+        for drop in [
+            5,
+            PAGE_ENTRIES,
+            2 * PACKED_BLOCK_ENTRIES + 1,
+            PAGE_ENTRIES + 3,
+        ] {
             t.drop_front(drop);
             want.drain(..drop);
             check_same(&t, &want);

@@ -14,19 +14,9 @@ use std::task::Poll;
 use bytes::Bytes;
 
 use crate::aligned::{align_down, align_up, AlignedBuf};
+use crate::limits::{READ_GAP_BYTES_MAX, READ_SPAN_BYTES_MAX};
 use crate::position::{Offset, SegmentNo};
 use crate::stream::DiskLoc;
-
-/// A gap of unwanted bytes up to this size between two wanted records is read through: it
-/// costs less than another read's latency on the disks we run on (~60 us at 1.5 GB/s).
-const MAX_GAP: u64 = 32 << 10;
-
-/// Largest span read at once (a longer record is still read whole, alone).
-const MAX_SPAN: u64 = 1 << 20;
-
-/// Reads of one response in flight at once, and the bytes they may hold.
-pub(crate) const MAX_IN_FLIGHT: usize = 8;
-pub(crate) const MAX_IN_FLIGHT_BYTES: u64 = 4 << 20;
 
 /// One chunk wanted from a span: where its record is, and which bytes of it to return.
 pub(crate) struct Part {
@@ -69,8 +59,8 @@ impl Span {
         let rec_end = rec_start + u64::from(part.loc.record_len);
         let fits = part.loc.segment == self.segment
             && rec_start >= self.start
-            && rec_start <= self.end + MAX_GAP
-            && rec_end.max(self.end) - self.start <= MAX_SPAN;
+            && rec_start <= self.end + READ_GAP_BYTES_MAX
+            && rec_end.max(self.end) - self.start <= READ_SPAN_BYTES_MAX;
         if !fits {
             return Err(part);
         }
@@ -167,15 +157,16 @@ mod tests {
             "another chunk of the same record"
         );
         assert!(
-            s.try_add(part(seg(1), 6096 + MAX_GAP, 1000)).is_ok(),
-            "a gap of MAX_GAP"
+            s.try_add(part(seg(1), 6096 + READ_GAP_BYTES_MAX, 1000))
+                .is_ok(),
+            "a gap of READ_GAP_BYTES_MAX"
         );
         assert_eq!(s.parts.len(), 4);
         assert_eq!(s.start, 4096);
-        assert_eq!(s.end, 7096 + MAX_GAP);
+        assert_eq!(s.end, 7096 + READ_GAP_BYTES_MAX);
         assert_eq!(
             s.read_len(),
-            align_up(7096 + MAX_GAP as usize) as u64 - 4096
+            align_up(7096 + READ_GAP_BYTES_MAX as usize) as u64 - 4096
         );
     }
 
@@ -193,11 +184,13 @@ mod tests {
             "before the span"
         );
         assert!(
-            s.try_add(part(seg(1), end + MAX_GAP + 1, 1000)).is_err(),
+            s.try_add(part(seg(1), end + READ_GAP_BYTES_MAX + 1, 1000))
+                .is_err(),
             "too far"
         );
         assert!(
-            s.try_add(part(seg(1), end, MAX_SPAN as u32)).is_err(),
+            s.try_add(part(seg(1), end, READ_SPAN_BYTES_MAX as u32))
+                .is_err(),
             "span too long"
         );
         assert_eq!(s.parts.len(), 1);

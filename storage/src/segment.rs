@@ -16,13 +16,14 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::aligned::{AlignedBuf, BLOCK};
+use crate::aligned::AlignedBuf;
+use crate::limits::{IO_BLOCK_BYTES, SPARE_ZERO_BYTES_PER_SEC};
 use crate::position::{Lsn, SegmentNo};
 
 pub const MAGIC: &[u8; 8] = b"URSLSEG1";
 pub const FORMAT_VERSION: u32 = 1;
 /// Records start after the header block.
-pub const DATA_START: u64 = BLOCK as u64;
+pub const DATA_START: u64 = IO_BLOCK_BYTES as u64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentHeader {
@@ -33,7 +34,7 @@ pub struct SegmentHeader {
 
 impl SegmentHeader {
     pub fn encode(&self, block: &mut [u8]) {
-        block[..BLOCK].fill(0);
+        block[..IO_BLOCK_BYTES].fill(0);
         block[0..8].copy_from_slice(MAGIC);
         block[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         block[12..16].copy_from_slice(&self.shard.to_le_bytes());
@@ -125,9 +126,6 @@ pub fn create_segment(dir: &Path, header: SegmentHeader, size: u64) -> io::Resul
     Ok(file)
 }
 
-/// How fast a spare is zero-filled: a 128 MiB segment in about 1 s.
-const SPARE_ZERO_BYTES_PER_SEC: f64 = 128e6;
-
 /// Where a shard keeps the segment it prepares ahead of need (see `prepare_spare`). The
 /// name does not end in `.seg`, so `list_segments` and recovery never see it.
 pub fn spare_path(dir: &Path) -> PathBuf {
@@ -202,8 +200,8 @@ pub fn adopt_spare(dir: &Path, header: SegmentHeader, size: u64) -> io::Result<F
 
 /// Write the header block of a segment.
 fn write_header(file: &File, header: SegmentHeader) -> io::Result<()> {
-    let mut block = AlignedBuf::with_capacity(BLOCK);
-    block.set_len(BLOCK);
+    let mut block = AlignedBuf::with_capacity(IO_BLOCK_BYTES);
+    block.set_len(IO_BLOCK_BYTES);
     header.encode(block.as_mut_full());
     write_all_at_blocking(file, block.as_slice(), 0)
 }
@@ -340,7 +338,7 @@ mod tests {
             index: SegmentNo::new(17),
             first_lsn: Lsn::new(1234),
         };
-        let mut block = vec![0u8; BLOCK];
+        let mut block = vec![0u8; IO_BLOCK_BYTES];
         h.encode(&mut block);
         assert_eq!(SegmentHeader::decode(&block), Some(h));
         block[20] ^= 1;
@@ -367,7 +365,7 @@ mod tests {
         let buf = read_whole(&segment_path(dir.path(), SegmentNo::new(2))).expect("read");
         assert_eq!(buf.len(), 1 << 20);
         assert_eq!(SegmentHeader::decode(buf.as_slice()), Some(h));
-        assert!(buf.as_slice()[BLOCK..].iter().all(|&b| b == 0));
+        assert!(buf.as_slice()[IO_BLOCK_BYTES..].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::cache::{Extent, StreamCache};
 use crate::packed::{get_signed, get_varint, put_signed, put_varint, Delta, Memo, Packed};
 use crate::position::{Offset, RecordNo, SegmentNo};
 use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, SnapshotMeta};
+use crate::waiters::WaiterSet;
 
 /// Shard-local stream identifier; never reused while the process runs.
 pub type StreamId = u64;
@@ -242,7 +243,7 @@ pub struct Stream {
     /// Bumped whenever readers could observe something new (data, closure, deletion).
     version: Cell<u64>,
     /// Tasks waiting for a change, by waiter id (see `Shard::changed`).
-    waiters: RefCell<HashMap<u64, Waker>>,
+    waiters: WaiterSet,
     /// Last time (Unix ms, to the second) the shard handed this stream out: a stream unused
     /// for a while goes dormant (see `shard::dormancy`).
     pub(crate) used_ms: Cell<i64>,
@@ -276,7 +277,7 @@ impl Stream {
             snapshot: None,
             last_access_ms: Cell::new(now_ms),
             version: Cell::new(0),
-            waiters: RefCell::new(HashMap::new()),
+            waiters: WaiterSet::default(),
             used_ms: Cell::new(now_ms),
             changes: 0,
         }
@@ -641,9 +642,7 @@ impl Stream {
 
     pub(crate) fn notify(&self) {
         self.version.set(self.version.get() + 1);
-        for (_, w) in self.waiters.borrow_mut().drain() {
-            w.wake();
-        }
+        self.waiters.wake_all();
     }
 
     pub fn version(&self) -> u64 {
@@ -652,24 +651,17 @@ impl Stream {
 
     /// Register (or refresh) waiter `id`; O(1), one entry per waiting task.
     pub(crate) fn register_waiter(&self, id: u64, waker: &Waker) {
-        let mut w = self.waiters.borrow_mut();
-        match w.get_mut(&id) {
-            Some(old) if old.will_wake(waker) => {}
-            Some(old) => *old = waker.clone(),
-            None => {
-                w.insert(id, waker.clone());
-            }
-        }
+        self.waiters.register(id, waker);
     }
 
     /// Whether a task waits for this stream to change.
     pub(crate) fn has_waiters(&self) -> bool {
-        !self.waiters.borrow().is_empty()
+        !self.waiters.is_empty()
     }
 
     /// Forget waiter `id` (its wait ended without a change).
     pub(crate) fn unregister_waiter(&self, id: u64) {
-        self.waiters.borrow_mut().remove(&id);
+        self.waiters.unregister(id);
     }
 
     /// Number of messages (records) ever appended (the next record ordinal, `N`).
@@ -905,7 +897,7 @@ impl Stream {
             + producers
             + self.index_heap_bytes()
             + self.cache.heap_bytes()
-            + self.waiters.borrow().capacity() * (size_of::<(u64, Waker)>() + 1)
+            + self.waiters.heap_bytes()
     }
 
     /// Heap bytes of the chunk table and message index.
@@ -957,7 +949,12 @@ mod tests {
     #[test]
     fn recovery_checks_the_last_chunk_also_when_every_chunk_is_packed() {
         // A whole number of blocks: freezing leaves no unpacked entry to take the end from.
-        for appends in [1, crate::packed::BLOCK, 2 * crate::packed::BLOCK, 300] {
+        for appends in [
+            1,
+            crate::limits::PACKED_BLOCK_ENTRIES,
+            2 * crate::limits::PACKED_BLOCK_ENTRIES,
+            300,
+        ] {
             let mut s = stream();
             for _ in 0..appends {
                 append(&mut s, &["{}\n"], None);
@@ -1187,5 +1184,51 @@ mod tests {
         append(&mut s, &["y\n"], Some((1, 0)));
         let p = &s.producers["p"];
         assert_eq!((p.epoch, p.receipts.len()), (1, 1));
+    }
+}
+
+#[cfg(test)]
+mod resident_cost {
+    use super::*;
+
+    /// What the many-streams benchmark keeps resident for a minute per stream: 40 appends
+    /// of 256 B. Its tables must not hold capacity for more entries than it has (growing
+    /// them by doubling kept up to 64 of each, about 1 KiB more).
+    #[test]
+    fn a_stream_of_forty_small_appends_holds_its_entries_and_little_more() {
+        let mut s = Stream::from_create(
+            &CreateRec {
+                id: 1,
+                key: "b/loadgen-run/stream-000123".into(),
+                incarnation: 1,
+                created_ms: 0,
+                content_type: "application/octet-stream".into(),
+                lifetime: Lifetime::Forever,
+                ext: Bytes::new(),
+                initial: AppendRec::default(),
+            },
+            0,
+        );
+        for i in 0..40u64 {
+            let a = AppendRec {
+                id: 1,
+                start: s.tail,
+                append_lens: vec![256],
+                msg_lens: vec![256],
+                data: Bytes::from(vec![b'x'; 256]),
+                ..Default::default()
+            };
+            let loc = DiskLoc {
+                segment: SegmentNo::new(1),
+                record_pos: 4096 + i * 300,
+                record_len: 300,
+                data_off: 40,
+            };
+            s.apply_append(&a, 1, 0, Some(loc), false);
+        }
+        s.make_visible(s.tail, false);
+        let entries = 40 * (std::mem::size_of::<Chunk>() + std::mem::size_of::<Offset>());
+        assert_eq!(s.index_heap_bytes(), entries);
+        assert!(s.heap_bytes() < entries + 1024, "{} bytes", s.heap_bytes());
     }
 }

@@ -265,6 +265,61 @@ impl ApiError {
     }
 }
 
+/// What a handler returns: the response, or why the request was refused.
+pub type Handled = Result<Response, Refusal>;
+
+/// A refused request: why, and the headers that describe the state it was checked against
+/// (the stream's tail, the producer's current epoch). `?` turns an [`ApiError`] or a
+/// [`StorageError`] into one.
+#[derive(Debug)]
+pub struct Refusal {
+    pub error: ApiError,
+    state: Vec<(&'static str, String)>,
+}
+
+impl Refusal {
+    /// Add a header describing the state the request was checked against.
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Refusal {
+        self.state.push((name, value.into()));
+        self
+    }
+
+    /// The error response, with the state headers.
+    pub fn response(self) -> Response {
+        let mut resp = self.error.response();
+        resp.headers.extend(self.state);
+        resp
+    }
+}
+
+impl crate::http::PushHeader for Refusal {
+    fn push_header(&mut self, name: &'static str, value: String) {
+        self.state.push((name, value));
+    }
+}
+
+impl From<ApiError> for Refusal {
+    fn from(error: ApiError) -> Refusal {
+        Refusal {
+            error,
+            state: Vec::new(),
+        }
+    }
+}
+
+impl From<StorageError> for Refusal {
+    fn from(e: StorageError) -> Refusal {
+        Refusal::from(ApiError::from(e))
+    }
+}
+
+impl ApiError {
+    /// This refusal, with a header describing the state it was checked against.
+    pub fn header(self, name: &'static str, value: impl Into<String>) -> Refusal {
+        Refusal::from(self).header(name, value)
+    }
+}
+
 impl From<ApiError> for Response {
     fn from(e: ApiError) -> Response {
         e.response()
@@ -296,6 +351,14 @@ impl From<StorageError> for ApiError {
                     "storage failed; writes are refused until the server restarts",
                 )
             }
+            StorageError::Unrecoverable(why) => {
+                tracing::error!("shard cannot be opened, answered 500: {why}");
+                ApiError::StorageFault("storage cannot be opened")
+            }
+            StorageError::Internal(what) => {
+                tracing::error!("internal storage error answered 500: {what}");
+                ApiError::StorageFault("internal storage error")
+            }
         }
     }
 }
@@ -309,6 +372,7 @@ impl From<StorageError> for Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ursula_storage::{ArchiveLag, Corruption, LogFailure, SegmentNo};
 
     fn body(r: &Response) -> String {
         match &r.body {
@@ -329,14 +393,17 @@ mod tests {
         .response();
         assert_eq!(r.status, 405);
         assert!(r.headers.contains(&("allow", "GET".to_string())));
-        let r = ApiError::from(StorageError::NoSpaceUnarchived(
-            "archive lag: 3 segments".into(),
-        ))
+        let r = ApiError::from(StorageError::NoSpaceUnarchived(ArchiveLag {
+            segments: 3,
+            bytes: 384 << 20,
+            oldest_sealed_secs: Some(12),
+        }))
         .response();
         assert_eq!(r.status, 507);
         assert_eq!(
             body(&r),
-            "insufficient_storage: disk full; archive lag: 3 segments\n"
+            "insufficient_storage: disk full; archive lag: 3 sealed segments (384 MiB) are not \
+             archived yet and cannot leave the local disk, the oldest sealed 12 s ago\n"
         );
         let r = ApiError::from(StorageError::Busy).response();
         assert_eq!(r.status, 503);
@@ -344,13 +411,20 @@ mod tests {
         assert_eq!(body(&r), "unavailable: write queue full; retry shortly\n");
         // Faults retrying cannot fix are 500 without Retry-After, and keep the engine's
         // text (paths, offsets) out of the answer.
-        let r = ApiError::from(StorageError::Corrupt("segment 7 at 4096".into())).response();
+        let r = ApiError::from(StorageError::Corrupt(Corruption::RecordMoved {
+            segment: SegmentNo::new(7),
+            position: 4096,
+        }))
+        .response();
         assert_eq!(r.status, 500);
         assert!(!r.headers.iter().any(|(name, _)| *name == "retry-after"));
         assert_eq!(body(&r), "storage_fault: stored data failed its checksum\n");
-        let r = ApiError::from(StorageError::Failed("log write failed: EIO".into())).response();
+        let r = ApiError::from(StorageError::Failed(LogFailure::os(5))).response();
         assert_eq!(r.status, 500);
-        assert!(!body(&r).contains("EIO"));
+        assert!(!body(&r).contains("Input/output"));
+        let r = ApiError::from(StorageError::Internal("a bug")).response();
+        assert_eq!(r.status, 500);
+        assert!(!body(&r).contains("bug"));
         let r = ApiError::from(StorageError::Io(std::io::Error::other("/data/x"))).response();
         assert_eq!(r.status, 503);
         assert!(r.headers.contains(&("retry-after", "1".to_string())));

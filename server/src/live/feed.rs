@@ -11,11 +11,11 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
-use std::task::{Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ursula_storage::{Offset, StreamId};
+use ursula_storage::{Offset, StreamId, WaiterIds, WaiterSet};
 
 use crate::core::Core;
 use crate::limits::{FEED_STEP_BYTES_MAX, FEED_WINDOW_BYTES};
@@ -86,14 +86,7 @@ pub fn notify_all() {
 
 /// Sessions waiting at the tail of one of this core's feeds.
 pub fn waiting() -> usize {
-    FEEDS.with(|feeds| {
-        feeds
-            .live
-            .borrow()
-            .values()
-            .map(|f| f.waiters.borrow().len())
-            .sum()
-    })
+    FEEDS.with(|feeds| feeds.live.borrow().values().map(|f| f.waiters.len()).sum())
 }
 
 impl Subscription {
@@ -116,8 +109,8 @@ pub struct Feed {
     window: RefCell<Window>,
     /// Bumped on every change of the window; sessions wait for it to move.
     version: Cell<u64>,
-    waiters: RefCell<HashMap<u64, Waker>>,
-    next_waiter: Cell<u64>,
+    waiters: WaiterSet,
+    next_waiter: WaiterIds,
     subscribers: Cell<usize>,
     /// The pump stopped (stream gone, shutdown, no subscribers left).
     ended: Cell<bool>,
@@ -156,8 +149,8 @@ impl Feed {
                 bytes: 0,
             }),
             version: Cell::new(0),
-            waiters: RefCell::new(HashMap::new()),
-            next_waiter: Cell::new(0),
+            waiters: WaiterSet::default(),
+            next_waiter: WaiterIds::default(),
             subscribers: Cell::new(0),
             ended: Cell::new(false),
         }
@@ -199,20 +192,13 @@ impl Feed {
 
     /// Resolves once the window changes after `seen` (or the feed ends).
     pub async fn changed(&self, seen: u64) {
-        let id = self.next_waiter.get();
-        self.next_waiter.set(id + 1);
+        let id = self.next_waiter.next();
         let _slot = FeedWaiter { feed: self, id };
         std::future::poll_fn(|cx| {
             if self.version.get() != seen || self.ended.get() {
                 return Poll::Ready(());
             }
-            let mut waiters = self.waiters.borrow_mut();
-            match waiters.get_mut(&id) {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => {
-                    waiters.insert(id, cx.waker().clone());
-                }
-            }
+            self.waiters.register(id, cx.waker());
             Poll::Pending
         })
         .await
@@ -220,9 +206,7 @@ impl Feed {
 
     fn notify(&self) {
         self.version.set(self.version.get() + 1);
-        for (_, w) in self.waiters.borrow_mut().drain() {
-            w.wake();
-        }
+        self.waiters.wake_all();
     }
 
     /// Take in one pump step: `parts` are the bytes `[from, tail)` when the pump could read
@@ -274,9 +258,7 @@ struct FeedWaiter<'a> {
 
 impl Drop for FeedWaiter<'_> {
     fn drop(&mut self) {
-        if let Ok(mut waiters) = self.feed.waiters.try_borrow_mut() {
-            waiters.remove(&self.id);
-        }
+        self.feed.waiters.unregister(self.id);
     }
 }
 
@@ -458,7 +440,7 @@ mod tests {
             monoio::time::sleep(Duration::from_millis(5)).await;
             f.advance(at(0), None, at(0), false);
             waiter.await;
-            assert_eq!(f.waiters.borrow().len(), 0, "slot released");
+            assert_eq!(f.waiters.len(), 0, "slot released");
             let v = f.version();
             let g = f.clone();
             let waiter = monoio::spawn(async move { g.changed(v).await });

@@ -1,21 +1,73 @@
 //! Snapshot blobs: one file each under `snapshots/` (or in memory), written before the
 //! Snapshot record that makes them visible, removed once the record that dropped them is
 //! durable.
+//!
+//! [`Blobs`] owns the names handed out, the dropped blobs waiting for their record to be
+//! durable, and a memory shard's blobs; the `Shard` methods below do the file I/O.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use super::{Corruption, Durability, Shard, StorageError};
+use crate::position::Lsn;
+use crate::record::SnapshotMeta;
+use crate::segment;
+
+#[derive(Default)]
+pub(super) struct Blobs {
+    /// Blobs named so far (the last name's number; a checkpoint saves it, so a name is
+    /// never reused even for a blob that was deleted).
+    counter: u64,
+    /// Dropped blobs to delete once the record that dropped them is durable: (lsn, name).
+    dead: Vec<(Lsn, Box<str>)>,
+    /// Every blob of a memory shard.
+    memory: HashMap<Box<str>, Bytes>,
+}
+
+impl Blobs {
+    /// A name no blob of this shard has had.
+    fn new_name(&mut self, now_ms: i64) -> Box<str> {
+        self.counter += 1;
+        format!("{:x}-{:x}.blob", now_ms, self.counter).into()
+    }
+
+    pub(super) fn counter(&self) -> u64 {
+        self.counter
+    }
+
+    /// Recovery: the checkpoint's counter (names after it are new).
+    pub(super) fn counted(&mut self, counter: u64) {
+        self.counter = self.counter.max(counter);
+    }
+
+    /// Take the dropped blobs whose dropping record is at or below `durable`.
+    fn take_dead(&mut self, durable: Lsn) -> Vec<Box<str>> {
+        let mut due = Vec::new();
+        self.dead.retain_mut(|(lsn, name)| {
+            if *lsn > durable {
+                return true;
+            }
+            due.push(std::mem::take(name));
+            false
+        });
+        due
+    }
+}
 
 impl Shard {
     /// Store a snapshot blob durably in its own file (memory mode: in memory) and return
     /// its name. It becomes a stream's snapshot only through [`Shard::set_snapshot`]; a blob
     /// never referenced is removed at the next start.
     pub async fn write_blob(&self, body: Bytes) -> Result<Box<str>, StorageError> {
-        let n = self.inner.blob_counter.get() + 1;
-        self.inner.blob_counter.set(n);
-        let name: Box<str> = format!("{:x}-{n:x}.blob", crate::now_ms()).into();
+        let name = self.inner.blobs.borrow_mut().new_name(crate::now_ms());
         let Some(dir) = self.blob_dir() else {
             self.inner
-                .memory_blobs
+                .blobs
                 .borrow_mut()
+                .memory
                 .insert(name.clone(), body);
             return Ok(name);
         };
@@ -39,13 +91,12 @@ impl Shard {
         let Some(dir) = self.blob_dir() else {
             return self
                 .inner
-                .memory_blobs
+                .blobs
                 .borrow()
+                .memory
                 .get(&meta.blob)
                 .cloned()
-                .ok_or_else(|| {
-                    StorageError::Corrupt(format!("snapshot blob {} missing", meta.blob))
-                });
+                .ok_or_else(|| Corruption::SnapshotBlobMissing(meta.blob.clone()).into());
         };
         let file = monoio::fs::File::open(dir.join(&*meta.blob)).await?;
         let buf = Vec::with_capacity(meta.len as usize);
@@ -72,10 +123,11 @@ impl Shard {
 
     /// Delete a blob once everything up to `lsn` is durable (memory mode: now).
     pub(super) fn drop_blob(&self, lsn: Lsn, name: Box<str>) {
+        let mut blobs = self.inner.blobs.borrow_mut();
         if self.memory() {
-            self.inner.memory_blobs.borrow_mut().remove(&name);
+            blobs.memory.remove(&name);
         } else {
-            self.inner.dead_blobs.borrow_mut().push((lsn, name));
+            blobs.dead.push((lsn, name));
         }
     }
 
@@ -83,17 +135,14 @@ impl Shard {
     pub(super) fn collect_dead_blobs(&self) {
         let durable = self.durable_lsn();
         let Some(dir) = self.blob_dir() else { return };
-        self.inner.dead_blobs.borrow_mut().retain(|(lsn, name)| {
-            if *lsn > durable {
-                return true;
-            }
-            if let Err(e) = std::fs::remove_file(dir.join(&**name)) {
+        let due = self.inner.blobs.borrow_mut().take_dead(durable);
+        for name in due {
+            if let Err(e) = std::fs::remove_file(dir.join(&*name)) {
                 if e.kind() != io::ErrorKind::NotFound {
                     tracing::warn!("could not remove snapshot blob {name}: {e}");
                 }
             }
-            false
-        });
+        }
     }
 
     /// Blob files no stream refers to (written for a publish that never committed, or
@@ -119,5 +168,30 @@ impl Shard {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_never_reused_after_a_restart() {
+        let mut blobs = Blobs::default();
+        let first = blobs.new_name(5);
+        let mut restarted = Blobs::default();
+        restarted.counted(blobs.counter());
+        assert_ne!(restarted.new_name(5), first);
+    }
+
+    #[test]
+    fn a_dropped_blob_is_due_once_its_record_is_durable() {
+        let mut blobs = Blobs::default();
+        blobs.dead.push((Lsn::new(3), "a".into()));
+        blobs.dead.push((Lsn::new(5), "b".into()));
+        assert!(blobs.take_dead(Lsn::new(2)).is_empty());
+        assert_eq!(blobs.take_dead(Lsn::new(4)), vec![Box::<str>::from("a")]);
+        assert_eq!(blobs.take_dead(Lsn::new(9)), vec![Box::<str>::from("b")]);
+        assert!(blobs.dead.is_empty());
     }
 }

@@ -302,6 +302,18 @@ impl Catalog {
         out
     }
 
+    /// Count every resident stream as last used at `used_ms` (after a restart, when none has
+    /// been used since).
+    pub(super) fn used_before(&mut self, used_ms: i64) {
+        self.by_use.clear();
+        for (&id, entry) in &self.entries {
+            if let Entry::Resident(s) = entry {
+                s.used_ms.set(used_ms);
+                self.by_use.push_back((id, used_ms));
+            }
+        }
+    }
+
     /// The earliest time the use order has for a resident stream (its last use is at or
     /// after it).
     pub(super) fn oldest_use(&self) -> Option<i64> {

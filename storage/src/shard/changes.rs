@@ -148,16 +148,11 @@ impl Shard {
         let (lsn, _) = self.log_record(&Record::Delete { id }, None)?;
         let removed = self.inner.catalog.borrow_mut().remove(id);
         if let Some(stream) = removed {
-            let freed = stream.resident_bytes();
+            self.release_cached(stream.resident_bytes());
             self.inner
-                .resident_bytes
-                .set(self.inner.resident_bytes.get().saturating_sub(freed));
-            self.inner.live_bytes.set(
-                self.inner
-                    .live_bytes
-                    .get()
-                    .saturating_sub(stream.data_bytes()),
-            );
+                .segments
+                .borrow_mut()
+                .release_live(stream.data_bytes());
             if let Some(snap) = &stream.snapshot {
                 self.drop_blob(lsn, snap.blob.clone());
             }
@@ -202,12 +197,8 @@ impl Shard {
             Some(mut s) => s.retain(offset, first_record),
             None => (0, 0),
         };
-        self.inner
-            .live_bytes
-            .set(self.inner.live_bytes.get().saturating_sub(freed.0));
-        self.inner
-            .resident_bytes
-            .set(self.inner.resident_bytes.get().saturating_sub(freed.1));
+        self.inner.segments.borrow_mut().release_live(freed.0);
+        self.release_cached(freed.1);
         Ok(self.commit(lsn))
     }
 

@@ -5,10 +5,6 @@
 
 use super::*;
 
-/// Body bytes a checkpoint encodes between two chances for the core's requests to run
-/// (about a tenth of a millisecond of copying and checksumming).
-const ENCODE_SLICE_BYTES: usize = 256 << 10;
-
 /// Let every other task that is ready run before this one goes on.
 pub(super) async fn yield_to_requests() {
     let mut yielded = false;
@@ -24,25 +20,17 @@ pub(super) async fn yield_to_requests() {
 }
 
 impl Shard {
-    /// Whether a checkpoint is due: after a roll, or once `checkpoint_bytes` of log, or
-    /// [`CHECKPOINT_LOG_RATIO`] times the last checkpoint's size if that is more, were
-    /// written since the last. A checkpoint grows with streams (their newest entries and
-    /// the pages not in an index file yet); with many streams a fixed interval would
-    /// rewrite it more often than the log justifies. The ratio keeps checkpoint writes at
-    /// most a quarter of the log's, and a restart replays at most that many times the
-    /// checkpoint it loads.
+    /// Whether a checkpoint is due: after a roll, or once enough log was written since the
+    /// last (see [`CheckpointLedger::due`]). The ratio to the last checkpoint's size keeps
+    /// checkpoint writes at most a quarter of the log's, and a restart replays at most
+    /// that many times the checkpoint it loads.
     pub(super) fn checkpoint_due(&self) -> bool {
-        if self.unindexed_segment().is_some() {
-            return true;
-        }
-        let since = self.inner.logged_bytes.get() - self.inner.checkpointed_at.get();
-        let interval = self.inner.cfg.checkpoint_bytes.max(
-            self.inner
-                .checkpoint_size
-                .get()
-                .saturating_mul(CHECKPOINT_LOG_RATIO),
-        );
-        since >= interval
+        self.unindexed_segment().is_some()
+            || self
+                .inner
+                .checkpoints
+                .borrow()
+                .due(self.inner.cfg.checkpoint_bytes)
     }
 
     /// Write a checkpoint of every stream at the current head of the log, so the next start
@@ -82,7 +70,7 @@ impl Shard {
     pub(super) fn unindexed_segment(&self) -> Option<SegmentNo> {
         let write_seg = self.inner.log.borrow().as_ref()?.write_seg;
         let sealed = write_seg.prev()?;
-        (sealed > self.inner.indexed_through.get()).then_some(sealed)
+        (sealed > self.inner.index_files.borrow().indexed_through()).then_some(sealed)
     }
 
     /// Bytes of completed pages that are not in an index file yet.
@@ -103,9 +91,9 @@ impl Shard {
     }
 
     /// Whether enough completed pages wait in memory to write them out now
-    /// ([`index::FLUSH_BYTES`]), so that memory does not hold a whole segment's worth.
+    /// ([`INDEX_FLUSH_BYTES`]), so that memory does not hold a whole segment's worth.
     pub(super) fn index_due(&self) -> bool {
-        self.inner.log.borrow().is_some() && self.unwritten_page_bytes() >= index::FLUSH_BYTES
+        self.inner.log.borrow().is_some() && self.unwritten_page_bytes() >= INDEX_FLUSH_BYTES
     }
 
     /// Write the waiting pages out as an index file now (the upkeep task, when
@@ -151,7 +139,8 @@ impl Shard {
                 owners.push((s.id, false));
             }
         }
-        let mut number = IndexFileNo::after(self.last_lsn(), self.inner.newest_index_file.get());
+        let mut number =
+            IndexFileNo::after(self.last_lsn(), self.inner.index_files.borrow().newest());
         if number.is_none() && !sleepers.is_empty() {
             // No record since the newest file (a quiet shard): a file's number must be a
             // newer LSN, so log one, an image of a sleeper (its state as it is: replaying
@@ -166,7 +155,7 @@ impl Shard {
             if let Some(image) = image {
                 self.log_record(&Record::Image(image), None)?;
             }
-            number = IndexFileNo::after(self.last_lsn(), self.inner.newest_index_file.get());
+            number = IndexFileNo::after(self.last_lsn(), self.inner.index_files.borrow().newest());
         }
         // Without a number (no record since the newest file: only just after a restart),
         // the pages stay in memory and in the checkpoint until one arrives.
@@ -189,7 +178,6 @@ impl Shard {
                 return Err(e.into());
             }
         };
-        self.inner.newest_index_file.set(number);
         {
             let mut catalog = self.inner.catalog.borrow_mut();
             for (((id, chunk_table), page), &off) in owners.into_iter().zip(&pages).zip(&offsets) {
@@ -213,7 +201,7 @@ impl Shard {
         }
         let slept = sleepers.len();
         self.put_to_sleep(sleepers, &file, &offsets[pages.len()..]);
-        self.inner.index_files.borrow_mut().insert(number, file);
+        self.inner.index_files.borrow_mut().add(number, file);
         tracing::debug!(
             shard = self.inner.cfg.shard,
             file = number.get(),
@@ -230,8 +218,7 @@ impl Shard {
     /// Segments up to `sealed` have their completed pages in index files.
     fn indexed_through(&self, sealed: Option<SegmentNo>) {
         if let Some(sealed) = sealed {
-            let through = self.inner.indexed_through.get().max(sealed);
-            self.inner.indexed_through.set(through);
+            self.inner.index_files.borrow_mut().indexed(sealed);
         }
     }
 
@@ -252,20 +239,13 @@ impl Shard {
             offset,
             next_id: self.inner.catalog.borrow().next_id(),
             last_incarnation: self.inner.catalog.borrow().last_incarnation(),
-            blob_counter: self.inner.blob_counter.get(),
+            blob_counter: self.inner.blobs.borrow().counter(),
         };
-        let logged = self.inner.logged_bytes.get();
+        let logged = self.inner.checkpoints.borrow().logged_bytes();
         // Index files no page points into: once this checkpoint (which does not name them)
         // is installed, nothing needs them. Counted before the capture, which holds pages
         // of the others.
-        let unused: Vec<IndexFileNo> = self
-            .inner
-            .index_files
-            .borrow()
-            .iter()
-            .filter(|(_, f)| Rc::strong_count(f) == 1)
-            .map(|(&number, _)| number)
-            .collect();
+        let unused = self.inner.index_files.borrow().unused();
         // Captured synchronously, so it is exactly the head state after record `pos.lsn`;
         // the core runs nothing else meanwhile (`capture_us` in the log below). The capture
         // shares pages and frozen blocks with the streams, so this is bounded by the
@@ -283,13 +263,7 @@ impl Shard {
             }
             (captured, (catalog.dormant_count() as u64, dormant))
         };
-        let segments: Vec<(SegmentNo, Vec<StreamId>)> = self
-            .inner
-            .segments
-            .borrow()
-            .iter()
-            .map(|(&seg, ids)| (seg, ids.iter().copied().collect()))
-            .collect();
+        let segments = self.inner.segments.borrow().to_vec();
         let capture_us = capture_started.elapsed().as_micros() as u64;
         // Encoding copies the pages not in an index file yet (up to a segment's worth) and
         // checksums everything: the core serves its requests between slices of it.
@@ -317,11 +291,12 @@ impl Shard {
         // The checkpoint may only replace the log before it once that log is durable.
         self.commit(pos.lsn).durable().await?;
         segment::rename_durable(&tmp, &checkpoint::path(dir), dir).await?;
-        self.inner.checkpointed_at.set(logged);
-        self.inner.checkpoint_size.set(bytes as u64);
-        self.inner.checkpoint_segment.set(Some(pos.segment));
+        self.inner
+            .checkpoints
+            .borrow_mut()
+            .installed(logged, bytes as u64, pos.segment);
         for number in unused {
-            let file = self.inner.index_files.borrow_mut().remove(&number);
+            let file = self.inner.index_files.borrow_mut().take(number);
             if let Some(f) = file {
                 f.remove().await?;
             }

@@ -5,9 +5,7 @@ use super::*;
 
 impl Shard {
     pub(super) fn add_live(&self, bytes: u64) {
-        self.inner
-            .live_bytes
-            .set(self.inner.live_bytes.get() + bytes);
+        self.inner.segments.borrow_mut().add_live(bytes);
     }
 
     /// Segments and the bytes they occupy (preallocated size; local and cold), the local
@@ -20,7 +18,7 @@ impl Shard {
             segment_bytes: segments as u64 * self.segment_bytes(),
             local_segments: local,
             local_segment_bytes: local as u64 * self.segment_bytes(),
-            live_bytes: self.inner.live_bytes.get(),
+            live_bytes: self.inner.segments.borrow().live_bytes(),
         }
     }
 
@@ -57,7 +55,7 @@ impl Shard {
                 Some(l) => l.write_seg,
                 None => return Ok(removed),
             };
-            let Some(oldest) = self.inner.segments.borrow().keys().next().copied() else {
+            let Some(oldest) = self.inner.segments.borrow().oldest() else {
                 return Ok(removed);
             };
             let usage = self.disk_usage();
@@ -70,8 +68,9 @@ impl Shard {
             }
             if self
                 .inner
-                .checkpoint_segment
-                .get()
+                .checkpoints
+                .borrow()
+                .replay_from()
                 .is_none_or(|c| oldest >= c)
             {
                 self.write_checkpoint().await?;
@@ -112,13 +111,7 @@ impl Shard {
     pub(super) async fn clean_segment(&self, segment: SegmentNo) -> Result<(), StorageError> {
         // Everything in older segments must be durable before we rely on rewriting it.
         self.commit(self.last_lsn()).durable().await?;
-        let ids: Vec<StreamId> = self
-            .inner
-            .segments
-            .borrow()
-            .get(&segment)
-            .map(|set| set.iter().copied().collect())
-            .unwrap_or_default();
+        let ids = self.inner.segments.borrow().streams_in(segment);
         let mut moves = Vec::new();
         let mut last_lsn = Lsn::NONE;
         for id in ids {
@@ -159,7 +152,7 @@ impl Shard {
                 s.relocate(start, loc);
             }
         }
-        self.inner.segments.borrow_mut().remove(&segment);
+        self.inner.segments.borrow_mut().remove(segment);
         self.inner.readers.borrow_mut().remove(&segment);
         let cold = self.is_cold(segment);
         if let Some(tier) = self.cold_tier() {

@@ -393,7 +393,9 @@ fn a_corrupt_byte_in_the_cold_tier_is_an_error_not_wrong_data() {
         let id = shard.lookup("s0").expect("s0");
         let first = model[0][0].len() as u64;
         match shard.read(id, Offset::ZERO, off(first)).await {
-            Err(StorageError::Corrupt(why)) => assert!(why.contains("segment 1"), "{why}"),
+            Err(StorageError::Corrupt(why)) => {
+                assert!(why.to_string().contains("segment 1"), "{why}")
+            }
             other => panic!("expected a checksum failure, got {other:?}"),
         }
         // Records elsewhere still read.
@@ -742,7 +744,7 @@ fn a_full_disk_with_nothing_archived_names_the_archive_lag() {
         };
         match &why {
             StorageError::NoSpaceUnarchived(lag) => {
-                assert!(lag.contains("archive lag: 5 sealed segments"), "{lag}");
+                assert_eq!(lag.segments, 5, "{lag}");
             }
             other => panic!("expected a full disk naming the archive lag, got {other:?}"),
         }

@@ -10,7 +10,7 @@
 //!                                           admitted by the in-flight throttle,
 //!                                           awaited like any other I/O, then cached (LRU)
 //!  after a read that needed cold data ──▶ the blocks holding the stream's next
-//!                                          READAHEAD_BYTES are fetched before it asks
+//!                                          COLD_READAHEAD_BYTES are fetched before it asks
 //! ```
 //!
 //! Readahead follows the stream, not the log: in a log shared by many streams, a stream's
@@ -30,21 +30,11 @@ use std::sync::Arc;
 
 use super::*;
 use crate::cold::ColdStore;
+use crate::limits::{
+    COLD_BLOCK_BYTES, COLD_READAHEAD_BLOCKS_MAX, COLD_READAHEAD_BYTES, COLD_SEQUENTIAL_READ_BYTES,
+    COLD_TRACKED_READERS_MAX,
+};
 
-/// Cold segments are fetched in aligned blocks of this size (smaller segments whole): large
-/// enough that a catch-up reader needs few requests (S3 charges per GET, and its first byte
-/// takes tens of milliseconds), small enough that a single-record read does not fetch much.
-pub const COLD_BLOCK_BYTES: u64 = 1 << 20;
-/// Stream bytes after a cold read whose blocks are fetched ahead of the reader, and the most
-/// blocks one read sets off that way.
-const READAHEAD_BYTES: u64 = 4 << 20;
-const READAHEAD_BLOCKS: usize = 4;
-/// A cold read at least this long, or one that starts where the stream's previous cold
-/// read ended, is taken for catch-up reading and sets off readahead. Random small reads do
-/// not: each would fetch `READAHEAD_BYTES` it never reads.
-const SEQUENTIAL_READ_BYTES: u64 = 256 << 10;
-/// Streams whose last cold read's end is remembered; past that, the memory starts over.
-const TRACKED_READERS: usize = 4096;
 /// A file in a shard's directory saying some of its segments may be only in the cold tier.
 pub const COLD_MARKER: &str = "cold-segments";
 /// Default bound of the fetched blocks each shard keeps in memory.
@@ -72,7 +62,7 @@ pub(super) struct ColdTier {
     ahead_in_flight: Cell<usize>,
     /// Whether [`COLD_MARKER`] is known to exist (durably) in the shard's directory.
     pub(super) marked: Cell<bool>,
-    /// Where each stream's last cold read ended (see [`SEQUENTIAL_READ_BYTES`]).
+    /// Where each stream's last cold read ended (see [`COLD_SEQUENTIAL_READ_BYTES`]).
     last_read_end: RefCell<HashMap<StreamId, Offset>>,
 }
 
@@ -215,11 +205,7 @@ impl Shard {
                     t.marked.set(true);
                 }
             }
-            Err(_) => {
-                return Err(StorageError::Failed(
-                    "segment unlink thread panicked".into(),
-                ))
-            }
+            Err(_) => return Err(StorageError::Internal("segment unlink thread panicked")),
         }
         Ok(evicted)
     }
@@ -233,7 +219,7 @@ impl Shard {
         if tier.store.stopped() {
             return Ok(Vec::new());
         }
-        let Some(checkpoint_segment) = self.inner.checkpoint_segment.get() else {
+        let Some(checkpoint_segment) = self.inner.checkpoints.borrow().replay_from() else {
             return Ok(Vec::new());
         };
         let Some((write_seg, dir)) = self
@@ -254,8 +240,7 @@ impl Shard {
             .inner
             .segments
             .borrow()
-            .keys()
-            .copied()
+            .segments()
             .filter(|&s| s < write_seg && s < checkpoint_segment && !tier.is_cold(s))
             .collect();
         let mut doomed = Vec::new();
@@ -304,27 +289,23 @@ impl Shard {
             .inner
             .segments
             .borrow()
-            .keys()
-            .copied()
+            .segments()
             .filter(|&s| s < write_seg && !tier.is_cold(s))
             .filter(|&s| !tier.store.is_archived(self.inner.cfg.shard, s))
             .collect();
         let Some(&oldest) = waiting.first() else {
             return StorageError::NoSpace;
         };
-        let bytes = waiting.len() as u64 * self.segment_bytes();
-        let since = tier
+        let oldest_sealed_secs = tier
             .sealed_at
             .borrow()
             .get(&oldest)
-            .map(|t| format!(", the oldest sealed {} s ago", t.elapsed().as_secs()))
-            .unwrap_or_default();
-        StorageError::NoSpaceUnarchived(format!(
-            "archive lag: {} sealed segments ({} MiB) are not archived yet and cannot leave \
-             the local disk{since}",
-            waiting.len(),
-            bytes >> 20,
-        ))
+            .map(|t| t.elapsed().as_secs());
+        StorageError::NoSpaceUnarchived(ArchiveLag {
+            segments: waiting.len(),
+            bytes: waiting.len() as u64 * self.segment_bytes(),
+            oldest_sealed_secs,
+        })
     }
 
     /// Segment bytes `[start, end)` of cold `segment`, copied out of its fetched blocks (so
@@ -336,7 +317,7 @@ impl Shard {
         end: u64,
     ) -> Result<(Bytes, u64), StorageError> {
         let Some(tier) = self.cold_tier() else {
-            return Err(StorageError::Failed("cold read without a cold tier".into()));
+            return Err(StorageError::Internal("cold read without a cold tier"));
         };
         let first = start / tier.block;
         let last = (end.max(start + 1) - 1) / tier.block;
@@ -353,11 +334,13 @@ impl Shard {
             let from = start.max(block_start) - block_start;
             let to = end.min(block_start + tier.block) - block_start;
             if (block.len() as u64) < to {
-                return Err(StorageError::Corrupt(format!(
-                    "segment {segment}: the cold tier returned {} bytes at position \
-                     {block_start}, the records need {to}",
-                    block.len()
-                )));
+                return Err(Corruption::ColdBlockShort {
+                    segment,
+                    position: block_start,
+                    got: block.len() as u64,
+                    needed: to,
+                }
+                .into());
             }
             out.extend_from_slice(&block[from as usize..to as usize]);
         }
@@ -367,7 +350,7 @@ impl Shard {
     /// Block `k` of cold `segment`, from the cache or fetched.
     async fn cold_block(&self, segment: SegmentNo, k: u64) -> Result<Bytes, StorageError> {
         let Some(tier) = self.cold_tier() else {
-            return Err(StorageError::Failed("cold read without a cold tier".into()));
+            return Err(StorageError::Internal("cold read without a cold tier"));
         };
         let cached = tier.cache.borrow_mut().get((segment, k));
         let mut stats = self.inner.stats.get();
@@ -385,10 +368,13 @@ impl Shard {
             tier.ahead_in_flight.set(tier.ahead_in_flight.get() - 1);
         }
         fetch.wait().await.map_err(|why| {
-            StorageError::Io(io::Error::other(format!(
-                "cold read of segment {segment} at {}: {why}",
-                k * tier.block
-            )))
+            StorageError::Io(io::Error::new(
+                why.kind(),
+                format!(
+                    "cold read of segment {segment} at {}: {why}",
+                    k * tier.block
+                ),
+            ))
         })
     }
 
@@ -401,21 +387,21 @@ impl Shard {
         };
         let mut last = tier.last_read_end.borrow_mut();
         let continues = last.get(&id) == Some(&from);
-        if last.len() >= TRACKED_READERS && !last.contains_key(&id) {
+        if last.len() >= COLD_TRACKED_READERS_MAX && !last.contains_key(&id) {
             last.clear();
         }
         last.insert(id, to);
-        continues || to.saturating_since(from) >= SEQUENTIAL_READ_BYTES
+        continues || to.saturating_since(from) >= COLD_SEQUENTIAL_READ_BYTES
     }
 
     /// After a catch-up read of stream `id` up to `to` that needed cold data: start fetching the
-    /// cold blocks that hold the stream's next [`READAHEAD_BYTES`], unless cached or being
+    /// cold blocks that hold the stream's next [`COLD_READAHEAD_BYTES`], unless cached or being
     /// fetched, while the throttle has room for them at once (readahead never waits for
     /// room, so it cannot delay a reader's own fetches).
     pub(super) fn read_ahead(&self, id: StreamId, to: Offset) {
         let Some(tier) = self.cold_tier() else { return };
         let plan = match self.inner.catalog.borrow_mut().get_mut(id) {
-            Some(s) => s.read_plan(to, to.saturating_add(READAHEAD_BYTES)),
+            Some(s) => s.read_plan(to, to.saturating_add(COLD_READAHEAD_BYTES)),
             None => return,
         };
         // Blocks fetched ahead for all readers together, not read yet, may fill half the
@@ -437,7 +423,7 @@ impl Shard {
                     continue;
                 }
                 let unread = tier.cache.borrow().unread + tier.ahead_in_flight.get();
-                if started == READAHEAD_BLOCKS
+                if started == COLD_READAHEAD_BLOCKS_MAX
                     || unread >= unread_most
                     || tier.in_flight.get() + tier.block_len(k) > tier.in_flight_limit
                 {
@@ -498,7 +484,7 @@ impl Shard {
                     }
                     Ok(block)
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(Rc::new(e)),
             };
             done.complete(result);
         });
@@ -525,21 +511,22 @@ async fn admit(tier: &ColdTier, len: usize) {
 /// One block fetch, awaited by every reader that wants the block meanwhile.
 #[derive(Default)]
 struct Fetch {
-    result: RefCell<Option<Result<Bytes, String>>>,
+    /// The block, or the store's error (shared by every reader of the fetch).
+    result: RefCell<Option<Result<Bytes, Rc<io::Error>>>>,
     waiters: RefCell<Vec<Waker>>,
     /// Started by readahead, and no reader has joined it yet.
     ahead: Cell<bool>,
 }
 
 impl Fetch {
-    fn complete(&self, result: Result<Bytes, String>) {
+    fn complete(&self, result: Result<Bytes, Rc<io::Error>>) {
         *self.result.borrow_mut() = Some(result);
         for w in self.waiters.borrow_mut().drain(..) {
             w.wake();
         }
     }
 
-    async fn wait(&self) -> Result<Bytes, String> {
+    async fn wait(&self) -> Result<Bytes, Rc<io::Error>> {
         poll_fn(|cx| match self.result.borrow().as_ref() {
             Some(r) => Poll::Ready(r.clone()),
             None => {

@@ -50,7 +50,7 @@ impl Shard {
     ) -> Result<(Lsn, Option<DiskLoc>), StorageError> {
         let lsn = match self.inner.group_commit.borrow().next_lsn() {
             Ok(lsn) => lsn,
-            Err(why) => return Err(StorageError::Failed(why.to_string())),
+            Err(why) => return Err(StorageError::Failed(*why)),
         };
         let mut loc = None;
         let mut guard = self.inner.log.borrow_mut();
@@ -74,14 +74,13 @@ impl Shard {
                 .borrow_mut()
                 .queued(at.record_len as u64);
             self.inner
-                .logged_bytes
-                .set(self.inner.logged_bytes.get() + at.record_len as u64);
+                .checkpoints
+                .borrow_mut()
+                .logged(at.record_len as u64);
             self.inner
                 .segments
                 .borrow_mut()
-                .entry(at.segment)
-                .or_default()
-                .insert(record.stream_id());
+                .note(at.segment, record.stream_id());
             loc = Some(at);
             self.wake_flusher();
         }
@@ -140,7 +139,7 @@ impl Shard {
             self.inner.group_commit.borrow_mut().flush_ended();
             match flushed {
                 Ok(()) => self.complete(batches),
-                Err(e) => self.fail(format!("log write failed: {e}")),
+                Err(e) => self.fail(&e),
             }
         }
     }
@@ -270,12 +269,12 @@ impl Shard {
         self.evict_over_budget();
     }
 
-    pub(super) fn fail(&self, why: String) {
+    pub(super) fn fail(&self, e: &StorageError) {
         tracing::error!(
             shard = self.inner.cfg.shard,
-            "{why}; refusing further writes"
+            "log write failed: {e}; refusing further writes"
         );
-        self.inner.group_commit.borrow_mut().fail(why.into());
+        self.inner.group_commit.borrow_mut().fail(LogFailure::of(e));
     }
 }
 
@@ -298,7 +297,7 @@ impl Commit {
                 cx.waker(),
             );
             self.registered.set(polled.is_pending());
-            polled.map_err(|why| StorageError::Failed(why.into()))
+            polled.map_err(StorageError::Failed)
         })
         .await
     }

@@ -23,15 +23,9 @@
 //! ```
 
 use super::*;
+use crate::error::FormatError;
 use crate::packed::{get_signed, put_signed, DiskPage, Packed};
 use crate::record::ImageRec;
-
-/// Most streams one upkeep round puts to sleep: bounds the round's file and the catalog
-/// work between two chances for requests to run.
-const SLEEPERS_PER_ROUND: usize = 100_000;
-
-/// Bytes of saved state encoded between two chances for the core's requests to run.
-const ENCODE_SLICE_BYTES: usize = 256 << 10;
 
 /// A stream's state, saved to go dormant, waiting for its index file.
 pub(super) struct Sleeper {
@@ -71,7 +65,9 @@ impl Shard {
         let now = self.clock_ms();
         let stream = match decode_state(&bytes, &pins, now) {
             Ok(s) => s,
-            Err(why) => state.file.fault(state.off, &why),
+            Err(why) => state
+                .file
+                .fault(state.off, &format!("saved stream state: {why}")),
         };
         match self.inner.catalog.try_borrow_mut() {
             Ok(mut catalog) => {
@@ -120,7 +116,7 @@ impl Shard {
             .inner
             .catalog
             .borrow_mut()
-            .idle(cutoff, SLEEPERS_PER_ROUND);
+            .idle(cutoff, SLEEPERS_PER_ROUND_MAX);
         let mut out = Vec::with_capacity(ids.len());
         let mut since_yield = 0;
         for id in ids {
@@ -177,9 +173,7 @@ impl Shard {
                 None => catalog.keep(s.id, now),
             }
         }
-        self.inner
-            .resident_bytes
-            .set(self.inner.resident_bytes.get().saturating_sub(freed));
+        self.release_cached(freed);
         if slept > 0 {
             tracing::debug!(
                 shard = self.inner.cfg.shard,
@@ -204,6 +198,22 @@ impl Shard {
             .borrow()
             .oldest_use()
             .is_some_and(|used| used <= cutoff)
+    }
+
+    /// After recovery: the streams it loaded resident (those written after the checkpoint,
+    /// and those it named resident) count as last used an idle period ago, not now: nobody
+    /// has asked for them since the restart, and a crash after a burst of new streams
+    /// would otherwise hold all of them in memory for another idle period. Those a client
+    /// uses first stay; the next upkeep rounds put the rest back to sleep.
+    pub(super) fn restarted(&self) {
+        let idle_after = self.inner.cfg.idle_after;
+        if self.memory() || idle_after == Duration::MAX {
+            return;
+        }
+        let long_ago = self
+            .clock_ms()
+            .saturating_sub(idle_after.as_millis() as i64);
+        self.inner.catalog.borrow_mut().used_before(long_ago);
     }
 
     /// Streams saved to sleep whose index file could not be written stay resident.
@@ -276,17 +286,17 @@ fn encode_state(s: &Stream) -> Sleeper {
 }
 
 /// A saved state's image and where its tables start.
-fn decode_image(buf: &Bytes) -> Result<(ImageRec, usize), String> {
-    let framed = decode_at(buf, 4).map_err(|e| format!("saved stream image: {e:?}"))?;
+fn decode_image(buf: &Bytes) -> Result<(ImageRec, usize), FormatError> {
+    let framed = decode_at(buf, 4).map_err(FormatError::Frame)?;
     let Record::Image(image) = framed.record else {
-        return Err("saved stream: expected an image record".into());
+        return Err(FormatError::NotAnImage);
     };
     Ok((image, 4 + framed.len))
 }
 
 /// A saved state whose tables' pages are in an index file that is lost: the stream without
 /// its tables, which recovery rebuilds from the log.
-pub(super) fn decode_needing_rebuild(buf: &Bytes, now_ms: i64) -> Result<Stream, String> {
+pub(super) fn decode_needing_rebuild(buf: &Bytes, now_ms: i64) -> Result<Stream, FormatError> {
     let (image, _) = decode_image(buf)?;
     Ok(Stream::needing_rebuild(&image, now_ms))
 }
@@ -297,20 +307,22 @@ pub(super) fn decode_state(
     buf: &Bytes,
     pins: &[Rc<IndexFile>],
     now_ms: i64,
-) -> Result<Stream, String> {
+) -> Result<Stream, FormatError> {
     let (image, mut at) = decode_image(buf)?;
     let mut file = |number: IndexFileNo| pins.iter().find(|f| f.number == number).cloned();
     let chunks = Packed::decode_from(buf, &mut at, &mut file)?;
     let msgs = Packed::decode_from(buf, &mut at, &mut file)?;
     let (Some(chunks), Some(msgs)) = (chunks, msgs) else {
-        return Err("saved stream: a page of its tables is in a file it does not pin".into());
+        return Err(FormatError::Field(
+            "table page (in a file the stream does not pin)",
+        ));
     };
     if at >= buf.len() {
-        return Err("saved stream: no last access".into());
+        return Err(FormatError::Field("last access (missing)"));
     }
     let last_access = get_signed(buf, &mut at);
     if at != buf.len() {
-        return Err("saved stream: trailing bytes".into());
+        return Err(FormatError::Trailing(buf.len() - at));
     }
     let mut stream = Stream::from_checkpoint(&image, chunks, msgs, true, now_ms);
     stream.last_access_ms.set(last_access);

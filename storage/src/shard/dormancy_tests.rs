@@ -247,3 +247,34 @@ fn expiry_finds_dormant_streams_past_their_deadline_without_waking_others() {
         shard.halt().await.expect("halt");
     });
 }
+
+/// Streams a restart loads resident (written after the last checkpoint) count as unused
+/// since an idle period before the restart: the first upkeep round may put them to sleep,
+/// and one a client asks for first stays.
+#[test]
+fn streams_replayed_after_a_crash_are_due_to_sleep_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path());
+    cfg.idle_after = Duration::from_secs(3600);
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        fill(&shard, 3, 2).await;
+        assert!(!shard.sleep_due(), "just used");
+        shard.halt().await.expect("halt");
+    });
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("reopen");
+        assert_eq!(shard.stream_counts(), (3, 0), "replayed resident");
+        assert!(shard.sleep_due(), "nobody used them since the restart");
+        let used = shard.lookup("s1").expect("s1");
+        assert!(shard.stream(used).is_some());
+        shard.sleep_idle().await.expect("sleep");
+        assert_eq!(
+            shard.stream_counts(),
+            (3, 2),
+            "all but the one used went dormant"
+        );
+        assert_eq!(read_all(&shard, "s0").await, expected(0, 2));
+        shard.shutdown().await.expect("shutdown");
+    });
+}

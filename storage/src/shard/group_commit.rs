@@ -18,7 +18,7 @@ use std::task::{Poll, Waker};
 use crate::position::{Lsn, SegmentNo};
 
 /// Why the log refuses writes after a failed durable write (kept until restart).
-pub(super) type Failure = Box<str>;
+pub(super) type Failure = crate::error::LogFailure;
 
 #[derive(Debug)]
 pub(super) struct GroupCommit {
@@ -196,7 +196,7 @@ impl GroupCommit {
             return Poll::Ready(Ok(()));
         }
         if let Some(why) = &self.failure {
-            return Poll::Ready(Err(why.clone()));
+            return Poll::Ready(Err(*why));
         }
         let slot = if registered {
             self.waiters.iter_mut().find(|(t, _)| *t == ticket)
@@ -360,11 +360,11 @@ mod tests {
         let (count, waker) = counter();
         let pending = g.ticket(lsns[1]);
         assert!(g.poll(pending, false, &waker).is_pending());
-        g.fail("log write failed: EIO".into());
+        g.fail(Failure::os(libc::EIO));
         assert_eq!(wakes(&count), 1);
         assert_eq!(g.waiting(), 0);
         match g.poll(pending, true, &waker) {
-            Poll::Ready(Err(why)) => assert_eq!(&*why, "log write failed: EIO"),
+            Poll::Ready(Err(why)) => assert_eq!(why, Failure::os(libc::EIO)),
             other => panic!("expected the failure, got {other:?}"),
         }
         // What was durable before the failure stays acknowledged.

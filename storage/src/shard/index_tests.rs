@@ -152,7 +152,7 @@ fn sealed_pages_leave_memory_and_every_lookup_survives_restarts() {
         // unpacked newest entries' capacity, a quarter block to a block of each table,
         // depends on where in its block each stream stopped.)
         let unpacked = models.len()
-            * crate::packed::BLOCK
+            * crate::limits::PACKED_BLOCK_ENTRIES
             * (std::mem::size_of::<crate::stream::Chunk>() + std::mem::size_of::<Offset>());
         assert!(
             second < first + first / 4 + unpacked,
@@ -284,7 +284,7 @@ fn a_data_dir_from_before_index_files_opens_and_moves_to_them() {
     });
 }
 
-/// Pages do not wait for a roll: once `index::FLUSH_BYTES` of them are completed, the
+/// Pages do not wait for a roll: once `index::INDEX_FLUSH_BYTES` of them are completed, the
 /// upkeep writes them to a new index file, numbered above every file before it, and a
 /// restart (after a crash, or from a checkpoint that names them) still finds every record.
 /// (The upkeep task runs meanwhile and may write some of the files itself.)
@@ -306,7 +306,7 @@ fn pages_leave_memory_before_the_roll_in_files_whose_numbers_only_rise() {
         assert!(!new.is_empty(), "{now:?} after {before:?}");
         assert!(new.iter().all(|n| n.get() <= shard.last_lsn().get()));
         assert_eq!(
-            shard.inner.newest_index_file.get(),
+            shard.inner.index_files.borrow().newest(),
             *now.last().expect("a file")
         );
         now
@@ -355,7 +355,7 @@ fn pages_leave_memory_before_the_roll_in_files_whose_numbers_only_rise() {
         assert!(!report.checkpoint_lsn.is_none());
         assert_eq!(numbers(dir.path()), named);
         assert_eq!(
-            shard.inner.newest_index_file.get(),
+            shard.inner.index_files.borrow().newest(),
             *named.last().expect("a file")
         );
         check(&shard, &models).await;

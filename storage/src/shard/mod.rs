@@ -28,19 +28,26 @@ use bytes::{Bytes, BytesMut};
 
 use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
 use crate::checkpoint;
+use crate::error::{ArchiveLag, Corruption, LogFailure, StorageError, Unrecoverable};
 use crate::index::{self, IndexFile, IndexFileNo};
+use crate::limits::{
+    BATCH_BUF_BYTES, ENCODE_SLICE_BYTES, INDEX_FLUSH_BYTES, POOLED_BUF_BYTES_MAX,
+    READS_IN_FLIGHT_MAX, READ_IN_FLIGHT_BYTES_MAX, SLEEPERS_PER_ROUND_MAX, ZERO_AHEAD_BYTES,
+};
 use crate::position::{Lsn, Offset, SegmentNo};
-use crate::readback::{self, Part, Span, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
+use crate::readback::{self, Part, Span};
 use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
 use crate::segment::segment_path;
 use crate::segment::{self, SegmentHeader, DATA_START};
 use crate::stream::{DiskLoc, Piece, Receipt, Stream, StreamId};
 use crate::view::{StreamHead, StreamView};
+use crate::waiters::WaiterIds;
 
 mod blobs;
 mod cache_budget;
 mod catalog;
 mod changes;
+mod checkpoint_ledger;
 mod checkpointing;
 mod cleaner;
 #[cfg(test)]
@@ -51,26 +58,33 @@ mod dormancy;
 #[cfg(test)]
 mod dormancy_tests;
 mod group_commit;
+mod index_files;
 #[cfg(test)]
 mod index_tests;
 #[cfg(test)]
 mod model_tests;
 mod read;
 mod recovery;
+mod segment_map;
 #[cfg(test)]
 mod tests;
 mod upkeep;
 mod writer;
 
+pub use crate::limits::COLD_BLOCK_BYTES;
+use blobs::Blobs;
+use cache_budget::CacheBudget;
 use catalog::Catalog;
 pub(crate) use catalog::Dormant;
+use checkpoint_ledger::CheckpointLedger;
 pub use cleaner::DiskUsage;
 pub use cold_tier::{
-    write_cold_marker, COLD_BLOCK_BYTES, COLD_MARKER, DEFAULT_COLD_CACHE_BYTES,
-    DEFAULT_COLD_IN_FLIGHT_BYTES,
+    write_cold_marker, COLD_MARKER, DEFAULT_COLD_CACHE_BYTES, DEFAULT_COLD_IN_FLIGHT_BYTES,
 };
 pub use commit::Commit;
 use group_commit::{GroupCommit, Ticket};
+use index_files::IndexFiles;
+use segment_map::SegmentMap;
 use writer::{Batch, Log, Zeroing};
 
 /// Maps looked up on every append (several times each): foldhash instead of std's SipHash,
@@ -183,61 +197,6 @@ pub const CHECKPOINT_LOG_RATIO: u64 = 4;
 /// A segment must hold the largest record.
 pub const MIN_SEGMENT_BYTES: u64 =
     (crate::record::MAX_PAYLOAD + crate::record::FRAME_HEADER) as u64 + 2 * DATA_START;
-/// Standard size of a write batch buffer; a batch that outgrows it takes a bigger one from
-/// the pool (up to `POOLED_BUF_BYTES` of them are kept).
-const BATCH_BUF_BYTES: usize = 1 << 20;
-/// Most bytes of write buffers a shard keeps for reuse between group commits.
-const POOLED_BUF_BYTES: usize = 32 << 20;
-/// How many bytes ahead of the records a slowly filling segment is zeroed at a time (see
-/// `Log::zero_ahead`).
-const ZERO_AHEAD_BYTES: u64 = 1 << 20;
-
-#[derive(Debug)]
-pub enum StorageError {
-    /// The disk is full: nothing was changed.
-    NoSpace,
-    /// The disk is full, and the sealed segments that would make room cannot leave it
-    /// because they are not archived to the cold tier yet; the text names that archive lag.
-    /// Nothing was changed.
-    NoSpaceUnarchived(String),
-    /// A record larger than a segment can hold.
-    TooLarge,
-    /// A record read back from disk failed its checksum.
-    Corrupt(String),
-    /// The write queue holds its budget of unflushed bytes; nothing was changed and the
-    /// caller may retry once the queue drains.
-    Busy,
-    /// An earlier log write failed; the shard accepts no more writes until restart
-    /// because it can no longer tell what reached the disk.
-    Failed(String),
-    Io(io::Error),
-}
-
-impl std::fmt::Display for StorageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StorageError::NoSpace => write!(f, "no space left on device"),
-            StorageError::NoSpaceUnarchived(lag) => write!(f, "no space left on device; {lag}"),
-            StorageError::TooLarge => write!(f, "record larger than a segment"),
-            StorageError::Busy => write!(f, "write queue full"),
-            StorageError::Corrupt(what) => write!(f, "corrupt data on disk: {what}"),
-            StorageError::Failed(why) => write!(f, "storage failed earlier: {why}"),
-            StorageError::Io(e) => write!(f, "i/o error: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for StorageError {}
-
-impl From<io::Error> for StorageError {
-    fn from(e: io::Error) -> Self {
-        if e.raw_os_error() == Some(libc::ENOSPC) {
-            StorageError::NoSpace
-        } else {
-            StorageError::Io(e)
-        }
-    }
-}
 
 /// What recovery found.
 #[derive(Debug, Default, Clone)]
@@ -369,42 +328,23 @@ struct Inner {
     flusher: RefCell<Option<Waker>>,
     stopping: Cell<bool>,
     stats: Cell<ShardStats>,
-    /// Cached bytes, and the cached runs by age (stream, run start), oldest first: the
-    /// order in which to evict them.
-    resident_bytes: Cell<usize>,
-    evict_queue: RefCell<VecDeque<(StreamId, Offset)>>,
+    /// The read cache's byte count and eviction order.
+    cache: RefCell<CacheBudget>,
     /// Read handles of segment files, opened on first cold read.
     readers: RefCell<HashMap<SegmentNo, Rc<monoio::fs::File>>>,
-    /// For every segment file, the streams with records in it (the cleaner's work list).
-    segments: RefCell<BTreeMap<SegmentNo, FastSet<StreamId>>>,
-    /// Bytes of data held by live streams.
-    live_bytes: Cell<u64>,
+    /// For every segment file, the streams with records in it; live data bytes.
+    segments: RefCell<SegmentMap>,
     /// Set while the cleaner or a checkpoint runs; they must not interleave, because a
     /// checkpoint taken mid-clean would point at chunks about to be deleted.
     upkeep_busy: Cell<bool>,
-    /// Framed bytes logged since start, and that count when the last checkpoint was taken.
-    logged_bytes: Cell<u64>,
-    checkpointed_at: Cell<u64>,
-    /// Size of the last checkpoint written, in bytes.
-    checkpoint_size: Cell<u64>,
-    /// Segment where replay from the durable checkpoint starts. Only segments before it
-    /// may be deleted: a record in a later one (a deletion, say) is needed on top of the
-    /// checkpoint, and the cleaner does not carry deletions forward.
-    checkpoint_segment: Cell<Option<SegmentNo>>,
-    /// Snapshot blobs to delete once the record that dropped them is durable: (lsn, name).
-    dead_blobs: RefCell<Vec<(Lsn, Box<str>)>>,
-    /// Snapshot blobs of a memory shard.
-    memory_blobs: RefCell<HashMap<Box<str>, Bytes>>,
-    blob_counter: Cell<u64>,
+    /// Log written, log the last checkpoint covers, its size and where replay starts.
+    checkpoints: RefCell<CheckpointLedger>,
+    /// Snapshot blob names, dropped blobs awaiting durability, a memory shard's blobs.
+    blobs: RefCell<Blobs>,
     /// Ids for `Changed` futures, so each waiting task holds one waker slot.
-    next_waiter: Cell<u64>,
-    /// Open index files by number (see `crate::index`); pages hold them too.
-    index_files: RefCell<BTreeMap<IndexFileNo, Rc<IndexFile>>>,
-    /// The highest number an index file of this shard has (a new one must be above it).
-    newest_index_file: Cell<IndexFileNo>,
-    /// Segments up to this one are sealed, and the pages completed before their roll are
-    /// in index files (or, when no file could be numbered yet, inline in the checkpoint).
-    indexed_through: Cell<SegmentNo>,
+    next_waiter: WaiterIds,
+    /// Open index files by number, the newest number, the segments indexed so far.
+    index_files: RefCell<IndexFiles>,
     /// Segments that left the local disk, and how they are read (with a cold tier only).
     cold: Option<cold_tier::ColdTier>,
 }
@@ -423,23 +363,14 @@ impl Shard {
             flusher: RefCell::new(None),
             stopping: Cell::new(false),
             stats: Cell::new(ShardStats::default()),
-            resident_bytes: Cell::new(0),
-            evict_queue: RefCell::new(VecDeque::new()),
+            cache: RefCell::new(CacheBudget::new(cfg.cache_bytes)),
             readers: RefCell::new(HashMap::new()),
-            segments: RefCell::new(BTreeMap::new()),
-            live_bytes: Cell::new(0),
+            segments: RefCell::new(SegmentMap::default()),
             upkeep_busy: Cell::new(false),
-            logged_bytes: Cell::new(0),
-            checkpointed_at: Cell::new(0),
-            checkpoint_size: Cell::new(0),
-            checkpoint_segment: Cell::new(None),
-            dead_blobs: RefCell::new(Vec::new()),
-            memory_blobs: RefCell::new(HashMap::new()),
-            blob_counter: Cell::new(0),
-            next_waiter: Cell::new(0),
-            index_files: RefCell::new(BTreeMap::new()),
-            newest_index_file: Cell::new(IndexFileNo::default()),
-            indexed_through: Cell::new(SegmentNo::default()),
+            checkpoints: RefCell::new(CheckpointLedger::default()),
+            blobs: RefCell::new(Blobs::default()),
+            next_waiter: WaiterIds::default(),
+            index_files: RefCell::new(IndexFiles::default()),
             cold: match (&cfg.cold, &cfg.durability) {
                 (Some(store), Durability::Disk(_)) => {
                     Some(cold_tier::ColdTier::new(store.clone(), &cfg))
@@ -455,6 +386,7 @@ impl Shard {
             segment::create_dir_durable(&dir)?;
             let log = shard.recover(&dir, &mut report)?;
             *shard.inner.log.borrow_mut() = Some(log);
+            shard.restarted();
             let flusher = shard.clone();
             monoio::spawn(async move { flusher.run_flusher().await });
             let upkeep = shard.clone();
@@ -496,18 +428,15 @@ impl Shard {
     pub fn heap_usage(&self) -> HeapUsage {
         let catalog = self.inner.catalog.borrow();
         let streams = catalog.resident().map(Stream::heap_bytes).sum();
-        let segment_map = self
-            .inner
-            .segments
-            .borrow()
-            .values()
-            .map(|set| 16 + set.capacity() * (std::mem::size_of::<StreamId>() + 1))
-            .sum();
+        let segment_map = self.inner.segments.borrow().heap_bytes();
         let stats = self.stats();
         HeapUsage {
             catalog: catalog.heap_bytes(),
             streams,
-            read_cache: self.inner.resident_bytes.get(),
+            read_cache: {
+                let cache = self.inner.cache.borrow();
+                cache.resident_bytes() + cache.heap_bytes()
+            },
             index_cache: index::cached_page_bytes(),
             cold_cache: (stats.cold_cache_bytes + stats.cold_bytes_in_flight) as usize,
             write_buffers: self
@@ -534,19 +463,14 @@ impl Shard {
     }
 
     /// Whether writes are refused after an earlier storage failure.
-    pub fn failure(&self) -> Option<String> {
-        self.inner
-            .group_commit
-            .borrow()
-            .failure()
-            .map(|why| why.to_string())
+    pub fn failure(&self) -> Option<LogFailure> {
+        self.inner.group_commit.borrow().failure().copied()
     }
 
     /// Resolves once stream `id` changes after `seen_version` (see [`Stream::version`]) or is
     /// deleted.
     pub fn changed(&self, id: StreamId, seen_version: u64) -> Changed<'_> {
-        let waiter = self.inner.next_waiter.get();
-        self.inner.next_waiter.set(waiter + 1);
+        let waiter = self.inner.next_waiter.next();
         Changed {
             shard: self,
             stream: id,
@@ -573,7 +497,7 @@ impl Shard {
         let last = self.last_lsn();
         let mut result = self.commit(last).durable().await;
         // A clean stop leaves a checkpoint at the head, so the next start replays nothing.
-        if result.is_ok() && self.inner.logged_bytes.get() > self.inner.checkpointed_at.get() {
+        if result.is_ok() && self.inner.checkpoints.borrow().since_last() > 0 {
             result = self.checkpoint().await.map(|_| ());
         }
         self.inner.readers.borrow_mut().clear();
@@ -603,7 +527,7 @@ impl Shard {
 }
 
 fn missing() -> StorageError {
-    StorageError::Failed("internal: stream vanished during a write".into())
+    StorageError::Internal("stream vanished during a write")
 }
 
 /// Resolves once a stream changes after a seen version or is deleted. Holds one waker slot

@@ -184,6 +184,7 @@ async fn check(shard: &Shard, key: &str, m: &Model, rng: &mut Rng) {
 }
 
 async fn check_all(shard: &Shard, models: &BTreeMap<String, Model>, rng: &mut Rng) {
+    shard.check_cache();
     let mut keys: Vec<String> = shard.keys().iter().map(|k| k.to_string()).collect();
     keys.sort();
     assert_eq!(keys, models.keys().cloned().collect::<Vec<_>>());

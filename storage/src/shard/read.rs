@@ -65,7 +65,8 @@ impl Shard {
             let mut bytes = 0;
             while let Some(span) = spans.next_if(|s| {
                 batch.is_empty()
-                    || (batch.len() < MAX_IN_FLIGHT && bytes + s.read_len() <= MAX_IN_FLIGHT_BYTES)
+                    || (batch.len() < READS_IN_FLIGHT_MAX
+                        && bytes + s.read_len() <= READ_IN_FLIGHT_BYTES_MAX)
             }) {
                 bytes += span.read_len();
                 batch.push(span);
@@ -184,7 +185,7 @@ impl Shard {
             return Ok(f.clone());
         }
         let Durability::Disk(root) = &self.inner.cfg.durability else {
-            return Err(StorageError::Failed("disk read in memory mode".into()));
+            return Err(StorageError::Internal("disk read in memory mode"));
         };
         let dir = root.join(format!("shard-{}", self.inner.cfg.shard));
         let file = segment::open_direct(&segment::segment_path(&dir, segment), false)?;
@@ -200,17 +201,17 @@ impl Shard {
 /// Check the record that `loc` names, found at `at` in `buf`: its checksum, and that it is
 /// still the record the chunk table points at (same framed length).
 pub(super) fn verify_record(buf: &Bytes, at: usize, loc: DiskLoc) -> Result<(), StorageError> {
-    let framed = decode_at(buf, at).map_err(|e| {
-        StorageError::Corrupt(format!(
-            "segment {} position {}: {e:?}",
-            loc.segment, loc.record_pos
-        ))
+    let framed = decode_at(buf, at).map_err(|problem| Corruption::Record {
+        segment: loc.segment,
+        position: loc.record_pos,
+        problem,
     })?;
     if framed.len != loc.record_len as usize {
-        return Err(StorageError::Corrupt(format!(
-            "segment {} position {}: record length changed",
-            loc.segment, loc.record_pos
-        )));
+        return Err(Corruption::RecordMoved {
+            segment: loc.segment,
+            position: loc.record_pos,
+        }
+        .into());
     }
     Ok(())
 }

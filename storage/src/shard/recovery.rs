@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// Where replay ended: the last segment read (its number, the end of its valid records,
+/// its contents), the LSN the next record gets, and the first segment that does not
+/// continue the log (it and every later one are orphans).
+struct ReplayEnd {
+    tail: Option<(SegmentNo, u64, Bytes)>,
+    next_lsn: Lsn,
+    stop_at: Option<usize>,
+}
+
 impl Shard {
     /// Rebuild state from the segment files and position the writer after the last valid
     /// record.
@@ -11,21 +20,7 @@ impl Shard {
         dir: &Path,
         report: &mut RecoveryReport,
     ) -> Result<Log, StorageError> {
-        let cfg = &self.inner.cfg;
-        let marked = dir.join(cold_tier::COLD_MARKER).exists();
-        match self.cold_tier() {
-            None if marked => {
-                return Err(StorageError::Failed(format!(
-                    "some sealed segments of {} are only in the S3 cold tier ({} is there): \
-                     start with the cold tier it was archived to (the same bucket, prefix \
-                     and endpoint)",
-                    dir.display(),
-                    cold_tier::COLD_MARKER
-                )))
-            }
-            Some(tier) => tier.marked.set(marked),
-            None => {}
-        }
+        self.check_cold_marker(dir)?;
         let indexes = segment::list_segments(dir)?;
         let mut rebuild = FastSet::default();
         let resume = self.load_checkpoint(dir, &mut rebuild)?;
@@ -35,25 +30,73 @@ impl Shard {
                 .inner
                 .segments
                 .borrow()
-                .keys()
+                .segments()
                 .filter(|s| indexes.binary_search(s).is_err())
                 .count();
             if self.cold_tier().is_some() && not_local > 0 {
-                return Err(StorageError::Failed(format!(
-                    "the index pages of {} streams must be rebuilt from the log, but {not_local} \
-                     of its segments are only in the cold tier: restore this data directory",
-                    rebuild.len()
-                )));
+                return Err(Unrecoverable::RebuildNeedsColdSegments {
+                    streams: rebuild.len(),
+                    cold: not_local,
+                }
+                .into());
             }
             self.rebuild_tables(dir, &indexes, p.lsn, &rebuild)?;
         }
+        let end = self.replay_segments(dir, &indexes, resume, report)?;
+        if let Some(first_orphan) = end.stop_at {
+            self.remove_orphans(dir, &indexes[first_orphan..], report)?;
+        }
+        if let (Some(p), None) = (resume, &end.tail) {
+            return Err(Unrecoverable::ResumeSegmentMissing(p.segment).into());
+        }
+        let log = self.open_log(dir, end.tail, end.next_lsn, report)?;
+        self.finish_streams();
+        // A long replay is worth a checkpoint at the first upkeep round.
+        self.inner
+            .checkpoints
+            .borrow_mut()
+            .replayed(report.log_bytes);
+        self.remove_unreferenced_blobs(dir);
+        let kept = &indexes[..end.stop_at.unwrap_or(indexes.len())];
+        self.settle_segment_map(dir, kept, resume)?;
+        Ok(log)
+    }
+
+    /// A shard whose directory says some segments are only in the cold tier cannot start
+    /// without that tier.
+    fn check_cold_marker(&self, dir: &Path) -> Result<(), StorageError> {
+        let marked = dir.join(cold_tier::COLD_MARKER).exists();
+        match self.cold_tier() {
+            None if marked => Err(Unrecoverable::ColdTierMissing {
+                dir: dir.to_owned(),
+                marker: cold_tier::COLD_MARKER,
+            }
+            .into()),
+            Some(tier) => {
+                tier.marked.set(marked);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Replay every record after the checkpoint (all of them without one), segment by
+    /// segment, until the log ends: in a zero header, a torn or corrupt record, or a segment
+    /// that does not continue the one before.
+    fn replay_segments(
+        &self,
+        dir: &Path,
+        indexes: &[SegmentNo],
+        resume: Option<checkpoint::Position>,
+        report: &mut RecoveryReport,
+    ) -> Result<ReplayEnd, StorageError> {
         // With a checkpoint, replay starts right after its LSN at the position it names;
         // segments before that position are not read at all.
         let mut expected: Option<Lsn> = resume.map(|p| p.lsn.next());
         let mut prev_index: Option<SegmentNo> = None;
-        let mut tail: Option<(SegmentNo, u64, Bytes)> = None; // (segment, end of valid records, contents)
-        let mut stop_at: Option<usize> = None;
+        let mut tail = None;
         let mut stash = Stash::new();
+        let mut stop_at = None;
         for (i, &index) in indexes.iter().enumerate() {
             if resume.is_some_and(|p| index < p.segment) {
                 continue;
@@ -71,10 +114,7 @@ impl Shard {
                     stop_at = Some(i);
                     break;
                 }
-                return Err(StorageError::Failed(format!(
-                    "segment {} has a corrupt header",
-                    path.display()
-                )));
+                return Err(Unrecoverable::SegmentHeader(path).into());
             };
             let resume_here = resume.filter(|p| p.segment == index);
             let adjacent = prev_index.is_some_and(|p| p.next() == index);
@@ -89,80 +129,121 @@ impl Shard {
                     break;
                 }
             }
-            let (mut lsn, mut pos) = match resume_here {
+            let (lsn, pos) = match resume_here {
                 Some(p) => {
                     if p.offset < DATA_START || p.offset > buf.len() as u64 {
-                        return Err(StorageError::Failed(format!(
-                            "checkpoint resumes at position {} of segment {index}, outside it",
-                            p.offset
-                        )));
+                        return Err(Unrecoverable::ResumeOutsideSegment {
+                            segment: index,
+                            offset: p.offset,
+                        }
+                        .into());
                     }
                     (p.lsn.next(), p.offset as usize)
                 }
                 None => (header.first_lsn, DATA_START as usize),
             };
-            let scan_start = pos;
-            let why = loop {
-                match decode_at(&buf, pos) {
-                    Ok(f) if f.lsn == lsn => {
-                        let loc = DiskLoc {
-                            segment: index,
-                            record_pos: pos as u64,
-                            record_len: f.len as u32,
-                            data_off: 0,
-                        };
-                        self.replay(f.record, loc, &mut stash);
-                        report.records += 1;
-                        pos += f.len;
-                        lsn = lsn.next();
-                    }
-                    Ok(_) => break FrameError::Malformed,
-                    Err(e) => break e,
-                }
-            };
-            if why != FrameError::End {
-                tracing::warn!(
-                    shard = cfg.shard,
-                    segment = index.get(),
-                    position = pos,
-                    reason = ?why,
-                    "log ends in a torn or corrupt record; truncating there"
-                );
-            }
+            let (lsn, end) = self.replay_segment(index, &buf, lsn, pos, &mut stash, report);
             report.segments += 1;
-            report.log_bytes += (pos - scan_start) as u64;
             expected = Some(lsn);
             prev_index = Some(index);
-            tail = Some((index, pos as u64, buf));
+            tail = Some((index, end as u64, buf));
         }
-        if let Some(first_orphan) = stop_at {
-            for &index in &indexes[first_orphan..] {
-                tracing::warn!(
-                    shard = cfg.shard,
-                    segment = index.get(),
-                    "removing segment written after the end of the valid log"
-                );
-                std::fs::remove_file(segment::segment_path(dir, index))?;
-                report.orphan_segments += 1;
+        if !stash.is_empty() {
+            tracing::debug!(
+                streams = stash.len(),
+                "dropping data of streams deleted before cleaning"
+            );
+        }
+        Ok(ReplayEnd {
+            tail,
+            next_lsn: expected.unwrap_or(Lsn::FIRST),
+            stop_at,
+        })
+    }
+
+    /// Replay the records of segment `index` (contents `buf`) from position `pos`, the first
+    /// with LSN `lsn`, until one does not decode or breaks the LSN sequence. Returns the
+    /// next LSN and the end of the last valid record.
+    fn replay_segment(
+        &self,
+        index: SegmentNo,
+        buf: &Bytes,
+        mut lsn: Lsn,
+        mut pos: usize,
+        stash: &mut Stash,
+        report: &mut RecoveryReport,
+    ) -> (Lsn, usize) {
+        let scan_start = pos;
+        let why = loop {
+            match decode_at(buf, pos) {
+                Ok(f) if f.lsn == lsn => {
+                    let loc = DiskLoc {
+                        segment: index,
+                        record_pos: pos as u64,
+                        record_len: f.len as u32,
+                        data_off: 0,
+                    };
+                    self.replay(f.record, loc, stash);
+                    report.records += 1;
+                    pos += f.len;
+                    lsn = lsn.next();
+                }
+                Ok(_) => break FrameError::Malformed,
+                Err(e) => break e,
             }
-            segment::sync_dir(dir)?;
+        };
+        if why != FrameError::End {
+            tracing::warn!(
+                shard = self.inner.cfg.shard,
+                segment = index.get(),
+                position = pos,
+                reason = ?why,
+                "log ends in a torn or corrupt record; truncating there"
+            );
         }
-        if let (Some(p), None) = (resume, &tail) {
-            return Err(StorageError::Failed(format!(
-                "the checkpoint continues the log in segment {}, but no segment from there on \
-                 exists",
-                p.segment
-            )));
+        report.log_bytes += (pos - scan_start) as u64;
+        (lsn, pos)
+    }
+
+    /// Delete the segments written after the end of the valid log.
+    fn remove_orphans(
+        &self,
+        dir: &Path,
+        orphans: &[SegmentNo],
+        report: &mut RecoveryReport,
+    ) -> Result<(), StorageError> {
+        for &index in orphans {
+            tracing::warn!(
+                shard = self.inner.cfg.shard,
+                segment = index.get(),
+                "removing segment written after the end of the valid log"
+            );
+            std::fs::remove_file(segment::segment_path(dir, index))?;
+            report.orphan_segments += 1;
         }
-        let next_lsn = expected.unwrap_or(Lsn::FIRST);
+        segment::sync_dir(dir)?;
+        Ok(())
+    }
+
+    /// The log writer, positioned after the last valid record of `tail` (zeroing what lies
+    /// beyond it), or at the start of a new first segment when there is no log yet.
+    fn open_log(
+        &self,
+        dir: &Path,
+        tail: Option<(SegmentNo, u64, Bytes)>,
+        next_lsn: Lsn,
+        report: &mut RecoveryReport,
+    ) -> Result<Log, StorageError> {
+        let cfg = &self.inner.cfg;
         // The segment replay continues in is not sealed; the ones before it were indexed by
         // the checkpoint's roll, or their pages are in the checkpoint itself.
         if let Some((index, ..)) = &tail {
             self.inner
-                .indexed_through
-                .set(index.prev().unwrap_or_default());
+                .index_files
+                .borrow_mut()
+                .indexed(index.prev().unwrap_or_default());
         }
-        let pool = BufPool::new(BATCH_BUF_BYTES, 4, POOLED_BUF_BYTES);
+        let pool = BufPool::new(BATCH_BUF_BYTES, 4, POOLED_BUF_BYTES_MAX);
         let mut log = Log {
             dir: dir.to_path_buf(),
             shard: cfg.shard,
@@ -218,12 +299,11 @@ impl Shard {
                 log.start_batch(first, DATA_START, &[]);
             }
         }
-        if !stash.is_empty() {
-            tracing::debug!(
-                streams = stash.len(),
-                "dropping data of streams deleted before cleaning"
-            );
-        }
+        Ok(log)
+    }
+
+    /// Make every replayed stream's data visible, and count the live bytes.
+    fn finish_streams(&self) {
         let mut live = 0;
         let mut catalog = self.inner.catalog.borrow_mut();
         for s in catalog.resident_mut() {
@@ -237,14 +317,20 @@ impl Shard {
             .map(|(_, _, d)| d.data_bytes)
             .sum::<u64>();
         drop(catalog);
-        self.inner.live_bytes.set(live);
-        // A long replay is worth a checkpoint at the first upkeep round.
-        self.inner.logged_bytes.set(report.log_bytes);
-        self.remove_unreferenced_blobs(dir);
-        let kept = &indexes[..stop_at.unwrap_or(indexes.len())];
+        self.inner.segments.borrow_mut().set_live(live);
+    }
+
+    /// The segment map after replay: the segments `kept` on the local disk, those the
+    /// checkpoint names that are in the cold tier only, and nothing else.
+    fn settle_segment_map(
+        &self,
+        dir: &Path,
+        kept: &[SegmentNo],
+        resume: Option<checkpoint::Position>,
+    ) -> Result<(), StorageError> {
         let mut segments = self.inner.segments.borrow_mut();
         for &index in kept {
-            segments.entry(index).or_default();
+            segments.add_segment(index);
         }
         // Segments before a checkpoint were not read; the checkpoint's map says which
         // streams have data in them. It may still name a segment the cleaner deleted
@@ -253,13 +339,13 @@ impl Shard {
         // deleted it (or the cleaner did, and then nothing points into it any more).
         if let (Some(tier), Some(p)) = (self.cold_tier(), resume) {
             let mut cold = tier.segments.borrow_mut();
-            for &seg in segments.keys() {
+            for seg in segments.segments() {
                 if seg < p.segment && kept.binary_search(&seg).is_err() {
                     cold.insert(seg);
                 }
             }
         }
-        segments.retain(|seg, _| kept.binary_search(seg).is_ok() || self.is_cold(*seg));
+        segments.retain(|seg| kept.binary_search(&seg).is_ok() || self.is_cold(seg));
         // Every cold segment has been cleaned away: the shard no longer needs S3 to start.
         // Only known with a checkpoint: without one, no segment is taken for cold.
         if let Some(tier) = self
@@ -272,10 +358,9 @@ impl Shard {
             }
         }
         if segments.is_empty() {
-            segments.insert(SegmentNo::new(1), FastSet::default());
+            segments.add_segment(SegmentNo::new(1));
         }
-        drop(segments);
-        Ok(log)
+        Ok(())
     }
 
     /// Load the checkpoint, if there is one, into the shard. A checkpoint that cannot be
@@ -315,12 +400,10 @@ impl Shard {
         };
         let (pos, saved, dormant, segments) = checkpoint::decode(shard, &file, &mut open_index)
             .map_err(|why| {
-                StorageError::Failed(format!(
-                    "checkpoint {} is corrupt ({why}); the log before it may already be \
-                     reclaimed, so a full replay cannot stand in for it: restore this data \
-                     directory from a backup",
-                    path.display()
-                ))
+                StorageError::from(Unrecoverable::CheckpointCorrupt {
+                    path: path.clone(),
+                    why,
+                })
             })?;
         let now = crate::now_ms();
         for st in saved {
@@ -339,7 +422,7 @@ impl Shard {
         {
             let mut map = self.inner.segments.borrow_mut();
             for (seg, ids) in segments {
-                map.entry(seg).or_default().extend(ids);
+                map.extend(seg, ids);
             }
         }
         self.adopt_index_files(dir, &opened)?;
@@ -348,9 +431,11 @@ impl Shard {
             catalog.taken_below(pos.next_id);
             catalog.incarnation_taken(pos.last_incarnation);
         }
-        self.inner.blob_counter.set(pos.blob_counter);
-        self.inner.checkpoint_segment.set(Some(pos.segment));
-        self.inner.checkpoint_size.set(file.len() as u64);
+        self.inner.blobs.borrow_mut().counted(pos.blob_counter);
+        self.inner
+            .checkpoints
+            .borrow_mut()
+            .loaded(file.len() as u64, pos.segment);
         tracing::info!(
             shard = self.inner.cfg.shard,
             lsn = pos.lsn.get(),
@@ -373,13 +458,11 @@ impl Shard {
         let now = self.clock_ms();
         for d in dormant {
             let Some(state) = d.state else {
-                return Err(StorageError::Failed(format!(
-                    "index file {} holding the saved state of dormant stream {} is missing \
-                     or torn; restore this data directory (with a cold tier: `ursula \
-                     restore`)",
-                    d.state_file.get(),
-                    d.key
-                )));
+                return Err(Unrecoverable::DormantStateMissing {
+                    file: d.state_file,
+                    key: d.key,
+                }
+                .into());
             };
             if d.pins_complete {
                 self.inner.catalog.borrow_mut().insert_dormant(
@@ -395,8 +478,12 @@ impl Shard {
                 continue;
             }
             let bytes = state.file.saved_state(state.off, state.len);
-            let stream = dormancy::decode_needing_rebuild(&bytes, now)
-                .map_err(|why| StorageError::Failed(format!("dormant stream {}: {why}", d.key)))?;
+            let stream = dormancy::decode_needing_rebuild(&bytes, now).map_err(|why| {
+                Unrecoverable::DormantStateCorrupt {
+                    key: d.key.clone(),
+                    why,
+                }
+            })?;
             rebuild.insert(d.id);
             self.insert_stream(stream, Lsn::NONE);
         }
@@ -414,11 +501,7 @@ impl Shard {
         for number in index::list(dir)? {
             match named.get(&number) {
                 Some(Some(f)) => {
-                    self.inner
-                        .index_files
-                        .borrow_mut()
-                        .insert(number, f.clone());
-                    self.inner.newest_index_file.set(number);
+                    self.inner.index_files.borrow_mut().add(number, f.clone());
                 }
                 _ => std::fs::remove_file(index::index_path(dir, number))?,
             }
@@ -432,12 +515,7 @@ impl Shard {
         let now = crate::now_ms();
         let window = self.inner.cfg.receipt_window;
         let id = record.stream_id();
-        self.inner
-            .segments
-            .borrow_mut()
-            .entry(loc.segment)
-            .or_default()
-            .insert(id);
+        self.inner.segments.borrow_mut().note(loc.segment, id);
         self.inner.catalog.borrow_mut().taken_below(id + 1);
         // A record for a stream that sleeps applies to its state, read back first.
         self.wake(id);

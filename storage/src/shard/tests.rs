@@ -280,7 +280,8 @@ fn spare_segments_are_adopted_and_a_leftover_one_is_removed() {
     assert_eq!(segs.len() as u64, appends);
     for &i in &segs {
         let h = std::fs::read(segment::segment_path(&seg_dir, i)).expect("read");
-        let header = SegmentHeader::decode(&h[..crate::aligned::BLOCK]).expect("valid header");
+        let header =
+            SegmentHeader::decode(&h[..crate::limits::IO_BLOCK_BYTES]).expect("valid header");
         assert_eq!(header.index, i);
     }
     // A spare left half-made by a crash is removed at open; the data is intact.
@@ -372,7 +373,10 @@ fn a_flush_waits_only_for_zeros_it_reaches() {
             let write = monoio::spawn(async move {
                 monoio::time::sleep(Duration::from_millis(300)).await;
                 finished.set(true);
-                (Ok(()), AlignedBuf::with_capacity(crate::aligned::BLOCK))
+                (
+                    Ok(()),
+                    AlignedBuf::with_capacity(crate::limits::IO_BLOCK_BYTES),
+                )
             });
             let zeroing = Zeroing { seg, from, write };
             shard.inner.log.borrow_mut().as_mut().expect("log").zeroing = Some(zeroing);
@@ -538,6 +542,7 @@ fn cold_data_is_read_from_disk_and_verified() {
             c.durable().await.expect("durable");
         }
         assert!(shard.resident_bytes() <= 64 << 10, "cache over budget");
+        shard.check_cache();
         let expected: Vec<u8> = (0..40).flat_map(chunk).collect();
         assert_eq!(
             shard
@@ -560,6 +565,7 @@ fn cold_data_is_read_from_disk_and_verified() {
     block_on(async {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("reopen");
         assert_eq!(shard.resident_bytes(), 0);
+        shard.check_cache();
         let id = shard.lookup("a").expect("a");
         let expected: Vec<u8> = (0..40).flat_map(chunk).collect();
         assert_eq!(
@@ -901,13 +907,12 @@ fn the_checkpoint_interval_grows_with_the_checkpoint() {
         append(json_rec(&msgs)).await.expect("durable");
         assert!(shard.checkpoint_due());
         assert!(shard.checkpoint().await.expect("checkpoint"));
-        let size = shard.inner.checkpoint_size.get();
+        let size = shard.inner.checkpoints.borrow().last_size();
         assert!(size > 2000, "the index of 2000 messages is in it: {size}");
 
         // Less than four checkpoints' worth of log since: not yet, though well over
         // checkpoint_bytes.
-        let since =
-            |shard: &Shard| shard.inner.logged_bytes.get() - shard.inner.checkpointed_at.get();
+        let since = |shard: &Shard| shard.inner.checkpoints.borrow().since_last();
         while since(&shard) + 200 < CHECKPOINT_LOG_RATIO * size {
             append(data_rec(&[b'x'; 100])).await.expect("durable");
             assert!(!shard.checkpoint_due(), "due after {} bytes", since(&shard));
@@ -920,7 +925,7 @@ fn the_checkpoint_interval_grows_with_the_checkpoint() {
 
         // A restart knows the size of the checkpoint it loaded.
         let (shard, _) = Shard::open(cfg).await.expect("reopen");
-        assert!(shard.inner.checkpoint_size.get() > 2000);
+        assert!(shard.inner.checkpoints.borrow().last_size() > 2000);
         assert!(!shard.checkpoint_due());
         shard.shutdown().await.expect("shutdown");
     });

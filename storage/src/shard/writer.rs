@@ -308,9 +308,8 @@ impl Log {
 
     /// The write handle of segment `seg` (created when the log rolled into it).
     pub(super) fn file_for(&self, seg: SegmentNo) -> Result<Rc<monoio::fs::File>, StorageError> {
-        self.files
-            .get(&seg)
-            .cloned()
-            .ok_or_else(|| StorageError::Failed(format!("segment {seg} has no write handle")))
+        self.files.get(&seg).cloned().ok_or(StorageError::Internal(
+            "a segment being written has no write handle",
+        ))
     }
 }
