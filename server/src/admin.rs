@@ -283,10 +283,6 @@ fn per_core<M: EncodeMetric>(
 
 impl prometheus_client::collector::Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let cores = &self.cores;
-        let counter = |v: u64| ConstCounter::new(v);
-        let gauge = |v: u64| ConstGauge::new(v as i64);
-
         let ready = ConstGauge::new(i64::from(self.ready));
         ready.encode(e.encode_descriptor(
             "ursula_ready",
@@ -295,288 +291,340 @@ impl prometheus_client::collector::Collector for Scrape {
             ready.metric_type(),
         )?)?;
 
-        // Requests by route, method and status, summed over the cores that accepted them.
-        let mut requests: HashMap<(&str, &str, u16), u64> = HashMap::new();
-        for c in cores {
-            for (k, v) in &c.requests {
-                *requests.entry(*k).or_insert(0) += v;
-            }
-        }
-        let mut requests: Vec<_> = requests.into_iter().collect();
-        requests.sort_unstable();
-        let mut family = e.encode_descriptor(
-            "ursula_http_requests",
-            "HTTP requests answered, by route family, method and status",
-            None,
-            MetricType::Counter,
-        )?;
-        for ((route, method, status), n) in requests {
-            let labels = [
-                ("route", route.to_string()),
-                ("method", method.to_string()),
-                ("status", status.to_string()),
-            ];
-            counter(n).encode(family.encode_family(&labels)?)?;
-        }
-
-        let c = || cores.iter();
-        per_core(
-            &mut e,
-            "ursula_core_requests",
-            "HTTP requests answered by each core's connections",
-            "core",
-            c().map(|s| (s.core, counter(s.requests.iter().map(|(_, v)| v).sum()))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_append_bytes",
-            "Body bytes of successful POST requests (appends, batches)",
-            "core",
-            c().map(|s| (s.core, counter(s.append_bytes))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_read_bytes",
-            "Body bytes of successful GET responses, SSE events included",
-            "core",
-            c().map(|s| (s.core, counter(s.read_bytes))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_connections",
-            "Open client connections",
-            "core",
-            c().map(|s| (s.core, gauge(s.connections as u64))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_connections_moved",
-            "Keep-alive connections this core handed to the core owning their stream",
-            "core",
-            c().map(|s| (s.core, counter(s.moved_out))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_inflight_requests",
-            "Requests being processed",
-            "core",
-            c().map(|s| (s.core, gauge(s.inflight as u64))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_sse_connections",
-            "Open SSE responses",
-            "core",
-            c().map(|s| (s.core, gauge(s.sse_open))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_core_loop_lag_seconds",
-            "How late each core's 10 ms heartbeat timer ran: time the event loop spent away \
-             from its timers (a long task, or the thread not scheduled)",
-            "core",
-            c().map(|s| (s.core, loop_lag_histogram(&s.loop_lag))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_core_loop_lag_max_seconds",
-            "The longest heartbeat lag since the core started",
-            "core",
-            c().map(|s| (s.core, ConstGauge::new(s.loop_lag.max_nanos as f64 / 1e9))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_live_readers_waiting",
-            "Long-poll and SSE readers waiting for data on each owner core",
-            "core",
-            c().map(|s| (s.core, gauge(s.waiting_readers as u64))),
-        )?;
-
-        per_core(
-            &mut e,
-            "ursula_storage_flushes",
-            "Group commits written durably",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.flushes))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_records_flushed",
-            "Log records made durable; divide by flushes for appends per group commit",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.records_flushed))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_bytes_flushed",
-            "Framed log bytes made durable",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.bytes_flushed))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_spare_segments",
-            "Segments that began as a zero-filled spare prepared while the log filled slowly",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.spare_segments))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_zeroed_ahead_bytes",
-            "Zeros written just ahead of the records while the log fills slowly",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.zeroed_ahead_bytes))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_disk_reads",
-            "Direct-I/O reads of evicted stream data (neighbouring records share one)",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.disk_reads))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_disk_read_bytes",
-            "Bytes those reads transferred, gaps between wanted records included",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.disk_read_bytes))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_cold_reads",
-            "Fetches of archived segment blocks from the cold tier",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.cold_reads))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_cold_cache_hits",
-            "Reads of cold segment blocks answered from the in-memory cold cache",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.cold_cache_hits))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_cold_cache_misses",
-            "Reads of cold segment blocks that had to fetch from the cold tier",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.cold_cache_misses))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_evicted_segments",
-            "Archived sealed segments whose local file was deleted to keep within local_bytes",
-            "shard",
-            c().map(|s| (s.core, counter(s.stats.evicted_segments))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_cold_segments",
-            "Sealed segments that live only in the cold tier",
-            "shard",
-            c().map(|s| (s.core, gauge(s.stats.cold_segments))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_local_segment_bytes",
-            "Bytes of segment files on the local disk",
-            "shard",
-            c().map(|s| (s.core, gauge(s.stats.local_segment_bytes))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_commit_write_duration_seconds",
-            "Latency of a group commit's durable (O_DSYNC) log writes: data and disk flush",
-            "shard",
-            c().filter(|s| s.disk.is_some())
-                .map(|s| (s.core, commit_write_histogram(&s.stats))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_unflushed_bytes",
-            "Group-commit queue depth: framed bytes not yet durable",
-            "shard",
-            c().map(|s| (s.core, gauge(s.unflushed_bytes))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_live_bytes",
-            "Bytes of data held by live streams",
-            "shard",
-            c().filter_map(|s| Some((s.core, gauge(s.disk?.live_bytes)))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_segment_bytes",
-            "Preallocated bytes of all log segment files",
-            "shard",
-            c().filter_map(|s| Some((s.core, gauge(s.disk?.segment_bytes)))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_reclaimable_bytes",
-            "Segment bytes not held by live data (reclaimed by the cleaner over time)",
-            "shard",
-            c().filter_map(|s| {
-                let d = s.disk?;
-                Some((s.core, gauge(d.segment_bytes.saturating_sub(d.live_bytes))))
-            }),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_segments",
-            "Log segment files",
-            "shard",
-            c().filter_map(|s| Some((s.core, gauge(s.disk?.segments as u64)))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_storage_cache_bytes",
-            "Stream bytes cached in memory",
-            "shard",
-            c().map(|s| (s.core, gauge(s.cache_bytes as u64))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_streams",
-            "Streams owned by each shard",
-            "shard",
-            c().map(|s| (s.core, gauge(s.streams as u64))),
-        )?;
-        per_core(
-            &mut e,
-            "ursula_dormant_streams",
-            "Streams of each shard whose state is in its index files, not in memory, until used",
-            "shard",
-            c().map(|s| (s.core, gauge(s.dormant_streams as u64))),
-        )?;
-        let mut family = e.encode_descriptor(
-            "ursula_memory_bytes",
-            "Heap bytes each shard's components hold, as each counts them",
-            None,
-            MetricType::Gauge,
-        )?;
-        for s in c() {
-            for (component, bytes) in s.heap.components() {
-                let labels = [
-                    ("shard", s.core.to_string()),
-                    ("component", component.to_string()),
-                ];
-                gauge(bytes as u64).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        per_core(
-            &mut e,
-            "ursula_storage_failed",
-            "1 when the shard refuses writes after a failed log write",
-            "shard",
-            c().map(|s| (s.core, gauge(u64::from(s.failed)))),
-        )?;
+        encode_requests(&mut e, &self.cores)?;
+        encode_cores(&mut e, &self.cores)?;
+        encode_storage(&mut e, &self.cores)?;
+        encode_storage_space(&mut e, &self.cores)?;
+        encode_streams_and_memory(&mut e, &self.cores)?;
         if let Some(archive) = crate::cold::archive() {
             encode_cold(&mut e, &archive.status)?;
         }
         Ok(())
     }
+}
+
+fn counter(v: u64) -> ConstCounter {
+    ConstCounter::new(v)
+}
+
+fn gauge(v: u64) -> ConstGauge {
+    ConstGauge::new(v as i64)
+}
+
+/// Requests by route, method and status, summed over the cores that accepted them.
+fn encode_requests(
+    e: &mut DescriptorEncoder,
+    cores: &[CoreSnapshot],
+) -> Result<(), std::fmt::Error> {
+    let mut requests: HashMap<(&str, &str, u16), u64> = HashMap::new();
+    for c in cores {
+        for (k, v) in &c.requests {
+            *requests.entry(*k).or_insert(0) += v;
+        }
+    }
+    let mut requests: Vec<_> = requests.into_iter().collect();
+    requests.sort_unstable();
+    let mut family = e.encode_descriptor(
+        "ursula_http_requests",
+        "HTTP requests answered, by route family, method and status",
+        None,
+        MetricType::Counter,
+    )?;
+    for ((route, method, status), n) in requests {
+        let labels = [
+            ("route", route.to_string()),
+            ("method", method.to_string()),
+            ("status", status.to_string()),
+        ];
+        counter(n).encode(family.encode_family(&labels)?)?;
+    }
+
+    Ok(())
+}
+
+/// Each core's connections, requests, bytes and event loop.
+fn encode_cores(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<(), std::fmt::Error> {
+    let c = || cores.iter();
+    per_core(
+        e,
+        "ursula_core_requests",
+        "HTTP requests answered by each core's connections",
+        "core",
+        c().map(|s| (s.core, counter(s.requests.iter().map(|(_, v)| v).sum()))),
+    )?;
+    per_core(
+        e,
+        "ursula_append_bytes",
+        "Body bytes of successful POST requests (appends, batches)",
+        "core",
+        c().map(|s| (s.core, counter(s.append_bytes))),
+    )?;
+    per_core(
+        e,
+        "ursula_read_bytes",
+        "Body bytes of successful GET responses, SSE events included",
+        "core",
+        c().map(|s| (s.core, counter(s.read_bytes))),
+    )?;
+    per_core(
+        e,
+        "ursula_connections",
+        "Open client connections",
+        "core",
+        c().map(|s| (s.core, gauge(s.connections as u64))),
+    )?;
+    per_core(
+        e,
+        "ursula_connections_moved",
+        "Keep-alive connections this core handed to the core owning their stream",
+        "core",
+        c().map(|s| (s.core, counter(s.moved_out))),
+    )?;
+    per_core(
+        e,
+        "ursula_inflight_requests",
+        "Requests being processed",
+        "core",
+        c().map(|s| (s.core, gauge(s.inflight as u64))),
+    )?;
+    per_core(
+        e,
+        "ursula_sse_connections",
+        "Open SSE responses",
+        "core",
+        c().map(|s| (s.core, gauge(s.sse_open))),
+    )?;
+    per_core(
+        e,
+        "ursula_core_loop_lag_seconds",
+        "How late each core's 10 ms heartbeat timer ran: time the event loop spent away \
+             from its timers (a long task, or the thread not scheduled)",
+        "core",
+        c().map(|s| (s.core, loop_lag_histogram(&s.loop_lag))),
+    )?;
+    per_core(
+        e,
+        "ursula_core_loop_lag_max_seconds",
+        "The longest heartbeat lag since the core started",
+        "core",
+        c().map(|s| (s.core, ConstGauge::new(s.loop_lag.max_nanos as f64 / 1e9))),
+    )?;
+    per_core(
+        e,
+        "ursula_live_readers_waiting",
+        "Long-poll and SSE readers waiting for data on each owner core",
+        "core",
+        c().map(|s| (s.core, gauge(s.waiting_readers as u64))),
+    )?;
+
+    Ok(())
+}
+
+/// Each shard's log and disk reads.
+fn encode_storage(
+    e: &mut DescriptorEncoder,
+    cores: &[CoreSnapshot],
+) -> Result<(), std::fmt::Error> {
+    let c = || cores.iter();
+    per_core(
+        e,
+        "ursula_storage_flushes",
+        "Group commits written durably",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.flushes))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_records_flushed",
+        "Log records made durable; divide by flushes for appends per group commit",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.records_flushed))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_bytes_flushed",
+        "Framed log bytes made durable",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.bytes_flushed))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_spare_segments",
+        "Segments that began as a zero-filled spare prepared while the log filled slowly",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.spare_segments))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_zeroed_ahead_bytes",
+        "Zeros written just ahead of the records while the log fills slowly",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.zeroed_ahead_bytes))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_disk_reads",
+        "Direct-I/O reads of evicted stream data (neighbouring records share one)",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.disk_reads))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_disk_read_bytes",
+        "Bytes those reads transferred, gaps between wanted records included",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.disk_read_bytes))),
+    )?;
+    Ok(())
+}
+
+/// Each shard's cold tier use, group-commit writes and disk space.
+fn encode_storage_space(
+    e: &mut DescriptorEncoder,
+    cores: &[CoreSnapshot],
+) -> Result<(), std::fmt::Error> {
+    let c = || cores.iter();
+    per_core(
+        e,
+        "ursula_storage_cold_reads",
+        "Fetches of archived segment blocks from the cold tier",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.cold_reads))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_cold_cache_hits",
+        "Reads of cold segment blocks answered from the in-memory cold cache",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.cold_cache_hits))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_cold_cache_misses",
+        "Reads of cold segment blocks that had to fetch from the cold tier",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.cold_cache_misses))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_evicted_segments",
+        "Archived sealed segments whose local file was deleted to keep within local_bytes",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.evicted_segments))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_cold_segments",
+        "Sealed segments that live only in the cold tier",
+        "shard",
+        c().map(|s| (s.core, gauge(s.stats.cold_segments))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_local_segment_bytes",
+        "Bytes of segment files on the local disk",
+        "shard",
+        c().map(|s| (s.core, gauge(s.stats.local_segment_bytes))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_commit_write_duration_seconds",
+        "Latency of a group commit's durable (O_DSYNC) log writes: data and disk flush",
+        "shard",
+        c().filter(|s| s.disk.is_some())
+            .map(|s| (s.core, commit_write_histogram(&s.stats))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_unflushed_bytes",
+        "Group-commit queue depth: framed bytes not yet durable",
+        "shard",
+        c().map(|s| (s.core, gauge(s.unflushed_bytes))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_live_bytes",
+        "Bytes of data held by live streams",
+        "shard",
+        c().filter_map(|s| Some((s.core, gauge(s.disk?.live_bytes)))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_segment_bytes",
+        "Preallocated bytes of all log segment files",
+        "shard",
+        c().filter_map(|s| Some((s.core, gauge(s.disk?.segment_bytes)))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_reclaimable_bytes",
+        "Segment bytes not held by live data (reclaimed by the cleaner over time)",
+        "shard",
+        c().filter_map(|s| {
+            let d = s.disk?;
+            Some((s.core, gauge(d.segment_bytes.saturating_sub(d.live_bytes))))
+        }),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_segments",
+        "Log segment files",
+        "shard",
+        c().filter_map(|s| Some((s.core, gauge(s.disk?.segments as u64)))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_cache_bytes",
+        "Stream bytes cached in memory",
+        "shard",
+        c().map(|s| (s.core, gauge(s.cache_bytes as u64))),
+    )?;
+    Ok(())
+}
+
+/// Each shard's streams, the memory its components hold, and whether it failed.
+fn encode_streams_and_memory(
+    e: &mut DescriptorEncoder,
+    cores: &[CoreSnapshot],
+) -> Result<(), std::fmt::Error> {
+    let c = || cores.iter();
+    per_core(
+        e,
+        "ursula_streams",
+        "Streams owned by each shard",
+        "shard",
+        c().map(|s| (s.core, gauge(s.streams as u64))),
+    )?;
+    per_core(
+        e,
+        "ursula_dormant_streams",
+        "Streams of each shard whose state is in its index files, not in memory, until used",
+        "shard",
+        c().map(|s| (s.core, gauge(s.dormant_streams as u64))),
+    )?;
+    let mut family = e.encode_descriptor(
+        "ursula_memory_bytes",
+        "Heap bytes each shard's components hold, as each counts them",
+        None,
+        MetricType::Gauge,
+    )?;
+    for s in c() {
+        for (component, bytes) in s.heap.components() {
+            let labels = [
+                ("shard", s.core.to_string()),
+                ("component", component.to_string()),
+            ];
+            gauge(bytes as u64).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    per_core(
+        e,
+        "ursula_storage_failed",
+        "1 when the shard refuses writes after a failed log write",
+        "shard",
+        c().map(|s| (s.core, gauge(u64::from(s.failed)))),
+    )?;
+    Ok(())
 }
 
 /// The cold tier's metrics (only with a bucket configured).

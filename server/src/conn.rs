@@ -60,7 +60,10 @@ pub async fn serve_connection<S: Transport>(
 }
 
 /// Serve a connection whose first `rbuf` bytes were already read (by another core, before
-/// the connection moved here).
+/// the connection moved here). One loop over the connection's requests, in one function
+/// (about 130 lines) because what carries from one request to the next (the buffers, the
+/// idle timeout, the core its requests go to) is its local state; each step it takes is a
+/// function of its own.
 async fn serve_from<S: Transport>(
     core: Rc<Core>,
     mut stream: S,
@@ -69,7 +72,6 @@ async fn serve_from<S: Transport>(
     mut rbuf: Vec<u8>,
     first_wait: Duration,
 ) {
-    let peer = ends.peer;
     let mut wbuf: Vec<u8> = Vec::with_capacity(1024);
     // Moving needs a plain socket, another core, and a client connection (the admin
     // listener lives on core 0 only).
@@ -93,13 +95,15 @@ async fn serve_from<S: Transport>(
         rbuf.drain(..head.head_len);
         let mut keep_alive = head.keep_alive && !core.shutting_down();
         let is_head = head.method == Method::Head;
-        let method = head.method.clone();
-        let route = route_label(&head.path);
-        // Clock reads show in the profile of small appends; only the access log needs one.
-        let access = core
-            .config
-            .access_log
-            .then(|| (head.path.clone(), Instant::now()));
+        let seen = Seen {
+            method: head.method.clone(),
+            route: route_label(&head.path),
+            // Clock reads show in the profile of small appends; only the access log needs one.
+            access: core
+                .config
+                .access_log
+                .then(|| (head.path.clone(), Instant::now())),
+        };
         let origin = core
             .config
             .cors_origins
@@ -157,17 +161,7 @@ async fn serve_from<S: Transport>(
             }
         };
         drop(permit);
-        let head = reply.head_mut();
-        head.cors = cors(&core, origin.as_deref());
-        absolute_location::<S>(&core, ends.local, head);
-        sandbox_active_content(head);
-        let status = head.status;
-        let resp_len = head.body_len();
-        core.metrics
-            .request(route, &method, status, req_len, resp_len);
-        if let Some((path, started)) = access {
-            access_log(&core, peer, &method, &path, status, resp_len, started);
-        }
+        finish_reply::<S>(&core, ends, &mut reply, origin.as_deref(), seen, req_len);
         let result = match reply {
             Reply::Sse(head, session) => {
                 core.metrics.sse_started();
@@ -185,11 +179,7 @@ async fn serve_from<S: Transport>(
             Ok(_) if unread_body => return linger_close(&core, &mut stream).await,
             _ => return,
         }
-        affinity = match owner.filter(|_| may_move) {
-            Some(o) if o != core.index && o == affinity.0 => (o, affinity.1 + 1),
-            Some(o) if o != core.index => (o, 1),
-            _ => (core.index, 0),
-        };
+        affinity = next_affinity(&core, owner.filter(|_| may_move), affinity);
         if affinity.1 >= MOVE_AFTER_REQUESTS && !core.shutting_down() {
             // Between requests: the response is written and no read is pending.
             let socket = match stream.into_socket() {
@@ -204,6 +194,56 @@ async fn serve_from<S: Transport>(
             adopt_on(&core, affinity.0, socket, ends, rbuf);
             return;
         }
+    }
+}
+
+/// What the connection noted of a request before handing it on, for its metrics and its
+/// access-log line.
+struct Seen {
+    method: Method,
+    route: &'static str,
+    /// The path and when the request arrived, when the access log is on.
+    access: Option<(String, Instant)>,
+}
+
+/// Headers every reply gets on its way out (CORS, an absolute `Location`, sandboxing of
+/// active content), then the request's metrics and access-log line.
+fn finish_reply<S: Transport>(
+    core: &Core,
+    ends: Ends,
+    reply: &mut Reply,
+    origin: Option<&str>,
+    seen: Seen,
+    req_len: usize,
+) {
+    let head = reply.head_mut();
+    head.cors = cors(core, origin);
+    absolute_location::<S>(core, ends.local, head);
+    sandbox_active_content(head);
+    let (status, resp_len) = (head.status, head.body_len());
+    core.metrics
+        .request(seen.route, &seen.method, status, req_len, resp_len);
+    if let Some((path, started)) = seen.access {
+        access_log(
+            core,
+            ends.peer,
+            &seen.method,
+            &path,
+            status,
+            resp_len,
+            started,
+        );
+    }
+}
+
+/// The foreign core a connection's requests went to last, and how many in a row, after a
+/// request whose stream `owner` has (`None`: a request that names no stream, or a
+/// connection that may not move).
+fn next_affinity(core: &Core, owner: Option<usize>, last: (usize, u32)) -> (usize, u32) {
+    match owner {
+        Some(o) if o != core.index && o == last.0 => (o, last.1 + 1),
+        Some(o) if o != core.index => (o, 1),
+        _ => (core.index, 0),
     }
 }
 

@@ -36,6 +36,7 @@ impl PayloadKind {
 }
 
 /// Body of a write as stored: canonical NDJSON for JSON streams, raw bytes otherwise.
+#[derive(Default)]
 pub struct Payload {
     pub data: Bytes,
     pub msg_lens: Vec<u32>,

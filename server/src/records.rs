@@ -10,7 +10,7 @@ use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::Query;
 use ursula_storage::{RecordNo, StreamView};
 
-use crate::http::{ApiError, Response};
+use crate::http::{ApiError, PushHeader, Refusal, Response};
 use crate::limits::ENVELOPE_SLICE_BYTES_MIN;
 use crate::surface::Surface;
 
@@ -40,16 +40,13 @@ pub use ursula_protocol::records::{RecordParams, RecordStart};
 /// The record-aware parameters of a read (§8.6), if any, or the `400` response. `json` says
 /// whether the stream is a JSON stream (record parameters on other streams are a 400). The
 /// parsing itself is [`ursula_protocol::records::parse_record_params`].
-pub fn parse(query: &Query, json: bool) -> Result<Option<RecordParams>, Response> {
-    ursula_protocol::records::parse_record_params(query, json).map_err(|why| {
-        ApiError::InvalidRequest(why)
-            .response()
-            .header("stream-extensions", TOKEN)
-    })
+pub fn parse(query: &Query, json: bool) -> Result<Option<RecordParams>, Refusal> {
+    ursula_protocol::records::parse_record_params(query, json)
+        .map_err(|why| ApiError::InvalidRequest(why).header("stream-extensions", TOKEN))
 }
 
 /// Resolve a record start against the readable records, or the error response (§8.6).
-pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<RecordNo, Response> {
+pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<RecordNo, Refusal> {
     let (first, next) = (first(s), visible_next(s));
     let r = match start {
         RecordStart::At(r) => RecordNo::new(r),
@@ -58,7 +55,6 @@ pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<RecordNo, Respo
     };
     if r < first {
         return Err(ApiError::OffsetTrimmed("record was removed by retention")
-            .response()
             .header("stream-extensions", TOKEN)
             .header("stream-record-first", first.to_string())
             .header("stream-record-next", next.to_string())
@@ -70,7 +66,6 @@ pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<RecordNo, Respo
     if r > next {
         return Err(
             ApiError::OffsetBeyondTail("record is beyond the record tail")
-                .response()
                 .header("stream-extensions", TOKEN)
                 .header("stream-record-first", first.to_string())
                 .header("stream-record-next", next.to_string()),
@@ -131,10 +126,10 @@ pub fn envelope_parts(parts: &[Bytes], first_record: RecordNo) -> Vec<Bytes> {
 }
 
 /// Stream-level record headers (HEAD, offset reads).
-pub fn push_stream_headers(resp: &mut Response, s: &StreamView<'_>) {
-    resp.push("stream-extensions", TOKEN);
-    resp.push("stream-record-first", first(s).to_string());
-    resp.push("stream-record-next", visible_next(s).to_string());
+pub fn push_stream_headers(resp: &mut impl PushHeader, s: &StreamView<'_>) {
+    resp.push_header("stream-extensions", TOKEN.to_owned());
+    resp.push_header("stream-record-first", first(s).to_string());
+    resp.push_header("stream-record-next", visible_next(s).to_string());
 }
 
 /// Acknowledgement headers for a write that created records `[start, next)`.
@@ -150,7 +145,7 @@ mod tests {
     use ursula_protocol::query::parse_query;
 
     fn p(q: &str) -> Result<Option<RecordParams>, u16> {
-        parse(&parse_query(q).expect("query"), true).map_err(|r| r.status)
+        parse(&parse_query(q).expect("query"), true).map_err(|r| r.error.status())
     }
 
     #[test]
@@ -197,7 +192,10 @@ mod tests {
             assert_eq!(p(bad), Err(400), "{bad}");
         }
         let q = parse_query("record=1").expect("query");
-        assert_eq!(parse(&q, false).map_err(|r| r.status).err(), Some(400));
+        assert_eq!(
+            parse(&q, false).map_err(|r| r.error.status()).err(),
+            Some(400)
+        );
     }
 
     #[test]

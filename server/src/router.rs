@@ -13,7 +13,7 @@ use ursula_protocol::http1::Method;
 use crate::core::Core;
 use crate::handlers::read_params::ReadReply;
 use crate::handlers::{append, attrs, batch, buckets, create, delete, head, read, snapshots};
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Refusal, Request, Response};
 use crate::live::sse::{self, SseSession};
 use crate::routes::{route, Route};
 use crate::surface::Surface;
@@ -29,6 +29,12 @@ pub enum Reply {
 impl From<Response> for Reply {
     fn from(resp: Response) -> Reply {
         Reply::Plain(resp)
+    }
+}
+
+impl From<Handled> for Reply {
+    fn from(handled: Handled) -> Reply {
+        Reply::Plain(handled.unwrap_or_else(Refusal::response))
     }
 }
 
@@ -97,7 +103,7 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
             }
         })
         .await
-        .unwrap_or_else(|_| ApiError::owner_unavailable().response());
+        .unwrap_or_else(|_| Err(ApiError::owner_unavailable().into()));
     (resp.into(), Some(owner))
 }
 
@@ -134,12 +140,12 @@ async fn stream_request(
     call: StreamCall,
 ) -> (Reply, Option<Request>) {
     if surface == Surface::Bucketed {
-        if let Some(resp) = buckets::require_bucket(core, &key).await {
+        if let Err(e) = buckets::require_bucket(core, &key).await {
             let home = match call {
                 StreamCall::Append(_) => None,
                 StreamCall::Other(req) => Some(req),
             };
-            return (resp.into(), home);
+            return (e.response().into(), home);
         }
     }
     match call {
@@ -163,11 +169,12 @@ async fn other_request(core: &Rc<Core>, surface: Surface, key: &str, req: &mut R
             append::append(core, surface, key, a).await.into()
         }
         Method::Get => match Box::pin(read::read(core, surface, key, req)).await {
-            ReadReply::Done(resp) => resp.into(),
-            ReadReply::Sse(start) => match sse::start(core, start) {
+            Ok(ReadReply::Done(resp)) => resp.into(),
+            Ok(ReadReply::Sse(start)) => match sse::start(core, start) {
                 Ok((head, session)) => Reply::Sse(head, Box::new(session)),
                 Err(resp) => resp.into(),
             },
+            Err(refusal) => refusal.response().into(),
         },
         Method::Head => head::head(core, surface, key).into(),
         Method::Delete => Box::pin(delete::delete(core, key)).await.into(),

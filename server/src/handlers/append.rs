@@ -12,11 +12,11 @@ use ursula_protocol::headers::{
     is_closed_true, parse_producer, parse_stream_seq, ProducerHeaders, StreamSeqTooLong,
 };
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{AppendRec, ProducerStamp, Receipt, RecordNo, StreamId};
+use ursula_storage::{AppendRec, Offset, ProducerStamp, Receipt, RecordNo, StreamId};
 
 use crate::core::Core;
 use crate::handlers::headers::closed_response;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Refusal, Request, Response};
 use crate::lookup;
 use crate::payload::{payload, Payload, PayloadKind};
 use crate::records;
@@ -124,136 +124,164 @@ impl AppendRequest {
     }
 }
 
-pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendRequest) -> Response {
+/// The append's header values, checked for syntax (step 2 of the protocol's order).
+struct AppendHeaders {
+    producer: Option<ProducerHeaders>,
+    stream_seq: Option<Bytes>,
+    close: bool,
+    record_match: Option<RecordNo>,
+}
+
+/// The stream's state the append is checked against, read once on the owner.
+struct Head {
+    tail: Offset,
+    closed: bool,
+    content_type: String,
+    last_seq: Option<Bytes>,
+    record_next: RecordNo,
+    /// Whether acknowledgements carry record coordinates.
+    coords: bool,
+}
+
+pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendRequest) -> Handled {
     // 2. header syntax
-    let producer = match req.producer {
-        Ok(p) => p,
-        Err(why) => return ApiError::InvalidRequest(why).response(),
-    };
-    let stream_seq = match req.stream_seq {
-        Ok(s) => s,
-        Err(StreamSeqTooLong) => {
-            return ApiError::InvalidRequest("Stream-Seq longer than 1024 bytes").response()
-        }
-    };
-    let close = req.close;
-    let record_match = match req.record_match {
-        Ok(n) => n,
-        Err(()) => {
-            return ApiError::InvalidRequest("Stream-Record-Match must be an unsigned integer")
-                .response()
-        }
+    let headers = AppendHeaders {
+        producer: req.producer.map_err(ApiError::InvalidRequest)?,
+        stream_seq: req.stream_seq.map_err(|StreamSeqTooLong| {
+            ApiError::InvalidRequest("Stream-Seq longer than 1024 bytes")
+        })?,
+        close: req.close,
+        record_match: req.record_match.map_err(|()| {
+            ApiError::InvalidRequest("Stream-Record-Match must be an unsigned integer")
+        })?,
     };
     // 3. existence
-    let id = match lookup::live(core, key) {
-        Ok(id) => id,
-        Err(e) => return e.response(),
-    };
+    let id = lookup::live(core, key)?;
     // 4. body
     let close_only = req.body.is_empty();
-    if close_only && !close {
-        return ApiError::EmptyBody("an append needs a body (or Stream-Closed: true)").response();
+    if close_only && !headers.close {
+        return Err(ApiError::EmptyBody("an append needs a body (or Stream-Closed: true)").into());
     }
-    let mut body = Payload {
-        data: Bytes::new(),
-        msg_lens: Vec::new(),
-    };
-    let mut request_type = None;
-    if !close_only {
+    let (body, request_type) = if close_only {
+        (Payload::default(), None)
+    } else {
         let ct = match req.content_type {
-            None => return ApiError::MissingContentType.response(),
-            Some(Err(_)) => return ApiError::InvalidRequest("invalid Content-Type").response(),
+            None => return Err(ApiError::MissingContentType.into()),
+            Some(Err(_)) => return Err(ApiError::InvalidRequest("invalid Content-Type").into()),
             Some(Ok(ct)) => ct,
         };
-        body = match PayloadKind::of(&ct).and_then(|kind| payload(kind, req.body, false)) {
-            Ok(p) => p,
-            Err(e) => return e.response(),
-        };
-        request_type = Some(ct);
-    }
+        let body = PayloadKind::of(&ct).and_then(|kind| payload(kind, req.body, false))?;
+        (body, Some(ct))
+    };
     // 5. producer
-    if let Some(p) = &producer {
+    if let Some(p) = &headers.producer {
         match check_producer(core, id, p) {
             ProducerVerdict::Accept => {}
             ProducerVerdict::Duplicate {
                 epoch,
                 highest,
                 receipt,
-            } => {
-                return duplicate(core, surface, id, epoch, highest, receipt).await;
-            }
+            } => return duplicate(core, surface, id, epoch, highest, receipt).await,
             ProducerVerdict::Stale { current } => {
-                return ApiError::ProducerEpochStale
-                    .response()
-                    .header("producer-epoch", current.to_string())
+                return Err(
+                    ApiError::ProducerEpochStale.header("producer-epoch", current.to_string())
+                )
             }
-            ProducerVerdict::NewEpochNonZero => return ApiError::ProducerEpochSeq.response(),
+            ProducerVerdict::NewEpochNonZero => return Err(ApiError::ProducerEpochSeq.into()),
             ProducerVerdict::Gap { expected, received } => {
-                return ApiError::ProducerSeqGap
-                    .response()
+                return Err(ApiError::ProducerSeqGap
                     .header("producer-expected-seq", expected.to_string())
-                    .header("producer-received-seq", received.to_string())
+                    .header("producer-received-seq", received.to_string()))
             }
         }
     }
-    let (tail, closed, stored_type, last_seq, record_next) = {
-        let Some(s) = core.shard.head(id) else {
-            return ApiError::owner_unavailable().response();
-        };
-        (
-            s.tail(),
-            s.closed(),
-            s.content_type().to_owned(),
-            s.last_stream_seq().cloned(),
-            s.message_count(),
-        )
+    let head = {
+        let s = core
+            .shard
+            .head(id)
+            .ok_or_else(ApiError::owner_unavailable)?;
+        Head {
+            tail: s.tail(),
+            closed: s.closed(),
+            content_type: s.content_type().to_owned(),
+            last_seq: s.last_stream_seq().cloned(),
+            record_next: s.message_count(),
+            coords: records::active(surface, s.content_type()),
+        }
     };
-    let coords = records::active(surface, &stored_type);
-    if record_match.is_some() && !coords {
-        return ApiError::InvalidRequest("Stream-Record-Match needs an application/json stream")
-            .response();
+    if headers.record_match.is_some() && !head.coords {
+        return Err(ApiError::InvalidRequest(
+            "Stream-Record-Match needs an application/json stream",
+        )
+        .into());
     }
-    // 6. closed
-    if closed {
-        if close_only && producer.is_none() {
-            let mut resp = closed_response(core, id, 204);
-            if coords {
-                records::push_ack_headers(&mut resp, record_next, record_next);
-            }
-            return resp;
+    // 6. closed: a close-only request without a producer is answered as if it closed it
+    if head.closed && close_only && headers.producer.is_none() {
+        let mut resp = closed_response(core, id, 204);
+        if head.coords {
+            records::push_ack_headers(&mut resp, head.record_next, head.record_next);
         }
-        return ApiError::StreamClosed
-            .response()
-            .header("stream-closed", "true")
-            .header("stream-next-offset", format_offset(tail.get()));
+        return Ok(resp);
     }
-    // 7. content type
-    if let Some(ct) = &request_type {
-        if !same_media_type(ct, &stored_type) {
-            return ApiError::ContentTypeMismatch("Content-Type differs from the stream's")
-                .response()
-                .header("stream-next-offset", format_offset(tail.get()));
-        }
-    }
-    // 8. record precondition (ignored on close-only requests)
-    if let Some(expected) = record_match.filter(|_| !close_only) {
-        if expected != record_next {
-            return ApiError::RecordPreconditionFailed
-                .response()
-                .header("stream-extensions", records::TOKEN)
-                .header("stream-record-next", record_next.to_string())
-                .header("stream-next-offset", format_offset(tail.get()));
-        }
-    }
-    // 9. Stream-Seq
-    if let (Some(seq), Some(last)) = (&stream_seq, &last_seq) {
-        if seq[..] <= last[..] {
-            return ApiError::StreamSeqConflict
-                .response()
-                .header("stream-next-offset", format_offset(tail.get()));
-        }
-    }
+    check_against_head(&head, &headers, request_type.as_deref(), close_only)?;
     // 10. commit
+    commit(core, id, headers, body, close_only, head.coords).await
+}
+
+/// Steps 6-9 of the protocol's order: the stream is open, the content type is the
+/// stream's, the record precondition holds, and `Stream-Seq` increases.
+fn check_against_head(
+    head: &Head,
+    headers: &AppendHeaders,
+    request_type: Option<&str>,
+    close_only: bool,
+) -> Result<(), Refusal> {
+    let tail = format_offset(head.tail.get());
+    if head.closed {
+        return Err(ApiError::StreamClosed
+            .header("stream-closed", "true")
+            .header("stream-next-offset", tail));
+    }
+    if let Some(ct) = request_type {
+        if !same_media_type(ct, &head.content_type) {
+            return Err(
+                ApiError::ContentTypeMismatch("Content-Type differs from the stream's")
+                    .header("stream-next-offset", tail),
+            );
+        }
+    }
+    // The record precondition is ignored on close-only requests.
+    if let Some(expected) = headers.record_match.filter(|_| !close_only) {
+        if expected != head.record_next {
+            return Err(ApiError::RecordPreconditionFailed
+                .header("stream-extensions", records::TOKEN)
+                .header("stream-record-next", head.record_next.to_string())
+                .header("stream-next-offset", tail));
+        }
+    }
+    if let (Some(seq), Some(last)) = (&headers.stream_seq, &head.last_seq) {
+        if seq[..] <= last[..] {
+            return Err(ApiError::StreamSeqConflict.header("stream-next-offset", tail));
+        }
+    }
+    Ok(())
+}
+
+/// Append to the shard and answer once the append is durable.
+async fn commit(
+    core: &Rc<Core>,
+    id: StreamId,
+    headers: AppendHeaders,
+    body: Payload,
+    close_only: bool,
+    coords: bool,
+) -> Handled {
+    let AppendHeaders {
+        producer,
+        stream_seq,
+        close,
+        ..
+    } = headers;
     let len = body.data.len() as u32;
     let rec = AppendRec {
         close,
@@ -268,13 +296,8 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
         data: body.data,
         ..Default::default()
     };
-    let (receipt, commit) = match core.shard.append(id, rec) {
-        Ok(x) => x,
-        Err(e) => return Response::from(e),
-    };
-    if let Err(e) = commit.durable().await {
-        return Response::from(e);
-    }
+    let (receipt, commit) = core.shard.append(id, rec)?;
+    commit.durable().await?;
     let status = if producer.is_some() && !close_only {
         200
     } else {
@@ -293,7 +316,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
     if coords {
         records::push_ack_headers(&mut resp, receipt.record_start, receipt.record_next);
     }
-    resp
+    Ok(resp)
 }
 
 /// A retried producer append (P§7.3): the original outcome, once it is durable.
@@ -304,13 +327,13 @@ async fn duplicate(
     epoch: u64,
     highest: u64,
     receipt: Option<Receipt>,
-) -> Response {
+) -> Handled {
     if let Some(r) = &receipt {
         // The original may still be in the group commit; never acknowledge before it is.
         loop {
             let (visible, version) = match core.shard.stream(id) {
                 Some(s) => (s.next_offset() >= r.next, s.version()),
-                None => return ApiError::StreamNotFound.response(),
+                None => return Err(ApiError::StreamNotFound.into()),
             };
             if visible {
                 break;
@@ -334,5 +357,5 @@ async fn duplicate(
     if closed {
         resp.push("stream-closed", "true");
     }
-    resp
+    Ok(resp)
 }

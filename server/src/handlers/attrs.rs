@@ -10,65 +10,54 @@ use crate::attrs::{parse, Attrs};
 use crate::core::Core;
 use crate::ext::Ext;
 use crate::handlers::buckets::require_bucket;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Request, Response};
 use crate::lookup;
 
 /// `GET|PUT /{bucket}/{stream}/attrs`, on the stream's owner core.
-pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
+pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     let put = match req.method {
         Method::Get | Method::Head => false,
         Method::Put => true,
         _ => {
-            return ApiError::MethodNotAllowed {
+            return Err(ApiError::MethodNotAllowed {
                 allow: "GET, HEAD, PUT, OPTIONS",
                 reason: "method not allowed",
             }
-            .response()
+            .into())
         }
     };
-    if let Some(resp) = require_bucket(core, key).await {
-        return resp;
-    }
-    let id = match lookup::live(core, key) {
-        Ok(id) => id,
-        Err(e) => return e.response(),
-    };
+    require_bucket(core, key).await?;
+    let id = lookup::live(core, key)?;
     if !put {
-        let Some(s) = core.shard.stream(id) else {
-            return ApiError::owner_unavailable().response();
-        };
+        let s = core
+            .shard
+            .stream(id)
+            .ok_or_else(ApiError::owner_unavailable)?;
         let body = Attrs::render(Ext::decode(s.ext()).attrs.as_ref());
-        return Response::new(200)
+        return Ok(Response::new(200)
             .header("content-type", "application/json")
             .header("cache-control", "no-store")
-            .with_body(vec![body.into()]);
+            .with_body(vec![body.into()]));
     }
     let json_type = req
         .header("content-type")
         .and_then(|v| normalize(v).ok())
         .is_some_and(|ct| is_json(&ct));
     if !json_type {
-        return ApiError::InvalidRequest("stream attributes must be sent as application/json")
-            .response();
+        return Err(
+            ApiError::InvalidRequest("stream attributes must be sent as application/json").into(),
+        );
     }
-    let attrs = match parse(&req.body) {
-        Ok(a) => a,
-        Err(why) => return ApiError::InvalidRequest(why).response(),
-    };
+    let attrs = parse(&req.body).map_err(ApiError::InvalidRequest)?;
     // Read-modify-write of the state blob with no `.await` in between: atomic on the owner.
     let commit = {
         let mut ext = match core.shard.stream(id) {
             Some(s) => Ext::decode(s.ext()),
-            None => return ApiError::owner_unavailable().response(),
+            None => return Err(ApiError::owner_unavailable().into()),
         };
         ext.attrs = attrs;
-        core.shard.set_ext(id, ext.encode())
+        core.shard.set_ext(id, ext.encode())?
     };
-    match commit {
-        Ok(c) => match c.durable().await {
-            Ok(()) => Response::new(204).header("cache-control", "no-store"),
-            Err(e) => Response::from(e),
-        },
-        Err(e) => Response::from(e),
-    }
+    commit.durable().await?;
+    Ok(Response::new(204).header("cache-control", "no-store"))
 }

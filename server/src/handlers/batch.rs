@@ -19,7 +19,7 @@ use ursula_storage::{AppendRec, Offset, Receipt, RecordNo, StorageError};
 
 use crate::core::Core;
 use crate::handlers::buckets::require_bucket;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Request, Response};
 use crate::limits::BODY_BYTES_MAX;
 use crate::lookup;
 use crate::payload::{payload, Payload, PayloadKind};
@@ -28,21 +28,14 @@ use crate::surface::Surface;
 
 use ursula_protocol::batch::FrameError;
 
-fn frame_error_response(e: FrameError) -> Response {
+fn frame_error(e: FrameError) -> ApiError {
     match e {
         FrameError::TooLarge => {
             ApiError::PayloadTooLarge("append-batch takes at most 512 frames and 32 MiB".into())
-                .response()
         }
-        FrameError::NoFrames => {
-            ApiError::EmptyBody("append-batch needs at least one frame").response()
-        }
-        FrameError::ZeroLength => {
-            ApiError::InvalidRequest("append-batch frames must not be empty").response()
-        }
-        FrameError::Truncated => {
-            ApiError::InvalidRequest("truncated append-batch frame").response()
-        }
+        FrameError::NoFrames => ApiError::EmptyBody("append-batch needs at least one frame"),
+        FrameError::ZeroLength => ApiError::InvalidRequest("append-batch frames must not be empty"),
+        FrameError::Truncated => ApiError::InvalidRequest("truncated append-batch frame"),
     }
 }
 
@@ -219,61 +212,45 @@ fn prefers_minimal(req: &Request) -> bool {
 }
 
 /// `POST /{bucket}/{stream}/append-batch`, on the stream's owner core.
-pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
+pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     if req.method != Method::Post {
-        return ApiError::MethodNotAllowed {
+        return Err(ApiError::MethodNotAllowed {
             allow: "POST, OPTIONS",
             reason: "append-batch takes POST",
         }
-        .response();
+        .into());
     }
     // 1. size limits, 2. header syntax and rejected headers
     let frames = decode_frames(&req.body);
     if frames == Err(FrameError::TooLarge) {
-        return frame_error_response(FrameError::TooLarge);
+        return Err(frame_error(FrameError::TooLarge).into());
     }
     if let Some(why) = rejected_header(&req) {
-        return ApiError::InvalidHeader(why).response();
+        return Err(ApiError::InvalidHeader(why).into());
     }
     let request_type = match req.header("content-type").map(normalize) {
         Some(Ok(ct)) => Some(ct),
-        Some(Err(_)) => return ApiError::InvalidHeader("invalid Content-Type").response(),
+        Some(Err(_)) => return Err(ApiError::InvalidHeader("invalid Content-Type").into()),
         None => None,
     };
     // 3. existence
-    if let Some(resp) = require_bucket(core, key).await {
-        return resp;
-    }
-    let id = match lookup::live(core, key) {
-        Ok(id) => id,
-        Err(e) => return e.response(),
-    };
+    require_bucket(core, key).await?;
+    let id = lookup::live(core, key)?;
     // 4. body: framing, Content-Type, then every frame's JSON before anything commits
-    let Some(request_type) = request_type else {
-        return ApiError::MissingContentType.response();
-    };
-    let frames = match frames {
-        Ok(f) => f,
-        Err(e) => return frame_error_response(e),
-    };
-    let kind = match PayloadKind::of(&request_type) {
-        Ok(kind) => kind,
-        Err(e) => return e.response(),
-    };
-    let mut payloads = Vec::with_capacity(frames.len());
-    for f in &frames {
-        match payload(kind, f.clone(), false) {
-            Ok(p) => payloads.push(p),
-            Err(e) => return e.response(),
-        }
-    }
+    let request_type = request_type.ok_or(ApiError::MissingContentType)?;
+    let frames = frames.map_err(frame_error)?;
+    let kind = PayloadKind::of(&request_type)?;
+    let payloads = frames
+        .iter()
+        .map(|f| payload(kind, f.clone(), false))
+        .collect::<Result<Vec<_>, _>>()?;
     drop(frames);
     let (type_ok, coords) = match core.shard.stream(id) {
         Some(s) => (
             same_media_type(&request_type, s.content_type()),
             records::active(Surface::Bucketed, s.content_type()),
         ),
-        None => return ApiError::owner_unavailable().response(),
+        None => return Err(ApiError::owner_unavailable().into()),
     };
     // 5. commit: one group commit for the whole request (no `.await` until `durable`)
     let (acks, last) = append_frames(
@@ -284,9 +261,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
         |rec| core.shard.append(id, rec),
     );
     if let Some(commit) = last {
-        if let Err(e) = commit.durable().await {
-            return Response::from(e);
-        }
+        commit.durable().await?;
     }
     let tail = acks
         .iter()
@@ -306,10 +281,10 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Response {
     }
     if all_ok && !coords && prefers_minimal(&req) {
         resp.status = 204;
-        return resp;
+        return Ok(resp);
     }
     resp.push("content-type", "application/json");
-    resp.with_body(vec![Bytes::from(render_acks(&acks))])
+    Ok(resp.with_body(vec![Bytes::from(render_acks(&acks))]))
 }
 
 #[cfg(test)]

@@ -14,38 +14,45 @@ use ursula_protocol::query::parse_query;
 use ursula_storage::{AppendRec, Lifetime, NewStream, Offset};
 
 use crate::core::Core;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Request, Response};
 use crate::limits::LIST_STREAMS_MAX;
 use crate::lookup::{find, Found};
 use crate::surface::bucket_key;
 
 const BUCKET_TYPE: &str = "application/x-ursula-bucket";
 
-pub async fn handle(core: &Rc<Core>, bucket: String, req: Request) -> Response {
+pub async fn handle(core: &Rc<Core>, bucket: String, req: Request) -> Handled {
     let listing = req.path.trim_end_matches('/').ends_with("/streams");
     match (&req.method, listing) {
         (Method::Get, true) => list(core, &bucket, &req).await,
-        (_, true) => ApiError::MethodNotAllowed {
+        (_, true) => Err(ApiError::MethodNotAllowed {
             allow: "GET",
             reason: "only GET lists streams",
         }
-        .response(),
+        .into()),
         (Method::Put, false) => create(core, &bucket).await,
         (Method::Get, false) => metadata(core, &bucket).await,
         (Method::Delete, false) => delete(core, &bucket).await,
-        _ => ApiError::MethodNotAllowed {
+        _ => Err(ApiError::MethodNotAllowed {
             allow: "PUT, GET, DELETE",
             reason: "method not allowed",
         }
-        .response(),
+        .into()),
     }
 }
 
-/// `None` when the bucket of stream `key` (`b/{bucket}/{stream}`) exists, else a 404.
-pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Option<Response> {
-    let bucket = key.strip_prefix("b/")?.split('/').next()?.to_string();
+/// Whether the bucket of stream `key` (`b/{bucket}/{stream}`) exists: refused with a 404
+/// when it does not. A key outside every bucket (the compat surface's) needs none.
+pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Result<(), ApiError> {
+    let Some(bucket) = key
+        .strip_prefix("b/")
+        .and_then(|rest| rest.split('/').next())
+        .map(str::to_string)
+    else {
+        return Ok(());
+    };
     if exists_locally(core, &bucket) {
-        return None;
+        return Ok(());
     }
     let owner = core.owner_of(&bucket_key(&bucket));
     if owner != core.index {
@@ -55,10 +62,10 @@ pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Option<Response> {
             .await
             .unwrap_or(false);
         if there && replicate(core, &bucket).await {
-            return None;
+            return Ok(());
         }
     }
-    Some(ApiError::BucketNotFound.response())
+    Err(ApiError::BucketNotFound)
 }
 
 fn exists_locally(core: &Core, bucket: &str) -> bool {
@@ -86,7 +93,7 @@ async fn replicate(core: &Rc<Core>, bucket: &str) -> bool {
     }
 }
 
-async fn create(core: &Rc<Core>, bucket: &str) -> Response {
+async fn create(core: &Rc<Core>, bucket: &str) -> Handled {
     let owner = core.owner_of(&bucket_key(bucket));
     let b = bucket.to_string();
     let created = core
@@ -99,8 +106,8 @@ async fn create(core: &Rc<Core>, bucket: &str) -> Response {
         .await;
     match created {
         Ok(Some(true)) => {}
-        Ok(Some(false)) => return ApiError::BucketExists.response(),
-        _ => return ApiError::owner_unavailable().response(),
+        Ok(Some(false)) => return Err(ApiError::BucketExists.into()),
+        _ => return Err(ApiError::owner_unavailable().into()),
     }
     for i in (0..core.cores()).filter(|&i| i != owner) {
         let b = bucket.to_string();
@@ -109,9 +116,9 @@ async fn create(core: &Rc<Core>, bucket: &str) -> Response {
             .on(i, move |c| async move { replicate(&c, &b).await })
             .await;
     }
-    Response::new(201)
+    Ok(Response::new(201)
         .header("cache-control", "no-store")
-        .header("location", format!("/{bucket}"))
+        .header("location", format!("/{bucket}")))
 }
 
 /// One stream of a listing, gathered from its owner core.
@@ -231,48 +238,37 @@ async fn count(core: &Rc<Core>, bucket: &str) -> usize {
     total
 }
 
-async fn metadata(core: &Rc<Core>, bucket: &str) -> Response {
-    if require_bucket(core, &format!("b/{bucket}/x"))
-        .await
-        .is_some()
-    {
-        return ApiError::BucketNotFound.response();
-    }
+async fn metadata(core: &Rc<Core>, bucket: &str) -> Handled {
+    require_bucket(core, &format!("b/{bucket}/x")).await?;
     let count = count(core, bucket).await;
     let body = sonic_rs::json!({"bucket_id": bucket, "streams": count}).to_string();
-    Response::new(200)
+    Ok(Response::new(200)
         .header("content-type", "application/json")
         .header("cache-control", "no-store")
-        .with_body(vec![Bytes::from(body)])
+        .with_body(vec![Bytes::from(body)]))
 }
 
-async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
-    let Ok(query) = parse_query(&req.query) else {
-        return ApiError::InvalidRequest("invalid query").response();
-    };
+async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Handled {
+    let query = parse_query(&req.query).map_err(|_| ApiError::InvalidRequest("invalid query"))?;
     let (Ok(prefix), Ok(after), Ok(limit)) = (
         query.get_unique("prefix"),
         query.get_unique("after"),
         query.get_unique("limit"),
     ) else {
-        return ApiError::InvalidRequest("parameter given more than once").response();
+        return Err(ApiError::InvalidRequest("parameter given more than once").into());
     };
     let limit = match limit {
         None => LIST_STREAMS_MAX,
         Some(v) => match v.parse::<usize>() {
             Ok(n) if (1..=LIST_STREAMS_MAX).contains(&n) && !v.starts_with('+') => n,
             _ => {
-                return ApiError::InvalidRequest("limit must be an integer from 1 to 1000")
-                    .response()
+                return Err(
+                    ApiError::InvalidRequest("limit must be an integer from 1 to 1000").into(),
+                )
             }
         },
     };
-    if require_bucket(core, &format!("b/{bucket}/x"))
-        .await
-        .is_some()
-    {
-        return ApiError::BucketNotFound.response();
-    }
+    require_bucket(core, &format!("b/{bucket}/x")).await?;
     let matching = entries(core, bucket, Selection { prefix, after }, limit + 1).await;
     let has_more = matching.len() > limit;
     let page = &matching[..matching.len().min(limit)];
@@ -303,21 +299,16 @@ async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Response {
         "has_more": has_more,
     })
     .to_string();
-    Response::new(200)
+    Ok(Response::new(200)
         .header("content-type", "application/json")
         .header("cache-control", "no-store")
-        .with_body(vec![Bytes::from(body)])
+        .with_body(vec![Bytes::from(body)]))
 }
 
-async fn delete(core: &Rc<Core>, bucket: &str) -> Response {
-    if require_bucket(core, &format!("b/{bucket}/x"))
-        .await
-        .is_some()
-    {
-        return ApiError::BucketNotFound.response();
-    }
+async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
+    require_bucket(core, &format!("b/{bucket}/x")).await?;
     if count(core, bucket).await > 0 {
-        return ApiError::BucketNotEmpty.response();
+        return Err(ApiError::BucketNotEmpty.into());
     }
     let owner = core.owner_of(&bucket_key(bucket));
     // Replicas first, the authoritative record last (see the module comment).
@@ -335,8 +326,8 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Response {
             })
             .await;
         if !matches!(ok, Ok(true)) {
-            return ApiError::owner_unavailable().response();
+            return Err(ApiError::owner_unavailable().into());
         }
     }
-    Response::new(204).header("cache-control", "no-store")
+    Ok(Response::new(204).header("cache-control", "no-store"))
 }

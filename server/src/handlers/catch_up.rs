@@ -10,7 +10,7 @@ use ursula_storage::{Offset, StreamId};
 
 use crate::core::Core;
 use crate::handlers::headers::read_content_type;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Request, Response};
 use crate::records;
 use crate::surface::Surface;
 
@@ -21,10 +21,8 @@ pub fn cursor(core: &Core, client: Option<&str>) -> String {
 }
 
 /// `offset=now` catch-up (P§11.5).
-pub fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Response {
-    let Some(s) = core.shard.stream(id) else {
-        return ApiError::StreamNotFound.response();
-    };
+pub fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Handled {
+    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let json = is_json(s.content_type());
     let mut resp = Response::new(200)
         .header("content-type", read_content_type(surface, s.content_type()))
@@ -40,7 +38,7 @@ pub fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Response
     if records::active(surface, s.content_type()) {
         records::push_stream_headers(&mut resp, &s);
     }
-    resp
+    Ok(resp)
 }
 
 /// The data of a read starting at `start`: (body parts, next offset).
@@ -98,14 +96,9 @@ pub async fn catch_up(
     max: usize,
     req: &Request,
     cursor: Option<String>,
-) -> Response {
-    let (parts, end) = match collect(core, surface, id, start, max).await {
-        Ok(x) => x,
-        Err(e) => return e.response(),
-    };
-    let Some(s) = core.shard.stream(id) else {
-        return ApiError::StreamNotFound.response();
-    };
+) -> Handled {
+    let (parts, end) = collect(core, surface, id, start, max).await?;
+    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let up_to_date = end == s.next_offset();
     let closed = up_to_date && s.is_closed();
     let etag = format!(
@@ -123,7 +116,7 @@ pub async fn catch_up(
     if records::active(surface, s.content_type()) {
         records::push_stream_headers(&mut resp, &s);
     }
-    finish_read(resp, etag, req, || parts)
+    Ok(finish_read(resp, etag, req, || parts))
 }
 
 /// The read-state headers every 200 of a read carries: whether it reached the tail, whether

@@ -12,7 +12,7 @@ use crate::core::Core;
 use crate::ext::Ext;
 use crate::handlers::fork;
 use crate::handlers::headers::push_lifetime;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Request, Response};
 use crate::lookup::{find, ttl_deadline_ms, Found};
 use crate::payload::{payload, PayloadKind};
 use crate::records;
@@ -22,11 +22,11 @@ use crate::surface::Surface;
 /// The lifetime headers of a create request. A lifetime that is over before the stream
 /// could be read, or whose end no clock can name, is refused: answering 201 for a stream
 /// that is already gone would lose what the create wrote.
-fn parse_lifetime(req: &Request) -> Result<Option<Lifetime>, Response> {
+fn parse_lifetime(req: &Request) -> Result<Option<Lifetime>, ApiError> {
     let ttl = req.header("stream-ttl");
     let expires = req.header("stream-expires-at");
     let now = ursula_storage::now_ms();
-    let refuse = |why: &'static str| Err(ApiError::InvalidRequest(why).response());
+    let refuse = |why: &'static str| Err(ApiError::InvalidRequest(why));
     match (ttl, expires) {
         (Some(_), Some(_)) => refuse("Stream-TTL and Stream-Expires-At are exclusive"),
         (Some(t), None) => match parse_ttl(t) {
@@ -50,10 +50,8 @@ fn created_headers(
     id: StreamId,
     status: u16,
     location: Option<String>,
-) -> Response {
-    let Some(s) = core.shard.stream(id) else {
-        return ApiError::StreamNotFound.response();
-    };
+) -> Handled {
+    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let mut resp = Response::new(status)
         .header("content-type", s.content_type().to_string())
         .header("stream-next-offset", format_offset(s.next_offset().get()))
@@ -72,44 +70,35 @@ fn created_headers(
     if let Some(loc) = location {
         resp.push("location", loc);
     }
-    resp
+    Ok(resp)
 }
 
-pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Response {
+pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> Handled {
     let content_type = match req.header("content-type") {
-        Some(v) => match normalize(v) {
-            Ok(ct) => Some(ct),
-            Err(_) => return ApiError::InvalidRequest("invalid Content-Type").response(),
-        },
+        Some(v) => {
+            Some(normalize(v).map_err(|_| ApiError::InvalidRequest("invalid Content-Type"))?)
+        }
         None => None,
     };
-    let lifetime = match parse_lifetime(req) {
-        Ok(l) => l,
-        Err(r) => return r,
-    };
+    let lifetime = parse_lifetime(req)?;
     let closed = is_closed_true(req.header("stream-closed"));
-    let fork = match fork::parse_request(req) {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    let attrs = match attrs_header(surface, req) {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
+    let fork = fork::parse_request(req)?;
+    let attrs = attrs_header(surface, req)?;
     if fork.is_some() && surface == Surface::Bucketed {
-        return ApiError::NotImplemented("forks are served on /v1/stream only").response();
+        return Err(ApiError::NotImplemented("forks are served on /v1/stream only").into());
     }
     match find(core, key) {
         Found::SoftDeleted => {
-            return ApiError::StreamExists("stream is deleted but still forked").response()
+            return Err(ApiError::StreamExists("stream is deleted but still forked").into())
         }
         Found::Live(id) => {
             let matches = {
                 // Compared with the head: a create that repeats one still in its group
                 // commit must match it, not the state before it.
-                let Some(s) = core.shard.head(id) else {
-                    return ApiError::owner_unavailable().response();
-                };
+                let s = core
+                    .shard
+                    .head(id)
+                    .ok_or_else(ApiError::owner_unavailable)?;
                 let ext = Ext::decode(s.ext());
                 let type_ok = match (&content_type, &fork) {
                     (Some(ct), _) => same_media_type(ct, s.content_type()),
@@ -127,8 +116,9 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
                     && ext.attrs == attrs
             };
             if !matches {
-                return ApiError::StreamExists("stream exists with a different configuration")
-                    .response();
+                return Err(
+                    ApiError::StreamExists("stream exists with a different configuration").into(),
+                );
             }
             core.shard.touch(id, ursula_storage::now_ms());
             return created_headers(core, surface, id, 200, None);
@@ -140,12 +130,8 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
         return fork::create(core, key, req, fork, content_type, lifetime, closed).await;
     }
     let content_type = content_type.unwrap_or_else(|| "application/octet-stream".into());
-    let body = match PayloadKind::of(&content_type)
-        .and_then(|kind| payload(kind, req.body.clone(), true))
-    {
-        Ok(p) => p,
-        Err(e) => return e.response(),
-    };
+    let body =
+        PayloadKind::of(&content_type).and_then(|kind| payload(kind, req.body.clone(), true))?;
     let now = ursula_storage::now_ms();
     let spec = NewStream {
         key: key.into(),
@@ -170,21 +156,16 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
             ..Default::default()
         },
     };
-    let (id, commit) = match core.shard.create(spec) {
-        Ok(x) => x,
-        Err(e) => return Response::from(e),
-    };
-    if let Err(e) = commit.durable().await {
-        return Response::from(e);
-    }
+    let (id, commit) = core.shard.create(spec)?;
+    commit.durable().await?;
     created_headers(core, surface, id, 201, Some(req.path.clone()))
 }
 
 /// The `Stream-Attrs` header of a create (§7.2): bucketed surface only (ignored on compat).
-fn attrs_header(surface: Surface, req: &Request) -> Result<Option<Attrs>, Response> {
+fn attrs_header(surface: Surface, req: &Request) -> Result<Option<Attrs>, ApiError> {
     match (surface, req.header("stream-attrs")) {
         (Surface::Bucketed, Some(v)) => {
-            crate::attrs::parse(v.as_bytes()).map_err(|why| ApiError::InvalidHeader(why).response())
+            crate::attrs::parse(v.as_bytes()).map_err(ApiError::InvalidHeader)
         }
         _ => Ok(None),
     }

@@ -3,17 +3,12 @@
 use std::rc::Rc;
 
 use crate::core::Core;
-use crate::http::Response;
+use crate::http::{Handled, Response};
 use crate::lookup;
 use crate::removal;
 
-pub async fn delete(core: &Rc<Core>, key: &str) -> Response {
-    let id = match lookup::live(core, key) {
-        Ok(id) => id,
-        Err(e) => return e.response(),
-    };
-    match removal::delete(core, id).await {
-        Ok(()) => Response::new(204).header("cache-control", "no-store"),
-        Err(e) => Response::from(e),
-    }
+pub async fn delete(core: &Rc<Core>, key: &str) -> Handled {
+    let id = lookup::live(core, key)?;
+    removal::delete(core, id).await?;
+    Ok(Response::new(204).header("cache-control", "no-store"))
 }

@@ -15,7 +15,7 @@ use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, RecordNo};
 
 use crate::core::Core;
 use crate::ext::{Ext, ForkLink};
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Refusal, Request, Response};
 use crate::lookup::{find, Found};
 use crate::payload::{payload, PayloadKind};
 use crate::removal::{self, release};
@@ -30,25 +30,29 @@ pub struct ForkRequest {
 }
 
 /// The fork headers of a PUT, if any (P§4.4, §17.3).
-pub fn parse_request(req: &Request) -> Result<Option<ForkRequest>, Response> {
+pub fn parse_request(req: &Request) -> Result<Option<ForkRequest>, ApiError> {
     let from = req.header("stream-forked-from");
     let offset = req.header("stream-fork-offset");
     let sub = req.header("stream-fork-sub-offset");
     let Some(from) = from else {
         if offset.is_some() || sub.is_some() {
-            return Err(ApiError::InvalidHeader("fork offsets need Stream-Forked-From").response());
+            return Err(ApiError::InvalidHeader(
+                "fork offsets need Stream-Forked-From",
+            ));
         }
         return Ok(None);
     };
     let offset = match offset {
-        Some(v) => Some(Offset::new(parse_fork_offset(v).map_err(|_| {
-            ApiError::InvalidOffset("invalid Stream-Fork-Offset").response()
-        })?)),
+        Some(v) => {
+            Some(Offset::new(parse_fork_offset(v).map_err(|_| {
+                ApiError::InvalidOffset("invalid Stream-Fork-Offset")
+            })?))
+        }
         None => None,
     };
     let sub_offset = match sub {
         Some(v) => parse_fork_sub_offset(v)
-            .map_err(|_| ApiError::InvalidOffset("invalid Stream-Fork-Sub-Offset").response())?,
+            .map_err(|_| ApiError::InvalidOffset("invalid Stream-Fork-Sub-Offset"))?,
         None => 0,
     };
     // Accept a path or a same-origin absolute URL.
@@ -102,9 +106,9 @@ pub async fn create(
     content_type: Option<String>,
     lifetime: Option<Lifetime>,
     closed: bool,
-) -> Response {
+) -> Handled {
     if fork.source.is_empty() {
-        return ApiError::ForkSourceNotFound.response();
+        return Err(ApiError::ForkSourceNotFound.into());
     }
     let source = fork.source.clone();
     let owner = core.owner_of(&source);
@@ -115,11 +119,7 @@ pub async fn create(
             take_source(&c, &source, wanted_type, offset, sub).await
         })
         .await;
-    let inherited = match taken {
-        Ok(Ok(i)) => i,
-        Ok(Err(resp)) => return resp,
-        Err(_) => return ApiError::owner_unavailable().response(),
-    };
+    let inherited = taken.map_err(|_| ApiError::owner_unavailable())??;
     let link = ForkLink {
         source: fork.source.clone(),
         source_incarnation: inherited.incarnation,
@@ -127,7 +127,7 @@ pub async fn create(
         sub_offset: fork.sub_offset,
     };
     let result = build(core, key, req, &inherited, link.clone(), lifetime, closed).await;
-    if result.status >= 300 {
+    if result.is_err() {
         release(core, link).await;
     }
     result
@@ -141,20 +141,16 @@ async fn build(
     link: ForkLink,
     lifetime: Option<Lifetime>,
     closed: bool,
-) -> Response {
+) -> Handled {
     match find(core, key) {
         Found::Absent => {}
         Found::Expired(id) => removal::remove_expired(core, id),
         Found::SoftDeleted | Found::Live(_) => {
-            return ApiError::StreamExists("stream was created concurrently").response()
+            return Err(ApiError::StreamExists("stream was created concurrently").into())
         }
     }
-    let own = match PayloadKind::of(&inherited.content_type)
-        .and_then(|kind| payload(kind, req.body.clone(), true))
-    {
-        Ok(p) => p,
-        Err(e) => return e.response(),
-    };
+    let own = PayloadKind::of(&inherited.content_type)
+        .and_then(|kind| payload(kind, req.body.clone(), true))?;
     let total: usize = inherited.data.iter().map(|b| b.len()).sum::<usize>() + own.data.len();
     let mut data = BytesMut::with_capacity(total);
     for part in &inherited.data {
@@ -187,16 +183,12 @@ async fn build(
             ..Default::default()
         },
     };
-    let (id, commit) = match core.shard.create(spec) {
-        Ok(x) => x,
-        Err(e) => return Response::from(e),
-    };
-    if let Err(e) = commit.durable().await {
-        return Response::from(e);
-    }
-    let Some(s) = core.shard.stream(id) else {
-        return ApiError::owner_unavailable().response();
-    };
+    let (id, commit) = core.shard.create(spec)?;
+    commit.durable().await?;
+    let s = core
+        .shard
+        .stream(id)
+        .ok_or_else(ApiError::owner_unavailable)?;
     let mut resp = Response::new(201)
         .header("content-type", s.content_type().to_string())
         .header(
@@ -210,7 +202,7 @@ async fn build(
     }
     crate::handlers::headers::push_lifetime(&mut resp, s.lifetime());
     resp.push("location", req.path.clone());
-    resp
+    Ok(resp)
 }
 
 /// On the source's core: validate the fork point, copy the inherited history and take a
@@ -221,34 +213,34 @@ async fn take_source(
     wanted_type: Option<String>,
     offset: Option<Offset>,
     sub: u64,
-) -> Result<Inherited, Response> {
+) -> Result<Inherited, Refusal> {
     let id = match find(core, key) {
-        Found::Absent | Found::Expired(_) => return Err(ApiError::ForkSourceNotFound.response()),
-        Found::SoftDeleted => return Err(ApiError::ForkSourceGone.response()),
+        Found::Absent | Found::Expired(_) => return Err(ApiError::ForkSourceNotFound.into()),
+        Found::SoftDeleted => return Err(ApiError::ForkSourceGone.into()),
         Found::Live(id) => id,
     };
     let inherited = {
         let s = core
             .shard
             .stream(id)
-            .ok_or_else(|| ApiError::owner_unavailable().response())?;
+            .ok_or_else(ApiError::owner_unavailable)?;
         if let Some(t) = &wanted_type {
             if !same_media_type(t, s.content_type()) {
                 return Err(ApiError::ContentTypeMismatch(
                     "fork content type differs from the source's",
                 )
-                .response());
+                .into());
             }
         }
         let tail = s.next_offset();
         let anchor = offset.unwrap_or(tail);
-        let beyond = || ApiError::InvalidOffset("fork point is beyond the source").response();
+        let beyond = || Refusal::from(ApiError::InvalidOffset("fork point is beyond the source"));
         if anchor > tail {
             return Err(beyond());
         }
         let json = is_json(s.content_type());
         if json && !s.is_message_boundary(anchor) {
-            return Err(ApiError::OffsetNotAligned("fork offset inside a message").response());
+            return Err(ApiError::OffsetNotAligned("fork offset inside a message").into());
         }
         let end = if sub == 0 {
             anchor
@@ -296,27 +288,26 @@ async fn take_source(
     let data = core
         .shard
         .read(id, Offset::ZERO, Offset::ZERO + len)
-        .await
-        .map_err(Response::from)?;
+        .await?;
     // The read awaited: make sure the source is still the stream we validated.
     match (
         find(core, key),
         core.shard.stream(id).map(|s| s.incarnation()),
     ) {
         (Found::Live(now), Some(inc)) if now == id && inc == inherited.incarnation => {}
-        _ => return Err(ApiError::ForkSourceNotFound.response()),
+        _ => return Err(ApiError::ForkSourceNotFound.into()),
     }
     let inherited = Inherited { data, ..inherited };
     let ext = {
         let s = core
             .shard
             .stream(id)
-            .ok_or_else(|| ApiError::owner_unavailable().response())?;
+            .ok_or_else(ApiError::owner_unavailable)?;
         let mut ext = Ext::decode(s.ext());
         ext.refs += 1;
         ext.encode()
     };
-    let commit = core.shard.set_ext(id, ext).map_err(Response::from)?;
-    commit.durable().await.map_err(Response::from)?;
+    let commit = core.shard.set_ext(id, ext)?;
+    commit.durable().await?;
     Ok(inherited)
 }

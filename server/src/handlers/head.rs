@@ -6,19 +6,17 @@ use ursula_protocol::offset::format_offset;
 
 use crate::core::Core;
 use crate::handlers::headers::push_lifetime;
-use crate::http::{ApiError, Response};
+use crate::http::{ApiError, Handled, Response};
 use crate::lookup;
 use crate::records;
 use crate::surface::Surface;
 
-pub fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Response {
-    let id = match lookup::live(core, key) {
-        Ok(id) => id,
-        Err(e) => return e.response(),
-    };
-    let Some(s) = core.shard.stream(id) else {
-        return ApiError::owner_unavailable().response();
-    };
+pub fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Handled {
+    let id = lookup::live(core, key)?;
+    let s = core
+        .shard
+        .stream(id)
+        .ok_or_else(ApiError::owner_unavailable)?;
     let mut resp = Response::new(200)
         .header("content-type", s.content_type().to_string())
         .header("stream-next-offset", format_offset(s.next_offset().get()))
@@ -39,5 +37,5 @@ pub fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Response {
     if records::active(surface, s.content_type()) {
         records::push_stream_headers(&mut resp, &s);
     }
-    resp
+    Ok(resp)
 }

@@ -10,7 +10,7 @@ use crate::core::Core;
 use crate::handlers::catch_up::{catch_up, cursor};
 use crate::handlers::headers::{closed_response, with_stream_records};
 use crate::handlers::read_params::ReadParams;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Request, Response};
 use crate::limits::LIVE_WAIT_SLICE;
 use crate::surface::Surface;
 
@@ -21,13 +21,13 @@ pub async fn long_poll(
     start: Offset,
     params: &ReadParams,
     req: &Request,
-) -> Response {
+) -> Handled {
     let deadline =
         std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
     loop {
         let (has_data, closed, version) = match core.shard.stream(id) {
             Some(s) => (s.next_offset() > start, s.is_closed(), s.version()),
-            None => return ApiError::StreamNotFound.response(),
+            None => return Err(ApiError::StreamNotFound.into()),
         };
         if has_data {
             let c = cursor(core, params.cursor.as_deref());
@@ -35,7 +35,7 @@ pub async fn long_poll(
         }
         if closed {
             let resp = closed_response(core, id, 204).header("stream-up-to-date", "true");
-            return with_stream_records(core, surface, id, resp);
+            return Ok(with_stream_records(core, surface, id, resp));
         }
         let now = std::time::Instant::now();
         if now >= deadline || core.shutting_down() {
@@ -45,7 +45,7 @@ pub async fn long_poll(
                 .header("stream-up-to-date", "true")
                 .header("stream-cursor", cursor(core, params.cursor.as_deref()))
                 .header("cache-control", "no-store");
-            return with_stream_records(core, surface, id, resp);
+            return Ok(with_stream_records(core, surface, id, resp));
         }
         let wait = (deadline - now).min(LIVE_WAIT_SLICE);
         core.wait_or_shutdown(core.shard.changed(id, version), wait)

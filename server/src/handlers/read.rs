@@ -13,21 +13,19 @@ use crate::handlers::catch_up::{catch_up, now_response};
 use crate::handlers::long_poll::long_poll;
 use crate::handlers::read_params::{read_params, ReadReply, SseStart};
 use crate::handlers::record_read::record_read;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Refusal, Request};
 use crate::lookup;
 use crate::records;
 use crate::surface::Surface;
 
-/// A resolved start position, or the error response for it (P§3.3).
+/// A resolved start position, or why it cannot be read from (P§3.3).
 fn resolve_start(
     core: &Rc<Core>,
     id: StreamId,
     surface: Surface,
     offset: OffsetParam,
-) -> Result<Offset, Response> {
-    let Some(s) = core.shard.stream(id) else {
-        return Err(ApiError::StreamNotFound.response());
-    };
+) -> Result<Offset, Refusal> {
+    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let start = match offset {
         OffsetParam::Start => Offset::ZERO,
         OffsetParam::Now => s.next_offset(),
@@ -35,88 +33,73 @@ fn resolve_start(
     };
     // P§3.3: `-1` means byte 0, so after retention it is trimmed like any earlier offset.
     if start < s.retained_start() {
-        let mut resp = ApiError::OffsetTrimmed("offset was removed by retention")
-            .response()
-            .header(
-                "stream-next-offset",
-                format_offset(s.retained_start().get()),
-            );
+        let mut refusal = ApiError::OffsetTrimmed("offset was removed by retention").header(
+            "stream-next-offset",
+            format_offset(s.retained_start().get()),
+        );
         if records::active(surface, s.content_type()) {
-            records::push_stream_headers(&mut resp, &s);
+            records::push_stream_headers(&mut refusal, &s);
         }
-        return Err(resp);
+        return Err(refusal);
     }
     if start > s.next_offset() {
         return Err(ApiError::OffsetBeyondTail("offset is beyond the tail")
-            .response()
             .header("stream-next-offset", format_offset(s.next_offset().get())));
     }
     if surface == Surface::Compat && is_json(s.content_type()) && !s.is_message_boundary(start) {
-        return Err(ApiError::OffsetNotAligned("offset is inside a JSON message").response());
+        return Err(ApiError::OffsetNotAligned("offset is inside a JSON message").into());
     }
     Ok(start)
 }
 
-pub async fn read(core: &Rc<Core>, surface: Surface, key: &str, req: &Request) -> ReadReply {
-    let query = match parse_query(&req.query) {
-        Ok(q) => q,
-        Err(why) => return ApiError::InvalidRequest(why).response().into(),
-    };
+pub async fn read(
+    core: &Rc<Core>,
+    surface: Surface,
+    key: &str,
+    req: &Request,
+) -> Result<ReadReply, Refusal> {
+    let query = parse_query(&req.query).map_err(ApiError::InvalidRequest)?;
     // Record-aware parameters exist only on the bucketed surface (compat ignores them).
     let record_params = match surface {
-        Surface::Bucketed => match records::parse(&query, true) {
-            Ok(r) => r,
-            Err(resp) => return resp.into(),
-        },
+        Surface::Bucketed => records::parse(&query, true)?,
         Surface::Compat => None,
     };
-    let params = match read_params(
+    let params = read_params(
         &query,
         core.config.long_poll_timeout,
         record_params.is_some(),
-    ) {
-        Ok(p) => p,
-        Err(e) => return e.response().into(),
-    };
-    let id = match lookup::live(core, key) {
-        Ok(id) => id,
-        Err(e) => return e.response().into(),
-    };
+    )?;
+    let id = lookup::live(core, key)?;
     if let Some(rp) = record_params {
         let json = core
             .shard
             .stream(id)
             .is_some_and(|s| is_json(s.content_type()));
         if !json {
-            return ApiError::InvalidRequest(
+            return Err(ApiError::InvalidRequest(
                 "record coordinates are only available on application/json streams",
             )
-            .response()
-            .into();
+            .into());
         }
         return record_read(core, id, rp, &params, req).await;
     }
     let offset = params.offset.unwrap_or(OffsetParam::Start);
-    let start = match resolve_start(core, id, surface, offset) {
-        Ok(s) => s,
-        Err(r) => return r.into(),
-    };
+    let start = resolve_start(core, id, surface, offset)?;
     core.shard.touch(id, ursula_storage::now_ms());
-    match params.live {
-        Some(Live::Sse) => ReadReply::Sse(SseStart {
-            surface,
-            id,
-            start,
-            cursor: params.cursor,
-            max_bytes: params.max_bytes,
-            records: None,
-        }),
-        Some(Live::LongPoll) => long_poll(core, surface, id, start, &params, req)
-            .await
-            .into(),
-        None if offset == OffsetParam::Now => now_response(core, surface, id).into(),
-        None => catch_up(core, surface, id, start, params.max_bytes, req, None)
-            .await
-            .into(),
-    }
+    let done = match params.live {
+        Some(Live::Sse) => {
+            return Ok(ReadReply::Sse(SseStart {
+                surface,
+                id,
+                start,
+                cursor: params.cursor,
+                max_bytes: params.max_bytes,
+                records: None,
+            }))
+        }
+        Some(Live::LongPoll) => long_poll(core, surface, id, start, &params, req).await?,
+        None if offset == OffsetParam::Now => now_response(core, surface, id)?,
+        None => catch_up(core, surface, id, start, params.max_bytes, req, None).await?,
+    };
+    Ok(ReadReply::Done(done))
 }

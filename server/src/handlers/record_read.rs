@@ -10,7 +10,7 @@ use ursula_storage::{Offset, RecordNo, StreamId};
 use crate::core::Core;
 use crate::handlers::catch_up::{cursor, finish_read, push_read_state};
 use crate::handlers::read_params::{ReadParams, ReadReply, SseStart};
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Refusal, Request, Response};
 use crate::limits::LIVE_WAIT_SLICE;
 use crate::records;
 use crate::surface::Surface;
@@ -22,15 +22,10 @@ pub async fn record_read(
     rp: records::RecordParams,
     params: &ReadParams,
     req: &Request,
-) -> ReadReply {
+) -> Result<ReadReply, Refusal> {
     let start = {
-        let Some(s) = core.shard.stream(id) else {
-            return ApiError::StreamNotFound.response().into();
-        };
-        match records::resolve(&s, rp.start) {
-            Ok(r) => r,
-            Err(resp) => return resp.into(),
-        }
+        let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+        records::resolve(&s, rp.start)?
     };
     core.shard.touch(id, ursula_storage::now_ms());
     match params.live {
@@ -40,20 +35,24 @@ pub async fn record_read(
                 .stream(id)
                 .and_then(|s| s.message_start(start))
                 .unwrap_or(Offset::ZERO);
-            ReadReply::Sse(SseStart {
+            Ok(ReadReply::Sse(SseStart {
                 surface: Surface::Bucketed,
                 id,
                 start: offset,
                 cursor: params.cursor.clone(),
                 max_bytes: MAX_READ_BYTES as usize,
                 records: Some((rp, start)),
-            })
+            }))
         }
-        Some(Live::LongPoll) => record_long_poll(core, id, start, rp, params, req)
-            .await
-            .into(),
-        None if rp.start == records::RecordStart::Now => record_now(core, id, start, rp).into(),
-        None => record_catch_up(core, id, start, rp, req, None).await.into(),
+        Some(Live::LongPoll) => Ok(ReadReply::Done(
+            record_long_poll(core, id, start, rp, params, req).await?,
+        )),
+        None if rp.start == records::RecordStart::Now => {
+            Ok(ReadReply::Done(record_now(core, id, start, rp)?))
+        }
+        None => Ok(ReadReply::Done(
+            record_catch_up(core, id, start, rp, req, None).await?,
+        )),
     }
 }
 
@@ -65,7 +64,7 @@ async fn record_long_poll(
     rp: records::RecordParams,
     params: &ReadParams,
     req: &Request,
-) -> Response {
+) -> Handled {
     let deadline =
         std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
     loop {
@@ -75,7 +74,7 @@ async fn record_long_poll(
                 s.is_closed(),
                 s.version(),
             ),
-            None => return ApiError::StreamNotFound.response(),
+            None => return Err(ApiError::StreamNotFound.into()),
         };
         if has {
             let c = cursor(core, params.cursor.as_deref());
@@ -83,9 +82,7 @@ async fn record_long_poll(
         }
         let now = std::time::Instant::now();
         if closed || now >= deadline || core.shutting_down() {
-            let Some(s) = core.shard.stream(id) else {
-                return ApiError::StreamNotFound.response();
-            };
+            let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
             let mut resp = Response::new(204)
                 .header("stream-next-offset", format_offset(s.next_offset().get()))
                 .header("stream-up-to-date", "true")
@@ -97,7 +94,7 @@ async fn record_long_poll(
             }
             resp.push("stream-record-first", records::first(&s).to_string());
             records::push_ack_headers(&mut resp, start, start);
-            return resp;
+            return Ok(resp);
         }
         let wait = (deadline - now).min(LIVE_WAIT_SLICE);
         core.wait_or_shutdown(core.shard.changed(id, version), wait)
@@ -112,10 +109,8 @@ fn record_now(
     id: StreamId,
     start: RecordNo,
     rp: records::RecordParams,
-) -> Response {
-    let Some(s) = core.shard.stream(id) else {
-        return ApiError::StreamNotFound.response();
-    };
+) -> Handled {
+    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let mut resp = Response::new(200)
         .header("content-type", record_content_type(rp))
         .header("stream-next-offset", format_offset(s.next_offset().get()))
@@ -126,7 +121,7 @@ fn record_now(
         resp.push("stream-closed", "true");
     }
     records::push_ack_headers(&mut resp, start, start);
-    resp
+    Ok(resp)
 }
 
 fn record_content_type(rp: records::RecordParams) -> &'static str {
@@ -146,23 +141,16 @@ async fn record_catch_up(
     rp: records::RecordParams,
     req: &Request,
     cursor: Option<String>,
-) -> Response {
+) -> Handled {
     let (end, from, to) = {
-        let Some(s) = core.shard.stream(id) else {
-            return ApiError::StreamNotFound.response();
-        };
+        let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
         let end = records::end_record(&s, start, rp.max_records, MAX_READ_BYTES as usize);
         let from = s.message_start(start).unwrap_or(s.next_offset());
         let to = s.message_start(end).unwrap_or(s.next_offset());
         (end, from, to)
     };
-    let parts = match core.shard.read(id, from, to).await {
-        Ok(p) => p,
-        Err(e) => return Response::from(e),
-    };
-    let Some(s) = core.shard.stream(id) else {
-        return ApiError::StreamNotFound.response();
-    };
+    let parts = core.shard.read(id, from, to).await?;
+    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let up_to_date = end == records::visible_next(&s);
     let closed = up_to_date && s.is_closed();
     let etag = format!(
@@ -180,11 +168,11 @@ async fn record_catch_up(
         .header("cache-control", "no-store");
     records::push_ack_headers(&mut resp, start, end);
     push_read_state(&mut resp, up_to_date, closed, cursor);
-    finish_read(resp, etag, req, || {
+    Ok(finish_read(resp, etag, req, || {
         if rp.envelope {
             records::envelope_parts(&parts, start)
         } else {
             parts
         }
-    })
+    }))
 }

@@ -16,17 +16,15 @@ use ursula_storage::{Offset, RecordNo, SnapshotMeta, StreamId, StreamView};
 
 use crate::core::Core;
 use crate::handlers::buckets::require_bucket;
-use crate::http::{ApiError, Request, Response};
+use crate::http::{ApiError, Handled, Refusal, Request, Response};
 use crate::limits::BOOTSTRAP_UPDATE_BYTES_MAX;
 use crate::lookup::{find, Found};
 use crate::records;
 use crate::routes::Resource;
 
 /// Handle a snapshot/retention/bootstrap request on the stream's owner core.
-pub async fn handle(core: &Rc<Core>, key: &str, resource: Resource, req: Request) -> Response {
-    if let Some(resp) = require_bucket(core, key).await {
-        return resp;
-    }
+pub async fn handle(core: &Rc<Core>, key: &str, resource: Resource, req: Request) -> Handled {
+    require_bucket(core, key).await?;
     match (&req.method, resource) {
         (Method::Put, Resource::Snapshot) => publish(core, key, None, &req).await,
         (Method::Put, Resource::SnapshotAt(o)) => publish(core, key, Some(o), &req).await,
@@ -43,28 +41,25 @@ pub async fn handle(core: &Rc<Core>, key: &str, resource: Resource, req: Request
     }
 }
 
-fn not_allowed(allow: &'static str) -> Response {
-    ApiError::MethodNotAllowed {
+fn not_allowed(allow: &'static str) -> Handled {
+    Err(ApiError::MethodNotAllowed {
         allow,
         reason: "method not allowed",
     }
-    .response()
+    .into())
 }
 
-fn not_found() -> Response {
-    ApiError::StreamNotFound.response()
+fn not_found() -> Refusal {
+    ApiError::StreamNotFound.into()
 }
 
 /// A path offset: 1–20 ASCII digits after percent-decoding (`-1`, `now` are not offsets).
-fn path_offset(raw: &str) -> Result<Offset, Response> {
-    let decoded =
-        percent_decode(raw).map_err(|_| ApiError::InvalidRequest("invalid offset").response())?;
+fn path_offset(raw: &str) -> Result<Offset, ApiError> {
+    let decoded = percent_decode(raw).map_err(|_| ApiError::InvalidRequest("invalid offset"))?;
     match parse_digits(decoded.as_bytes()) {
         Ok(n) => Ok(Offset::new(n)),
-        Err(OffsetError::Syntax) => {
-            Err(ApiError::InvalidOffset("offset must be 1-20 digits").response())
-        }
-        Err(e) => Err(ApiError::InvalidOffset(e.reason()).response()),
+        Err(OffsetError::Syntax) => Err(ApiError::InvalidOffset("offset must be 1-20 digits")),
+        Err(e) => Err(ApiError::InvalidOffset(e.reason())),
     }
 }
 
@@ -87,7 +82,7 @@ fn record_param(req: &Request) -> Result<RecordNo, ApiError> {
 fn parse_target(
     path: Option<&str>,
     req: &Request,
-) -> Result<(Option<Offset>, Option<RecordNo>), Response> {
+) -> Result<(Option<Offset>, Option<RecordNo>), ApiError> {
     match path {
         Some(raw) => Ok((Some(path_offset(raw)?), None)),
         None => Ok((None, Some(record_param(req)?))),
@@ -95,38 +90,35 @@ fn parse_target(
 }
 
 /// Resolve a target given as a path offset or `?record=n` (§3.1 / §4.1) against the
-/// stream: Ok(offset), or the error response.
+/// stream.
 fn target_offset(
     s: &StreamView<'_>,
     path: &Option<Offset>,
     record: Option<RecordNo>,
-) -> Result<Offset, Response> {
+) -> Result<Offset, Refusal> {
     if let Some(o) = path {
         return Ok(*o);
     }
     let Some(n) = record else {
-        return Err(ApiError::InvalidRequest("give an offset in the path or ?record=").response());
+        return Err(ApiError::InvalidRequest("give an offset in the path or ?record=").into());
     };
     if !is_json(s.content_type()) {
-        return Err(
-            ApiError::InvalidRequest("?record= needs an application/json stream").response(),
-        );
+        return Err(ApiError::InvalidRequest("?record= needs an application/json stream").into());
     }
     let (first, next) = (records::first(s), records::visible_next(s));
     if n < first {
-        let mut resp = ApiError::OffsetTrimmed("record was removed by retention")
-            .response()
-            .header(
-                "stream-next-offset",
-                format_offset(s.retained_start().get()),
-            );
-        records::push_stream_headers(&mut resp, s);
-        return Err(resp);
+        let mut refusal = ApiError::OffsetTrimmed("record was removed by retention").header(
+            "stream-next-offset",
+            format_offset(s.retained_start().get()),
+        );
+        records::push_stream_headers(&mut refusal, s);
+        return Err(refusal);
     }
     if n > next {
-        let mut resp = ApiError::InvalidRequest("record is beyond the record tail").response();
-        records::push_stream_headers(&mut resp, s);
-        return Err(resp);
+        let mut refusal =
+            Refusal::from(ApiError::InvalidRequest("record is beyond the record tail"));
+        records::push_stream_headers(&mut refusal, s);
+        return Err(refusal);
     }
     Ok(s.message_start(n)
         .unwrap_or(s.next_offset())
@@ -143,7 +135,7 @@ pub fn digest(content_type: &str, body: &[u8]) -> String {
 }
 
 /// A live stream; a soft-deleted one is not found here (it only serves its forks).
-fn live(core: &Rc<Core>, key: &str) -> Result<StreamId, Response> {
+fn live(core: &Rc<Core>, key: &str) -> Result<StreamId, Refusal> {
     match find(core, key) {
         Found::Live(id) => Ok(id),
         Found::Absent | Found::Expired(_) | Found::SoftDeleted => Err(not_found()),
@@ -156,42 +148,28 @@ fn json_headers(resp: &mut Response, s: &StreamView<'_>) {
     }
 }
 
-async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request) -> Response {
+async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request) -> Handled {
     // 1. syntax
-    let (path, record) = match parse_target(path.as_deref(), req) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
+    let (path, record) = parse_target(path.as_deref(), req)?;
     let snapshot_match = req.header("stream-snapshot-match");
     if snapshot_match == Some("") {
-        return ApiError::InvalidRequest("Stream-Snapshot-Match must not be empty").response();
+        return Err(ApiError::InvalidRequest("Stream-Snapshot-Match must not be empty").into());
     }
     let content_type = match req.header("content-type") {
-        Some(v) => match normalize(v) {
-            Ok(ct) => ct,
-            Err(_) => return ApiError::InvalidRequest("invalid Content-Type").response(),
-        },
+        Some(v) => normalize(v).map_err(|_| ApiError::InvalidRequest("invalid Content-Type"))?,
         None => "application/octet-stream".to_string(),
     };
     let body = req.body.clone();
     let digest = digest(&content_type, &body);
     // 2.–8. against the stream
-    let id = match live(core, key) {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
-    let offset = match check_publish(core, id, path, record, snapshot_match, &digest) {
-        Ok(Some(offset)) => offset,
-        Ok(None) => return published(core, id),
-        Err(r) => return r,
+    let id = live(core, key)?;
+    let Some(offset) = check_publish(core, id, path, record, snapshot_match, &digest)? else {
+        return published(core, id);
     };
     // 9. publish: the blob first (durable in its own file), then the record that makes it
     // visible. The write awaited, so check again that nothing moved meanwhile.
     let incarnation = core.shard.stream(id).map(|s| s.incarnation());
-    let blob = match core.shard.write_blob(body.clone()).await {
-        Ok(b) => b,
-        Err(e) => return Response::from(e),
-    };
+    let blob = core.shard.write_blob(body.clone()).await?;
     let still = core.shard.stream(id).map(|s| s.incarnation()) == incarnation
         && matches!(find(core, key), Found::Live(now) if now == id);
     let recheck = if still {
@@ -205,7 +183,7 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
             core.shard.discard_blob(blob);
             return match other {
                 Ok(None) => published(core, id),
-                Err(r) => r,
+                Err(r) => Err(r),
                 Ok(Some(_)) => unreachable!("matched above"),
             };
         }
@@ -217,13 +195,8 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
         blob,
         len: body.len() as u64,
     };
-    let commit = match core.shard.set_snapshot(id, meta) {
-        Ok(c) => c,
-        Err(e) => return Response::from(e),
-    };
-    if let Err(e) = commit.durable().await {
-        return Response::from(e);
-    }
+    let commit = core.shard.set_snapshot(id, meta)?;
+    commit.durable().await?;
     published(core, id)
 }
 
@@ -235,50 +208,47 @@ fn check_publish(
     record: Option<RecordNo>,
     snapshot_match: Option<&str>,
     digest: &str,
-) -> Result<Option<Offset>, Response> {
+) -> Result<Option<Offset>, Refusal> {
     let s = core.shard.stream(id).ok_or_else(not_found)?;
     let offset = target_offset(&s, &path, record)?;
     if offset < s.retained_start() {
-        return Err(ApiError::OffsetTrimmed("offset was removed by retention")
-            .response()
-            .header(
+        return Err(
+            ApiError::OffsetTrimmed("offset was removed by retention").header(
                 "stream-next-offset",
                 format_offset(s.retained_start().get()),
-            ));
+            ),
+        );
     }
     if offset > s.next_offset() {
         return Err(ApiError::SnapshotBeyondTail
-            .response()
             .header("stream-next-offset", format_offset(s.next_offset().get())));
     }
     let visible = s.snapshot();
     if let Some(expected) = snapshot_match {
         if visible.is_none_or(|v| &*v.digest != expected) {
-            return Err(ApiError::SnapshotMismatch.response());
+            return Err(ApiError::SnapshotMismatch.into());
         }
     }
     if let Some(v) = visible {
         if v.offset > offset {
-            return Err(ApiError::SnapshotStale.response());
+            return Err(ApiError::SnapshotStale.into());
         }
         if v.offset == offset {
             return if &*v.digest == digest {
                 Ok(None)
             } else {
-                Err(ApiError::SnapshotConflict.response())
+                Err(ApiError::SnapshotConflict.into())
             };
         }
     }
     if !s.is_message_boundary(offset) && offset != Offset::ZERO {
-        return Err(ApiError::OffsetNotAligned("offset is not a message boundary").response());
+        return Err(ApiError::OffsetNotAligned("offset is not a message boundary").into());
     }
     Ok(Some(offset))
 }
 
-fn published(core: &Rc<Core>, id: StreamId) -> Response {
-    let Some(s) = core.shard.stream(id) else {
-        return not_found();
-    };
+fn published(core: &Rc<Core>, id: StreamId) -> Handled {
+    let s = core.shard.stream(id).ok_or_else(not_found)?;
     let mut resp = Response::new(204)
         .header("stream-next-offset", format_offset(s.next_offset().get()))
         .header("cache-control", "no-store");
@@ -287,21 +257,16 @@ fn published(core: &Rc<Core>, id: StreamId) -> Response {
         resp.push("stream-snapshot-digest", v.digest.to_string());
     }
     json_headers(&mut resp, &s);
-    resp
+    Ok(resp)
 }
 
 /// `GET /snapshot`: redirect to the visible snapshot (§3.3).
-fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Response {
-    let id = match live(core, key) {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
-    let Some(s) = core.shard.stream(id) else {
-        return not_found();
-    };
-    let Some(v) = s.snapshot() else {
-        return ApiError::SnapshotNotFound("no snapshot").response();
-    };
+fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
+    let id = live(core, key)?;
+    let s = core.shard.stream(id).ok_or_else(not_found)?;
+    let v = s
+        .snapshot()
+        .ok_or(ApiError::SnapshotNotFound("no snapshot"))?;
     let base = req.path.trim_end_matches('/');
     let mut resp = Response::new(307)
         .header("stream-snapshot-offset", format_offset(v.offset.get()))
@@ -316,30 +281,19 @@ fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Response {
         resp.push("stream-up-to-date", "true");
     }
     json_headers(&mut resp, &s);
-    resp
+    Ok(resp)
 }
 
 /// `GET /snapshot/{offset}`: the visible snapshot's blob (§3.4).
-async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Response {
-    let offset = match path_offset(raw) {
-        Ok(o) => o,
-        Err(r) => return r,
-    };
-    let id = match live(core, key) {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
+async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Handled {
+    let offset = path_offset(raw)?;
+    let id = live(core, key)?;
     let meta = match core.shard.stream(id).and_then(|s| s.snapshot().cloned()) {
         Some(m) if m.offset == offset => m,
-        _ => return ApiError::SnapshotNotFound("no snapshot at this offset").response(),
+        _ => return Err(ApiError::SnapshotNotFound("no snapshot at this offset").into()),
     };
-    let blob = match core.shard.read_blob(&meta).await {
-        Ok(b) => b,
-        Err(e) => return Response::from(e),
-    };
-    let Some(s) = core.shard.stream(id) else {
-        return not_found();
-    };
+    let blob = core.shard.read_blob(&meta).await?;
+    let s = core.shard.stream(id).ok_or_else(not_found)?;
     let mut resp = Response::new(200)
         .header("content-type", meta.content_type.to_string())
         .header("stream-snapshot-offset", format_offset(meta.offset.get()))
@@ -353,80 +307,57 @@ async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Response {
         resp.push("stream-closed", "true");
     }
     json_headers(&mut resp, &s);
-    resp.with_body(vec![blob])
+    Ok(resp.with_body(vec![blob]))
 }
 
 /// `DELETE /snapshot/{offset}`: the visible snapshot is needed by bootstrap (§3.6).
-fn delete(core: &Rc<Core>, key: &str, raw: &str) -> Response {
-    let offset = match path_offset(raw) {
-        Ok(o) => o,
-        Err(r) => return r,
-    };
-    let id = match live(core, key) {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
-    match core
+fn delete(core: &Rc<Core>, key: &str, raw: &str) -> Handled {
+    let offset = path_offset(raw)?;
+    let id = live(core, key)?;
+    let refused = match core
         .shard
         .stream(id)
         .and_then(|s| s.snapshot().map(|m| m.offset))
     {
-        Some(v) if v == offset => ApiError::SnapshotInUse.response(),
-        _ => ApiError::SnapshotNotFound("no snapshot at this offset").response(),
-    }
+        Some(v) if v == offset => ApiError::SnapshotInUse,
+        _ => ApiError::SnapshotNotFound("no snapshot at this offset"),
+    };
+    Err(refused.into())
 }
 
 /// `PUT /retention/{offset}` or `?record=n` (§4.1).
-async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request) -> Response {
-    let (path, record) = match parse_target(path.as_deref(), req) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let id = match live(core, key) {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
+async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request) -> Handled {
+    let (path, record) = parse_target(path.as_deref(), req)?;
+    let id = live(core, key)?;
     let offset = {
-        let Some(s) = core.shard.stream(id) else {
-            return not_found();
-        };
-        let offset = match target_offset(&s, &path, record) {
-            Ok(o) => o,
-            Err(r) => return r,
-        };
+        let s = core.shard.stream(id).ok_or_else(not_found)?;
+        let offset = target_offset(&s, &path, record)?;
         if offset < s.retained_start() {
-            return ApiError::RetentionBackwards.response().header(
+            return Err(ApiError::RetentionBackwards.header(
                 "stream-retained-offset",
                 format_offset(s.retained_start().get()),
-            );
+            ));
         }
         if offset == s.retained_start() {
             return retained(core, id);
         }
         match s.snapshot() {
-            None => return ApiError::NoSnapshot.response(),
-            Some(v) if offset > v.offset => return ApiError::BeyondSnapshot.response(),
+            None => return Err(ApiError::NoSnapshot.into()),
+            Some(v) if offset > v.offset => return Err(ApiError::BeyondSnapshot.into()),
             Some(_) => {}
         }
         if !s.is_message_boundary(offset) {
-            return ApiError::OffsetNotAligned("offset is not a message boundary").response();
+            return Err(ApiError::OffsetNotAligned("offset is not a message boundary").into());
         }
         offset
     };
-    let commit = match core.shard.retain(id, offset) {
-        Ok(c) => c,
-        Err(e) => return Response::from(e),
-    };
-    if let Err(e) = commit.durable().await {
-        return Response::from(e);
-    }
+    let commit = core.shard.retain(id, offset)?;
+    commit.durable().await?;
     retained(core, id)
 }
 
-fn retained(core: &Rc<Core>, id: StreamId) -> Response {
-    let Some(s) = core.shard.stream(id) else {
-        return not_found();
-    };
+fn retained(core: &Rc<Core>, id: StreamId) -> Handled {
+    let s = core.shard.stream(id).ok_or_else(not_found)?;
     let mut resp = Response::new(204)
         .header(
             "stream-retained-offset",
@@ -434,27 +365,19 @@ fn retained(core: &Rc<Core>, id: StreamId) -> Response {
         )
         .header("cache-control", "no-store");
     json_headers(&mut resp, &s);
-    resp
+    Ok(resp)
 }
 
 /// `GET /bootstrap`: the snapshot and every retained message after it, as one
 /// `multipart/mixed` response (§5).
-async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
-    let query = match parse_query(&req.query) {
-        Ok(q) => q,
-        Err(why) => return ApiError::InvalidRequest(why).response(),
-    };
+async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
+    let query = parse_query(&req.query).map_err(ApiError::InvalidRequest)?;
     if query.contains("live") {
-        return ApiError::InvalidRequest("bootstrap is not a live read").response();
+        return Err(ApiError::InvalidRequest("bootstrap is not a live read").into());
     }
-    let id = match live(core, key) {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
+    let id = live(core, key)?;
     let (snapshot, from, messages, content_type) = {
-        let Some(s) = core.shard.stream(id) else {
-            return not_found();
-        };
+        let s = core.shard.stream(id).ok_or_else(not_found)?;
         let from = s
             .snapshot()
             .map_or(s.retained_start(), |m| m.offset.max(s.retained_start()));
@@ -482,17 +405,11 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
         )
     };
     let snapshot_body = match &snapshot {
-        Some(meta) => match core.shard.read_blob(meta).await {
-            Ok(b) => b,
-            Err(e) => return Response::from(e),
-        },
+        Some(meta) => core.shard.read_blob(meta).await?,
         None => Bytes::new(),
     };
     let end = messages.last().map_or(from, |m| m.1);
-    let data = match core.shard.read(id, from, end).await {
-        Ok(parts) => parts.concat(),
-        Err(e) => return Response::from(e),
-    };
+    let data = core.shard.read(id, from, end).await?.concat();
     let updates: Vec<&[u8]> = messages
         .iter()
         .map(|&(a, b)| &data[(a - from) as usize..(b - from) as usize])
@@ -509,9 +426,10 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
         push_part(&mut body, &boundary, &content_type, u);
     }
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
-    let Some(s) = core.shard.stream(id) else {
-        return ApiError::owner_unavailable().response();
-    };
+    let s = core
+        .shard
+        .stream(id)
+        .ok_or_else(ApiError::owner_unavailable)?;
     let complete = end >= s.next_offset();
     let mut resp = Response::new(200)
         .header(
@@ -533,7 +451,7 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Response {
         }
     }
     json_headers(&mut resp, &s);
-    resp.with_body(vec![Bytes::from(body)])
+    Ok(resp.with_body(vec![Bytes::from(body)]))
 }
 
 fn push_part(out: &mut Vec<u8>, boundary: &str, content_type: &str, body: &[u8]) {

@@ -5,7 +5,7 @@
 pub mod error;
 pub mod transport;
 
-pub use error::ApiError;
+pub use error::{ApiError, Handled, Refusal};
 
 use bytes::Bytes;
 use ursula_protocol::http1::{
@@ -156,4 +156,16 @@ pub fn write_head(out: &mut Vec<u8>, resp: &Response, keep_alive: bool, head_req
         write_known_header(out, "connection", "close");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// Something headers can be added to: a response, or a refusal that describes the state it
+/// was checked against.
+pub trait PushHeader {
+    fn push_header(&mut self, name: &'static str, value: String);
+}
+
+impl PushHeader for Response {
+    fn push_header(&mut self, name: &'static str, value: String) {
+        self.headers.push((name, value));
+    }
 }
