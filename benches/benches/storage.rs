@@ -32,6 +32,7 @@ use ursula_storage::limits::IO_BLOCK_BYTES;
 use ursula_storage::segment;
 use ursula_storage::{
     AppendRec, Durability, Lifetime, NewStream, Offset, Shard, ShardConfig, StorageError, StreamId,
+    StreamMeta,
 };
 
 type BoxError = Box<dyn std::error::Error>;
@@ -351,12 +352,14 @@ async fn create_streams(
     let mut last = None;
     for i in 0..n {
         let (id, commit) = shard.create(NewStream {
-            key: format!("bench/{prefix}-{i:06}").into(),
-            incarnation: shard.next_incarnation(ursula_storage::now_ms()),
-            created_ms: ursula_storage::now_ms(),
-            content_type: "application/octet-stream".into(),
-            lifetime: Lifetime::Forever,
-            ext: Bytes::new(),
+            meta: StreamMeta {
+                key: format!("bench/{prefix}-{i:06}").into(),
+                incarnation: shard.next_incarnation(ursula_storage::now_ms()),
+                created_ms: ursula_storage::now_ms(),
+                content_type: "application/octet-stream".into(),
+                lifetime: Lifetime::Forever,
+                ext: Bytes::new(),
+            },
             initial: AppendRec::default(),
         })?;
         ids.push(id);

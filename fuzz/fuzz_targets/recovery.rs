@@ -10,7 +10,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use ursula_storage::record::{AppendRec, CreateRec, Lifetime, Record};
+use ursula_storage::record::{AppendRec, CreateRec, Lifetime, Record, StreamMeta};
 use ursula_storage::segment::{segment_path, SegmentHeader, DATA_START};
 use ursula_storage::{Durability, Offset, Shard, ShardConfig};
 
@@ -66,12 +66,14 @@ fn build(ops: &[u8]) -> Log {
                 );
                 Record::Create(CreateRec {
                     id,
-                    key: key.into(),
-                    incarnation: id,
-                    created_ms: 1,
-                    content_type: "application/octet-stream".into(),
-                    lifetime: Lifetime::Forever,
-                    ext: Bytes::new(),
+                    meta: StreamMeta {
+                        key: key.into(),
+                        incarnation: id,
+                        created_ms: 1,
+                        content_type: "application/octet-stream".into(),
+                        lifetime: Lifetime::Forever,
+                        ext: Bytes::new(),
+                    },
                     initial: AppendRec {
                         id,
                         start: Offset::ZERO,

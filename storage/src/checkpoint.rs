@@ -522,17 +522,19 @@ impl Varints<'_> {
 mod tests {
     use super::*;
     use crate::position::{off, seg};
-    use crate::record::{AppendRec, CreateRec, Lifetime};
+    use crate::record::{AppendRec, CreateRec, Lifetime, StreamMeta};
 
     fn stream_with_data() -> Stream {
         let create = CreateRec {
             id: 9,
-            key: "k/a".into(),
-            incarnation: 77,
-            created_ms: 1234,
-            content_type: "application/json".into(),
-            lifetime: Lifetime::TtlSeconds(60),
-            ext: Bytes::from_static(b"{\"x\":1}"),
+            meta: StreamMeta {
+                key: "k/a".into(),
+                incarnation: 77,
+                created_ms: 1234,
+                content_type: "application/json".into(),
+                lifetime: Lifetime::TtlSeconds(60),
+                ext: Bytes::from_static(b"{\"x\":1}"),
+            },
             initial: AppendRec::default(),
         };
         let mut s = Stream::from_create(&create, 0);

@@ -30,7 +30,7 @@ pub use checkpoint::{
 pub use error::{ArchiveLag, Corruption, FormatError, LogFailure, StorageError, Unrecoverable};
 pub use index::DEFAULT_INDEX_CACHE_BYTES;
 pub use position::{Lsn, Offset, RecordNo, SegmentNo};
-pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta};
+pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta, StreamMeta};
 pub use shard::{
     write_cold_marker, Changed, Commit, DiskUsage, Durability, HeapUsage, NewStream,
     RecoveryReport, Shard, ShardConfig, ShardStats, COLD_MARKER,

@@ -86,17 +86,27 @@ pub struct AppendRec {
     pub data: Bytes,
 }
 
-/// Everything that defines a stream at creation, plus its initial content.
+/// A stream's identity and configuration: what it is, apart from what it holds. Set at
+/// creation; only `ext` changes later (`Record::SetExt`). Created, imaged and held by a
+/// resident stream alike, and encoded the same way wherever it is written.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CreateRec {
-    pub id: u64,
+pub struct StreamMeta {
+    /// `bucket/stream`: the name clients use.
     pub key: Box<str>,
+    /// The creation token that tells a recreated stream from its predecessor.
     pub incarnation: u64,
     pub created_ms: i64,
     pub content_type: Box<str>,
     pub lifetime: Lifetime,
     /// Opaque server-owned configuration (attributes, fork linkage).
     pub ext: Bytes,
+}
+
+/// Everything that defines a stream at creation, plus its initial content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateRec {
+    pub id: u64,
+    pub meta: StreamMeta,
     pub initial: AppendRec,
 }
 
@@ -129,12 +139,7 @@ pub struct SnapshotMeta {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageRec {
     pub id: u64,
-    pub key: Box<str>,
-    pub incarnation: u64,
-    pub created_ms: i64,
-    pub content_type: Box<str>,
-    pub lifetime: Lifetime,
-    pub ext: Bytes,
+    pub meta: StreamMeta,
     pub tail: Offset,
     pub closed: bool,
     pub stream_seq: Option<Bytes>,
@@ -204,16 +209,7 @@ impl Record {
 
     fn payload_len(&self) -> usize {
         match self {
-            Record::Create(c) => {
-                8 + str_len(&c.key)
-                    + 8
-                    + 8
-                    + str_len(&c.content_type)
-                    + 9
-                    + 4
-                    + c.ext.len()
-                    + append_len(&c.initial)
-            }
+            Record::Create(c) => 8 + meta_len(&c.meta) + append_len(&c.initial),
             Record::Append(a) | Record::Relocate(a) => append_len(a),
             Record::Delete { .. } => 8,
             Record::SetExt { ext, .. } => 8 + 4 + ext.len(),
@@ -242,12 +238,7 @@ impl Record {
         let tail: &[u8] = match self {
             Record::Create(c) => {
                 put_u64(out, c.id);
-                put_str(out, &c.key);
-                put_u64(out, c.incarnation);
-                put_u64(out, c.created_ms as u64);
-                put_str(out, &c.content_type);
-                put_lifetime(out, c.lifetime);
-                put_bytes(out, &c.ext);
+                put_meta(out, &c.meta);
                 put_append_meta(out, &c.initial);
                 &c.initial.data
             }
@@ -361,23 +352,9 @@ fn decode_payload(kind: u8, r: &mut Reader) -> Option<Record> {
     Some(match kind {
         KIND_CREATE => {
             let id = r.u64()?;
-            let key = r.str()?;
-            let incarnation = r.u64()?;
-            let created_ms = r.u64()? as i64;
-            let content_type = r.str()?;
-            let lifetime = get_lifetime(r)?;
-            let ext = r.owned_bytes()?;
+            let meta = get_meta(r)?;
             let initial = get_append(r, Lens::Exact)?;
-            Record::Create(CreateRec {
-                id,
-                key,
-                incarnation,
-                created_ms,
-                content_type,
-                lifetime,
-                ext,
-                initial,
-            })
+            Record::Create(CreateRec { id, meta, initial })
         }
         KIND_APPEND => Record::Append(get_append(r, Lens::Exact)?),
         KIND_DELETE => Record::Delete { id: r.u64()? },
@@ -397,6 +374,30 @@ fn decode_payload(kind: u8, r: &mut Reader) -> Option<Record> {
             first_record: RecordNo::new(r.u64()?),
         },
         _ => return None,
+    })
+}
+
+fn meta_len(m: &StreamMeta) -> usize {
+    str_len(&m.key) + 8 + 8 + str_len(&m.content_type) + 9 + 4 + m.ext.len()
+}
+
+fn put_meta(out: &mut Vec<u8>, m: &StreamMeta) {
+    put_str(out, &m.key);
+    put_u64(out, m.incarnation);
+    put_u64(out, m.created_ms as u64);
+    put_str(out, &m.content_type);
+    put_lifetime(out, m.lifetime);
+    put_bytes(out, &m.ext);
+}
+
+fn get_meta(r: &mut Reader) -> Option<StreamMeta> {
+    Some(StreamMeta {
+        key: r.str()?,
+        incarnation: r.u64()?,
+        created_ms: r.u64()? as i64,
+        content_type: r.str()?,
+        lifetime: get_lifetime(r)?,
+        ext: r.owned_bytes()?,
     })
 }
 
@@ -447,12 +448,7 @@ fn get_snapshot(r: &mut Reader) -> Option<SnapshotMeta> {
 
 fn put_image(out: &mut Vec<u8>, i: &ImageRec) {
     put_u64(out, i.id);
-    put_str(out, &i.key);
-    put_u64(out, i.incarnation);
-    put_u64(out, i.created_ms as u64);
-    put_str(out, &i.content_type);
-    put_lifetime(out, i.lifetime);
-    put_bytes(out, &i.ext);
+    put_meta(out, &i.meta);
     put_u64(out, i.tail.get());
     out.push(i.closed as u8);
     match &i.stream_seq {
@@ -485,12 +481,7 @@ fn put_image(out: &mut Vec<u8>, i: &ImageRec) {
 
 fn get_image(r: &mut Reader) -> Option<ImageRec> {
     let id = r.u64()?;
-    let key = r.str()?;
-    let incarnation = r.u64()?;
-    let created_ms = r.u64()? as i64;
-    let content_type = r.str()?;
-    let lifetime = get_lifetime(r)?;
-    let ext = r.owned_bytes()?;
+    let meta = get_meta(r)?;
     let tail = Offset::new(r.u64()?);
     let closed = r.flag()?;
     let seq_len = r.u32()?;
@@ -528,12 +519,7 @@ fn get_image(r: &mut Reader) -> Option<ImageRec> {
     };
     Some(ImageRec {
         id,
-        key,
-        incarnation,
-        created_ms,
-        content_type,
-        lifetime,
-        ext,
+        meta,
         tail,
         closed,
         stream_seq,
@@ -771,12 +757,14 @@ mod tests {
         roundtrip(Record::Relocate(sample_append()));
         roundtrip(Record::Image(ImageRec {
             id: 3,
-            key: "b/x/y".into(),
-            incarnation: 9,
-            created_ms: 8,
-            content_type: "text/plain".into(),
-            lifetime: Lifetime::TtlSeconds(5),
-            ext: Bytes::from_static(b"{}"),
+            meta: StreamMeta {
+                key: "b/x/y".into(),
+                incarnation: 9,
+                created_ms: 8,
+                content_type: "text/plain".into(),
+                lifetime: Lifetime::TtlSeconds(5),
+                ext: Bytes::from_static(b"{}"),
+            },
             tail: off(77),
             closed: true,
             stream_seq: None,
@@ -818,12 +806,14 @@ mod tests {
         });
         roundtrip(Record::Create(CreateRec {
             id: 1,
-            key: "c/stream".into(),
-            incarnation: 1_784_370_000_000,
-            created_ms: 1_784_370_000_000,
-            content_type: "application/json".into(),
-            lifetime: Lifetime::ExpiresAtMs(-5),
-            ext: Bytes::new(),
+            meta: StreamMeta {
+                key: "c/stream".into(),
+                incarnation: 1_784_370_000_000,
+                created_ms: 1_784_370_000_000,
+                content_type: "application/json".into(),
+                lifetime: Lifetime::ExpiresAtMs(-5),
+                ext: Bytes::new(),
+            },
             initial: sample_append(),
         }));
     }
@@ -865,12 +855,14 @@ mod tests {
         }
         let create = Record::Create(CreateRec {
             id: 1,
-            key: "k".into(),
-            incarnation: 1,
-            created_ms: 1,
-            content_type: "t".into(),
-            lifetime: Lifetime::Forever,
-            ext: Bytes::new(),
+            meta: StreamMeta {
+                key: "k".into(),
+                incarnation: 1,
+                created_ms: 1,
+                content_type: "t".into(),
+                lifetime: Lifetime::Forever,
+                ext: Bytes::new(),
+            },
             initial: AppendRec::default(),
         });
         // Lifetime: tag at 20 + 8 + 5 + 8 + 8 + 5, its value right after.
@@ -928,12 +920,14 @@ mod tests {
     fn metadata_does_not_pin_the_buffer_it_was_decoded_from() {
         let rec = Record::Create(CreateRec {
             id: 1,
-            key: "k".into(),
-            incarnation: 1,
-            created_ms: 0,
-            content_type: "text/plain".into(),
-            lifetime: Lifetime::Forever,
-            ext: Bytes::from_static(b"{\"a\":1}"),
+            meta: StreamMeta {
+                key: "k".into(),
+                incarnation: 1,
+                created_ms: 0,
+                content_type: "text/plain".into(),
+                lifetime: Lifetime::Forever,
+                ext: Bytes::from_static(b"{\"a\":1}"),
+            },
             initial: sample_append(),
         });
         let mut out = Vec::new();
@@ -945,7 +939,7 @@ mod tests {
         };
         // A stream keeps its ext and Stream-Seq for as long as it lives; a slice would keep
         // a whole segment read at recovery alive with them.
-        assert!(!range.contains(&(c.ext.as_ptr() as usize)));
+        assert!(!range.contains(&(c.meta.ext.as_ptr() as usize)));
         let seq = c.initial.stream_seq.expect("seq");
         assert!(!range.contains(&(seq.as_ptr() as usize)));
         // Stream data stays zero-copy.

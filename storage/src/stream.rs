@@ -15,7 +15,7 @@ use bytes::Bytes;
 use crate::cache::{Extent, StreamCache};
 use crate::packed::{get_signed, get_varint, put_signed, put_varint, Delta, Memo, Packed};
 use crate::position::{Offset, RecordNo, SegmentNo};
-use crate::record::{AppendRec, CreateRec, ImageRec, Lifetime, ProducerImage, SnapshotMeta};
+use crate::record::{AppendRec, CreateRec, ImageRec, ProducerImage, SnapshotMeta, StreamMeta};
 use crate::waiters::WaiterSet;
 
 /// Shard-local stream identifier; never reused while the process runs.
@@ -208,13 +208,9 @@ impl Producer {
 
 pub struct Stream {
     pub id: StreamId,
-    pub key: Box<str>,
-    pub incarnation: u64,
-    pub created_ms: i64,
-    pub content_type: Box<str>,
-    pub lifetime: Lifetime,
-    /// Server-owned configuration and state (attributes, fork linkage), durable.
-    pub ext: Bytes,
+    /// Identity and configuration; `ext` (attributes, fork linkage) is durable state the
+    /// server changes.
+    pub meta: StreamMeta,
     /// Head: offset after the last accepted (possibly not yet durable) append.
     pub tail: Offset,
     pub closed: bool,
@@ -256,12 +252,7 @@ impl Stream {
     pub(crate) fn from_create(c: &CreateRec, now_ms: i64) -> Stream {
         Stream {
             id: c.id,
-            key: c.key.clone(),
-            incarnation: c.incarnation,
-            created_ms: c.created_ms,
-            content_type: c.content_type.clone(),
-            lifetime: c.lifetime,
-            ext: c.ext.clone(),
+            meta: c.meta.clone(),
             tail: Offset::ZERO,
             closed: false,
             visible_tail: Offset::ZERO,
@@ -288,12 +279,7 @@ impl Stream {
         let mut s = Stream::from_create(
             &CreateRec {
                 id: i.id,
-                key: i.key.clone(),
-                incarnation: i.incarnation,
-                created_ms: i.created_ms,
-                content_type: i.content_type.clone(),
-                lifetime: i.lifetime,
-                ext: i.ext.clone(),
+                meta: i.meta.clone(),
                 initial: AppendRec::default(),
             },
             now_ms,
@@ -337,7 +323,7 @@ impl Stream {
 
     /// Take the metadata of an image (replay: it is the state as of the image's LSN).
     pub(crate) fn apply_image(&mut self, i: &ImageRec) {
-        self.ext = i.ext.clone();
+        self.meta.ext = i.meta.ext.clone();
         self.retained_start = i.retained_start;
         self.msg_base = i.first_record;
         self.snapshot = i.snapshot.clone();
@@ -376,12 +362,7 @@ impl Stream {
     pub(crate) fn image(&self) -> ImageRec {
         ImageRec {
             id: self.id,
-            key: self.key.clone(),
-            incarnation: self.incarnation,
-            created_ms: self.created_ms,
-            content_type: self.content_type.clone(),
-            lifetime: self.lifetime,
-            ext: self.ext.clone(),
+            meta: self.meta.clone(),
             tail: self.tail,
             closed: self.closed,
             stream_seq: self.last_stream_seq.clone(),
@@ -471,7 +452,7 @@ impl Stream {
                 _ => self.tail <= self.retained_start,
             };
             if !ok {
-                tracing::error!(stream = %self.key, tail = self.tail.get(), "recovered chunks do not cover the stream");
+                tracing::error!(stream = %self.meta.key, tail = self.tail.get(), "recovered chunks do not cover the stream");
             }
             return ok;
         }
@@ -498,7 +479,7 @@ impl Stream {
         }
         if !ok {
             tracing::error!(
-                stream = %self.key,
+                stream = %self.meta.key,
                 tail = self.tail.get(),
                 chunks_end = expected.get(),
                 "recovered chunks do not cover the stream"
@@ -890,9 +871,9 @@ impl Stream {
             .sum::<usize>()
             + self.producers.capacity() * (size_of::<(Box<str>, Producer)>() + 1);
         size_of::<Stream>()
-            + self.key.len()
-            + self.content_type.len()
-            + self.ext.len()
+            + self.meta.key.len()
+            + self.meta.content_type.len()
+            + self.meta.ext.len()
             + self.last_stream_seq.as_ref().map_or(0, Bytes::len)
             + producers
             + self.index_heap_bytes()
@@ -910,18 +891,20 @@ impl Stream {
 mod tests {
     use super::*;
     use crate::position::{off, rec, seg};
-    use crate::record::ProducerStamp;
+    use crate::record::{Lifetime, ProducerStamp};
 
     fn stream() -> Stream {
         Stream::from_create(
             &CreateRec {
                 id: 1,
-                key: "k".into(),
-                incarnation: 1,
-                created_ms: 0,
-                content_type: "application/json".into(),
-                lifetime: Lifetime::Forever,
-                ext: Bytes::new(),
+                meta: StreamMeta {
+                    key: "k".into(),
+                    incarnation: 1,
+                    created_ms: 0,
+                    content_type: "application/json".into(),
+                    lifetime: Lifetime::Forever,
+                    ext: Bytes::new(),
+                },
                 initial: AppendRec::default(),
             },
             0,
@@ -1190,6 +1173,7 @@ mod tests {
 #[cfg(test)]
 mod resident_cost {
     use super::*;
+    use crate::record::Lifetime;
 
     /// What the many-streams benchmark keeps resident for a minute per stream: 40 appends
     /// of 256 B. Its tables must not hold capacity for more entries than it has (growing
@@ -1199,12 +1183,14 @@ mod resident_cost {
         let mut s = Stream::from_create(
             &CreateRec {
                 id: 1,
-                key: "b/loadgen-run/stream-000123".into(),
-                incarnation: 1,
-                created_ms: 0,
-                content_type: "application/octet-stream".into(),
-                lifetime: Lifetime::Forever,
-                ext: Bytes::new(),
+                meta: StreamMeta {
+                    key: "b/loadgen-run/stream-000123".into(),
+                    incarnation: 1,
+                    created_ms: 0,
+                    content_type: "application/octet-stream".into(),
+                    lifetime: Lifetime::Forever,
+                    ext: Bytes::new(),
+                },
                 initial: AppendRec::default(),
             },
             0,

@@ -31,29 +31,29 @@ macro_rules! configuration {
         }
 
         pub fn key(&self) -> &str {
-            &self.0.key
+            &self.0.meta.key
         }
 
         /// The creation token that tells a recreated stream from its predecessor.
         pub fn incarnation(&self) -> u64 {
-            self.0.incarnation
+            self.0.meta.incarnation
         }
 
         pub fn created_ms(&self) -> i64 {
-            self.0.created_ms
+            self.0.meta.created_ms
         }
 
         pub fn content_type(&self) -> &str {
-            &self.0.content_type
+            &self.0.meta.content_type
         }
 
         pub fn lifetime(&self) -> Lifetime {
-            self.0.lifetime
+            self.0.meta.lifetime
         }
 
         /// Server-owned configuration and state (attributes, fork linkage).
         pub fn ext(&self) -> &Bytes {
-            &self.0.ext
+            &self.0.meta.ext
         }
     };
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::parse_query;
-use ursula_storage::{AppendRec, Lifetime, NewStream, Offset};
+use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, StreamMeta};
 
 use crate::core::Core;
 use crate::http::{ApiError, Handled, Request, Response};
@@ -79,12 +79,14 @@ async fn replicate(core: &Rc<Core>, bucket: &str) -> bool {
     }
     let now = ursula_storage::now_ms();
     let spec = NewStream {
-        key: bucket_key(bucket).into(),
-        incarnation: core.shard.next_incarnation(now),
-        created_ms: now,
-        content_type: BUCKET_TYPE.into(),
-        lifetime: Lifetime::Forever,
-        ext: Bytes::new(),
+        meta: StreamMeta {
+            key: bucket_key(bucket).into(),
+            incarnation: core.shard.next_incarnation(now),
+            created_ms: now,
+            content_type: BUCKET_TYPE.into(),
+            lifetime: Lifetime::Forever,
+            ext: Bytes::new(),
+        },
         initial: AppendRec::default(),
     };
     match core.shard.create(spec) {

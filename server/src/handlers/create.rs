@@ -5,7 +5,7 @@ use std::rc::Rc;
 use ursula_protocol::content_type::{normalize, same_media_type};
 use ursula_protocol::headers::{is_closed_true, parse_expires_at, parse_ttl};
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{AppendRec, Lifetime, NewStream, RecordNo, StreamId};
+use ursula_storage::{AppendRec, Lifetime, NewStream, RecordNo, StreamId, StreamMeta};
 
 use crate::attrs::Attrs;
 use crate::core::Core;
@@ -134,16 +134,18 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
         PayloadKind::of(&content_type).and_then(|kind| payload(kind, req.body.clone(), true))?;
     let now = ursula_storage::now_ms();
     let spec = NewStream {
-        key: key.into(),
-        incarnation: core.shard.next_incarnation(now),
-        created_ms: now,
-        content_type: content_type.into(),
-        lifetime: lifetime.unwrap_or_default(),
-        ext: Ext {
-            attrs,
-            ..Default::default()
-        }
-        .encode(),
+        meta: StreamMeta {
+            key: key.into(),
+            incarnation: core.shard.next_incarnation(now),
+            created_ms: now,
+            content_type: content_type.into(),
+            lifetime: lifetime.unwrap_or_default(),
+            ext: Ext {
+                attrs,
+                ..Default::default()
+            }
+            .encode(),
+        },
         initial: AppendRec {
             append_lens: if body.data.is_empty() {
                 vec![]

@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use ursula_protocol::content_type::{is_json, same_media_type};
 use ursula_protocol::headers::parse_fork_sub_offset;
 use ursula_protocol::offset::parse_fork_offset;
-use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, RecordNo};
+use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, RecordNo, StreamMeta};
 
 use crate::core::Core;
 use crate::ext::{Ext, ForkLink};
@@ -169,12 +169,14 @@ async fn build(
         ..Default::default()
     };
     let spec = NewStream {
-        key: key.into(),
-        incarnation: core.shard.next_incarnation(now),
-        created_ms: now,
-        content_type: inherited.content_type.clone().into(),
-        lifetime: lifetime.unwrap_or(inherited.lifetime),
-        ext: ext.encode(),
+        meta: StreamMeta {
+            key: key.into(),
+            incarnation: core.shard.next_incarnation(now),
+            created_ms: now,
+            content_type: inherited.content_type.clone().into(),
+            lifetime: lifetime.unwrap_or(inherited.lifetime),
+            ext: ext.encode(),
+        },
         initial: AppendRec {
             append_lens,
             msg_lens,

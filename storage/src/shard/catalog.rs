@@ -171,9 +171,9 @@ impl Catalog {
     /// it was resident (it is removed either way), so that its readers can be told.
     pub(super) fn insert(&mut self, stream: Stream, now_ms: i64) -> Option<Stream> {
         let id = stream.id;
-        self.incarnation_taken(stream.incarnation);
+        self.incarnation_taken(stream.meta.incarnation);
         self.taken_below(id + 1);
-        let replaced = self.bind_key(stream.key.clone(), id);
+        let replaced = self.bind_key(stream.meta.key.clone(), id);
         self.put(id, Entry::Resident(Box::new(stream)));
         self.push_use(id, now_ms);
         replaced
@@ -253,7 +253,7 @@ impl Catalog {
     pub(super) fn remove(&mut self, id: StreamId) -> Option<Stream> {
         let stream = self.take(id);
         let key = match &stream {
-            Some(s) => Some(s.key.clone()),
+            Some(s) => Some(s.meta.key.clone()),
             None => self
                 .keys
                 .iter()
@@ -391,7 +391,7 @@ impl Catalog {
     /// Resident streams that may expire (their lifetime is not forever).
     pub(super) fn resident_mortal(&self) -> Vec<StreamId> {
         self.resident()
-            .filter(|s| s.lifetime != crate::record::Lifetime::Forever)
+            .filter(|s| s.meta.lifetime != crate::record::Lifetime::Forever)
             .map(|s| s.id)
             .collect()
     }
@@ -413,18 +413,20 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{AppendRec, CreateRec, Lifetime};
+    use crate::record::{AppendRec, CreateRec, Lifetime, StreamMeta};
 
     fn stream(id: StreamId, key: &str, now_ms: i64) -> Stream {
         Stream::from_create(
             &CreateRec {
                 id,
-                key: key.into(),
-                incarnation: 1,
-                created_ms: 0,
-                content_type: "text/plain".into(),
-                lifetime: Lifetime::Forever,
-                ext: bytes::Bytes::new(),
+                meta: StreamMeta {
+                    key: key.into(),
+                    incarnation: 1,
+                    created_ms: 0,
+                    content_type: "text/plain".into(),
+                    lifetime: Lifetime::Forever,
+                    ext: bytes::Bytes::new(),
+                },
                 initial: AppendRec::default(),
             },
             now_ms,

@@ -4,7 +4,18 @@
 //! Each change is checked against the head state, applied to it, and logged in one step with
 //! no await in between; the returned [`Commit`] resolves once its record is durable.
 
-use super::*;
+use std::cell::{Ref, RefMut};
+
+use bytes::Bytes;
+
+use crate::error::StorageError;
+use crate::position::{Lsn, Offset};
+use crate::record::{AppendRec, CreateRec, Record, SnapshotMeta};
+use crate::stream::{Receipt, Stream, StreamId};
+use crate::view::{StreamHead, StreamView};
+
+use super::commit::Commit;
+use super::{missing, NewStream, Shard};
 
 impl Shard {
     pub fn lookup(&self, key: &str) -> Option<StreamId> {
@@ -85,12 +96,7 @@ impl Shard {
         initial.start = Offset::ZERO;
         let rec = CreateRec {
             id,
-            key: spec.key,
-            incarnation: spec.incarnation,
-            created_ms: spec.created_ms,
-            content_type: spec.content_type,
-            lifetime: spec.lifetime,
-            ext: spec.ext,
+            meta: spec.meta,
             initial,
         };
         let record = Record::Create(rec);
@@ -210,7 +216,7 @@ impl Shard {
             unreachable!("built above")
         };
         if let Some(mut s) = self.state_mut(id) {
-            s.ext = ext;
+            s.meta.ext = ext;
         }
         Ok(self.commit(lsn))
     }

@@ -3,7 +3,22 @@
 //! synchronously and installing the file once the log is durable up to it (formats in
 //! `crate::checkpoint` and `crate::index`).
 
-use super::*;
+use std::future::poll_fn;
+use std::path::Path;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::error::StorageError;
+use crate::index::{self, IndexFileNo};
+use crate::limits::{ENCODE_SLICE_BYTES, INDEX_FLUSH_BYTES};
+use crate::position::SegmentNo;
+use crate::record::Record;
+use crate::stream::StreamId;
+use crate::{checkpoint, segment};
+
+use super::{FastSet, Shard};
 
 /// Let every other task that is ready run before this one goes on.
 pub(super) async fn yield_to_requests() {

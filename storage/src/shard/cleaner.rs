@@ -1,7 +1,13 @@
 //! Reclaiming space: live-data accounting and the cleaner that rewrites the oldest
 //! segment's live chunks at the head and deletes it.
 
-use super::*;
+use crate::error::StorageError;
+use crate::position::{Lsn, SegmentNo};
+use crate::record::{AppendRec, Record};
+use crate::segment;
+use crate::segment::segment_path;
+
+use super::Shard;
 
 impl Shard {
     pub(super) fn add_live(&self, bytes: u64) {

@@ -8,10 +8,17 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::*;
+use std::path::Path;
+
+use bytes::Bytes;
+
 use crate::cold::{ColdRead, ColdStore};
-use crate::position::{off, rec};
+use crate::position::{off, rec, Offset};
+use crate::readback;
+use crate::record::Lifetime;
 use crate::test_support::block_on;
+
+use super::*;
 
 /// Counters shared by a [`DirStore`] and the reads it hands out.
 #[derive(Debug, Default)]
@@ -117,12 +124,14 @@ fn cold_config(dir: &Path, store: &Arc<DirStore>, local_segments: u64) -> ShardC
 
 fn json_stream(key: &str) -> NewStream {
     NewStream {
-        key: key.into(),
-        incarnation: 3,
-        created_ms: 1,
-        content_type: "application/json".into(),
-        lifetime: Lifetime::Forever,
-        ext: Bytes::new(),
+        meta: StreamMeta {
+            key: key.into(),
+            incarnation: 3,
+            created_ms: 1,
+            content_type: "application/json".into(),
+            lifetime: Lifetime::Forever,
+            ext: Bytes::new(),
+        },
         initial: AppendRec::default(),
     }
 }

@@ -28,12 +28,30 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::*;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::future::poll_fn;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::aligned::align_up;
 use crate::cold::ColdStore;
+use crate::error::{ArchiveLag, Corruption, StorageError};
 use crate::limits::{
     COLD_BLOCK_BYTES, COLD_READAHEAD_BLOCKS_MAX, COLD_READAHEAD_BYTES, COLD_SEQUENTIAL_READ_BYTES,
     COLD_TRACKED_READERS_MAX,
 };
+use crate::position::{Offset, SegmentNo};
+use crate::readback;
+use crate::segment::{segment_path, DATA_START};
+use crate::stream::{Piece, StreamId};
+
+use super::{Shard, ShardConfig, MIN_SEGMENT_BYTES};
 
 /// A file in a shard's directory saying some of its segments may be only in the cold tier.
 pub const COLD_MARKER: &str = "cold-segments";

@@ -2,7 +2,22 @@
 //! and reports them to the shard's [`GroupCommit`] ledger, and the [`Commit`] a writer
 //! waits on.
 
-use super::*;
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::io;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use crate::aligned::align_up;
+use crate::error::{LogFailure, StorageError};
+use crate::position::{Lsn, Offset};
+use crate::record::Record;
+use crate::stream::{DiskLoc, StreamId};
+
+use super::group_commit::Ticket;
+use super::writer::{Batch, Zeroing};
+use super::{missing, Inner, Shard, COMMIT_WRITE_BUCKETS_US};
 
 impl Shard {
     /// Framed bytes written to the log but not yet durable.

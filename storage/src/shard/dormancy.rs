@@ -22,10 +22,21 @@
 //!              the record index (`Packed::encode_into`), the last access (signed varint)
 //! ```
 
-use super::*;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
 use crate::error::FormatError;
+use crate::index::{IndexFile, IndexFileNo};
+use crate::limits::{ENCODE_SLICE_BYTES, SLEEPERS_PER_ROUND_MAX};
 use crate::packed::{get_signed, put_signed, DiskPage, Packed};
-use crate::record::ImageRec;
+use crate::position::Lsn;
+use crate::record::{decode_at, ImageRec, Record};
+use crate::stream::{Stream, StreamId};
+
+use super::catalog::Dormant;
+use super::{checkpointing, Shard};
 
 /// A stream's state, saved to go dormant, waiting for its index file.
 pub(super) struct Sleeper {
@@ -126,7 +137,7 @@ impl Shard {
                 .catalog
                 .borrow()
                 .get(id)
-                .filter(|s| quiescent(s) && !stays(&s.ext))
+                .filter(|s| quiescent(s) && !stays(&s.meta.ext))
                 .map(encode_state);
             match sleeper {
                 Some(s) => {
@@ -227,7 +238,7 @@ impl Shard {
 
     /// Put every stream idle by now to sleep at once (tests).
     #[cfg(test)]
-    pub(crate) async fn sleep_idle(&self) -> Result<(), StorageError> {
+    pub(crate) async fn sleep_idle(&self) -> Result<(), crate::StorageError> {
         let Some(dir) = self.inner.log.borrow().as_ref().map(|l| l.dir.clone()) else {
             return Ok(());
         };
@@ -278,6 +289,7 @@ fn encode_state(s: &Stream) -> Sleeper {
         state: Bytes::from(out),
         pins: pins.into_boxed_slice(),
         deadline_ms: s
+            .meta
             .lifetime
             .deadline_ms(s.last_access_ms.get())
             .unwrap_or(i64::MAX),

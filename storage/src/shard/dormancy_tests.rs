@@ -3,10 +3,15 @@
 //! finds dormant streams without waking the others; index files go once nothing sleeps in
 //! them.
 
-use super::*;
+use std::path::Path;
+
+use bytes::Bytes;
+
 use crate::position::off;
-use crate::record::ProducerStamp;
+use crate::record::{Lifetime, ProducerStamp};
 use crate::test_support::block_on;
+
+use super::*;
 
 fn config(dir: &Path) -> ShardConfig {
     let mut cfg = ShardConfig::new(0, Durability::Disk(dir.to_path_buf()));
@@ -18,12 +23,14 @@ fn config(dir: &Path) -> ShardConfig {
 
 fn new_stream(key: &str, lifetime: Lifetime) -> NewStream {
     NewStream {
-        key: key.into(),
-        incarnation: 3,
-        created_ms: 1,
-        content_type: "text/plain".into(),
-        lifetime,
-        ext: Bytes::from_static(b"ext"),
+        meta: StreamMeta {
+            key: key.into(),
+            incarnation: 3,
+            created_ms: 1,
+            content_type: "text/plain".into(),
+            lifetime,
+            ext: Bytes::from_static(b"ext"),
+        },
         initial: AppendRec::default(),
     }
 }
@@ -98,8 +105,8 @@ fn idle_streams_sleep_and_wake_whole() {
         let id = shard.lookup("s7").expect("s7");
         {
             let s = shard.state(id).expect("woken");
-            assert_eq!((s.incarnation, &s.ext[..]), (3, &b"ext"[..]));
-            assert_eq!(s.content_type.as_ref(), "text/plain");
+            assert_eq!((s.meta.incarnation, &s.meta.ext[..]), (3, &b"ext"[..]));
+            assert_eq!(s.meta.content_type.as_ref(), "text/plain");
             assert_eq!(s.message_count().get(), 30);
             assert_eq!(
                 s.message_start(crate::position::rec(29)),

@@ -2,9 +2,17 @@
 //! the log rolls, lookups and reads through them are exact, and a restart (after a crash, a
 //! clean stop, or with an index file lost or torn) finds every offset and record again.
 
-use super::*;
-use crate::position::{off, rec};
+use std::path::Path;
+
+use bytes::Bytes;
+
+use crate::checkpoint;
+use crate::index::IndexFileNo;
+use crate::position::{off, rec, Offset};
+use crate::record::Lifetime;
 use crate::test_support::block_on;
+
+use super::*;
 
 /// A stream as the test keeps it: its bytes and where each record starts.
 #[derive(Default)]
@@ -27,12 +35,14 @@ fn config(dir: &Path) -> ShardConfig {
 
 fn new_stream(key: &str) -> NewStream {
     NewStream {
-        key: key.into(),
-        incarnation: 1,
-        created_ms: 1,
-        content_type: "application/json".into(),
-        lifetime: Lifetime::Forever,
-        ext: Bytes::new(),
+        meta: StreamMeta {
+            key: key.into(),
+            incarnation: 1,
+            created_ms: 1,
+            content_type: "application/json".into(),
+            lifetime: Lifetime::Forever,
+            ext: Bytes::new(),
+        },
         initial: AppendRec::default(),
     }
 }

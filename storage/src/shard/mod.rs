@@ -15,32 +15,20 @@
 //! of a shard lives on one thread: `Rc`/`RefCell`, no locks. Callers must not hold a `Ref`
 //! from [`Shard::stream`] across a call that mutates the shard.
 
-use std::cell::{Cell, Ref, RefCell, RefMut};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::future::{poll_fn, Future};
-use std::io;
-use std::path::{Path, PathBuf};
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-
-use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
-use crate::checkpoint;
-use crate::error::{ArchiveLag, Corruption, LogFailure, StorageError, Unrecoverable};
-use crate::index::{self, IndexFile, IndexFileNo};
-use crate::limits::{
-    BATCH_BUF_BYTES, ENCODE_SLICE_BYTES, INDEX_FLUSH_BYTES, POOLED_BUF_BYTES_MAX,
-    READS_IN_FLIGHT_MAX, READ_IN_FLIGHT_BYTES_MAX, SLEEPERS_PER_ROUND_MAX, ZERO_AHEAD_BYTES,
-};
-use crate::position::{Lsn, Offset, SegmentNo};
-use crate::readback::{self, Part, Span};
-use crate::record::{decode_at, AppendRec, CreateRec, FrameError, Lifetime, Record, SnapshotMeta};
-use crate::segment::segment_path;
-use crate::segment::{self, SegmentHeader, DATA_START};
-use crate::stream::{DiskLoc, Piece, Receipt, Stream, StreamId};
-use crate::view::{StreamHead, StreamView};
+use crate::error::{Corruption, LogFailure, StorageError};
+use crate::index;
+use crate::position::{Lsn, SegmentNo};
+use crate::record::{AppendRec, StreamMeta};
+use crate::segment::{self, DATA_START};
+use crate::stream::{Stream, StreamId};
 use crate::waiters::WaiterIds;
 
 mod blobs;
@@ -82,10 +70,10 @@ pub use cold_tier::{
     write_cold_marker, COLD_MARKER, DEFAULT_COLD_CACHE_BYTES, DEFAULT_COLD_IN_FLIGHT_BYTES,
 };
 pub use commit::Commit;
-use group_commit::{GroupCommit, Ticket};
+use group_commit::GroupCommit;
 use index_files::IndexFiles;
 use segment_map::SegmentMap;
-use writer::{Batch, Log, Zeroing};
+use writer::Log;
 
 /// Maps looked up on every append (several times each): foldhash instead of std's SipHash,
 /// which took ~7% of an append's user-space instructions. Seeds are random per map, so
@@ -301,12 +289,7 @@ pub const COMMIT_WRITE_BUCKETS_US: [u64; 14] = [
 
 /// A new stream and its initial content.
 pub struct NewStream {
-    pub key: Box<str>,
-    pub incarnation: u64,
-    pub created_ms: i64,
-    pub content_type: Box<str>,
-    pub lifetime: Lifetime,
-    pub ext: Bytes,
+    pub meta: StreamMeta,
     /// Initial data and closure; `id` and `start` are filled in by the shard.
     pub initial: AppendRec,
 }

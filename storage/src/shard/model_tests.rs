@@ -6,10 +6,17 @@
 //! packed blocks and most reads go to disk. With a cold tier, sealed segments are archived
 //! and evicted at every checkpoint, so most reads go to the cold tier instead.
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use bytes::Bytes;
+
+use crate::position::{off, rec};
+use crate::record::Lifetime;
+use crate::test_support::block_on;
+
 use super::cold_tests::DirStore;
 use super::*;
-use crate::position::{off, rec};
-use crate::test_support::block_on;
 
 /// A stream as the model keeps it: its whole byte history and where each record starts.
 #[derive(Clone, Default)]
@@ -82,12 +89,14 @@ fn append_rec(recs: &[String], writes: usize) -> AppendRec {
 
 fn new_stream(key: &str, incarnation: u64) -> NewStream {
     NewStream {
-        key: key.into(),
-        incarnation,
-        created_ms: 1,
-        content_type: "application/json".into(),
-        lifetime: Lifetime::Forever,
-        ext: Bytes::new(),
+        meta: StreamMeta {
+            key: key.into(),
+            incarnation,
+            created_ms: 1,
+            content_type: "application/json".into(),
+            lifetime: Lifetime::Forever,
+            ext: Bytes::new(),
+        },
         initial: AppendRec::default(),
     }
 }
@@ -99,7 +108,7 @@ async fn check(shard: &Shard, key: &str, m: &Model, rng: &mut Rng) {
     let first = m.first_record();
     {
         let s = shard.state(id).expect("stream");
-        assert_eq!(s.incarnation, m.incarnation, "{key}");
+        assert_eq!(s.meta.incarnation, m.incarnation, "{key}");
         assert_eq!((s.tail, s.visible_tail), (off(tail), off(tail)), "{key}");
         assert_eq!(s.retained_start, off(m.retained), "{key}");
         assert_eq!(s.first_message(), rec(first as u64), "{key}");

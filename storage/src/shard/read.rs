@@ -2,7 +2,19 @@
 //! with verified direct-I/O reads (see `readback`), or from the cold tier for segments that
 //! left the local disk (see `cold_tier`); every record's checksum is checked either way.
 
-use super::*;
+use std::rc::Rc;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::error::{Corruption, StorageError};
+use crate::limits::{READS_IN_FLIGHT_MAX, READ_IN_FLIGHT_BYTES_MAX};
+use crate::position::{Offset, SegmentNo};
+use crate::readback::{self, Part, Span};
+use crate::record::decode_at;
+use crate::segment;
+use crate::stream::{DiskLoc, Piece, StreamId};
+
+use super::{Durability, Shard};
 
 impl Shard {
     /// Bytes of `[from, to)` of a stream (clamped to what is durable), as zero-copy slices.

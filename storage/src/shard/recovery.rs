@@ -1,7 +1,27 @@
 //! Recovery: loading the checkpoint, replaying the log after it, and cutting off a torn or
 //! corrupt tail.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
+use crate::checkpoint;
+use crate::error::{StorageError, Unrecoverable};
+use crate::index::{self, IndexFile, IndexFileNo};
+use crate::limits::{BATCH_BUF_BYTES, POOLED_BUF_BYTES_MAX};
+use crate::position::{Lsn, SegmentNo};
+use crate::record::{decode_at, AppendRec, FrameError, Record};
+use crate::segment::{self, SegmentHeader, DATA_START};
+use crate::stream::{DiskLoc, Stream, StreamId};
+
+use super::catalog::Dormant;
+use super::writer::Log;
+use super::{cold_tier, dormancy, FastSet, RecoveryReport, Shard};
 
 /// Where replay ended: the last segment read (its number, the end of its valid records,
 /// its contents), the LSN the next record gets, and the first segment that does not
@@ -567,7 +587,7 @@ impl Shard {
             }
             Record::SetExt { id, ext } => {
                 if let Some(s) = self.inner.catalog.borrow_mut().get_mut(id) {
-                    s.ext = ext;
+                    s.meta.ext = ext;
                 }
             }
             // For a stream not known yet, its image (later in the log) carries both.

@@ -1,7 +1,16 @@
-use super::*;
-use crate::position::{off, rec};
-use crate::record::ProducerStamp;
+use std::path::Path;
+
+use bytes::Bytes;
+
+use crate::aligned::{align_up, AlignedBuf};
+use crate::checkpoint;
+use crate::position::{off, rec, Offset};
+use crate::record::{Lifetime, ProducerStamp, SnapshotMeta};
+use crate::segment::SegmentHeader;
 use crate::test_support::block_on;
+
+use super::writer::Zeroing;
+use super::*;
 
 fn config(dir: &Path) -> ShardConfig {
     let mut cfg = ShardConfig::new(0, Durability::Disk(dir.to_path_buf()));
@@ -11,12 +20,14 @@ fn config(dir: &Path) -> ShardConfig {
 
 fn new_stream(key: &str, data: &[u8]) -> NewStream {
     NewStream {
-        key: key.into(),
-        incarnation: 7,
-        created_ms: 1,
-        content_type: "text/plain".into(),
-        lifetime: Lifetime::TtlSeconds(60),
-        ext: Bytes::from_static(b"ext"),
+        meta: StreamMeta {
+            key: key.into(),
+            incarnation: 7,
+            created_ms: 1,
+            content_type: "text/plain".into(),
+            lifetime: Lifetime::TtlSeconds(60),
+            ext: Bytes::from_static(b"ext"),
+        },
         initial: data_rec(data),
     }
 }
@@ -133,9 +144,9 @@ fn appends_survive_reopen_with_all_state() {
         {
             let s = shard.state_by_key("a").expect("a");
             assert!(s.visible_closed && s.closed);
-            assert_eq!(s.incarnation, 7);
-            assert_eq!(s.lifetime, Lifetime::TtlSeconds(60));
-            assert_eq!(&s.ext[..], b"ext");
+            assert_eq!(s.meta.incarnation, 7);
+            assert_eq!(s.meta.lifetime, Lifetime::TtlSeconds(60));
+            assert_eq!(&s.meta.ext[..], b"ext");
             assert_eq!(s.last_stream_seq.as_deref(), Some(&b"s1"[..]));
             let p = &s.producers["p"];
             assert_eq!((p.epoch, p.last_seq), (2, 0));
@@ -856,12 +867,12 @@ async fn describe(shard: &Shard) -> Vec<String> {
             format!(
                 "{key} inc={} tail={}/{} closed={}/{} ext={:?} seq={:?} retained={} \
                  msgs={}..{} starts={starts:?} producers={producers:?}",
-                s.incarnation,
+                s.meta.incarnation,
                 s.tail,
                 s.visible_tail,
                 s.closed,
                 s.visible_closed,
-                s.ext,
+                s.meta.ext,
                 s.last_stream_seq,
                 s.retained_start,
                 s.first_message(),

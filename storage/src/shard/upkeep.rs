@@ -1,7 +1,9 @@
 //! The once-a-second upkeep task: checkpoints, index files, cleaning, and evicting archived
 //! segments.
 
-use super::*;
+use std::time::Duration;
+
+use super::Shard;
 
 impl Shard {
     /// Background upkeep, once a second.

@@ -1,7 +1,20 @@
 //! The log writer: batches bound for segment positions, segment rolls and spares, and zeros
 //! written ahead of the records.
 
-use super::*;
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::aligned::{align_down, align_up, AlignedBuf, BufPool};
+use crate::error::StorageError;
+use crate::limits::{BATCH_BUF_BYTES, ZERO_AHEAD_BYTES};
+use crate::position::{Lsn, Offset, SegmentNo};
+use crate::record::Record;
+use crate::segment;
+use crate::segment::{SegmentHeader, DATA_START};
+use crate::stream::{DiskLoc, StreamId};
 
 /// The durable write path of one shard.
 pub(super) struct Log {
