@@ -79,6 +79,9 @@ pub(crate) const ENCODE_SLICE_BYTES: usize = 256 << 10;
 /// Most streams one upkeep round puts to sleep: bounds the round's file and the catalog
 /// work between two chances for requests to run.
 pub(crate) const SLEEPERS_PER_ROUND_MAX: usize = 100_000;
+/// Streams a round turns dormant between two chances for requests to run: bounds how
+/// long dropping their states holds the core.
+pub(crate) const SLEEPS_PER_SLICE: usize = 1024;
 
 // The cold tier.
 

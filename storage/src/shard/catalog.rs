@@ -10,7 +10,7 @@
 //! the shard reads a dormant stream's state back and hands it to [`Catalog::wake`].
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 use std::rc::Rc;
 
 use super::FastMap;
@@ -35,8 +35,11 @@ pub(super) struct Catalog {
     next_id: StreamId,
     last_incarnation: u64,
     /// Every resident stream exactly once (unless it is being put to sleep), with a time
-    /// at or before its last use, oldest first: the sweep for idle streams reads the front.
-    by_use: VecDeque<(StreamId, i64)>,
+    /// at or before its last use, earliest first: the sweep for idle streams takes from the
+    /// top. A heap, not a queue: a stream found still in use goes back in at its own last
+    /// use, which is earlier than streams queued since, so it is due on time, not one idle
+    /// period late.
+    by_use: BinaryHeap<Reverse<(i64, StreamId)>>,
     /// Deadlines of dormant streams that expire, soonest first. An entry whose stream woke
     /// up (or went to sleep again with another deadline) is stale and skipped.
     deadlines: BinaryHeap<Reverse<(i64, StreamId)>>,
@@ -63,7 +66,7 @@ impl Catalog {
             keys: FastMap::default(),
             next_id: 1,
             last_incarnation: 0,
-            by_use: VecDeque::new(),
+            by_use: BinaryHeap::new(),
             deadlines: BinaryHeap::new(),
             pins: FastMap::default(),
             dormant: 0,
@@ -282,11 +285,11 @@ impl Catalog {
     pub(super) fn idle(&mut self, cutoff_ms: i64, most: usize) -> Vec<StreamId> {
         let mut out = Vec::new();
         while out.len() < most {
-            match self.by_use.front() {
-                Some(&(_, seen)) if seen <= cutoff_ms => {}
+            match self.by_use.peek() {
+                Some(&Reverse((seen, _))) if seen <= cutoff_ms => {}
                 _ => break,
             }
-            let Some((id, _)) = self.by_use.pop_front() else {
+            let Some(Reverse((_, id))) = self.by_use.pop() else {
                 break;
             };
             // Gone, or asleep already (a stale place from before it slept): dropped.
@@ -309,7 +312,7 @@ impl Catalog {
         for (&id, entry) in &self.entries {
             if let Entry::Resident(s) = entry {
                 s.used_ms.set(used_ms);
-                self.by_use.push_back((id, used_ms));
+                self.by_use.push(Reverse((used_ms, id)));
             }
         }
     }
@@ -317,7 +320,7 @@ impl Catalog {
     /// The earliest time the use order has for a resident stream (its last use is at or
     /// after it).
     pub(super) fn oldest_use(&self) -> Option<i64> {
-        self.by_use.front().map(|&(_, t)| t)
+        self.by_use.peek().map(|&Reverse((t, _))| t)
     }
 
     /// Put an idle stream back in the use order: it stays resident.
@@ -327,12 +330,9 @@ impl Catalog {
         }
     }
 
-    /// Queue `id` for an idleness check at `used_ms` or later. The order's times never
-    /// decrease from front to back, so the front is always the first due: a stream used
-    /// earlier than the back's time is checked at the back's time, a little late at most.
+    /// Queue `id` for an idleness check once `used_ms` is an idle period ago.
     fn push_use(&mut self, id: StreamId, used_ms: i64) {
-        let at = self.by_use.back().map_or(used_ms, |&(_, t)| t.max(used_ms));
-        self.by_use.push_back((id, at));
+        self.by_use.push(Reverse((used_ms, id)));
     }
 
     /// Make resident stream `id` dormant, its state saved as `d` (its pages in `pins`), if
@@ -402,7 +402,7 @@ impl Catalog {
         use std::mem::size_of;
         let entries = self.entries.capacity() * (size_of::<(StreamId, Entry)>() + 1);
         let keys = self.keys.capacity() * (size_of::<(Box<str>, StreamId)>() + 1);
-        let orders = self.by_use.capacity() * size_of::<(StreamId, i64)>()
+        let orders = self.by_use.capacity() * size_of::<Reverse<(i64, StreamId)>>()
             + self.deadlines.capacity() * size_of::<Reverse<(i64, StreamId)>>();
         let pins = self.pins.capacity() * (size_of::<(StreamId, Box<[Rc<IndexFile>]>)>() + 1)
             + self.pinned * size_of::<Rc<IndexFile>>();
@@ -473,10 +473,11 @@ mod tests {
         assert_eq!(c.idle(200, 10), vec![1]);
         assert!(c.idle(200, 10).is_empty(), "taken off the order");
         c.keep(1, 450);
-        // Queued behind c (used at 500), so not looked at before 500.
-        assert!(c.idle(450, 10).is_empty());
+        // b, found in use at 200, is due at its own last use (400), not behind the streams
+        // queued since.
+        assert_eq!(c.idle(449, 10), vec![2]);
         c.get(3).expect("c").used_ms.set(600);
-        assert_eq!(c.idle(500, 10), vec![2, 1]);
+        assert_eq!(c.idle(500, 10), vec![1]);
         assert_eq!(c.oldest_use(), Some(600));
     }
 

@@ -215,8 +215,12 @@ impl Shard {
             }
         }
         let slept = sleepers.len();
-        self.put_to_sleep(sleepers, &file, &offsets[pages.len()..]);
-        self.inner.index_files.borrow_mut().add(number, file);
+        self.inner
+            .index_files
+            .borrow_mut()
+            .add(number, file.clone());
+        self.put_to_sleep(sleepers, &file, &offsets[pages.len()..])
+            .await;
         tracing::debug!(
             shard = self.inner.cfg.shard,
             file = number.get(),
@@ -240,8 +244,12 @@ impl Shard {
     pub(super) async fn write_checkpoint_in(&self, dir: &Path) -> Result<(), StorageError> {
         let started = Instant::now();
         // Pages wait for the next file unless a roll or their size calls for one now: a few
-        // pages are cheaper inline in the checkpoint than as a file of their own.
-        if self.unindexed_segment().is_some() || self.index_due() {
+        // pages are cheaper inline in the checkpoint than as a file of their own. Idle
+        // streams go to sleep first too: under a heavy write load a checkpoint can be due
+        // at every upkeep round, and a round that writes one writes no other index file,
+        // so without this idle streams would wait for pages to fill 1 MiB (and each would
+        // cost the checkpoint its whole state instead of a dormant entry).
+        if self.unindexed_segment().is_some() || self.index_due() || self.sleep_due() {
             self.write_index(dir).await?;
         }
         let (segment, offset) = match self.inner.log.borrow().as_ref() {

@@ -29,7 +29,7 @@ use bytes::Bytes;
 
 use crate::error::FormatError;
 use crate::index::{IndexFile, IndexFileNo};
-use crate::limits::{ENCODE_SLICE_BYTES, SLEEPERS_PER_ROUND_MAX};
+use crate::limits::{ENCODE_SLICE_BYTES, SLEEPERS_PER_ROUND_MAX, SLEEPS_PER_SLICE};
 use crate::packed::{get_signed, put_signed, DiskPage, Packed};
 use crate::position::Lsn;
 use crate::record::{decode_at, ImageRec, Record};
@@ -155,8 +155,11 @@ impl Shard {
     }
 
     /// The saved states of `sleepers` are durable in `file` at `offsets`: make each stream
-    /// dormant unless it changed since it was saved (then it stays resident).
-    pub(super) fn put_to_sleep(
+    /// dormant unless it changed since it was saved (then it stays resident). Dropping a
+    /// stream's state is not free (after a restart one round may put tens of thousands to
+    /// sleep), so the core's requests run between slices of [`SLEEPS_PER_SLICE`] streams;
+    /// a stream used meanwhile is found changed or used, and stays.
+    pub(super) async fn put_to_sleep(
         &self,
         sleepers: Vec<Sleeper>,
         file: &Rc<IndexFile>,
@@ -165,7 +168,11 @@ impl Shard {
         let now = self.clock_ms();
         let mut freed = 0;
         let mut slept = 0;
-        for (s, &off) in sleepers.into_iter().zip(offsets) {
+        for (i, (s, &off)) in sleepers.into_iter().zip(offsets).enumerate() {
+            if i > 0 && i % SLEEPS_PER_SLICE == 0 {
+                self.release_cached(std::mem::take(&mut freed));
+                checkpointing::yield_to_requests().await;
+            }
             let d = Dormant {
                 state: DiskPage {
                     file: file.clone(),
