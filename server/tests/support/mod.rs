@@ -371,19 +371,34 @@ impl Client {
             head.push_str("Connection: close\r\n");
         }
         head.push_str("\r\n");
-        {
+        let sent = {
             let s = conn.get_mut();
             if body.len() <= 64 * 1024 {
                 let mut buf = head.into_bytes();
                 buf.extend_from_slice(body);
-                s.write_all(&buf)?;
+                s.write_all(&buf)
             } else {
-                s.write_all(head.as_bytes())?;
-                s.write_all(body)?;
+                s.write_all(head.as_bytes())
+                    .and_then(|()| s.write_all(body))
             }
-            s.flush()?;
+            .and_then(|()| s.flush())
+        };
+        match sent {
+            Ok(()) => read_response(conn, method == "HEAD"),
+            // A server may answer before the body is in (a refusal) and close without
+            // draining a large body, so the rest of the send fails. Its answer is still
+            // in our receive buffer: read it as an HTTP client does, and report the send's
+            // error only if there is none.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                read_response(conn, method == "HEAD").map_err(|_| e)
+            }
+            Err(e) => Err(e),
         }
-        read_response(conn, method == "HEAD")
     }
 }
 
