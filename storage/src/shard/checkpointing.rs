@@ -21,14 +21,21 @@ use crate::{checkpoint, segment};
 use super::{FastSet, Shard};
 
 /// Let every other task that is ready run before this one goes on.
+///
+/// Not by waking itself: monoio puts a task that wakes itself while it runs at the front of
+/// its run queue, so it runs again at once and the requests waiting behind it run only once
+/// it is done (a checkpoint "in slices" held its core for its whole encode). A helper task
+/// joins the back of the queue and wakes this one from there, so this one comes back behind
+/// every task that was ready.
 pub(super) async fn yield_to_requests() {
-    let mut yielded = false;
+    let mut queued = false;
     poll_fn(|cx| {
-        if yielded {
+        if queued {
             return Poll::Ready(());
         }
-        yielded = true;
-        cx.waker().wake_by_ref();
+        queued = true;
+        let waker = cx.waker().clone();
+        drop(monoio::spawn(async move { waker.wake() }));
         Poll::Pending
     })
     .await
