@@ -4,14 +4,23 @@
 //! A resident stream has its whole state in memory (a [`Stream`]: tables, producers, cache,
 //! waiters). A stream nobody has used for a while is made dormant (see `dormancy`): its state
 //! is saved in an index file and memory keeps only a [`Dormant`] entry (where the state is,
-//! when the stream expires, how many bytes it holds; 40 bytes) beside its key, and the
-//! index files its tables' pages are in, for the few streams whose tables have pages. So a shard's memory
-//! grows with the streams in use, not with every stream it keeps. The catalog does no I/O:
-//! the shard reads a dormant stream's state back and hands it to [`Catalog::wake`].
+//! when the stream expires, how many bytes it holds; 40 bytes) and its key, and the index
+//! files its tables' pages are in, for the few streams whose tables have pages. So a shard's
+//! memory grows with the streams in use, not with every stream it keeps. The catalog does no
+//! I/O: the shard reads a dormant stream's state back and hands it to [`Catalog::wake`].
+//!
+//! A checkpoint lists the dormant streams in slices, with requests served in between
+//! ([`Catalog::begin_listing`]): while it does, an entry that leaves dormancy (its stream
+//! woke or went away) is kept aside as it was, so the listing is exactly the dormant set at
+//! the moment it began.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::hash::BuildHasher;
 use std::rc::Rc;
+
+use hashbrown::hash_table::Entry as KeySlot;
+use hashbrown::HashTable;
 
 use super::FastMap;
 use crate::index::IndexFile;
@@ -29,9 +38,20 @@ pub(crate) struct Dormant {
     pub(crate) data_bytes: u64,
 }
 
+/// A dormant stream as a checkpoint lists it.
+pub(crate) struct DormantView<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) dormant: &'a Dormant,
+    pub(crate) pins: &'a [Rc<IndexFile>],
+}
+
 pub(super) struct Catalog {
     entries: FastMap<StreamId, Entry>,
-    keys: FastMap<Box<str>, StreamId>,
+    /// Every stream's id, found by its key. The key itself is in the entry (the resident
+    /// stream's identity, or beside the dormant entry), so it is stored once, and a dormant
+    /// stream's key is at hand from its id. Every id here has an entry.
+    keys: HashTable<StreamId>,
+    key_hasher: foldhash::fast::RandomState,
     next_id: StreamId,
     last_incarnation: u64,
     /// Every resident stream exactly once (unless it is being put to sleep), with a time
@@ -48,6 +68,9 @@ pub(super) struct Catalog {
     /// `checkpointing`). Beside the entries, not in them: most streams have no pages, and
     /// every dormant entry would pay for the slot.
     pins: FastMap<StreamId, Box<[Rc<IndexFile>]>>,
+    /// While a checkpoint lists the dormant streams: the entries that left dormancy since
+    /// the listing began, as they were then (the first departure of each).
+    departed: Option<FastMap<StreamId, Departed>>,
     dormant: usize,
     /// Bytes of all keys, and index files pinned by dormant streams (for `heap_bytes`).
     key_bytes: usize,
@@ -56,19 +79,37 @@ pub(super) struct Catalog {
 
 enum Entry {
     Resident(Box<Stream>),
-    Dormant(Dormant),
+    Dormant { key: Box<str>, dormant: Dormant },
+}
+
+impl Entry {
+    fn key(&self) -> &str {
+        match self {
+            Entry::Resident(s) => &s.meta.key,
+            Entry::Dormant { key, .. } => key,
+        }
+    }
+}
+
+/// A dormant entry a listing in progress still needs, with what it pinned.
+struct Departed {
+    key: Box<str>,
+    dormant: Dormant,
+    pins: Box<[Rc<IndexFile>]>,
 }
 
 impl Catalog {
     pub(super) fn new() -> Catalog {
         Catalog {
             entries: FastMap::default(),
-            keys: FastMap::default(),
+            keys: HashTable::new(),
+            key_hasher: foldhash::fast::RandomState::default(),
             next_id: 1,
             last_incarnation: 0,
             by_use: BinaryHeap::new(),
             deadlines: BinaryHeap::new(),
             pins: FastMap::default(),
+            departed: None,
             dormant: 0,
             key_bytes: 0,
             pinned: 0,
@@ -76,14 +117,19 @@ impl Catalog {
     }
 
     pub(super) fn lookup(&self, key: &str) -> Option<StreamId> {
-        self.keys.get(key).copied()
+        let entries = &self.entries;
+        self.keys
+            .find(self.key_hasher.hash_one(key), |id| {
+                entries.get(id).is_some_and(|e| e.key() == key)
+            })
+            .copied()
     }
 
     /// Stream `id` if it is resident.
     pub(super) fn get(&self, id: StreamId) -> Option<&Stream> {
         match self.entries.get(&id)? {
             Entry::Resident(s) => Some(s),
-            Entry::Dormant(_) => None,
+            Entry::Dormant { .. } => None,
         }
     }
 
@@ -94,14 +140,14 @@ impl Catalog {
                 s.changes += 1;
                 Some(s)
             }
-            Entry::Dormant(_) => None,
+            Entry::Dormant { .. } => None,
         }
     }
 
     /// Stream `id`'s dormant entry, if it is dormant.
     pub(super) fn dormant(&self, id: StreamId) -> Option<&Dormant> {
         match self.entries.get(&id)? {
-            Entry::Dormant(d) => Some(d),
+            Entry::Dormant { dormant, .. } => Some(dormant),
             Entry::Resident(_) => None,
         }
     }
@@ -124,32 +170,79 @@ impl Catalog {
         self.dormant
     }
 
-    pub(super) fn keys(&self) -> impl Iterator<Item = &Box<str>> + '_ {
-        self.keys.keys()
+    /// Every stream's key, in no particular order.
+    pub(super) fn keys(&self) -> impl Iterator<Item = &str> + '_ {
+        self.entries.values().map(Entry::key)
     }
 
     pub(super) fn resident(&self) -> impl Iterator<Item = &Stream> + '_ {
         self.entries.values().filter_map(|e| match e {
             Entry::Resident(s) => Some(&**s),
-            Entry::Dormant(_) => None,
+            Entry::Dormant { .. } => None,
         })
     }
 
     pub(super) fn resident_mut(&mut self) -> impl Iterator<Item = &mut Stream> + '_ {
         self.entries.values_mut().filter_map(|e| match e {
             Entry::Resident(s) => Some(&mut **s),
-            Entry::Dormant(_) => None,
+            Entry::Dormant { .. } => None,
         })
     }
 
-    /// Dormant streams with their keys.
-    pub(super) fn dormant_by_key(&self) -> impl Iterator<Item = (&str, StreamId, &Dormant)> + '_ {
-        self.keys
-            .iter()
-            .filter_map(|(key, &id)| match self.entries.get(&id)? {
-                Entry::Dormant(d) => Some((&**key, id, d)),
-                Entry::Resident(_) => None,
+    /// Bytes of data the dormant streams hold.
+    pub(super) fn dormant_data_bytes(&self) -> u64 {
+        self.entries
+            .values()
+            .map(|e| match e {
+                Entry::Dormant { dormant, .. } => dormant.data_bytes,
+                Entry::Resident(_) => 0,
             })
+            .sum()
+    }
+
+    /// Begin a listing of the dormant streams as they are now: returns their ids. Until
+    /// [`Catalog::end_listing`], [`Catalog::listed`] gives each of them as it is now, even
+    /// once it has woken or gone. Taking the ids is a sequential pass over the entries
+    /// (a few milliseconds for a million); looking each one up is left to the caller's
+    /// slices.
+    pub(super) fn begin_listing(&mut self) -> Vec<StreamId> {
+        self.departed = Some(FastMap::default());
+        let mut ids = Vec::with_capacity(self.dormant);
+        ids.extend(self.entries.iter().filter_map(|(&id, e)| match e {
+            Entry::Dormant { .. } => Some(id),
+            Entry::Resident(_) => None,
+        }));
+        ids
+    }
+
+    /// Dormant stream `id` as it was when the listing began (None if it was not dormant
+    /// then and is not now).
+    pub(super) fn listed(&self, id: StreamId) -> Option<DormantView<'_>> {
+        if let Some(d) = self.departed.as_ref().and_then(|m| m.get(&id)) {
+            return Some(DormantView {
+                key: &d.key,
+                dormant: &d.dormant,
+                pins: &d.pins,
+            });
+        }
+        match self.entries.get(&id)? {
+            Entry::Dormant { key, dormant } => Some(DormantView {
+                key,
+                dormant,
+                pins: self.pins(id),
+            }),
+            Entry::Resident(_) => None,
+        }
+    }
+
+    /// The listing is over: the entries kept for it are dropped.
+    pub(super) fn end_listing(&mut self) {
+        self.departed = None;
+    }
+
+    #[cfg(test)]
+    pub(super) fn listing_open(&self) -> bool {
+        self.departed.is_some()
     }
 
     pub(super) fn next_id(&self) -> StreamId {
@@ -176,8 +269,8 @@ impl Catalog {
         let id = stream.id;
         self.incarnation_taken(stream.meta.incarnation);
         self.taken_below(id + 1);
-        let replaced = self.bind_key(stream.meta.key.clone(), id);
         self.put(id, Entry::Resident(Box::new(stream)));
+        let replaced = self.bind_key(id);
         self.push_use(id, now_ms);
         replaced
     }
@@ -187,15 +280,15 @@ impl Catalog {
         &mut self,
         id: StreamId,
         key: Box<str>,
-        d: Dormant,
+        dormant: Dormant,
         pins: Box<[Rc<IndexFile>]>,
     ) {
         self.taken_below(id + 1);
-        if d.deadline_ms != i64::MAX {
-            self.deadlines.push(Reverse((d.deadline_ms, id)));
+        if dormant.deadline_ms != i64::MAX {
+            self.deadlines.push(Reverse((dormant.deadline_ms, id)));
         }
-        self.bind_key(key, id);
-        self.put(id, Entry::Dormant(d));
+        self.put(id, Entry::Dormant { key, dormant });
+        self.bind_key(id);
         self.pin(id, pins);
     }
 
@@ -206,74 +299,86 @@ impl Catalog {
         }
     }
 
-    /// Point `key` at `id`; the stream it named before is removed and returned if it was
-    /// resident.
-    fn bind_key(&mut self, key: Box<str>, id: StreamId) -> Option<Stream> {
-        let len = key.len();
-        match self.keys.insert(key, id) {
-            None => {
-                self.key_bytes += len;
-                None
+    /// Point the key of entry `id` (in the entries already) at `id`; the stream it named
+    /// before is removed and returned if it was resident.
+    fn bind_key(&mut self, id: StreamId) -> Option<Stream> {
+        let Catalog {
+            entries,
+            keys,
+            key_hasher,
+            ..
+        } = self;
+        let key = entries.get(&id).map(Entry::key)?;
+        let slot = keys.entry(
+            key_hasher.hash_one(key),
+            |other| entries.get(other).is_some_and(|e| e.key() == key),
+            |other| key_hasher.hash_one(entries.get(other).map_or("", Entry::key)),
+        );
+        let old = match slot {
+            KeySlot::Occupied(mut o) => std::mem::replace(o.get_mut(), id),
+            KeySlot::Vacant(v) => {
+                self.key_bytes += key.len();
+                v.insert(id);
+                return None;
             }
-            Some(old) if old != id => self.take(old),
-            Some(_) => None,
+        };
+        if old == id {
+            return None;
         }
+        self.take(old)
     }
 
     fn put(&mut self, id: StreamId, entry: Entry) {
-        let dormant = matches!(entry, Entry::Dormant(_));
-        if let Some(old) = self.entries.insert(id, entry) {
-            self.forget(id, &old);
-        }
-        if dormant {
+        if let Entry::Dormant { .. } = entry {
             self.dormant += 1;
         }
-    }
-
-    /// Remove entry `id` (not its key); the stream if it was resident.
-    fn take(&mut self, id: StreamId) -> Option<Stream> {
-        let entry = self.entries.remove(&id)?;
-        self.forget(id, &entry);
-        match entry {
-            Entry::Resident(s) => Some(*s),
-            Entry::Dormant(_) => None,
+        if let Some(old) = self.entries.insert(id, entry) {
+            self.retire(id, old);
         }
     }
 
-    /// Count an entry out of the totals, and drop what it pinned.
-    fn forget(&mut self, id: StreamId, entry: &Entry) {
-        if let Entry::Dormant(_) = entry {
-            self.dormant -= 1;
-            if let Some(pins) = self.pins.remove(&id) {
+    /// Remove entry `id` (its key stays bound); the stream if it was resident.
+    fn take(&mut self, id: StreamId) -> Option<Stream> {
+        let entry = self.entries.remove(&id)?;
+        self.retire(id, entry)
+    }
+
+    /// An entry left the table: count it out of the totals and release what it pinned
+    /// (to a listing in progress, if it was dormant). Returns the stream if it was resident.
+    fn retire(&mut self, id: StreamId, entry: Entry) -> Option<Stream> {
+        match entry {
+            Entry::Resident(s) => Some(*s),
+            Entry::Dormant { key, dormant } => {
+                self.dormant -= 1;
+                let pins = self.pins.remove(&id).unwrap_or_default();
                 self.pinned -= pins.len();
+                if let Some(departed) = &mut self.departed {
+                    departed
+                        .entry(id)
+                        .or_insert(Departed { key, dormant, pins });
+                }
+                None
             }
         }
     }
 
-    /// Remove stream `id` and its key; returns it if it was resident. Callers that need a
-    /// stream's state to remove it (deletion) wake it first: finding a dormant stream's key
-    /// takes a scan of every key.
+    /// Remove stream `id` and its key; returns it if it was resident.
     pub(super) fn remove(&mut self, id: StreamId) -> Option<Stream> {
-        let stream = self.take(id);
-        let key = match &stream {
-            Some(s) => Some(s.meta.key.clone()),
-            None => self
-                .keys
-                .iter()
-                .find(|(_, &v)| v == id)
-                .map(|(k, _)| k.clone()),
-        };
-        if let Some(key) = key.filter(|k| self.keys.get(k) == Some(&id)) {
-            self.keys.remove(&key);
-            self.key_bytes -= key.len();
+        let key = self.entries.get(&id).map(Entry::key)?;
+        let hash = self.key_hasher.hash_one(key);
+        let len = key.len();
+        if let Ok(slot) = self.keys.find_entry(hash, |&other| other == id) {
+            slot.remove();
+            self.key_bytes -= len;
         }
-        stream
+        self.take(id)
     }
 
     /// Replace dormant stream `id`'s entry with its state, read back from disk; used now.
     pub(super) fn wake(&mut self, id: StreamId, stream: Stream, now_ms: i64) {
         assert!(
-            stream.id == id && self.dormant(id).is_some(),
+            stream.id == id
+                && matches!(self.entries.get(&id), Some(Entry::Dormant { key, .. }) if **key == *stream.meta.key),
             "only a dormant stream wakes, with its own state"
         );
         self.put(id, Entry::Resident(Box::new(stream)));
@@ -346,15 +451,18 @@ impl Catalog {
         d: Dormant,
         pins: Box<[Rc<IndexFile>]>,
     ) -> Option<Stream> {
-        match self.entries.get(&id) {
-            Some(Entry::Resident(s)) if s.changes == changes && s.used_ms.get() == used => {}
+        let key = match self.entries.get(&id) {
+            Some(Entry::Resident(s)) if s.changes == changes && s.used_ms.get() == used => {
+                s.meta.key.clone()
+            }
             _ => return None,
-        }
+        };
         if d.deadline_ms != i64::MAX {
             self.deadlines.push(Reverse((d.deadline_ms, id)));
         }
+        // The key's slot holds only the id, so swapping the entry leaves it valid.
         let stream = self.take(id);
-        self.put(id, Entry::Dormant(d));
+        self.put(id, Entry::Dormant { key, dormant: d });
         self.pin(id, pins);
         stream
     }
@@ -378,8 +486,8 @@ impl Catalog {
                 .entries
                 .iter()
                 .filter_map(|(&id, e)| match e {
-                    Entry::Dormant(d) if d.deadline_ms != i64::MAX => {
-                        Some(Reverse((d.deadline_ms, id)))
+                    Entry::Dormant { dormant, .. } if dormant.deadline_ms != i64::MAX => {
+                        Some(Reverse((dormant.deadline_ms, id)))
                     }
                     _ => None,
                 })
@@ -401,12 +509,15 @@ impl Catalog {
     pub(super) fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let entries = self.entries.capacity() * (size_of::<(StreamId, Entry)>() + 1);
-        let keys = self.keys.capacity() * (size_of::<(Box<str>, StreamId)>() + 1);
+        let keys = self.keys.capacity() * (size_of::<StreamId>() + 1);
         let orders = self.by_use.capacity() * size_of::<Reverse<(i64, StreamId)>>()
             + self.deadlines.capacity() * size_of::<Reverse<(i64, StreamId)>>();
         let pins = self.pins.capacity() * (size_of::<(StreamId, Box<[Rc<IndexFile>]>)>() + 1)
             + self.pinned * size_of::<Rc<IndexFile>>();
-        entries + keys + self.key_bytes + pins + orders
+        let departed = self.departed.as_ref().map_or(0, |m| {
+            m.capacity() * (size_of::<(StreamId, Departed)>() + 1)
+        });
+        entries + keys + self.key_bytes + pins + orders + departed
     }
 }
 
@@ -455,9 +566,10 @@ mod tests {
 
     #[test]
     fn a_dormant_entry_stays_small() {
-        // What every dormant stream costs beside its key: the table slot is this plus the id.
+        // What every dormant stream costs beside its key's bytes: the table slot is this
+        // plus the id, and the key index's slot another id.
         assert!(
-            std::mem::size_of::<Entry>() <= 40,
+            std::mem::size_of::<Entry>() <= 56,
             "{}",
             std::mem::size_of::<Entry>()
         );
@@ -503,6 +615,73 @@ mod tests {
         c.wake(1, stream(1, "a", 200), 200);
         assert_eq!((c.dormant_count(), c.pins(1).len()), (0, 0));
         assert_eq!(Rc::strong_count(&file), 1);
+    }
+
+    #[test]
+    fn a_listing_gives_the_dormant_streams_as_they_were_when_it_began() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = index_file(dir.path());
+        let mut c = Catalog::new();
+        for (id, key) in [(1, "a"), (2, "b"), (3, "c")] {
+            c.insert_dormant(id, key.into(), dormant(&file), Box::new([file.clone()]));
+        }
+        c.insert(stream(4, "d", 0), 0);
+        let mut ids = c.begin_listing();
+        ids.sort_unstable();
+        assert_eq!(ids, vec![1, 2, 3], "the dormant ones only");
+        // Meanwhile one wakes, one goes away, and a new stream takes a listed one's key.
+        c.wake(1, stream(1, "a", 5), 5);
+        assert!(c.remove(2).is_none());
+        c.insert(stream(5, "c", 6), 6);
+        for (id, key) in [(1, "a"), (2, "b"), (3, "c")] {
+            let d = c.listed(id).expect("still listed");
+            assert_eq!((d.key, d.dormant.data_bytes, d.pins.len()), (key, 7, 1));
+        }
+        assert!(c.listed(4).is_none(), "resident when the listing began");
+        assert_eq!(
+            Rc::strong_count(&file),
+            1 + 3 * 2,
+            "a departed entry still holds its files"
+        );
+        c.end_listing();
+        assert!(c.listed(2).is_none() && c.listed(3).is_none());
+        assert_eq!(Rc::strong_count(&file), 1);
+        assert_eq!(
+            (c.lookup("a"), c.lookup("b"), c.lookup("c")),
+            (Some(1), None, Some(5))
+        );
+        let mut keys: Vec<&str> = c.keys().collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["a", "c", "d"]);
+    }
+
+    #[test]
+    fn a_key_is_found_whether_its_stream_is_resident_or_dormant() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = index_file(dir.path());
+        let mut c = Catalog::new();
+        // Enough streams that the key index grows (rehashing from the entries' keys).
+        for id in 1..=2000 {
+            c.insert(stream(id, &format!("k{id}"), 0), 0);
+        }
+        for id in (1..=2000).step_by(2) {
+            let saved = (c.get(id).expect("resident").changes, 0);
+            assert!(c.sleep(id, saved, dormant(&file), Box::new([])).is_some());
+        }
+        for id in 1..=2000 {
+            assert_eq!(c.lookup(&format!("k{id}")), Some(id));
+        }
+        assert_eq!(c.lookup("k0"), None);
+        assert_eq!((c.len(), c.dormant_count()), (2000, 1000));
+        for id in 1..=1000 {
+            c.remove(id);
+        }
+        assert_eq!(c.lookup("k1000"), None);
+        assert_eq!(c.lookup("k1001"), Some(1001));
+        assert_eq!(
+            c.key_bytes,
+            (1001..=2000).map(|id| format!("k{id}").len()).sum()
+        );
     }
 
     #[test]

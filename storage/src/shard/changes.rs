@@ -68,7 +68,7 @@ impl Shard {
 
     /// Keys of all streams, in no particular order.
     pub fn keys(&self) -> Vec<Box<str>> {
-        self.inner.catalog.borrow().keys().cloned().collect()
+        self.inner.catalog.borrow().keys().map(Box::from).collect()
     }
 
     /// Streams that may have expired by `now_ms`: every resident stream with a lifetime,

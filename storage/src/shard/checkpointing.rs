@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use crate::error::StorageError;
 use crate::index::{self, IndexFileNo};
-use crate::limits::{ENCODE_SLICE_BYTES, INDEX_FLUSH_BYTES};
+use crate::limits::{DORMANT_LISTING_SLICE, ENCODE_SLICE_BYTES, INDEX_FLUSH_BYTES};
 use crate::position::SegmentNo;
 use crate::record::Record;
 use crate::stream::StreamId;
@@ -279,20 +279,19 @@ impl Shard {
         // Captured synchronously, so it is exactly the head state after record `pos.lsn`;
         // the core runs nothing else meanwhile (`capture_us` in the log below). The capture
         // shares pages and frozen blocks with the streams, so this is bounded by the
-        // streams' unpacked entries, not by their pages.
+        // resident streams' unpacked entries, not by their pages; the dormant streams are
+        // only numbered here (a pass over the catalog's entries) and listed in slices below,
+        // the catalog keeping aside, as they were, those that wake meanwhile.
         let capture_started = Instant::now();
-        let (captured, dormant) = {
-            let catalog = self.inner.catalog.borrow();
+        let (captured, listing) = {
+            let mut catalog = self.inner.catalog.borrow_mut();
             let captured: Vec<checkpoint::CapturedStream> = catalog
                 .resident()
                 .map(checkpoint::CapturedStream::of)
                 .collect();
-            let mut dormant = Vec::with_capacity(catalog.dormant_count() * 48);
-            for (key, id, d) in catalog.dormant_by_key() {
-                checkpoint::encode_dormant(&mut dormant, id, key, d, catalog.pins(id));
-            }
-            (captured, (catalog.dormant_count() as u64, dormant))
+            (captured, catalog.begin_listing())
         };
+        let listing_open = ListingOpen(self);
         let segments = self.inner.segments.borrow().to_vec();
         let capture_us = capture_started.elapsed().as_micros() as u64;
         // Encoding copies the pages not in an index file yet (up to a segment's worth) and
@@ -300,20 +299,31 @@ impl Shard {
         // Wall time, so on a loaded host it includes preemption and the io_uring
         // completions that interrupts run on this thread: an upper bound on the hold.
         let encode_started = Instant::now();
+        let mut slices = Slices::default();
         let mut encoder = checkpoint::Encoder::default();
-        let (mut since_yield, mut slice_started) = (0, Instant::now());
-        let mut slice_max = Duration::ZERO;
+        let mut since_yield = 0;
         for s in captured {
             encoder.push(s);
             if encoder.len() - since_yield >= ENCODE_SLICE_BYTES {
                 since_yield = encoder.len();
-                slice_max = slice_max.max(slice_started.elapsed());
-                yield_to_requests().await;
-                slice_started = Instant::now();
+                slices.next().await;
             }
         }
+        let mut dormant = (0, Vec::with_capacity(listing.len() * 48));
+        for ids in listing.chunks(DORMANT_LISTING_SLICE) {
+            slices.next().await;
+            let catalog = self.inner.catalog.borrow();
+            for &id in ids {
+                // Every stream dormant when the listing began is still listed.
+                if let Some(d) = catalog.listed(id) {
+                    checkpoint::encode_dormant(&mut dormant.1, id, d.key, d.dormant, d.pins);
+                    dormant.0 += 1;
+                }
+            }
+        }
+        drop(listing_open);
         let image = encoder.finish(self.inner.cfg.shard, pos, dormant, segments.into_iter());
-        let slice_max_us = slice_max.max(slice_started.elapsed()).as_micros() as u64;
+        let slice_max_us = slices.longest().as_micros() as u64;
         let encode_us = encode_started.elapsed().as_micros() as u64;
         let bytes = image.len();
         let tmp = dir.join(checkpoint::TMP_NAME);
@@ -342,5 +352,44 @@ impl Shard {
             "checkpoint written"
         );
         Ok(())
+    }
+}
+
+/// A listing of the dormant streams in progress ([`super::catalog::Catalog::begin_listing`]):
+/// ended however the checkpoint ends, so the catalog stops keeping entries aside for it.
+struct ListingOpen<'a>(&'a Shard);
+
+impl Drop for ListingOpen<'_> {
+    fn drop(&mut self) {
+        self.0.inner.catalog.borrow_mut().end_listing();
+    }
+}
+
+/// Work done in slices with the core's requests served in between, and the longest slice.
+struct Slices {
+    started: Instant,
+    longest: Duration,
+}
+
+impl Default for Slices {
+    fn default() -> Slices {
+        Slices {
+            started: Instant::now(),
+            longest: Duration::ZERO,
+        }
+    }
+}
+
+impl Slices {
+    /// End the current slice: let requests run, then start the next.
+    async fn next(&mut self) {
+        self.longest = self.longest.max(self.started.elapsed());
+        yield_to_requests().await;
+        self.started = Instant::now();
+    }
+
+    /// The longest slice so far, the current one included.
+    fn longest(&self) -> Duration {
+        self.longest.max(self.started.elapsed())
     }
 }

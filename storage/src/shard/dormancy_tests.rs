@@ -185,6 +185,73 @@ fn dormant_streams_stay_dormant_across_restarts_and_crashes() {
     });
 }
 
+/// A checkpoint lists the dormant streams in slices with requests served in between: streams
+/// woken, changed or deleted meanwhile are in it as they were when it began, and the log
+/// after it brings them to what they became.
+#[test]
+fn a_checkpoint_lists_streams_as_they_were_though_they_wake_while_it_runs() {
+    const STREAMS: usize = 200;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let touched = block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+        fill(&shard, STREAMS, 2).await;
+        shard.sleep_idle().await.expect("sleep");
+        assert_eq!(shard.stream_counts(), (STREAMS, STREAMS));
+        // The upkeep task is idle (so the checkpoint need not wait for it on a timer, which
+        // would not fire while this task keeps yielding).
+        shard.wait_for_upkeep().await;
+        shard.inner.upkeep_busy.set(false);
+        let checkpointer = shard.clone();
+        let checkpoint = monoio::spawn(async move { checkpointer.checkpoint().await });
+        while !shard.inner.catalog.borrow().listing_open() {
+            checkpointing::yield_to_requests().await;
+        }
+        // Stream k is woken unchanged (as a read wakes it), appended to, or deleted, one per
+        // slice.
+        let mut touched = 0;
+        let mut commits = Vec::new();
+        while shard.inner.catalog.borrow().listing_open() && touched < STREAMS {
+            let key = format!("s{touched}");
+            let id = shard.lookup(&key).expect("key");
+            match touched % 3 {
+                0 => assert!(shard.wake(id)),
+                1 => commits.push(shard.append(id, data("w;", None)).expect("append").1),
+                _ => commits.push(shard.delete(id).expect("delete")),
+            }
+            touched += 1;
+            checkpointing::yield_to_requests().await;
+        }
+        assert!(
+            touched >= 10,
+            "only {touched} streams woke during the listing"
+        );
+        checkpoint.await.expect("checkpoint");
+        for c in commits {
+            c.durable().await.expect("durable");
+        }
+        shard.halt().await.expect("halt");
+        touched
+    });
+    block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("reopen");
+        let deleted = touched / 3;
+        assert_eq!(shard.stream_counts().0, STREAMS - deleted);
+        for k in 0..STREAMS {
+            let key = format!("s{k}");
+            if k < touched && k % 3 == 2 {
+                assert!(shard.lookup(&key).is_none(), "{key} was deleted");
+                continue;
+            }
+            let mut want = expected(k, 2);
+            if k < touched && k % 3 == 1 {
+                want.extend_from_slice(b"w;");
+            }
+            assert_eq!(read_all(&shard, &key).await, want, "{key}");
+        }
+        shard.halt().await.expect("halt");
+    });
+}
+
 #[test]
 fn a_stream_with_something_in_flight_stays_resident() {
     let dir = tempfile::tempdir().expect("tempdir");

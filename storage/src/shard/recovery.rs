@@ -332,10 +332,7 @@ impl Shard {
             s.make_visible(tail, closed);
             live += s.data_bytes();
         }
-        live += catalog
-            .dormant_by_key()
-            .map(|(_, _, d)| d.data_bytes)
-            .sum::<u64>();
+        live += catalog.dormant_data_bytes();
         drop(catalog);
         self.inner.segments.borrow_mut().set_live(live);
     }
@@ -418,13 +415,21 @@ impl Shard {
                 })
                 .clone()
         };
-        let (pos, saved, dormant, segments) = checkpoint::decode(shard, &file, &mut open_index)
-            .map_err(|why| {
-                StorageError::from(Unrecoverable::CheckpointCorrupt {
-                    path: path.clone(),
-                    why,
-                })
-            })?;
+        let mut dormant_failed = None;
+        let decoded = checkpoint::decode(shard, &file, &mut open_index, &mut |d| {
+            if dormant_failed.is_none() {
+                dormant_failed = self.load_dormant(d, rebuild).err();
+            }
+        });
+        let (pos, saved, segments) = decoded.map_err(|why| {
+            StorageError::from(Unrecoverable::CheckpointCorrupt {
+                path: path.clone(),
+                why,
+            })
+        })?;
+        if let Some(e) = dormant_failed {
+            return Err(e);
+        }
         let now = crate::now_ms();
         for st in saved {
             let stream = match st.tables {
@@ -438,7 +443,6 @@ impl Shard {
             };
             self.insert_stream(stream, Lsn::NONE);
         }
-        self.load_dormant(dormant, rebuild)?;
         {
             let mut map = self.inner.segments.borrow_mut();
             for (seg, ids) in segments {
@@ -466,47 +470,45 @@ impl Shard {
         Ok(Some(pos))
     }
 
-    /// Enter the checkpoint's dormant streams into the catalog. One whose saved state is in
-    /// a missing or torn index file cannot be recovered (the log before the checkpoint may
-    /// be gone): that is an error, as a corrupt checkpoint is. One whose tables' pages are
-    /// in such a file is woken now and its tables rebuilt from the log (`rebuild`).
+    /// Enter one of the checkpoint's dormant streams into the catalog. One whose saved state
+    /// is in a missing or torn index file cannot be recovered (the log before the
+    /// checkpoint may be gone): that is an error, as a corrupt checkpoint is. One whose
+    /// tables' pages are in such a file is woken now and its tables rebuilt from the log
+    /// (`rebuild`).
     fn load_dormant(
         &self,
-        dormant: Vec<checkpoint::SavedDormant>,
+        d: checkpoint::SavedDormant,
         rebuild: &mut FastSet<StreamId>,
     ) -> Result<(), StorageError> {
-        let now = self.clock_ms();
-        for d in dormant {
-            let Some(state) = d.state else {
-                return Err(Unrecoverable::DormantStateMissing {
-                    file: d.state_file,
-                    key: d.key,
-                }
-                .into());
-            };
-            if d.pins_complete {
-                self.inner.catalog.borrow_mut().insert_dormant(
-                    d.id,
-                    d.key,
-                    Dormant {
-                        state,
-                        deadline_ms: d.deadline_ms,
-                        data_bytes: d.data_bytes,
-                    },
-                    d.pins.into_boxed_slice(),
-                );
-                continue;
+        let Some(state) = d.state else {
+            return Err(Unrecoverable::DormantStateMissing {
+                file: d.state_file,
+                key: d.key,
             }
-            let bytes = state.file.saved_state(state.off, state.len);
-            let stream = dormancy::decode_needing_rebuild(&bytes, now).map_err(|why| {
-                Unrecoverable::DormantStateCorrupt {
-                    key: d.key.clone(),
-                    why,
-                }
-            })?;
-            rebuild.insert(d.id);
-            self.insert_stream(stream, Lsn::NONE);
+            .into());
+        };
+        if d.pins_complete {
+            self.inner.catalog.borrow_mut().insert_dormant(
+                d.id,
+                d.key,
+                Dormant {
+                    state,
+                    deadline_ms: d.deadline_ms,
+                    data_bytes: d.data_bytes,
+                },
+                d.pins.into_boxed_slice(),
+            );
+            return Ok(());
         }
+        let bytes = state.file.saved_state(state.off, state.len);
+        let stream = dormancy::decode_needing_rebuild(&bytes, self.clock_ms()).map_err(|why| {
+            Unrecoverable::DormantStateCorrupt {
+                key: d.key.clone(),
+                why,
+            }
+        })?;
+        rebuild.insert(d.id);
+        self.insert_stream(stream, Lsn::NONE);
         Ok(())
     }
 
