@@ -107,6 +107,11 @@ pub(crate) struct CapturedStream {
 }
 
 impl CapturedStream {
+    #[cfg(test)]
+    pub(crate) fn image(&self) -> &ImageRec {
+        &self.image
+    }
+
     pub(crate) fn of(s: &Stream) -> CapturedStream {
         let (chunks, msgs) = s.tables();
         CapturedStream {

@@ -76,6 +76,10 @@ pub(crate) const INDEX_FLUSH_BYTES: usize = if cfg!(test) { 4 << 10 } else { 1 <
 /// Bytes a checkpoint or a round of dormant states encodes between two chances for the
 /// core's requests to run (about a tenth of a millisecond of copying and checksumming).
 pub(crate) const ENCODE_SLICE_BYTES: usize = 256 << 10;
+/// Resident streams a checkpoint captures between two chances for the core's requests to
+/// run (each an image and its tables' newest entries: a few microseconds). (Tests use
+/// fewer, so that a few streams already take several slices.)
+pub(crate) const CAPTURES_PER_SLICE: usize = if cfg!(test) { 2 } else { 512 };
 /// Dormant streams a checkpoint lists between two chances for the core's requests to run
 /// (each a lookup and an entry of about 40 bytes: about a millisecond a slice). (Tests use
 /// fewer, so that a few streams already take several slices.)

@@ -246,6 +246,9 @@ pub struct Stream {
     /// Counts the changes made to it through the catalog, so that a stream whose state was
     /// saved to go dormant only does if nothing changed meanwhile.
     pub(crate) changes: u64,
+    /// The newest checkpoint capture that holds this stream, or that it is not part of
+    /// (created or woken during it): see `shard::catalog`.
+    pub(crate) captured: u64,
 }
 
 impl Stream {
@@ -271,6 +274,7 @@ impl Stream {
             waiters: WaiterSet::default(),
             used_ms: Cell::new(now_ms),
             changes: 0,
+            captured: 0,
         }
     }
 

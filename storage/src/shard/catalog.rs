@@ -9,10 +9,11 @@
 //! memory grows with the streams in use, not with every stream it keeps. The catalog does no
 //! I/O: the shard reads a dormant stream's state back and hands it to [`Catalog::wake`].
 //!
-//! A checkpoint lists the dormant streams in slices, with requests served in between
-//! ([`Catalog::begin_listing`]): while it does, an entry that leaves dormancy (its stream
-//! woke or went away) is kept aside as it was, so the listing is exactly the dormant set at
-//! the moment it began.
+//! A checkpoint captures the streams in slices, with requests served in between
+//! ([`Catalog::begin_checkpoint`]), and still gets every stream exactly as it was when it
+//! began: a resident stream about to change (or leave) before its slice comes is captured
+//! first, and a dormant entry that leaves dormancy (its stream woke or went away) is kept
+//! aside as it was.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -23,6 +24,7 @@ use hashbrown::hash_table::Entry as KeySlot;
 use hashbrown::HashTable;
 
 use super::FastMap;
+use crate::checkpoint::CapturedStream;
 use crate::index::IndexFile;
 use crate::packed::DiskPage;
 use crate::stream::{Stream, StreamId};
@@ -68,9 +70,11 @@ pub(super) struct Catalog {
     /// `checkpointing`). Beside the entries, not in them: most streams have no pages, and
     /// every dormant entry would pay for the slot.
     pins: FastMap<StreamId, Box<[Rc<IndexFile>]>>,
-    /// While a checkpoint lists the dormant streams: the entries that left dormancy since
-    /// the listing began, as they were then (the first departure of each).
-    departed: Option<FastMap<StreamId, Departed>>,
+    /// While a checkpoint captures the streams: its number, the captures of resident
+    /// streams taken early, and the dormant entries that left since it began.
+    checkpoint: Option<CheckpointCapture>,
+    /// Checkpoint captures begun (a stream's `captured` is one of these numbers).
+    captures_begun: u64,
     dormant: usize,
     /// Bytes of all keys, and index files pinned by dormant streams (for `heap_bytes`).
     key_bytes: usize,
@@ -91,11 +95,38 @@ impl Entry {
     }
 }
 
-/// A dormant entry a listing in progress still needs, with what it pinned.
+/// A dormant entry a checkpoint in progress still needs, with what it pinned.
 struct Departed {
     key: Box<str>,
     dormant: Dormant,
     pins: Box<[Rc<IndexFile>]>,
+}
+
+/// The streams a checkpoint holds, numbered when it began.
+pub(crate) struct CheckpointListing {
+    pub(crate) resident: Vec<StreamId>,
+    pub(crate) dormant: Vec<StreamId>,
+}
+
+/// A checkpoint's capture in progress.
+struct CheckpointCapture {
+    number: u64,
+    /// Resident streams captured before their slice came, because they were about to
+    /// change or leave.
+    early: FastMap<StreamId, CapturedStream>,
+    /// Dormant entries that left dormancy, as they were (the first departure of each).
+    departed: FastMap<StreamId, Departed>,
+}
+
+impl CheckpointCapture {
+    /// Resident stream `id` is about to change or leave: capture it first, unless this
+    /// checkpoint holds it already or it is not part of it.
+    fn before_change(&mut self, id: StreamId, s: &mut Stream) {
+        if s.captured < self.number {
+            s.captured = self.number;
+            self.early.insert(id, CapturedStream::of(s));
+        }
+    }
 }
 
 impl Catalog {
@@ -109,7 +140,8 @@ impl Catalog {
             by_use: BinaryHeap::new(),
             deadlines: BinaryHeap::new(),
             pins: FastMap::default(),
-            departed: None,
+            checkpoint: None,
+            captures_begun: 0,
             dormant: 0,
             key_bytes: 0,
             pinned: 0,
@@ -137,6 +169,9 @@ impl Catalog {
     pub(super) fn get_mut(&mut self, id: StreamId) -> Option<&mut Stream> {
         match self.entries.get_mut(&id)? {
             Entry::Resident(s) => {
+                if let Some(c) = &mut self.checkpoint {
+                    c.before_change(id, s);
+                }
                 s.changes += 1;
                 Some(s)
             }
@@ -200,25 +235,51 @@ impl Catalog {
             .sum()
     }
 
-    /// Begin a listing of the dormant streams as they are now: returns their ids. Until
-    /// [`Catalog::end_listing`], [`Catalog::listed`] gives each of them as it is now, even
-    /// once it has woken or gone. Taking the ids is a sequential pass over the entries
-    /// (a few milliseconds for a million); looking each one up is left to the caller's
-    /// slices.
-    pub(super) fn begin_listing(&mut self) -> Vec<StreamId> {
-        self.departed = Some(FastMap::default());
-        let mut ids = Vec::with_capacity(self.dormant);
-        ids.extend(self.entries.iter().filter_map(|(&id, e)| match e {
-            Entry::Dormant { .. } => Some(id),
-            Entry::Resident(_) => None,
-        }));
-        ids
+    /// Begin a checkpoint of the streams as they are now: returns their ids, resident and
+    /// dormant (a sequential pass over the entries, a few milliseconds for a million).
+    /// Until [`Catalog::end_checkpoint`], [`Catalog::capture_resident`] and
+    /// [`Catalog::listed_dormant`] give each of them as it is now, whatever happens to it
+    /// meanwhile, so the caller can take them in slices and serve requests in between.
+    pub(super) fn begin_checkpoint(&mut self) -> CheckpointListing {
+        self.captures_begun += 1;
+        self.checkpoint = Some(CheckpointCapture {
+            number: self.captures_begun,
+            early: FastMap::default(),
+            departed: FastMap::default(),
+        });
+        let mut listing = CheckpointListing {
+            resident: Vec::with_capacity(self.entries.len() - self.dormant),
+            dormant: Vec::with_capacity(self.dormant),
+        };
+        for (&id, e) in &self.entries {
+            match e {
+                Entry::Resident(_) => listing.resident.push(id),
+                Entry::Dormant { .. } => listing.dormant.push(id),
+            }
+        }
+        listing
     }
 
-    /// Dormant stream `id` as it was when the listing began (None if it was not dormant
+    /// Resident stream `id` as it was when the checkpoint began (once: None after that, and
+    /// for a stream that was not resident then).
+    pub(super) fn capture_resident(&mut self, id: StreamId) -> Option<CapturedStream> {
+        let c = self.checkpoint.as_mut()?;
+        if let Some(early) = c.early.remove(&id) {
+            return Some(early);
+        }
+        match self.entries.get_mut(&id)? {
+            Entry::Resident(s) if s.captured < c.number => {
+                s.captured = c.number;
+                Some(CapturedStream::of(s))
+            }
+            _ => None,
+        }
+    }
+
+    /// Dormant stream `id` as it was when the checkpoint began (None if it was not dormant
     /// then and is not now).
-    pub(super) fn listed(&self, id: StreamId) -> Option<DormantView<'_>> {
-        if let Some(d) = self.departed.as_ref().and_then(|m| m.get(&id)) {
+    pub(super) fn listed_dormant(&self, id: StreamId) -> Option<DormantView<'_>> {
+        if let Some(d) = self.checkpoint.as_ref().and_then(|c| c.departed.get(&id)) {
             return Some(DormantView {
                 key: &d.key,
                 dormant: &d.dormant,
@@ -235,14 +296,21 @@ impl Catalog {
         }
     }
 
-    /// The listing is over: the entries kept for it are dropped.
-    pub(super) fn end_listing(&mut self) {
-        self.departed = None;
+    /// The checkpoint has what it needs: what was kept for it is dropped.
+    pub(super) fn end_checkpoint(&mut self) {
+        self.checkpoint = None;
     }
 
     #[cfg(test)]
-    pub(super) fn listing_open(&self) -> bool {
-        self.departed.is_some()
+    pub(super) fn checkpoint_open(&self) -> bool {
+        self.checkpoint.is_some()
+    }
+
+    /// Mark a stream that joins the catalog during a checkpoint as not part of it.
+    fn not_in_checkpoint(&self, s: &mut Stream) {
+        if let Some(c) = &self.checkpoint {
+            s.captured = c.number;
+        }
     }
 
     pub(super) fn next_id(&self) -> StreamId {
@@ -265,8 +333,9 @@ impl Catalog {
 
     /// Add a resident stream used at `now_ms`. Returns the stream its key named before, if
     /// it was resident (it is removed either way), so that its readers can be told.
-    pub(super) fn insert(&mut self, stream: Stream, now_ms: i64) -> Option<Stream> {
+    pub(super) fn insert(&mut self, mut stream: Stream, now_ms: i64) -> Option<Stream> {
         let id = stream.id;
+        self.not_in_checkpoint(&mut stream);
         self.incarnation_taken(stream.meta.incarnation);
         self.taken_below(id + 1);
         self.put(id, Entry::Resident(Box::new(stream)));
@@ -343,17 +412,22 @@ impl Catalog {
         self.retire(id, entry)
     }
 
-    /// An entry left the table: count it out of the totals and release what it pinned
-    /// (to a listing in progress, if it was dormant). Returns the stream if it was resident.
+    /// An entry left the table: count it out of the totals and release what it pinned; a
+    /// checkpoint in progress keeps it as it was. Returns the stream if it was resident.
     fn retire(&mut self, id: StreamId, entry: Entry) -> Option<Stream> {
         match entry {
-            Entry::Resident(s) => Some(*s),
+            Entry::Resident(mut s) => {
+                if let Some(c) = &mut self.checkpoint {
+                    c.before_change(id, &mut s);
+                }
+                Some(*s)
+            }
             Entry::Dormant { key, dormant } => {
                 self.dormant -= 1;
                 let pins = self.pins.remove(&id).unwrap_or_default();
                 self.pinned -= pins.len();
-                if let Some(departed) = &mut self.departed {
-                    departed
+                if let Some(c) = &mut self.checkpoint {
+                    c.departed
                         .entry(id)
                         .or_insert(Departed { key, dormant, pins });
                 }
@@ -375,12 +449,14 @@ impl Catalog {
     }
 
     /// Replace dormant stream `id`'s entry with its state, read back from disk; used now.
-    pub(super) fn wake(&mut self, id: StreamId, stream: Stream, now_ms: i64) {
+    pub(super) fn wake(&mut self, id: StreamId, mut stream: Stream, now_ms: i64) {
         assert!(
             stream.id == id
                 && matches!(self.entries.get(&id), Some(Entry::Dormant { key, .. }) if **key == *stream.meta.key),
             "only a dormant stream wakes, with its own state"
         );
+        // A checkpoint in progress has it as it slept.
+        self.not_in_checkpoint(&mut stream);
         self.put(id, Entry::Resident(Box::new(stream)));
         self.push_use(id, now_ms);
     }
@@ -514,10 +590,11 @@ impl Catalog {
             + self.deadlines.capacity() * size_of::<Reverse<(i64, StreamId)>>();
         let pins = self.pins.capacity() * (size_of::<(StreamId, Box<[Rc<IndexFile>]>)>() + 1)
             + self.pinned * size_of::<Rc<IndexFile>>();
-        let departed = self.departed.as_ref().map_or(0, |m| {
-            m.capacity() * (size_of::<(StreamId, Departed)>() + 1)
+        let checkpoint = self.checkpoint.as_ref().map_or(0, |c| {
+            c.departed.capacity() * (size_of::<(StreamId, Departed)>() + 1)
+                + c.early.capacity() * (size_of::<(StreamId, CapturedStream)>() + 1)
         });
-        entries + keys + self.key_bytes + pins + orders + departed
+        entries + keys + self.key_bytes + pins + orders + checkpoint
     }
 }
 
@@ -618,7 +695,7 @@ mod tests {
     }
 
     #[test]
-    fn a_listing_gives_the_dormant_streams_as_they_were_when_it_began() {
+    fn a_checkpoint_gets_the_dormant_streams_as_they_were_when_it_began() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = index_file(dir.path());
         let mut c = Catalog::new();
@@ -626,25 +703,28 @@ mod tests {
             c.insert_dormant(id, key.into(), dormant(&file), Box::new([file.clone()]));
         }
         c.insert(stream(4, "d", 0), 0);
-        let mut ids = c.begin_listing();
+        let mut ids = c.begin_checkpoint().dormant;
         ids.sort_unstable();
-        assert_eq!(ids, vec![1, 2, 3], "the dormant ones only");
+        assert_eq!(ids, vec![1, 2, 3], "the dormant ones");
         // Meanwhile one wakes, one goes away, and a new stream takes a listed one's key.
         c.wake(1, stream(1, "a", 5), 5);
         assert!(c.remove(2).is_none());
         c.insert(stream(5, "c", 6), 6);
         for (id, key) in [(1, "a"), (2, "b"), (3, "c")] {
-            let d = c.listed(id).expect("still listed");
+            let d = c.listed_dormant(id).expect("still listed");
             assert_eq!((d.key, d.dormant.data_bytes, d.pins.len()), (key, 7, 1));
         }
-        assert!(c.listed(4).is_none(), "resident when the listing began");
+        assert!(
+            c.listed_dormant(4).is_none(),
+            "resident when the checkpoint began"
+        );
         assert_eq!(
             Rc::strong_count(&file),
             1 + 3 * 2,
             "a departed entry still holds its files"
         );
-        c.end_listing();
-        assert!(c.listed(2).is_none() && c.listed(3).is_none());
+        c.end_checkpoint();
+        assert!(c.listed_dormant(2).is_none() && c.listed_dormant(3).is_none());
         assert_eq!(Rc::strong_count(&file), 1);
         assert_eq!(
             (c.lookup("a"), c.lookup("b"), c.lookup("c")),
@@ -653,6 +733,44 @@ mod tests {
         let mut keys: Vec<&str> = c.keys().collect();
         keys.sort_unstable();
         assert_eq!(keys, ["a", "c", "d"]);
+    }
+
+    #[test]
+    fn a_checkpoint_gets_the_resident_streams_as_they_were_when_it_began() {
+        let mut c = Catalog::new();
+        for (id, key) in [(1, "a"), (2, "b"), (3, "c"), (4, "d")] {
+            c.insert(stream(id, key, 0), 0);
+        }
+        let listing = c.begin_checkpoint();
+        let mut ids = listing.resident.clone();
+        ids.sort_unstable();
+        assert_eq!(ids, vec![1, 2, 3, 4]);
+        // Before their slices come: one changes, one is removed, a new one takes the key
+        // of another, and a stream is created.
+        c.get_mut(1).expect("a").closed = true;
+        c.remove(2);
+        c.insert(stream(5, "c", 1), 1);
+        c.insert(stream(6, "f", 1), 1);
+        c.get_mut(6).expect("f");
+        let captured: Vec<_> = (1..=6).map(|id| c.capture_resident(id)).collect();
+        let closed = |i: usize| captured[i].as_ref().map(|s| s.image().closed);
+        assert_eq!(closed(0), Some(false), "a as it was, not as it became");
+        assert!(
+            captured[1].is_some() && captured[2].is_some(),
+            "removed ones as they were"
+        );
+        assert!(captured[3].is_some(), "an unchanged one, in its slice");
+        assert!(
+            captured[4].is_none() && captured[5].is_none(),
+            "not part of it"
+        );
+        assert!(c.capture_resident(4).is_none(), "each once");
+        c.end_checkpoint();
+        // The next checkpoint gets every stream again.
+        let mut ids = c.begin_checkpoint().resident;
+        ids.sort_unstable();
+        assert_eq!(ids, vec![1, 4, 5, 6]);
+        assert!(ids.iter().all(|&id| c.capture_resident(id).is_some()));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Index files and checkpoints: writing the completed pages out whenever enough of them
-//! wait (and at every roll), and, when a checkpoint is due, capturing the head state
-//! synchronously and installing the file once the log is durable up to it (formats in
+//! wait (and at every roll), and, when a checkpoint is due, capturing the head state in
+//! slices and installing the file once the log is durable up to it (formats in
 //! `crate::checkpoint` and `crate::index`).
 
 use std::future::poll_fn;
@@ -12,7 +12,9 @@ use bytes::Bytes;
 
 use crate::error::StorageError;
 use crate::index::{self, IndexFileNo};
-use crate::limits::{DORMANT_LISTING_SLICE, ENCODE_SLICE_BYTES, INDEX_FLUSH_BYTES};
+use crate::limits::{
+    CAPTURES_PER_SLICE, DORMANT_LISTING_SLICE, ENCODE_SLICE_BYTES, INDEX_FLUSH_BYTES,
+};
 use crate::position::SegmentNo;
 use crate::record::Record;
 use crate::stream::StreamId;
@@ -276,52 +278,54 @@ impl Shard {
         // is installed, nothing needs them. Counted before the capture, which holds pages
         // of the others.
         let unused = self.inner.index_files.borrow().unused();
-        // Captured synchronously, so it is exactly the head state after record `pos.lsn`;
-        // the core runs nothing else meanwhile (`capture_us` in the log below). The capture
-        // shares pages and frozen blocks with the streams, so this is bounded by the
-        // resident streams' unpacked entries, not by their pages; the dormant streams are
-        // only numbered here (a pass over the catalog's entries) and listed in slices below,
-        // the catalog keeping aside, as they were, those that wake meanwhile.
+        // The checkpoint is the head state after record `pos.lsn`: the streams are numbered
+        // now, synchronously (a pass over the catalog's entries, and a copy of the segment
+        // map: `capture_us` in the log below), and taken in slices with the core's
+        // requests served in between. The catalog keeps each stream as it was until its
+        // slice comes: a resident stream about to change is captured first, a dormant
+        // entry that leaves is kept aside. A capture shares the tables' pages and frozen
+        // blocks with the stream, and copies only their newest, unpacked entries.
         let capture_started = Instant::now();
-        let (captured, listing) = {
-            let mut catalog = self.inner.catalog.borrow_mut();
-            let captured: Vec<checkpoint::CapturedStream> = catalog
-                .resident()
-                .map(checkpoint::CapturedStream::of)
-                .collect();
-            (captured, catalog.begin_listing())
-        };
-        let listing_open = ListingOpen(self);
+        let listing = self.inner.catalog.borrow_mut().begin_checkpoint();
+        let checkpoint_open = CheckpointOpen(self);
         let segments = self.inner.segments.borrow().to_vec();
         let capture_us = capture_started.elapsed().as_micros() as u64;
         // Encoding copies the pages not in an index file yet (up to a segment's worth) and
-        // checksums everything: the core serves its requests between slices of it.
-        // Wall time, so on a loaded host it includes preemption and the io_uring
-        // completions that interrupts run on this thread: an upper bound on the hold.
+        // checksums everything. Wall time, so on a loaded host it includes preemption and
+        // the io_uring completions that interrupts run on this thread: an upper bound on
+        // the hold.
         let encode_started = Instant::now();
         let mut slices = Slices::default();
         let mut encoder = checkpoint::Encoder::default();
         let mut since_yield = 0;
-        for s in captured {
-            encoder.push(s);
-            if encoder.len() - since_yield >= ENCODE_SLICE_BYTES {
-                since_yield = encoder.len();
-                slices.next().await;
+        for ids in listing.resident.chunks(CAPTURES_PER_SLICE) {
+            slices.next().await;
+            let captured: Vec<checkpoint::CapturedStream> = {
+                let mut catalog = self.inner.catalog.borrow_mut();
+                ids.iter()
+                    .filter_map(|&id| catalog.capture_resident(id))
+                    .collect()
+            };
+            for s in captured {
+                encoder.push(s);
+                if encoder.len() - since_yield >= ENCODE_SLICE_BYTES {
+                    since_yield = encoder.len();
+                    slices.next().await;
+                }
             }
         }
-        let mut dormant = (0, Vec::with_capacity(listing.len() * 48));
-        for ids in listing.chunks(DORMANT_LISTING_SLICE) {
+        let mut dormant = (0, Vec::with_capacity(listing.dormant.len() * 48));
+        for ids in listing.dormant.chunks(DORMANT_LISTING_SLICE) {
             slices.next().await;
             let catalog = self.inner.catalog.borrow();
             for &id in ids {
-                // Every stream dormant when the listing began is still listed.
-                if let Some(d) = catalog.listed(id) {
+                if let Some(d) = catalog.listed_dormant(id) {
                     checkpoint::encode_dormant(&mut dormant.1, id, d.key, d.dormant, d.pins);
                     dormant.0 += 1;
                 }
             }
         }
-        drop(listing_open);
+        drop(checkpoint_open);
         let image = encoder.finish(self.inner.cfg.shard, pos, dormant, segments.into_iter());
         let slice_max_us = slices.longest().as_micros() as u64;
         let encode_us = encode_started.elapsed().as_micros() as u64;
@@ -355,13 +359,13 @@ impl Shard {
     }
 }
 
-/// A listing of the dormant streams in progress ([`super::catalog::Catalog::begin_listing`]):
-/// ended however the checkpoint ends, so the catalog stops keeping entries aside for it.
-struct ListingOpen<'a>(&'a Shard);
+/// A checkpoint's capture in progress ([`super::catalog::Catalog::begin_checkpoint`]):
+/// ended however the checkpoint ends, so the catalog stops keeping streams for it.
+struct CheckpointOpen<'a>(&'a Shard);
 
-impl Drop for ListingOpen<'_> {
+impl Drop for CheckpointOpen<'_> {
     fn drop(&mut self) {
-        self.0.inner.catalog.borrow_mut().end_listing();
+        self.0.inner.catalog.borrow_mut().end_checkpoint();
     }
 }
 

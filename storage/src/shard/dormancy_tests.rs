@@ -1,7 +1,7 @@
 //! Dormant streams: idle streams leave memory and come back whole on first use, across
 //! crashes and clean restarts; a stream with something in flight stays resident; expiry
 //! finds dormant streams without waking the others; index files go once nothing sleeps in
-//! them.
+//! them; a checkpoint taken in slices gets every stream as it was when it began.
 
 use std::path::Path;
 
@@ -203,14 +203,14 @@ fn a_checkpoint_lists_streams_as_they_were_though_they_wake_while_it_runs() {
         shard.inner.upkeep_busy.set(false);
         let checkpointer = shard.clone();
         let checkpoint = monoio::spawn(async move { checkpointer.checkpoint().await });
-        while !shard.inner.catalog.borrow().listing_open() {
+        while !shard.inner.catalog.borrow().checkpoint_open() {
             checkpointing::yield_to_requests().await;
         }
         // Stream k is woken unchanged (as a read wakes it), appended to, or deleted, one per
         // slice.
         let mut touched = 0;
         let mut commits = Vec::new();
-        while shard.inner.catalog.borrow().listing_open() && touched < STREAMS {
+        while shard.inner.catalog.borrow().checkpoint_open() && touched < STREAMS {
             let key = format!("s{touched}");
             let id = shard.lookup(&key).expect("key");
             match touched % 3 {
@@ -247,6 +247,107 @@ fn a_checkpoint_lists_streams_as_they_were_though_they_wake_while_it_runs() {
                 want.extend_from_slice(b"w;");
             }
             assert_eq!(read_all(&shard, &key).await, want, "{key}");
+        }
+        shard.halt().await.expect("halt");
+    });
+}
+
+/// The same for resident streams: a checkpoint captures them in slices, and one changed,
+/// deleted or replaced before its slice came is in it as it was when the checkpoint began.
+#[test]
+fn a_checkpoint_captures_streams_as_they_were_though_they_change_while_it_runs() {
+    const STREAMS: usize = 200;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path());
+    cfg.idle_after = Duration::MAX;
+    let touched = block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        fill(&shard, STREAMS, 2).await;
+        shard.wait_for_upkeep().await;
+        shard.inner.upkeep_busy.set(false);
+        let checkpointer = shard.clone();
+        let checkpoint = monoio::spawn(async move { checkpointer.checkpoint().await });
+        while !shard.inner.catalog.borrow().checkpoint_open() {
+            checkpointing::yield_to_requests().await;
+        }
+        // Stream k, from the last (captured last), is appended to, deleted, or replaced by
+        // a new stream under its key; and a stream is created. One per slice.
+        let mut touched = 0;
+        let mut commits = Vec::new();
+        while shard.inner.catalog.borrow().checkpoint_open() && touched < STREAMS {
+            let k = STREAMS - 1 - touched;
+            let key = format!("s{k}");
+            let id = shard.lookup(&key).expect("key");
+            match touched % 3 {
+                0 => commits.push(shard.append(id, data("w;", None)).expect("append").1),
+                1 => commits.push(shard.delete(id).expect("delete")),
+                _ => {
+                    commits.push(shard.delete(id).expect("delete"));
+                    let (id, c) = shard
+                        .create(new_stream(&key, Lifetime::Forever))
+                        .expect("create");
+                    commits.push(c);
+                    commits.push(shard.append(id, data("new;", None)).expect("append").1);
+                }
+            }
+            let (_, c) = shard
+                .create(new_stream(&format!("n{touched}"), Lifetime::Forever))
+                .expect("create");
+            commits.push(c);
+            touched += 1;
+            checkpointing::yield_to_requests().await;
+        }
+        assert!(
+            touched >= 10,
+            "only {touched} streams changed during the capture"
+        );
+        checkpoint.await.expect("checkpoint");
+        // The file holds each stream as it was when the checkpoint began (its changes are
+        // in the log after it, and may not have been durable when it was written).
+        let file = std::fs::read(
+            dir.path()
+                .join("shard-0")
+                .join(crate::checkpoint::FILE_NAME),
+        )
+        .expect("checkpoint file");
+        let (_, saved, _) = crate::checkpoint::decode(0, &file.into(), &mut |_| None, &mut |_| {})
+            .expect("decodes");
+        let mut tails: Vec<(String, u64)> = saved
+            .iter()
+            .map(|s| (s.image.meta.key.to_string(), s.image.tail.get()))
+            .collect();
+        tails.sort();
+        let mut want: Vec<(String, u64)> = (0..STREAMS)
+            .map(|k| (format!("s{k}"), expected(k, 2).len() as u64))
+            .collect();
+        want.sort();
+        assert_eq!(tails, want);
+        for c in commits {
+            c.durable().await.expect("durable");
+        }
+        shard.halt().await.expect("halt");
+        touched
+    });
+    block_on(async {
+        let (shard, _) = Shard::open(cfg).await.expect("reopen");
+        let deleted = (0..touched).filter(|t| t % 3 == 1).count();
+        assert_eq!(shard.stream_counts().0, STREAMS - deleted + touched);
+        for t in 0..STREAMS {
+            let k = STREAMS - 1 - t;
+            let key = format!("s{k}");
+            let want = match (t < touched).then_some(t % 3) {
+                Some(0) => [expected(k, 2), b"w;".to_vec()].concat(),
+                Some(1) => {
+                    assert!(shard.lookup(&key).is_none(), "{key} was deleted");
+                    continue;
+                }
+                Some(_) => b"new;".to_vec(),
+                None => expected(k, 2),
+            };
+            assert_eq!(read_all(&shard, &key).await, want, "{key}");
+        }
+        for t in 0..touched {
+            assert!(shard.lookup(&format!("n{t}")).is_some(), "n{t}");
         }
         shard.halt().await.expect("halt");
     });
