@@ -12,9 +12,8 @@ pub fn start(
     tier: &crate::config::ColdTier,
     data_dir: &std::path::Path,
     shards: usize,
-) -> Result<(), String> {
-    let archive = ursula_cold::start(tier.settings.clone(), data_dir, shards as u32)
-        .map_err(|e| e.to_string())?;
+) -> Result<(), ursula_cold::Error> {
+    let archive = ursula_cold::start(tier.settings.clone(), data_dir, shards as u32)?;
     let _ = ARCHIVE.set(archive);
     Ok(())
 }
@@ -61,16 +60,27 @@ pub fn finish() {
     }
 }
 
+/// Why `ursula restore` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error(transparent)]
+    Cold(#[from] ursula_cold::Error),
+}
+
 /// `ursula restore`: build `args.data_dir` from the archive.
-pub fn restore(args: &crate::config::RestoreArgs) -> Result<ursula_cold::restore::Report, String> {
+pub fn restore(
+    args: &crate::config::RestoreArgs,
+) -> Result<ursula_cold::restore::Report, RestoreError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+        .map_err(RestoreError::Runtime)?;
     runtime.block_on(async {
         let store: ursula_s3::DynStore = Arc::new(ursula_s3::S3Store::connect(&args.s3()).await);
-        ursula_cold::restore::restore(&store, &args.data_dir, args.cold_local_bytes)
-            .await
-            .map_err(|e| e.to_string())
+        let report =
+            ursula_cold::restore::restore(&store, &args.data_dir, args.cold_local_bytes).await?;
+        Ok(report)
     })
 }

@@ -272,11 +272,48 @@ pub struct Config {
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
 
+/// A setting the server cannot start with (the process exits with status 2).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config {}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error("cores must be between 1 and 1024, got {0}")]
+    Cores(usize),
+    #[error("max_connections must be at least 1")]
+    NoConnections,
+    #[error("tls_cert and tls_key must be given together")]
+    HalfTls,
+    #[error("archive_interval_ms must be at least 1")]
+    NoArchiveInterval,
+    #[error("the cold tier archives the data dir: it needs --storage disk")]
+    ColdNeedsDisk,
+    #[error(
+        "invalid CORS origin {0:?}: expected scheme://host[:port] (e.g. https://app.example.com) or *"
+    )]
+    Origin(String),
+    #[error(
+        "invalid public_url {0:?}: expected http(s)://host[:port][/path] (e.g. https://streams.example.com)"
+    )]
+    PublicUrl(String),
+    #[error(transparent)]
+    Tokens(#[from] crate::tokens::TokenFileError),
+    #[error(transparent)]
+    Tls(#[from] ursula_tls::TlsConfigError),
+}
+
 impl Config {
     /// The settings from the command line, the TOML file and the defaults, in that order
     /// of precedence. One setting after another (about 130 lines): splitting the list
     /// would only scatter it.
-    pub fn resolve(args: ServerArgs) -> Result<Config, String> {
+    pub fn resolve(args: ServerArgs) -> Result<Config, ConfigError> {
         let file = match &args.config {
             Some(path) => load_file(path)?,
             None => FileConfig::default(),
@@ -284,7 +321,7 @@ impl Config {
         let default_cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let cores = args.cores.or(file.cores).unwrap_or(default_cores);
         if cores == 0 || cores > 1024 {
-            return Err(format!("cores must be between 1 and 1024, got {cores}"));
+            return Err(ConfigError::Cores(cores));
         }
         let ms = Duration::from_millis;
         let max_connections = args
@@ -292,7 +329,7 @@ impl Config {
             .or(file.max_connections)
             .unwrap_or(crate::limits::CONNECTIONS_MAX_DEFAULT);
         if max_connections == 0 {
-            return Err("max_connections must be at least 1".to_string());
+            return Err(ConfigError::NoConnections);
         }
         let auth = match args.auth_token_file.or(file.auth_token_file) {
             Some(path) => Some(std::sync::Arc::new(crate::tokens::Tokens::load(&path)?)),
@@ -304,7 +341,7 @@ impl Config {
         ) {
             (Some(cert), Some(key)) => Some(crate::tls::Tls::load(&cert, &key)?),
             (None, None) => None,
-            _ => return Err("tls_cert and tls_key must be given together".to_string()),
+            _ => return Err(ConfigError::HalfTls),
         };
         let origins = if args.cors_origins.is_empty() {
             file.cors_origins.unwrap_or_default()
@@ -325,7 +362,7 @@ impl Config {
                     .or(cold_file.archive_interval_ms)
                     .unwrap_or(10_000);
                 if interval == 0 {
-                    return Err("archive_interval_ms must be at least 1".to_string());
+                    return Err(ConfigError::NoArchiveInterval);
                 }
                 Some(ColdTier {
                     settings: ursula_cold::Settings {
@@ -347,7 +384,7 @@ impl Config {
         };
         let storage = args.storage.or(file.storage).unwrap_or(StorageMode::Disk);
         if cold.is_some() && storage == StorageMode::Memory {
-            return Err("the cold tier archives the data dir: it needs --storage disk".to_string());
+            return Err(ConfigError::ColdNeedsDisk);
         }
         Ok(Config {
             cold,
@@ -409,7 +446,7 @@ impl Config {
 
 /// Check the configured origins: each is `*` or `scheme://host[:port]` as browsers send
 /// it in `Origin` (no path, no trailing slash). An empty list or one with `*` allows any.
-fn check_origins(list: Vec<String>) -> Result<Option<Vec<String>>, String> {
+fn check_origins(list: Vec<String>) -> Result<Option<Vec<String>>, ConfigError> {
     if list.is_empty() || list.iter().any(|o| o == "*") {
         return Ok(None);
     }
@@ -421,9 +458,7 @@ fn check_origins(list: Vec<String>) -> Result<Option<Vec<String>>, String> {
             !host.is_empty() && !host.contains(['/', '?', '#', ' ', ',']) && host.is_ascii()
         });
         if !ok {
-            return Err(format!(
-                "invalid CORS origin {o:?}: expected scheme://host[:port] (e.g. https://app.example.com) or *"
-            ));
+            return Err(ConfigError::Origin(o.clone()));
         }
     }
     Ok(Some(list))
@@ -432,7 +467,7 @@ fn check_origins(list: Vec<String>) -> Result<Option<Vec<String>>, String> {
 /// Check a public base URL: `http://` or `https://`, a host, an optional port and path, and
 /// nothing a `Location` built on it could be misread by (user info, query, fragment). The
 /// trailing slash is dropped, since every path appended to it starts with one.
-fn check_public_url(url: &str) -> Result<String, String> {
+fn check_public_url(url: &str) -> Result<String, ConfigError> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"));
@@ -440,17 +475,20 @@ fn check_public_url(url: &str) -> Result<String, String> {
     let ok = rest.is_some_and(|r| r.is_ascii() && !r.contains(['?', '#', ' ', '@', '\\']))
         && host.is_some_and(|h| !h.is_empty());
     if !ok {
-        return Err(format!(
-            "invalid public_url {url:?}: expected http(s)://host[:port][/path] (e.g. https://streams.example.com)"
-        ));
+        return Err(ConfigError::PublicUrl(url.to_string()));
     }
     Ok(url.trim_end_matches('/').to_string())
 }
 
-fn load_file(path: &Path) -> Result<FileConfig, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-    toml::from_str(&text).map_err(|e| format!("invalid config {}: {e}", path.display()))
+fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -529,12 +567,16 @@ mod tests {
     #[test]
     fn public_url_must_be_a_plain_base() {
         assert_eq!(
-            check_public_url("https://streams.example.com/").as_deref(),
-            Ok("https://streams.example.com")
+            check_public_url("https://streams.example.com/")
+                .ok()
+                .as_deref(),
+            Some("https://streams.example.com")
         );
         assert_eq!(
-            check_public_url("http://10.0.0.1:4437/ursula").as_deref(),
-            Ok("http://10.0.0.1:4437/ursula")
+            check_public_url("http://10.0.0.1:4437/ursula")
+                .ok()
+                .as_deref(),
+            Some("http://10.0.0.1:4437/ursula")
         );
         for bad in [
             "streams.example.com",
@@ -584,7 +626,10 @@ mod tests {
             storage: Some(StorageMode::Memory),
             ..Default::default()
         });
-        assert!(memory.expect_err("refused").contains("disk"));
+        assert!(matches!(
+            memory.expect_err("refused"),
+            ConfigError::ColdNeedsDisk
+        ));
         std::fs::write(&path, "[cold_tier]\nbucket = \"b\"\n").expect("write");
         assert!(Config::resolve(ServerArgs {
             config: Some(path),

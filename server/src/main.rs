@@ -142,12 +142,20 @@ fn refuse_transparent_huge_pages() {
 }
 
 /// Logs go to stderr (stdout carries only the listening lines). The filter comes from
+/// A log filter `tracing` cannot parse.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid log level {spec:?}: {source}")]
+struct InvalidLogLevel {
+    spec: String,
+    source: tracing_subscriber::filter::ParseError,
+}
+
 /// `--log-level` / `log_level`, else `URSULA_LOG`, else `RUST_LOG`, else `info`.
 ///
 /// On a terminal the output is coloured; anywhere else (a pipe, a file, journald) it is one
 /// plain line per event. Under journald (`JOURNAL_STREAM` set) the timestamp is left out
 /// because the journal stamps every line itself.
-fn init_logging(flag: Option<&str>) -> Result<(), String> {
+fn init_logging(flag: Option<&str>) -> Result<(), InvalidLogLevel> {
     use std::io::IsTerminal;
     let env = |name| {
         std::env::var(name)
@@ -160,7 +168,7 @@ fn init_logging(flag: Option<&str>) -> Result<(), String> {
         .or_else(|| env("RUST_LOG"))
         .unwrap_or_else(|| "info".to_string());
     let filter = tracing_subscriber::EnvFilter::try_new(&spec)
-        .map_err(|e| format!("invalid log level {spec:?}: {e}"))?;
+        .map_err(|source| InvalidLogLevel { spec, source })?;
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
     let terminal = std::io::stderr().is_terminal() && !journal;
     let builder = tracing_subscriber::fmt()

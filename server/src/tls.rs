@@ -28,7 +28,7 @@ impl std::fmt::Debug for Tls {
 
 impl Tls {
     /// Read and check the PEM certificate chain and key (see [`ursula_tls::server_config`]).
-    pub fn load(cert_path: &Path, key_path: &Path) -> Result<Tls, String> {
+    pub fn load(cert_path: &Path, key_path: &Path) -> Result<Tls, ursula_tls::TlsConfigError> {
         let config = ursula_tls::server_config(cert_path, key_path)?;
         Ok(Tls {
             cert_path: cert_path.to_path_buf(),

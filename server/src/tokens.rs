@@ -8,9 +8,32 @@
 //! every configured digest in constant time, so neither its content nor its length is
 //! revealed by timing.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use subtle::ConstantTimeEq;
+
+/// Why the token file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    #[error("cannot read auth token file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("auth token file {}: {why}", path.display())]
+    Invalid { path: PathBuf, why: TokenLineError },
+}
+
+/// What is wrong inside a token file.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenLineError {
+    #[error("line {0}: expected read:<token> or write:<token>")]
+    NoScope(usize),
+    #[error("line {0}: a token is at least 16 printable characters without spaces")]
+    Weak(usize),
+    #[error("no tokens")]
+    Empty,
+}
 
 pub struct Tokens {
     read: Vec<[u8; 32]>,
@@ -38,13 +61,18 @@ pub enum Scope {
 }
 
 impl Tokens {
-    pub fn load(path: &Path) -> Result<Tokens, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read auth token file {}: {e}", path.display()))?;
-        Tokens::parse(&text).map_err(|e| format!("auth token file {}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Tokens, TokenFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TokenFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Tokens::parse(&text).map_err(|why| TokenFileError::Invalid {
+            path: path.to_path_buf(),
+            why,
+        })
     }
 
-    fn parse(text: &str) -> Result<Tokens, String> {
+    fn parse(text: &str) -> Result<Tokens, TokenLineError> {
         let mut tokens = Tokens {
             read: Vec::new(),
             write: Vec::new(),
@@ -59,22 +87,16 @@ impl Tokens {
             } else if let Some(t) = line.strip_prefix("write:") {
                 (&mut tokens.write, t)
             } else {
-                return Err(format!(
-                    "line {}: expected read:<token> or write:<token>",
-                    i + 1
-                ));
+                return Err(TokenLineError::NoScope(i + 1));
             };
             let token = token.trim();
             if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!(
-                    "line {}: a token is at least 16 printable characters without spaces",
-                    i + 1
-                ));
+                return Err(TokenLineError::Weak(i + 1));
             }
             list.push(*blake3::hash(token.as_bytes()).as_bytes());
         }
         if tokens.read.is_empty() && tokens.write.is_empty() {
-            return Err("no tokens".into());
+            return Err(TokenLineError::Empty);
         }
         Ok(tokens)
     }
@@ -110,9 +132,13 @@ mod tests {
         assert_eq!(t.scope("wwwwwwwwwwwwwwww"), Some(Scope::Write));
         assert_eq!(t.scope("wwwwwwwwwwwwwwwx"), None);
         assert_eq!(t.scope(""), None);
-        assert!(Tokens::parse("bare-token-without-scope\n").is_err());
-        assert!(Tokens::parse("read:short\n").is_err());
-        assert!(Tokens::parse("# nothing\n").is_err());
+        let refused = |text| Tokens::parse(text).err();
+        assert_eq!(
+            refused("\nbare-token-without-scope\n"),
+            Some(TokenLineError::NoScope(2))
+        );
+        assert_eq!(refused("read:short\n"), Some(TokenLineError::Weak(1)));
+        assert_eq!(refused("# nothing\n"), Some(TokenLineError::Empty));
         assert!(!format!("{t:?}").contains("rrrr"));
     }
 }

@@ -4,46 +4,83 @@
 
 #![forbid(unsafe_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::ServerConfig;
 
+/// Why a certificate and key cannot serve TLS. Each names the file and the setting
+/// (`tls_cert`, `tls_key`) at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    #[error("cannot read tls_cert {}: {source}", path.display())]
+    ReadCert {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid tls_cert {}: {source}", path.display())]
+    BadCert { path: PathBuf, source: pem::Error },
+    #[error("tls_cert {} holds no PEM certificate", .0.display())]
+    NoCert(PathBuf),
+    #[error("cannot read tls_key {}: {source}", path.display())]
+    ReadKey {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid tls_key {}: {source}", path.display())]
+    BadKey { path: PathBuf, source: pem::Error },
+    #[error("tls: {0}")]
+    Protocols(rustls::Error),
+    #[error("tls_cert {} and tls_key {} cannot be used together: {source}", cert.display(), key.display())]
+    Mismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        source: rustls::Error,
+    },
+}
+
 /// Read a PEM certificate chain (leaf first) and a PEM private key (PKCS#8, PKCS#1 or
 /// SEC1), check that they belong together, and build a server configuration that speaks
-/// HTTP/1.1 only. Errors name the file and the setting (`tls_cert`, `tls_key`) at fault.
-pub fn server_config(cert_path: &Path, key_path: &Path) -> Result<Arc<ServerConfig>, String> {
-    let cert_pem = std::fs::read(cert_path)
-        .map_err(|e| format!("cannot read tls_cert {}: {e}", cert_path.display()))?;
+/// HTTP/1.1 only.
+pub fn server_config(
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<Arc<ServerConfig>, TlsConfigError> {
+    let cert_pem = std::fs::read(cert_path).map_err(|source| TlsConfigError::ReadCert {
+        path: cert_path.to_path_buf(),
+        source,
+    })?;
     let certs = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("invalid tls_cert {}: {e}", cert_path.display()))?;
+        .map_err(|source| TlsConfigError::BadCert {
+            path: cert_path.to_path_buf(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(format!(
-            "tls_cert {} holds no PEM certificate",
-            cert_path.display()
-        ));
+        return Err(TlsConfigError::NoCert(cert_path.to_path_buf()));
     }
-    let key_pem = std::fs::read(key_path)
-        .map_err(|e| format!("cannot read tls_key {}: {e}", key_path.display()))?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem)
-        .map_err(|e| format!("invalid tls_key {}: {e}", key_path.display()))?;
+    let key_pem = std::fs::read(key_path).map_err(|source| TlsConfigError::ReadKey {
+        path: key_path.to_path_buf(),
+        source,
+    })?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|source| TlsConfigError::BadKey {
+        path: key_path.to_path_buf(),
+        source,
+    })?;
     // The provider is named rather than taken from the process default, so a dependency
     // that enables a second rustls provider cannot make the choice ambiguous.
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("tls: {e}"))?
+        .map_err(TlsConfigError::Protocols)?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| {
-            format!(
-                "tls_cert {} and tls_key {} cannot be used together: {e}",
-                cert_path.display(),
-                key_path.display()
-            )
+        .map_err(|source| TlsConfigError::Mismatch {
+            cert: cert_path.to_path_buf(),
+            key: key_path.to_path_buf(),
+            source,
         })?;
     // Both listeners speak HTTP/1.1 only; saying so keeps clients from trying h2.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -66,11 +103,17 @@ mod tests {
         let missing = dir.path().join("nope.pem");
         let empty = write(dir.path(), "empty.pem", "");
         let err = server_config(&missing, &missing).expect_err("missing cert");
+        assert!(matches!(err, TlsConfigError::ReadCert { .. }), "{err:?}");
+        let err = err.to_string();
         assert!(
             err.starts_with("cannot read tls_cert") && err.contains("nope.pem"),
             "{err}"
         );
         let err = server_config(&empty, &missing).expect_err("no certificate");
-        assert!(err.contains("holds no PEM certificate"), "{err}");
+        assert!(matches!(err, TlsConfigError::NoCert(_)), "{err:?}");
+        assert!(
+            err.to_string().contains("holds no PEM certificate"),
+            "{err}"
+        );
     }
 }

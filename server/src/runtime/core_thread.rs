@@ -16,7 +16,7 @@ use crate::core::{ConnectionSlot, Core, CoreParts, Mailboxes};
 use crate::limits::{EXPIRY_SWEEP, HEARTBEAT, SHUTDOWN_DRAIN, URING_ENTRIES};
 use crate::lookup::{find, Found};
 use crate::removal;
-use crate::runtime::Listeners;
+use crate::runtime::{Listeners, StartError};
 
 pub fn run(
     index: usize,
@@ -24,7 +24,7 @@ pub fn run(
     listeners: Listeners,
     peers: Mailboxes,
     (shutdown, draining): (Arc<AtomicBool>, Arc<AtomicUsize>),
-    ready: mpsc::Sender<Result<(), String>>,
+    ready: mpsc::Sender<Result<(), StartError>>,
 ) {
     // The thread still has the mask it inherited, so every core reads the same list.
     let cpus = allowed_cpus();
@@ -34,7 +34,11 @@ pub fn run(
     let mut runtime = match build_runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            let _ = ready.send(Err(format!("core {index}: runtime: {e}")));
+            let _ = ready.send(Err(StartError::Core {
+                core: index,
+                what: "runtime",
+                source: e,
+            }));
             return;
         }
     };
@@ -71,14 +75,21 @@ pub fn run(
                 shard
             }
             Err(e) => {
-                let _ = ready.send(Err(format!("core {index}: open storage: {e}")));
+                let _ = ready.send(Err(StartError::Storage {
+                    core: index,
+                    source: e,
+                }));
                 return;
             }
         };
         let listener = match monoio::net::TcpListener::from_std(listeners.main) {
             Ok(l) => l,
             Err(e) => {
-                let _ = ready.send(Err(format!("core {index}: listener: {e}")));
+                let _ = ready.send(Err(StartError::Core {
+                    core: index,
+                    what: "listener",
+                    source: e,
+                }));
                 return;
             }
         };
@@ -87,7 +98,11 @@ pub fn run(
             None => None,
             Some(Ok(l)) => Some(l),
             Some(Err(e)) => {
-                let _ = ready.send(Err(format!("core {index}: admin listener: {e}")));
+                let _ = ready.send(Err(StartError::Core {
+                    core: index,
+                    what: "admin listener",
+                    source: e,
+                }));
                 return;
             }
         };

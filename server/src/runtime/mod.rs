@@ -2,6 +2,7 @@
 //! listening line once every core has recovered its shard, and stop on SIGTERM/SIGINT.
 
 mod core_thread;
+mod start_error;
 mod watchdog;
 
 use std::net::SocketAddr;
@@ -13,10 +14,11 @@ use crate::config::{Config, StorageMode};
 use crate::core::Mailboxes;
 use crate::hop::Mailbox;
 use crate::limits::{BIND_RETRY, LISTEN_BACKLOG};
+pub use start_error::StartError;
 
 /// Start every core, print the listening line once all have recovered and are accepting,
 /// and return when a shutdown signal has been handled.
-pub fn run(config: Config) -> Result<(), String> {
+pub fn run(config: Config) -> Result<(), StartError> {
     let config = Arc::new(config);
     // Held until the process exits (the kernel releases it on kill -9 too).
     let _data_dir_lock = match config.storage {
@@ -33,19 +35,19 @@ pub fn run(config: Config) -> Result<(), String> {
     let listeners = bind_listeners(config.listen, config.cores)?;
     let addr = listeners[0]
         .local_addr()
-        .map_err(|e| format!("listener address: {e}"))?;
+        .map_err(StartError::os("listener address"))?;
     let mut admin = match config.metrics_listen {
         Some(a) => Some(bind_admin(a)?),
         None => None,
     };
     let admin_addr = match &admin {
-        Some(l) => Some(l.local_addr().map_err(|e| format!("admin address: {e}"))?),
+        Some(l) => Some(l.local_addr().map_err(StartError::os("admin address"))?),
         None => None,
     };
     let peers: Mailboxes = Arc::new((0..config.cores).map(|_| Mailbox::default()).collect());
     let shutdown = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicUsize::new(config.cores));
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), StartError>>();
     let mut threads = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
         let config = config.clone();
@@ -61,7 +63,7 @@ pub fn run(config: Config) -> Result<(), String> {
             .spawn(move || {
                 core_thread::run(index, config, listener, peers, stopping, ready);
             })
-            .map_err(|e| format!("spawn core thread: {e}"))?;
+            .map_err(StartError::os("spawn core thread"))?;
         threads.push(thread);
     }
     drop(ready_tx);
@@ -69,7 +71,7 @@ pub fn run(config: Config) -> Result<(), String> {
         match ready_rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
-            Err(_) => return Err("a core exited during start-up".into()),
+            Err(_) => return Err(StartError::CoreExited),
         }
     }
     crate::admin::mark_started();
@@ -109,10 +111,10 @@ pub fn run(config: Config) -> Result<(), String> {
     Ok(())
 }
 
-fn bind_admin(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+fn bind_admin(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {
     let l = bind_exclusive(addr)?;
     l.set_nonblocking(true)
-        .map_err(|e| format!("nonblocking: {e}"))?;
+        .map_err(StartError::os("nonblocking"))?;
     Ok(l)
 }
 
@@ -122,33 +124,35 @@ pub struct Listeners {
     pub admin: Option<std::net::TcpListener>,
 }
 
-fn wait_for_signal() -> Result<(), String> {
+fn wait_for_signal() -> Result<(), StartError> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| format!("signal handler: {e}"))?;
+        .map_err(StartError::os("signal handler"))?;
     let _ = signals.forever().next();
     Ok(())
 }
 
 /// The data directory remembers how many shards it was created with; streams are placed by
 /// hashing over that count, so starting with a different one would hide data.
-fn check_layout(config: &Config) -> Result<(), String> {
+fn check_layout(config: &Config) -> Result<(), StartError> {
     let dir = &config.data_dir;
-    ursula_storage::segment::create_dir_durable(dir)
-        .map_err(|e| format!("data dir {}: {e}", dir.display()))?;
+    ursula_storage::segment::create_dir_durable(dir).map_err(|source| StartError::DataDir {
+        dir: dir.clone(),
+        source,
+    })?;
     let meta = dir.join("ursula.layout");
     match std::fs::read_to_string(&meta) {
         Ok(text) => {
-            let shards: usize = text
+            let created: usize = text
                 .trim()
                 .strip_prefix("shards=")
                 .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("{} is malformed", meta.display()))?;
-            if shards != config.cores {
-                return Err(format!(
-                    "data dir {} was created with {shards} cores; start with --cores {shards}",
-                    dir.display()
-                ));
+                .ok_or_else(|| StartError::LayoutMalformed(meta.clone()))?;
+            if created != config.cores {
+                return Err(StartError::CoresChanged {
+                    dir: dir.clone(),
+                    created,
+                });
             }
             Ok(())
         }
@@ -158,40 +162,51 @@ fn check_layout(config: &Config) -> Result<(), String> {
                 .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
                 .and_then(|()| std::fs::rename(&tmp, &meta))
                 .and_then(|()| ursula_storage::segment::sync_dir(dir))
-                .map_err(|e| format!("write {}: {e}", meta.display()))
+                .map_err(|source| StartError::File {
+                    what: "write",
+                    path: meta,
+                    source,
+                })
         }
-        Err(e) => Err(format!("read {}: {e}", meta.display())),
+        Err(source) => Err(StartError::File {
+            what: "read",
+            path: meta,
+            source,
+        }),
     }
 }
 
 /// Two servers on one data dir would corrupt it: take an exclusive lock for our lifetime.
-fn lock_data_dir(config: &Config) -> Result<std::fs::File, String> {
+fn lock_data_dir(config: &Config) -> Result<std::fs::File, StartError> {
     use std::os::unix::io::AsRawFd;
     let dir = &config.data_dir;
     // A new data dir's own entry must survive a power cut, or everything in it goes too.
-    ursula_storage::segment::create_dir_durable(dir)
-        .map_err(|e| format!("data dir {}: {e}", dir.display()))?;
+    ursula_storage::segment::create_dir_durable(dir).map_err(|source| StartError::DataDir {
+        dir: dir.clone(),
+        source,
+    })?;
     let path = dir.join("ursula.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|source| StartError::File {
+            what: "open",
+            path: path.clone(),
+            source,
+        })?;
     // SAFETY: flock only reads the fd, which `file` keeps open.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
-        return Err(format!(
-            "data dir {} is in use by another ursula process",
-            dir.display()
-        ));
+        return Err(StartError::DataDirInUse(dir.clone()));
     }
     Ok(file)
 }
 
 /// A plain (not `SO_REUSEPORT`) bind of `addr`, retried while the address is in use for at
 /// most [`BIND_RETRY`](crate::limits::BIND_RETRY).
-fn bind_exclusive(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+fn bind_exclusive(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {
     let started = std::time::Instant::now();
     let mut warned = false;
     loop {
@@ -214,12 +229,15 @@ fn bind_exclusive(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Err(e) => return Err(format!("bind {addr}: {e}")),
+            Err(source) => return Err(StartError::Bind { addr, source }),
         }
     }
 }
 
-fn bind_listeners(addr: SocketAddr, cores: usize) -> Result<Vec<std::net::TcpListener>, String> {
+fn bind_listeners(
+    addr: SocketAddr,
+    cores: usize,
+) -> Result<Vec<std::net::TcpListener>, StartError> {
     use socket2::{Domain, Protocol, Socket, Type};
     // Our per-core listeners share the port through SO_REUSEPORT, which would also let us
     // join a port another server holds and silently split its traffic. A plain bind first
@@ -231,26 +249,26 @@ fn bind_listeners(addr: SocketAddr, cores: usize) -> Result<Vec<std::net::TcpLis
     let mut addr = addr;
     for _ in 0..cores {
         let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-            .map_err(|e| format!("socket: {e}"))?;
+            .map_err(StartError::os("socket"))?;
         socket
             .set_reuse_address(true)
             .and_then(|()| socket.set_reuse_port(true))
             .and_then(|()| socket.set_nodelay(true))
-            .map_err(|e| format!("socket options: {e}"))?;
+            .map_err(StartError::os("socket options"))?;
         socket
             .bind(&addr.into())
-            .map_err(|e| format!("bind {addr}: {e}"))?;
+            .map_err(|source| StartError::Bind { addr, source })?;
         socket
             .listen(LISTEN_BACKLOG)
-            .map_err(|e| format!("listen: {e}"))?;
+            .map_err(StartError::os("listen"))?;
         socket
             .set_nonblocking(true)
-            .map_err(|e| format!("nonblocking: {e}"))?;
+            .map_err(StartError::os("nonblocking"))?;
         let listener: std::net::TcpListener = socket.into();
         // Every further core binds the port the first one got (matters for port 0).
         addr = listener
             .local_addr()
-            .map_err(|e| format!("local addr: {e}"))?;
+            .map_err(StartError::os("local addr"))?;
         out.push(listener);
     }
     Ok(out)

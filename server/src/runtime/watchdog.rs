@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::core::Mailboxes;
+use crate::runtime::StartError;
 
 /// Send `WATCHDOG=1` every half interval, but only while every core's event loop still
 /// runs jobs: a wedged core stops the keep-alives and systemd restarts the service.
-pub fn start(interval: Duration, peers: Mailboxes) -> Result<(), String> {
+pub fn start(interval: Duration, peers: Mailboxes) -> Result<(), StartError> {
     let period = (interval / 2).max(Duration::from_millis(10));
     let seen: Arc<Vec<AtomicU64>> = Arc::new(peers.iter().map(|_| AtomicU64::new(0)).collect());
     std::thread::Builder::new()
@@ -31,5 +32,5 @@ pub fn start(interval: Duration, peers: Mailboxes) -> Result<(), String> {
             }
         })
         .map(|_| ())
-        .map_err(|e| format!("spawn watchdog thread: {e}"))
+        .map_err(StartError::os("spawn watchdog thread"))
 }
