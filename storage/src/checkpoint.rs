@@ -135,80 +135,112 @@ pub(crate) struct SavedDormant {
     pub data_bytes: u64,
 }
 
-/// Append dormant stream `id`'s entry to a checkpoint's dormant section.
-pub(crate) fn encode_dormant(
-    out: &mut Vec<u8>,
-    id: StreamId,
-    key: &str,
-    d: &Dormant,
-    pins: &[Rc<IndexFile>],
-) {
-    put_varint(out, id);
-    put_varint(out, key.len() as u64);
-    out.extend_from_slice(key.as_bytes());
-    put_varint(out, d.state.file.number.get());
-    put_varint(out, d.state.off);
-    put_varint(out, u64::from(d.state.len));
-    put_varint(out, ((d.deadline_ms << 1) ^ (d.deadline_ms >> 63)) as u64);
-    put_varint(out, d.data_bytes);
-    put_varint(out, pins.len() as u64);
-    for p in pins {
-        put_varint(out, p.number.get());
+/// Builds a checkpoint file image a piece at a time, so a caller can yield between pieces:
+/// the resident streams, then the dormant section (its count, then its entries), then the
+/// segment map (its count, then each segment). The header's bytes are reserved at the
+/// front and filled in last, so the finished image is the buffer itself, not a copy of it
+/// (tens of MB with a million streams).
+pub(crate) struct Encoder {
+    /// The header's place, then the body.
+    image: Vec<u8>,
+    /// The body's checksum over the image up to `summed`.
+    body_crc: u32,
+    summed: usize,
+    streams: u64,
+    /// Entries the section being written still expects.
+    expected: u64,
+}
+
+impl Default for Encoder {
+    fn default() -> Encoder {
+        Encoder {
+            image: vec![0; HEADER_LEN],
+            body_crc: 0,
+            summed: HEADER_LEN,
+            streams: 0,
+            expected: 0,
+        }
     }
 }
 
-/// Builds a checkpoint file image one captured stream at a time, checksumming the body as
-/// it grows, so a caller can yield between streams.
-#[derive(Default)]
-pub(crate) struct Encoder {
-    body: Vec<u8>,
-    body_crc: u32,
-    count: u64,
-}
-
 impl Encoder {
+    /// A resident stream, as captured.
     pub(crate) fn push(&mut self, s: CapturedStream) {
-        let from = self.body.len();
-        Record::Image(s.image).encode(Lsn::NONE, &mut self.body);
-        s.chunks.encode_into(&mut self.body);
-        s.msgs.encode_into(&mut self.body);
-        self.body_crc = crc32c::crc32c_append(self.body_crc, &self.body[from..]);
-        self.count += 1;
+        Record::Image(s.image).encode(Lsn::NONE, &mut self.image);
+        s.chunks.encode_into(&mut self.image);
+        s.msgs.encode_into(&mut self.image);
+        self.streams += 1;
+    }
+
+    /// Begin the dormant section: `count` entries follow.
+    pub(crate) fn begin_dormant(&mut self, count: u64) {
+        debug_assert_eq!(self.expected, 0, "the previous section is complete");
+        put_varint(&mut self.image, count);
+        self.expected = count;
+    }
+
+    /// Dormant stream `id`'s entry.
+    pub(crate) fn push_dormant(
+        &mut self,
+        id: StreamId,
+        key: &str,
+        d: &Dormant,
+        pins: &[Rc<IndexFile>],
+    ) {
+        let out = &mut self.image;
+        put_varint(out, id);
+        put_varint(out, key.len() as u64);
+        out.extend_from_slice(key.as_bytes());
+        put_varint(out, d.state.file.number.get());
+        put_varint(out, d.state.off);
+        put_varint(out, u64::from(d.state.len));
+        put_varint(out, ((d.deadline_ms << 1) ^ (d.deadline_ms >> 63)) as u64);
+        put_varint(out, d.data_bytes);
+        put_varint(out, pins.len() as u64);
+        for p in pins {
+            put_varint(out, p.number.get());
+        }
+        self.expected -= 1;
+    }
+
+    /// Begin the segment map: `count` segments follow.
+    pub(crate) fn begin_segments(&mut self, count: u64) {
+        debug_assert_eq!(self.expected, 0, "the dormant section is complete");
+        put_varint(&mut self.image, count);
+        self.expected = count;
+    }
+
+    /// Segment `index` and the streams with data in it.
+    pub(crate) fn push_segment(&mut self, index: SegmentNo, ids: &[StreamId]) {
+        put_varint(&mut self.image, index.get());
+        put_varint(&mut self.image, ids.len() as u64);
+        for &id in ids {
+            put_varint(&mut self.image, id);
+        }
+        self.expected -= 1;
     }
 
     /// Bytes of body encoded so far.
     pub(crate) fn len(&self) -> usize {
-        self.body.len()
+        self.image.len() - HEADER_LEN
     }
 
-    /// The complete file image: the header at `pos`, the streams pushed so far, the
-    /// dormant section (its count, and its entries as [`encode_dormant`] wrote them), then
-    /// the segment map.
-    pub(crate) fn finish(
-        mut self,
-        shard: u32,
-        pos: Position,
-        dormant: (u64, Vec<u8>),
-        segments: impl Iterator<Item = (SegmentNo, Vec<StreamId>)>,
-    ) -> Vec<u8> {
-        let from = self.body.len();
-        put_varint(&mut self.body, dormant.0);
-        self.body.extend_from_slice(&dormant.1);
-        let segments: Vec<_> = segments.collect();
-        put_varint(&mut self.body, segments.len() as u64);
-        for (index, ids) in segments {
-            put_varint(&mut self.body, index.get());
-            put_varint(&mut self.body, ids.len() as u64);
-            for id in ids {
-                put_varint(&mut self.body, id);
-            }
-        }
-        let body_crc = crc32c::crc32c_append(self.body_crc, &self.body[from..]);
-        let mut out = Vec::with_capacity(HEADER_LEN + self.body.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&[0; 4]);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&shard.to_le_bytes());
+    /// Checksum what was encoded since the last call (so that `finish` has only the rest).
+    pub(crate) fn checksum(&mut self) {
+        self.body_crc = crc32c::crc32c_append(self.body_crc, &self.image[self.summed..]);
+        self.summed = self.image.len();
+    }
+
+    /// The complete file image with its header at `pos`. Every section is complete.
+    pub(crate) fn finish(mut self, shard: u32, pos: Position) -> Vec<u8> {
+        assert_eq!(self.expected, 0, "a section is short of entries");
+        self.checksum();
+        let body_len = (self.image.len() - HEADER_LEN) as u64;
+        let mut header = Vec::with_capacity(HEADER_LEN);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&[0; 4]);
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        header.extend_from_slice(&shard.to_le_bytes());
         for v in [
             pos.lsn.get(),
             pos.segment.get(),
@@ -216,17 +248,17 @@ impl Encoder {
             pos.next_id,
             pos.last_incarnation,
             pos.blob_counter,
-            self.count,
-            self.body.len() as u64,
+            self.streams,
+            body_len,
         ] {
-            out.extend_from_slice(&v.to_le_bytes());
+            header.extend_from_slice(&v.to_le_bytes());
         }
-        out.extend_from_slice(&body_crc.to_le_bytes());
-        debug_assert_eq!(out.len(), HEADER_LEN);
-        let header_crc = crc32c::crc32c(&out[12..HEADER_LEN]);
-        out[8..12].copy_from_slice(&header_crc.to_le_bytes());
-        out.extend_from_slice(&self.body);
-        out
+        header.extend_from_slice(&self.body_crc.to_le_bytes());
+        debug_assert_eq!(header.len(), HEADER_LEN);
+        let header_crc = crc32c::crc32c(&header[12..HEADER_LEN]);
+        header[8..12].copy_from_slice(&header_crc.to_le_bytes());
+        self.image[..HEADER_LEN].copy_from_slice(&header);
+        self.image
     }
 }
 
@@ -243,7 +275,13 @@ pub(crate) fn encode<'a>(
     for s in streams {
         encoder.push(CapturedStream::of(s));
     }
-    encoder.finish(shard, pos, (0, Vec::new()), segments)
+    encoder.begin_dormant(0);
+    let segments: Vec<_> = segments.collect();
+    encoder.begin_segments(segments.len() as u64);
+    for (index, ids) in segments {
+        encoder.push_segment(index, &ids);
+    }
+    encoder.finish(shard, pos)
 }
 
 /// What a checkpoint file needs around it, for a copy of the shard elsewhere (the cold
@@ -660,10 +698,10 @@ mod tests {
         s.retain(cut, first_kept);
         let mut encoder = Encoder::default();
         encoder.push(captured);
-        assert_eq!(
-            encoder.finish(2, pos, (0, Vec::new()), map.into_iter()),
-            at_capture
-        );
+        encoder.begin_dormant(0);
+        encoder.begin_segments(1);
+        encoder.push_segment(seg(3), &[9]);
+        assert_eq!(encoder.finish(2, pos), at_capture);
         assert_ne!(
             encode(2, pos, std::iter::once(&s), std::iter::empty()),
             at_capture

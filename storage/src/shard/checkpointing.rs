@@ -310,23 +310,37 @@ impl Shard {
                 encoder.push(s);
                 if encoder.len() - since_yield >= ENCODE_SLICE_BYTES {
                     since_yield = encoder.len();
+                    encoder.checksum();
                     slices.next().await;
                 }
             }
+            encoder.checksum();
         }
-        let mut dormant = (0, Vec::with_capacity(listing.dormant.len() * 48));
+        encoder.begin_dormant(listing.dormant.len() as u64);
         for ids in listing.dormant.chunks(DORMANT_LISTING_SLICE) {
             slices.next().await;
             let catalog = self.inner.catalog.borrow();
             for &id in ids {
-                if let Some(d) = catalog.listed_dormant(id) {
-                    checkpoint::encode_dormant(&mut dormant.1, id, d.key, d.dormant, d.pins);
-                    dormant.0 += 1;
-                }
+                let d = catalog.listed_dormant(id).ok_or(StorageError::Internal(
+                    "a dormant stream left the catalog during its checkpoint",
+                ))?;
+                encoder.push_dormant(id, d.key, d.dormant, d.pins);
             }
+            drop(catalog);
+            encoder.checksum();
         }
         drop(checkpoint_open);
-        let image = encoder.finish(self.inner.cfg.shard, pos, dormant, segments.into_iter());
+        since_yield = encoder.len();
+        encoder.begin_segments(segments.len() as u64);
+        for (index, ids) in &segments {
+            encoder.push_segment(*index, ids);
+            if encoder.len() - since_yield >= ENCODE_SLICE_BYTES {
+                since_yield = encoder.len();
+                encoder.checksum();
+                slices.next().await;
+            }
+        }
+        let image = encoder.finish(self.inner.cfg.shard, pos);
         let slice_max_us = slices.longest().as_micros() as u64;
         let encode_us = encode_started.elapsed().as_micros() as u64;
         let bytes = image.len();
