@@ -341,7 +341,7 @@ impl Shard {
             }
         }
         let image = encoder.finish(self.inner.cfg.shard, pos);
-        let slice_max_us = slices.longest().as_micros() as u64;
+        let (slice_max, slice_cpu_max) = slices.longest();
         let encode_us = encode_started.elapsed().as_micros() as u64;
         let bytes = image.len();
         let tmp = dir.join(checkpoint::TMP_NAME);
@@ -365,7 +365,8 @@ impl Shard {
             bytes,
             capture_us,
             encode_us,
-            slice_max_us,
+            slice_max_us = slice_max.as_micros() as u64,
+            slice_cpu_max_us = slice_cpu_max.as_micros() as u64,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "checkpoint written"
         );
@@ -383,17 +384,23 @@ impl Drop for CheckpointOpen<'_> {
     }
 }
 
-/// Work done in slices with the core's requests served in between, and the longest slice.
+/// Work done in slices with the core's requests served in between, and the longest slice
+/// by wall time (which includes the thread being preempted) and by the thread's CPU time
+/// (the core's own hold).
 struct Slices {
     started: Instant,
+    started_cpu: Duration,
     longest: Duration,
+    longest_cpu: Duration,
 }
 
 impl Default for Slices {
     fn default() -> Slices {
         Slices {
             started: Instant::now(),
+            started_cpu: thread_cpu_time(),
             longest: Duration::ZERO,
+            longest_cpu: Duration::ZERO,
         }
     }
 }
@@ -401,13 +408,37 @@ impl Default for Slices {
 impl Slices {
     /// End the current slice: let requests run, then start the next.
     async fn next(&mut self) {
-        self.longest = self.longest.max(self.started.elapsed());
+        self.end_slice();
         yield_to_requests().await;
         self.started = Instant::now();
+        self.started_cpu = thread_cpu_time();
     }
 
-    /// The longest slice so far, the current one included.
-    fn longest(&self) -> Duration {
-        self.longest.max(self.started.elapsed())
+    fn end_slice(&mut self) {
+        self.longest = self.longest.max(self.started.elapsed());
+        self.longest_cpu = self
+            .longest_cpu
+            .max(thread_cpu_time().saturating_sub(self.started_cpu));
     }
+
+    /// The longest slice so far by wall time and by CPU time, the current one included.
+    fn longest(&mut self) -> (Duration, Duration) {
+        self.end_slice();
+        (self.longest, self.longest_cpu)
+    }
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the pointer it is given, which points
+    // at the live local above.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
