@@ -153,17 +153,26 @@ pub(crate) struct Encoder {
 
 impl Default for Encoder {
     fn default() -> Encoder {
+        Encoder::with_capacity(0)
+    }
+}
+
+impl Encoder {
+    /// An encoder whose buffer holds `bytes` before it grows. Growing copies what it holds
+    /// (tens of MB with a million streams), all in one slice of the caller's work, so the
+    /// shard sizes it from the last checkpoint.
+    pub(crate) fn with_capacity(bytes: usize) -> Encoder {
+        let mut image = Vec::with_capacity(bytes.max(HEADER_LEN));
+        image.resize(HEADER_LEN, 0);
         Encoder {
-            image: vec![0; HEADER_LEN],
+            image,
             body_crc: 0,
             summed: HEADER_LEN,
             streams: 0,
             expected: 0,
         }
     }
-}
 
-impl Encoder {
     /// A resident stream, as captured.
     pub(crate) fn push(&mut self, s: CapturedStream) {
         Record::Image(s.image).encode(Lsn::NONE, &mut self.image);

@@ -78,7 +78,7 @@ impl CheckpointLedger {
         self.replay_from
     }
 
-    #[cfg(test)]
+    /// Bytes of the installed checkpoint (0 before the first).
     pub(super) fn last_size(&self) -> u64 {
         self.last_size
     }

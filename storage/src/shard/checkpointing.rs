@@ -296,7 +296,10 @@ impl Shard {
         // the hold.
         let encode_started = Instant::now();
         let mut slices = Slices::default();
-        let mut encoder = checkpoint::Encoder::default();
+        // Room for the last checkpoint's size and an eighth more: growing the buffer would
+        // copy it within one slice.
+        let last_size = self.inner.checkpoints.borrow().last_size() as usize;
+        let mut encoder = checkpoint::Encoder::with_capacity(last_size + last_size / 8);
         let mut since_yield = 0;
         for ids in listing.resident.chunks(CAPTURES_PER_SLICE) {
             slices.next().await;

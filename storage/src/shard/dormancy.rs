@@ -123,33 +123,45 @@ impl Shard {
             return Vec::new();
         }
         let cutoff = now_ms.saturating_sub(idle_after.as_millis() as i64);
-        let ids = self
-            .inner
-            .catalog
-            .borrow_mut()
-            .idle(cutoff, SLEEPERS_PER_ROUND_MAX);
-        let mut out = Vec::with_capacity(ids.len());
+        let stays = self.inner.cfg.stays_resident;
+        let mut out = Vec::new();
+        // Streams that stay resident go back in the use order once the round has taken its
+        // sleepers: put back now, one due at once (idle_after zero) would be taken again.
+        let mut kept = Vec::new();
         let mut since_yield = 0;
-        for id in ids {
-            let stays = self.inner.cfg.stays_resident;
-            let sleeper = self
-                .inner
-                .catalog
-                .borrow()
-                .get(id)
-                .filter(|s| quiescent(s) && !stays(&s.meta.ext))
-                .map(encode_state);
-            match sleeper {
-                Some(s) => {
-                    since_yield += s.state.len();
-                    out.push(s);
+        // Taken off the use order a slice at a time: after a restart every stream the
+        // recovery loaded is due at once, and popping 100,000 of them held the core.
+        while out.len() < SLEEPERS_PER_ROUND_MAX {
+            let most = SLEEPS_PER_SLICE.min(SLEEPERS_PER_ROUND_MAX - out.len());
+            let ids = self.inner.catalog.borrow_mut().idle(cutoff, most);
+            if ids.is_empty() {
+                break;
+            }
+            for id in ids {
+                let sleeper = self
+                    .inner
+                    .catalog
+                    .borrow()
+                    .get(id)
+                    .filter(|s| quiescent(s) && !stays(&s.meta.ext))
+                    .map(encode_state);
+                match sleeper {
+                    Some(s) => {
+                        since_yield += s.state.len();
+                        out.push(s);
+                    }
+                    None => kept.push(id),
                 }
-                None => self.inner.catalog.borrow_mut().keep(id, now_ms),
+                if since_yield >= ENCODE_SLICE_BYTES {
+                    since_yield = 0;
+                    checkpointing::yield_to_requests().await;
+                }
             }
-            if since_yield >= ENCODE_SLICE_BYTES {
-                since_yield = 0;
-                checkpointing::yield_to_requests().await;
-            }
+            checkpointing::yield_to_requests().await;
+        }
+        let mut catalog = self.inner.catalog.borrow_mut();
+        for id in kept {
+            catalog.keep(id, now_ms);
         }
         out
     }
