@@ -92,6 +92,58 @@ fn conditional_writes_have_one_winner() {
     });
 }
 
+/// `--put-delay-ms` and `--get-delay-ms` stand in for an object store's latency: every
+/// request waits that long, and concurrent requests wait side by side, not one after another
+/// behind the write lock.
+#[test]
+fn the_test_server_delays_each_request_as_configured() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let delay = Duration::from_millis(250);
+    let s3 = test_s3_with(
+        dir.path(),
+        &[
+            "--put-delay-ms".into(),
+            "250".into(),
+            "--get-delay-ms".into(),
+            "250".into(),
+        ],
+    );
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let store: DynStore = Arc::new(
+            S3Store::connect(&S3Settings {
+                bucket: S3_BUCKET.into(),
+                prefix: "delay".into(),
+                endpoint: Some(s3.url()),
+                region: Some("us-east-1".into()),
+                path_style: true,
+                static_credentials: Some(("testak".into(), "testsecretkey".into())),
+            })
+            .await,
+        );
+        let started = std::time::Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let s = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let t = std::time::Instant::now();
+                s.put(&format!("k{i}"), Bytes::from("v"), PutMode::CreateOnly)
+                    .await
+                    .expect("put");
+                t.elapsed()
+            }));
+        }
+        for t in tasks {
+            assert!(t.await.expect("join") >= delay, "a PUT waits the delay");
+        }
+        // One after another they would take 8 delays; side by side, about one.
+        assert!(started.elapsed() < delay * 6, "{:?}", started.elapsed());
+        let t = std::time::Instant::now();
+        assert!(store.get("k0").await.expect("get").is_some());
+        assert!(t.elapsed() >= delay, "a GET waits the delay");
+    });
+}
+
 #[test]
 fn two_workers_one_prefix_then_empty_cache() {
     let dir = tempfile::tempdir().expect("tmp");

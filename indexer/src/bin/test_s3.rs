@@ -7,12 +7,17 @@
 //! both win; the indexer's manifest CAS needs exactly one winner. Reads are not locked
 //! (a rename is atomic, so a reader sees the old or the new object).
 //!
+//! `--put-delay-ms` and `--get-delay-ms` hold each request that long before it is served
+//! (outside the write lock, so concurrent requests wait side by side, as they do on S3), to
+//! stand in for an object store's latency: S3 Standard answers a small PUT in about 20-80 ms.
+//!
 //! Prints `ursula-test-s3 listening on http://ADDR` on stdout once it accepts connections.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use hyper_util::rt::TokioIo;
@@ -45,6 +50,13 @@ struct Opt {
     /// for measuring how many S3 requests the indexer makes).
     #[arg(long)]
     counts_file: Option<PathBuf>,
+    /// Hold every request that writes an object (PUT, copy, completing a multipart
+    /// upload) this long before serving it.
+    #[arg(long, default_value_t = 0)]
+    put_delay_ms: u64,
+    /// Hold every request that reads (GET, HEAD, LIST) this long before serving it.
+    #[arg(long, default_value_t = 0)]
+    get_delay_ms: u64,
 }
 
 /// Requests served, by kind: GET, PUT, HEAD, LIST, DELETE.
@@ -107,6 +119,8 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
         fs,
         write: Mutex::new(()),
         counts,
+        put_delay: Duration::from_millis(opt.put_delay_ms),
+        get_delay: Duration::from_millis(opt.get_delay_ms),
     };
     let service = {
         let mut b = S3ServiceBuilder::new(locked);
@@ -133,11 +147,21 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// s3s-fs with one lock around every call that changes an object.
+/// s3s-fs with one lock around every call that changes an object, and the configured
+/// latencies.
 struct Locked {
     fs: FileSystem,
     write: Mutex<()>,
     counts: Arc<Counts>,
+    put_delay: Duration,
+    get_delay: Duration,
+}
+
+/// Wait `delay` (nothing when it is zero).
+async fn pause(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
 }
 
 #[async_trait::async_trait]
@@ -169,6 +193,7 @@ impl S3 for Locked {
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         self.counts.bump(0);
+        pause(self.get_delay).await;
         self.fs.get_object(req).await
     }
 
@@ -177,6 +202,7 @@ impl S3 for Locked {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         self.counts.bump(2);
+        pause(self.get_delay).await;
         self.fs.head_object(req).await
     }
 
@@ -185,6 +211,7 @@ impl S3 for Locked {
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         self.counts.bump(3);
+        pause(self.get_delay).await;
         self.fs.list_objects_v2(req).await
     }
 
@@ -193,6 +220,7 @@ impl S3 for Locked {
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         self.counts.bump(1);
+        pause(self.put_delay).await;
         let _g = self.write.lock().await;
         self.fs.put_object(req).await
     }
@@ -201,6 +229,7 @@ impl S3 for Locked {
         &self,
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
+        pause(self.put_delay).await;
         let _g = self.write.lock().await;
         self.fs.copy_object(req).await
     }
@@ -240,6 +269,7 @@ impl S3 for Locked {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        pause(self.put_delay).await;
         let _g = self.write.lock().await;
         self.fs.complete_multipart_upload(req).await
     }
