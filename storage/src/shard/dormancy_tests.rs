@@ -185,6 +185,23 @@ fn dormant_streams_stay_dormant_across_restarts_and_crashes() {
     });
 }
 
+/// Start a checkpoint in a task of its own, and return once it has numbered the streams and
+/// serves requests between its slices.
+async fn start_checkpoint(
+    shard: &Shard,
+) -> impl std::future::Future<Output = Result<bool, StorageError>> {
+    // The upkeep task is idle (so the checkpoint need not wait for it on a timer, which
+    // would not fire while this task keeps yielding).
+    shard.wait_for_upkeep().await;
+    shard.inner.upkeep_busy.set(false);
+    let checkpointer = shard.clone();
+    let checkpoint = monoio::spawn(async move { checkpointer.checkpoint().await });
+    while !shard.inner.catalog.borrow().checkpoint_open() {
+        checkpointing::yield_to_requests().await;
+    }
+    checkpoint
+}
+
 /// A checkpoint lists the dormant streams in slices with requests served in between: streams
 /// woken, changed or deleted meanwhile are in it as they were when it began, and the log
 /// after it brings them to what they became.
@@ -197,15 +214,7 @@ fn a_checkpoint_lists_streams_as_they_were_though_they_wake_while_it_runs() {
         fill(&shard, STREAMS, 2).await;
         shard.sleep_idle().await.expect("sleep");
         assert_eq!(shard.stream_counts(), (STREAMS, STREAMS));
-        // The upkeep task is idle (so the checkpoint need not wait for it on a timer, which
-        // would not fire while this task keeps yielding).
-        shard.wait_for_upkeep().await;
-        shard.inner.upkeep_busy.set(false);
-        let checkpointer = shard.clone();
-        let checkpoint = monoio::spawn(async move { checkpointer.checkpoint().await });
-        while !shard.inner.catalog.borrow().checkpoint_open() {
-            checkpointing::yield_to_requests().await;
-        }
+        let checkpoint = start_checkpoint(&shard).await;
         // Stream k is woken unchanged (as a read wakes it), appended to, or deleted, one per
         // slice.
         let mut touched = 0;
@@ -263,13 +272,7 @@ fn a_checkpoint_captures_streams_as_they_were_though_they_change_while_it_runs()
     let touched = block_on(async {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
         fill(&shard, STREAMS, 2).await;
-        shard.wait_for_upkeep().await;
-        shard.inner.upkeep_busy.set(false);
-        let checkpointer = shard.clone();
-        let checkpoint = monoio::spawn(async move { checkpointer.checkpoint().await });
-        while !shard.inner.catalog.borrow().checkpoint_open() {
-            checkpointing::yield_to_requests().await;
-        }
+        let checkpoint = start_checkpoint(&shard).await;
         // Stream k, from the last (captured last), is appended to, deleted, or replaced by
         // a new stream under its key; and a stream is created. One per slice.
         let mut touched = 0;
