@@ -149,7 +149,7 @@ impl Shard {
     }
 
     pub fn delete(&self, id: StreamId) -> Result<Commit, StorageError> {
-        // Awake, so that what it holds is known (and its key found at once).
+        // Awake, so that what it holds (cached bytes, live data, a snapshot) is known.
         self.wake(id);
         let (lsn, _) = self.log_record(&Record::Delete { id }, None)?;
         let removed = self.inner.catalog.borrow_mut().remove(id);
