@@ -309,6 +309,8 @@ struct Inner {
     /// LSNs, durability, bytes awaiting the flusher, the failure and commit waiters.
     group_commit: RefCell<GroupCommit>,
     flusher: RefCell<Option<Waker>>,
+    /// The upkeep task, while it waits for its next round.
+    upkeep: RefCell<Option<Waker>>,
     stopping: Cell<bool>,
     stats: Cell<ShardStats>,
     /// The read cache's byte count and eviction order.
@@ -344,6 +346,7 @@ impl Shard {
             log: RefCell::new(None),
             group_commit: RefCell::new(GroupCommit::new((SegmentNo::default(), DATA_START))),
             flusher: RefCell::new(None),
+            upkeep: RefCell::new(None),
             stopping: Cell::new(false),
             stats: Cell::new(ShardStats::default()),
             cache: RefCell::new(CacheBudget::new(cfg.cache_bytes)),
@@ -468,8 +471,7 @@ impl Shard {
         let last = self.last_lsn();
         let result = self.commit(last).durable().await;
         self.inner.readers.borrow_mut().clear();
-        self.inner.stopping.set(true);
-        self.wake_flusher();
+        self.stop_tasks();
         result
     }
 
@@ -484,14 +486,23 @@ impl Shard {
             result = self.checkpoint().await.map(|_| ());
         }
         self.inner.readers.borrow_mut().clear();
-        self.inner.stopping.set(true);
         if result.is_ok() {
             if let Some(cold) = &self.inner.cfg.cold {
                 cold.durable(self.inner.cfg.shard, self.durable_end());
             }
         }
-        self.wake_flusher();
+        self.stop_tasks();
         result
+    }
+
+    /// End the flusher and the upkeep task at their next turn, so neither outlives the
+    /// shard's owner waiting on a timer or on work that will not come.
+    fn stop_tasks(&self) {
+        self.inner.stopping.set(true);
+        self.wake_flusher();
+        if let Some(w) = self.inner.upkeep.borrow_mut().take() {
+            w.wake();
+        }
     }
 
     /// The LSN of the last record accepted (`NONE` before the first).

@@ -167,6 +167,32 @@ fn appends_survive_reopen_with_all_state() {
     });
 }
 
+/// After a stop, the flusher and the upkeep task end within a moment instead of waiting out
+/// the upkeep period: a task still parked on a timer when its runtime is dropped is never
+/// freed, and holds the whole shard with it.
+#[test]
+fn background_tasks_end_soon_after_a_stop() {
+    for clean in [true, false] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        block_on(async {
+            let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+            let (_, c) = shard.create(new_stream("a", b"x")).expect("create");
+            c.durable().await.expect("durable");
+            if clean {
+                shard.shutdown().await.expect("shutdown");
+            } else {
+                shard.halt().await.expect("halt");
+            }
+            monoio::time::sleep(std::time::Duration::from_millis(5)).await;
+            assert_eq!(
+                Rc::strong_count(&shard.inner),
+                1,
+                "a background task still holds the shard (clean stop: {clean})"
+            );
+        });
+    }
+}
+
 #[test]
 fn many_concurrent_appends_share_flushes() {
     let dir = tempfile::tempdir().expect("tempdir");

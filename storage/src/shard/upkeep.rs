@@ -1,15 +1,20 @@
 //! The once-a-second upkeep task: checkpoints, index files, cleaning, and evicting archived
 //! segments.
 
+use std::future::poll_fn;
+use std::task::Poll;
 use std::time::Duration;
 
 use super::Shard;
+
+/// How long the upkeep task waits between rounds.
+const UPKEEP_PERIOD: Duration = Duration::from_secs(1);
 
 impl Shard {
     /// Background upkeep, once a second.
     pub(super) async fn run_upkeep(self) {
         while !self.inner.stopping.get() {
-            monoio::time::sleep(Duration::from_secs(1)).await;
+            self.wait_for_next_round().await;
             self.inner.clock_ms.set(crate::now_ms());
             if self.inner.stopping.get() || self.failure().is_some() {
                 continue;
@@ -35,5 +40,21 @@ impl Shard {
                 tracing::warn!(shard = self.inner.cfg.shard, "eviction failed: {e}");
             }
         }
+    }
+
+    /// Wait one upkeep period, or less if the shard stops meanwhile.
+    async fn wait_for_next_round(&self) {
+        let stopped = poll_fn(|cx| {
+            if self.inner.stopping.get() {
+                return Poll::Ready(());
+            }
+            *self.inner.upkeep.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        });
+        monoio::select! {
+            () = monoio::time::sleep(UPKEEP_PERIOD) => {}
+            () = stopped => {}
+        }
+        self.inner.upkeep.borrow_mut().take();
     }
 }
