@@ -7,6 +7,7 @@ use crate::record::{AppendRec, Record};
 use crate::segment;
 use crate::segment::segment_path;
 
+use super::writer::LogWriter;
 use super::Shard;
 
 impl Shard {
@@ -33,7 +34,7 @@ impl Shard {
             .log
             .borrow()
             .as_ref()
-            .map_or(self.inner.cfg.segment_bytes, |l| l.segment_bytes)
+            .map_or(self.inner.cfg.segment_bytes, LogWriter::segment_bytes)
     }
 
     /// Reclaim space: while the segment files take more than twice the live data (plus the
@@ -58,7 +59,7 @@ impl Shard {
         let round = self.inner.segments.borrow().len();
         loop {
             let write_seg = match self.inner.log.borrow().as_ref() {
-                Some(l) => l.write_seg,
+                Some(l) => l.write_segment(),
                 None => return Ok(removed),
             };
             let Some(oldest) = self.inner.segments.borrow().oldest() else {
@@ -166,8 +167,8 @@ impl Shard {
             tier.forget(segment);
         }
         let dir = self.inner.log.borrow_mut().as_mut().map(|log| {
-            log.files.remove(&segment);
-            log.dir.clone()
+            log.forget_segment(segment);
+            log.dir().to_path_buf()
         });
         if let Some(dir) = dir.filter(|_| !cold) {
             segment::remove_durable(&segment_path(&dir, segment), &dir).await?;

@@ -60,7 +60,7 @@ impl DirStore {
         let (dir, write_seg) = {
             let log = shard.inner.log.borrow();
             let log = log.as_ref().expect("disk shard");
-            (log.dir.clone(), log.write_seg)
+            (log.dir().to_path_buf(), log.write_segment())
         };
         let mut copied = 0;
         for seg in segment::list_segments(&dir).expect("list") {

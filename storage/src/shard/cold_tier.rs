@@ -245,7 +245,7 @@ impl Shard {
             .log
             .borrow()
             .as_ref()
-            .map(|l| (l.write_seg, l.dir.clone()))
+            .map(|l| (l.write_segment(), l.dir().to_path_buf()))
         else {
             return Ok(Vec::new());
         };
@@ -274,7 +274,7 @@ impl Shard {
             // one finish on it.
             self.inner.readers.borrow_mut().remove(&segment);
             if let Some(log) = self.inner.log.borrow_mut().as_mut() {
-                log.files.remove(&segment);
+                log.forget_segment(segment);
             }
             doomed.push(segment_path(&dir, segment));
             local -= seg_bytes;
@@ -301,7 +301,7 @@ impl Shard {
             .log
             .try_borrow()
             .ok()
-            .and_then(|l| l.as_ref().map(|l| l.write_seg))
+            .and_then(|l| l.as_ref().map(|l| l.write_segment()))
             .unwrap_or_default();
         let waiting: Vec<SegmentNo> = self
             .inner

@@ -16,7 +16,7 @@ use crate::record::Record;
 use crate::stream::{DiskLoc, StreamId};
 
 use super::group_commit::Ticket;
-use super::writer::{Batch, Zeroing};
+use super::writer::Batch;
 use super::{missing, Inner, Shard, COMMIT_WRITE_BUCKETS_US};
 
 impl Shard {
@@ -70,7 +70,7 @@ impl Shard {
         let mut loc = None;
         let mut guard = self.inner.log.borrow_mut();
         if let Some(log) = guard.as_mut() {
-            let sealing = log.write_seg;
+            let sealing = log.write_segment();
             let at = match log.enqueue(record, lsn, create_effect) {
                 Ok(at) => at,
                 Err(StorageError::NoSpace) => {
@@ -203,24 +203,12 @@ impl Shard {
     /// belong to a later segment), so no data write races a zero write to the same blocks.
     /// Usually they were written long ago, and this only takes the buffer back.
     pub(super) async fn finish_zeroing_under(&self, batches: &[Batch]) {
-        let reached = |z: &Zeroing| {
-            batches.iter().any(|b| {
-                let end = b.base + align_up(b.buf.as_ref().map_or(0, |b| b.len())) as u64;
-                b.seg != z.seg || end > z.from
-            })
+        let zeroing = match self.inner.log.borrow_mut().as_mut() {
+            Some(log) => log.zeroing_reached_by(batches),
+            None => None,
         };
-        let zeroing = {
-            let mut log = self.inner.log.borrow_mut();
-            let Some(log) = log.as_mut() else { return };
-            match log.zeroing.take() {
-                Some(z) if reached(&z) => z,
-                other => {
-                    log.zeroing = other;
-                    return;
-                }
-            }
-        };
-        let (res, zeros) = zeroing.write.await;
+        let Some(zeroing) = zeroing else { return };
+        let (res, zeros) = zeroing.finished().await;
         if let Err(e) = res {
             // Only an optimisation failed: the data writes convert the blocks themselves,
             // and report any disk error on their own.
@@ -230,7 +218,7 @@ impl Shard {
             );
         }
         if let Some(log) = self.inner.log.borrow_mut().as_mut() {
-            log.zeros = Some(zeros);
+            log.zeros_returned(zeros);
         }
     }
 
@@ -269,14 +257,12 @@ impl Shard {
             }
             if let Some(log) = self.inner.log.borrow_mut().as_mut() {
                 if let Some(buf) = batch.buf {
-                    log.pool.give(buf);
+                    log.recycle(buf);
                 }
             }
         }
         if let Some(log) = self.inner.log.borrow_mut().as_mut() {
-            // Sealed segments with nothing left to write no longer need a write handle.
-            let oldest_queued = log.batches.front().map_or(log.write_seg, |b| b.seg);
-            log.files.retain(|&k, _| k >= oldest_queued);
+            log.drop_sealed_handles();
         }
         self.inner.stats.set(stats);
         group_commit.wake_durable();

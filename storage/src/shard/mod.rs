@@ -73,7 +73,7 @@ pub use commit::Commit;
 use group_commit::GroupCommit;
 use index_files::IndexFiles;
 use segment_map::SegmentMap;
-use writer::Log;
+use writer::LogWriter;
 
 /// Maps looked up on every append (several times each): foldhash instead of std's SipHash,
 /// which took ~7% of an append's user-space instructions. Seeds are random per map, so
@@ -116,7 +116,7 @@ pub struct ShardConfig {
     /// log filling near the disk's bandwidth cannot afford; the default, 2 s, means below
     /// 64 MB/s per shard at 128 MiB segments. `Duration::MAX` turns spares off.
     pub spare_fill_time: Duration,
-    /// Zeros are written just ahead of the records (see `Log::zero_ahead`) while the log
+    /// Zeros are written just ahead of the records (see `LogWriter::zero_ahead`) while the log
     /// fills slower than this many bytes per second; 0 turns that off. Like spares, zeroing
     /// writes every block twice, so the default, 64 MB/s, is a small share of a disk.
     pub zero_ahead_below: u64,
@@ -220,7 +220,7 @@ pub struct ShardStats {
     pub disk_read_bytes: u64,
     /// Segments that began as a zero-filled spare (see `segment::prepare_spare`).
     pub spare_segments: u64,
-    /// Zeros written ahead of the records in slowly filling segments (see `Log::zero_ahead`).
+    /// Zeros written ahead of the records in slowly filling segments (see `LogWriter::zero_ahead`).
     pub zeroed_ahead_bytes: u64,
     /// Fetches from the cold tier and the bytes they returned (see `cold_tier`).
     pub cold_reads: u64,
@@ -305,7 +305,7 @@ struct Inner {
     catalog: RefCell<Catalog>,
     /// Now, to the second: what streams' last use is stamped with (see `dormancy`).
     clock_ms: Cell<i64>,
-    log: RefCell<Option<Log>>,
+    log: RefCell<Option<LogWriter>>,
     /// LSNs, durability, bytes awaiting the flusher, the failure and commit waiters.
     group_commit: RefCell<GroupCommit>,
     flusher: RefCell<Option<Waker>>,
@@ -393,8 +393,9 @@ impl Shard {
         // this thread always gets it.
         if let Ok(log) = self.inner.log.try_borrow() {
             if let Some(log) = log.as_ref() {
-                stats.spare_segments = log.spares_adopted;
-                stats.zeroed_ahead_bytes = log.zeroed_bytes;
+                let counts = log.counts();
+                stats.spare_segments = counts.spares_adopted;
+                stats.zeroed_ahead_bytes = counts.zeroed_bytes;
             }
         }
         if let Ok(segments) = self.inner.segments.try_borrow() {
@@ -430,7 +431,7 @@ impl Shard {
                 .log
                 .try_borrow()
                 .ok()
-                .and_then(|l| l.as_ref().map(Log::buffer_bytes))
+                .and_then(|l| l.as_ref().map(LogWriter::buffer_bytes))
                 .unwrap_or(0),
             segment_map,
             group_commit: self.inner.group_commit.borrow().heap_bytes(),

@@ -1,11 +1,10 @@
 //! Recovery: loading the checkpoint, replaying the log after it, and cutting off a torn or
 //! corrupt tail.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::Path;
 use std::rc::Rc;
-use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -20,7 +19,7 @@ use crate::segment::{self, SegmentHeader, DATA_START};
 use crate::stream::{DiskLoc, Stream, StreamId};
 
 use super::catalog::Dormant;
-use super::writer::Log;
+use super::writer::{LogWriter, WriterSettings};
 use super::{cold_tier, dormancy, FastSet, RecoveryReport, Shard};
 
 /// Where replay ended: the last segment read (its number, the end of its valid records,
@@ -39,7 +38,7 @@ impl Shard {
         &self,
         dir: &Path,
         report: &mut RecoveryReport,
-    ) -> Result<Log, StorageError> {
+    ) -> Result<LogWriter, StorageError> {
         self.check_cold_marker(dir)?;
         let indexes = segment::list_segments(dir)?;
         let mut rebuild = FastSet::default();
@@ -253,7 +252,7 @@ impl Shard {
         tail: Option<(SegmentNo, u64, Bytes)>,
         next_lsn: Lsn,
         report: &mut RecoveryReport,
-    ) -> Result<Log, StorageError> {
+    ) -> Result<LogWriter, StorageError> {
         let cfg = &self.inner.cfg;
         // The segment replay continues in is not sealed; the ones before it were indexed by
         // the checkpoint's roll, or their pages are in the checkpoint itself.
@@ -264,29 +263,17 @@ impl Shard {
                 .indexed(index.prev().unwrap_or_default());
         }
         let pool = BufPool::new(BATCH_BUF_BYTES, 4, POOLED_BUF_BYTES_MAX);
-        let mut log = Log {
-            dir: dir.to_path_buf(),
-            shard: cfg.shard,
-            segment_bytes: cold_tier::effective_segment_bytes(cfg),
-            disk_segments: cfg.disk_segments,
-            write_seg: SegmentNo::default(),
-            write_end: DATA_START,
-            files: HashMap::new(),
-            batches: VecDeque::new(),
+        let mut log = LogWriter::new(
+            WriterSettings {
+                dir: dir.to_path_buf(),
+                shard: cfg.shard,
+                segment_bytes: cold_tier::effective_segment_bytes(cfg),
+                disk_segments: cfg.disk_segments,
+                spare_fill_time: cfg.spare_fill_time,
+                zero_ahead_below: cfg.zero_ahead_below,
+            },
             pool,
-            scratch: Vec::new(),
-            spare: None,
-            rolled_at: Instant::now(),
-            spare_fill_time: cfg.spare_fill_time,
-            spares_adopted: 0,
-            zero_ahead_below: cfg.zero_ahead_below,
-            ahead_end: DATA_START,
-            ahead_moved_at: Instant::now(),
-            ahead_moved_end: DATA_START,
-            zeros: None,
-            zeroing: None,
-            zeroed_bytes: 0,
-        };
+        );
         // A spare left by an earlier run may be half written; the next slow roll makes a
         // new one.
         segment::remove_spare(dir)?;
@@ -294,29 +281,19 @@ impl Shard {
             Some((index, end, contents)) => {
                 report.dropped_bytes = zero_stale_tail(dir, index, end, &contents)?;
                 let file = segment::open_log_writer(dir, index)?;
-                log.files
-                    .insert(index, Rc::new(monoio::fs::File::from_std(file)?));
-                log.write_seg = index;
-                log.write_end = end;
+                log.resume(index, end, monoio::fs::File::from_std(file)?, &contents);
                 self.inner
                     .group_commit
                     .borrow_mut()
                     .resume(next_lsn, (index, end));
-                log.ahead_end = end;
-                log.ahead_moved_end = end;
-                let base = align_down(end as usize);
-                log.start_batch(index, base as u64, &contents[base..end as usize]);
             }
             None => {
                 let first = SegmentNo::new(1);
-                log.create(first, next_lsn)?;
-                log.write_seg = first;
-                log.write_end = DATA_START;
+                log.start(first, next_lsn)?;
                 self.inner
                     .group_commit
                     .borrow_mut()
                     .resume(next_lsn, (first, DATA_START));
-                log.start_batch(first, DATA_START, &[]);
             }
         }
         Ok(log)

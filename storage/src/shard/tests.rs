@@ -9,7 +9,6 @@ use crate::record::{Lifetime, ProducerStamp, SnapshotMeta};
 use crate::segment::SegmentHeader;
 use crate::test_support::block_on;
 
-use super::writer::Zeroing;
 use super::*;
 
 fn config(dir: &Path) -> ShardConfig {
@@ -402,7 +401,8 @@ fn a_flush_waits_only_for_zeros_it_reaches() {
             let (seg, from) = {
                 let log = shard.inner.log.borrow();
                 let log = log.as_ref().expect("log");
-                (log.write_seg, align_up(log.write_end as usize) as u64 + gap)
+                let (seg, end) = log.write_position();
+                (seg, align_up(end as usize) as u64 + gap)
             };
             // Stands in for a zero write that the disk is slow to finish.
             let done = Rc::new(Cell::new(false));
@@ -415,8 +415,13 @@ fn a_flush_waits_only_for_zeros_it_reaches() {
                     AlignedBuf::with_capacity(crate::limits::IO_BLOCK_BYTES),
                 )
             });
-            let zeroing = Zeroing { seg, from, write };
-            shard.inner.log.borrow_mut().as_mut().expect("log").zeroing = Some(zeroing);
+            shard
+                .inner
+                .log
+                .borrow_mut()
+                .as_mut()
+                .expect("log")
+                .pretend_zeroing(seg, from, write);
             let (_, c) = shard.append(id, data_rec(&[7u8; 8192])).expect("append");
             c.durable().await.expect("durable");
             assert_eq!(done.get(), reached, "gap {gap}");
@@ -431,8 +436,7 @@ fn spare_pending(shard: &Shard) -> bool {
         .log
         .borrow()
         .as_ref()
-        .and_then(|l| l.spare.as_ref())
-        .is_some_and(|h| !h.is_finished())
+        .is_some_and(|l| l.spare_in_progress())
 }
 
 #[test]
@@ -1331,13 +1335,12 @@ fn the_log_writes_through_dsync_handles_only() {
         let log = shard.inner.log.borrow();
         let log = log.as_ref().expect("a disk shard has a log");
         let mut out: Vec<(SegmentNo, i32)> = log
-            .files
-            .iter()
+            .write_handles()
             .map(|(seg, file)| {
-                let fd = std::os::unix::io::AsRawFd::as_raw_fd(file.as_ref());
+                let fd = std::os::unix::io::AsRawFd::as_raw_fd(file);
                 // SAFETY: F_GETFL only reads the status flags of `fd`, which the log keeps
                 // open for as long as `file` lives (borrowed here).
-                (*seg, unsafe { libc::fcntl(fd, libc::F_GETFL) })
+                (seg, unsafe { libc::fcntl(fd, libc::F_GETFL) })
             })
             .collect();
         out.sort_unstable_by_key(|(seg, _)| *seg);
@@ -1363,9 +1366,23 @@ fn the_log_writes_through_dsync_handles_only() {
         assert_dsync(&shard, "fresh");
         let (id, c) = shard.create(new_stream("a", b"")).expect("create");
         c.durable().await.expect("create durable");
-        let first = shard.inner.log.borrow().as_ref().expect("log").write_seg;
+        let first = shard
+            .inner
+            .log
+            .borrow()
+            .as_ref()
+            .expect("log")
+            .write_segment();
         let big = vec![b'x'; 256 << 10];
-        while shard.inner.log.borrow().as_ref().expect("log").write_seg == first {
+        while shard
+            .inner
+            .log
+            .borrow()
+            .as_ref()
+            .expect("log")
+            .write_segment()
+            == first
+        {
             let (_, c) = shard.append(id, data_rec(&big)).expect("append");
             c.durable().await.expect("append durable");
         }

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -16,50 +16,58 @@ use crate::segment;
 use crate::segment::{SegmentHeader, DATA_START};
 use crate::stream::{DiskLoc, StreamId};
 
-/// The durable write path of one shard.
-pub(super) struct Log {
-    pub(super) dir: PathBuf,
-    pub(super) shard: u32,
-    pub(super) segment_bytes: u64,
+/// The durable write path of one shard: where the next record goes, the batches waiting for
+/// the flusher, the segments' write handles, spares, and zeros written ahead.
+pub(super) struct LogWriter {
+    dir: PathBuf,
+    shard: u32,
+    segment_bytes: u64,
     /// Segment receiving new records, and the position after the last one.
-    pub(super) write_seg: SegmentNo,
-    pub(super) write_end: u64,
-    pub(super) files: HashMap<SegmentNo, Rc<monoio::fs::File>>,
+    write_seg: SegmentNo,
+    write_end: u64,
+    files: HashMap<SegmentNo, Rc<monoio::fs::File>>,
     /// Batches waiting for the flusher, oldest first; the last one is open for appends.
-    pub(super) batches: VecDeque<Batch>,
-    pub(super) pool: BufPool,
-    pub(super) scratch: Vec<u8>,
+    batches: VecDeque<Batch>,
+    pool: BufPool,
+    scratch: Vec<u8>,
     /// A zero-filled segment being prepared on a helper thread for the next roll.
-    pub(super) spare: Option<std::thread::JoinHandle<io::Result<()>>>,
+    spare: Option<std::thread::JoinHandle<io::Result<()>>>,
     /// When the log last rolled (or opened): how fast the current segment fills.
-    pub(super) rolled_at: Instant,
+    rolled_at: Instant,
     /// `ShardConfig::spare_fill_time`.
-    pub(super) spare_fill_time: Duration,
+    spare_fill_time: Duration,
     /// Segments made from a spare.
-    pub(super) spares_adopted: u64,
+    spares_adopted: u64,
     /// The active segment's blocks below this position hold records or zeros, or were
     /// left to the data writes because the log filled fast (see `zero_ahead`).
-    pub(super) ahead_end: u64,
+    ahead_end: u64,
     /// When `ahead_end` last moved, and where the records ended then: how fast the log fills.
-    pub(super) ahead_moved_at: Instant,
-    pub(super) ahead_moved_end: u64,
+    ahead_moved_at: Instant,
+    ahead_moved_end: u64,
     /// `ShardConfig::zero_ahead_below`.
-    pub(super) zero_ahead_below: u64,
+    zero_ahead_below: u64,
     /// `ZERO_AHEAD_BYTES` of zeros; `None` while lent to the kernel.
-    pub(super) zeros: Option<AlignedBuf>,
+    zeros: Option<AlignedBuf>,
     /// The zero write in flight, if any.
-    pub(super) zeroing: Option<Zeroing>,
+    zeroing: Option<Zeroing>,
     /// Bytes of zeros written ahead of the records.
-    pub(super) zeroed_bytes: u64,
+    zeroed_bytes: u64,
     /// `ShardConfig::disk_segments`.
-    pub(super) disk_segments: Option<usize>,
+    disk_segments: Option<usize>,
 }
 
 /// Zeros being written to `[from, ..)` of segment `seg`, ahead of the records.
 pub(super) struct Zeroing {
-    pub(super) seg: SegmentNo,
-    pub(super) from: u64,
-    pub(super) write: monoio::task::JoinHandle<(io::Result<()>, AlignedBuf)>,
+    seg: SegmentNo,
+    from: u64,
+    write: monoio::task::JoinHandle<(io::Result<()>, AlignedBuf)>,
+}
+
+impl Zeroing {
+    /// The write's result, and the zeros buffer back.
+    pub(super) async fn finished(self) -> (io::Result<()>, AlignedBuf) {
+        self.write.await
+    }
 }
 
 /// Records bound for one contiguous, block-aligned range of one segment.
@@ -80,7 +88,171 @@ pub(super) struct Effect {
     pub(super) visible: Option<(StreamId, Offset, bool)>,
 }
 
-impl Log {
+/// What the writer is told about the shard it writes for.
+pub(super) struct WriterSettings {
+    pub(super) dir: PathBuf,
+    pub(super) shard: u32,
+    pub(super) segment_bytes: u64,
+    /// `ShardConfig::disk_segments`.
+    pub(super) disk_segments: Option<usize>,
+    /// `ShardConfig::spare_fill_time`.
+    pub(super) spare_fill_time: Duration,
+    /// `ShardConfig::zero_ahead_below`.
+    pub(super) zero_ahead_below: u64,
+}
+
+/// What the writer counts, for the shard's stats.
+pub(super) struct WriterCounts {
+    /// Segments made from a spare.
+    pub(super) spares_adopted: u64,
+    /// Bytes of zeros written ahead of the records.
+    pub(super) zeroed_bytes: u64,
+}
+
+impl LogWriter {
+    /// A writer positioned nowhere yet: [`Self::resume`] or [`Self::start`] places it.
+    pub(super) fn new(settings: WriterSettings, pool: BufPool) -> Self {
+        LogWriter {
+            dir: settings.dir,
+            shard: settings.shard,
+            segment_bytes: settings.segment_bytes,
+            disk_segments: settings.disk_segments,
+            write_seg: SegmentNo::default(),
+            write_end: DATA_START,
+            files: HashMap::new(),
+            batches: VecDeque::new(),
+            pool,
+            scratch: Vec::new(),
+            spare: None,
+            rolled_at: Instant::now(),
+            spare_fill_time: settings.spare_fill_time,
+            spares_adopted: 0,
+            zero_ahead_below: settings.zero_ahead_below,
+            ahead_end: DATA_START,
+            ahead_moved_at: Instant::now(),
+            ahead_moved_end: DATA_START,
+            zeros: None,
+            zeroing: None,
+            zeroed_bytes: 0,
+        }
+    }
+
+    /// Continue the log in segment `seg` after its last valid record at `end`, through its
+    /// write handle `file`; `contents` is the segment as read, so the open batch starts
+    /// with the already-written bytes of its last block.
+    pub(super) fn resume(
+        &mut self,
+        seg: SegmentNo,
+        end: u64,
+        file: monoio::fs::File,
+        contents: &[u8],
+    ) {
+        self.files.insert(seg, Rc::new(file));
+        self.write_seg = seg;
+        self.write_end = end;
+        self.ahead_end = end;
+        self.ahead_moved_end = end;
+        let base = align_down(end as usize);
+        self.start_batch(seg, base as u64, &contents[base..end as usize]);
+    }
+
+    /// Begin the log in a new segment `seg` whose first record will be `first_lsn`.
+    pub(super) fn start(&mut self, seg: SegmentNo, first_lsn: Lsn) -> Result<(), StorageError> {
+        self.create(seg, first_lsn)?;
+        self.write_seg = seg;
+        self.write_end = DATA_START;
+        self.start_batch(seg, DATA_START, &[]);
+        Ok(())
+    }
+
+    /// The shard's data directory.
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The size of each segment file.
+    pub(super) fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
+    /// The segment receiving new records.
+    pub(super) fn write_segment(&self) -> SegmentNo {
+        self.write_seg
+    }
+
+    /// Where the next record will go: its segment and position in it.
+    pub(super) fn write_position(&self) -> (SegmentNo, u64) {
+        (self.write_seg, self.write_end)
+    }
+
+    pub(super) fn counts(&self) -> WriterCounts {
+        WriterCounts {
+            spares_adopted: self.spares_adopted,
+            zeroed_bytes: self.zeroed_bytes,
+        }
+    }
+
+    /// Segment `seg` is leaving the disk (cleaned or evicted): drop its write handle, which
+    /// would keep its blocks allocated.
+    pub(super) fn forget_segment(&mut self, seg: SegmentNo) {
+        self.files.remove(&seg);
+    }
+
+    /// A flushed batch's buffer, back for the next batches.
+    pub(super) fn recycle(&mut self, buf: AlignedBuf) {
+        self.pool.give(buf);
+    }
+
+    /// After a flush: sealed segments with nothing left to write no longer need a handle.
+    pub(super) fn drop_sealed_handles(&mut self) {
+        let oldest_queued = self.batches.front().map_or(self.write_seg, |b| b.seg);
+        self.files.retain(|&k, _| k >= oldest_queued);
+    }
+
+    /// The zero write in flight, if `batches` reach its blocks (or belong to a later
+    /// segment): the flush must wait for it, so no data write races a zero write.
+    pub(super) fn zeroing_reached_by(&mut self, batches: &[Batch]) -> Option<Zeroing> {
+        let z = self.zeroing.take()?;
+        let reached = batches.iter().any(|b| {
+            let end = b.base + align_up(b.buf.as_ref().map_or(0, |b| b.len())) as u64;
+            b.seg != z.seg || end > z.from
+        });
+        if reached {
+            Some(z)
+        } else {
+            self.zeroing = Some(z);
+            None
+        }
+    }
+
+    /// Stand in a zero write of the caller's for the writer's own (tests of the flush's wait).
+    #[cfg(test)]
+    pub(super) fn pretend_zeroing(
+        &mut self,
+        seg: SegmentNo,
+        from: u64,
+        write: monoio::task::JoinHandle<(io::Result<()>, AlignedBuf)>,
+    ) {
+        self.zeroing = Some(Zeroing { seg, from, write });
+    }
+
+    /// The write handles held, by segment (tests of their open flags).
+    #[cfg(test)]
+    pub(super) fn write_handles(&self) -> impl Iterator<Item = (SegmentNo, &monoio::fs::File)> {
+        self.files.iter().map(|(seg, f)| (*seg, f.as_ref()))
+    }
+
+    /// Whether a spare segment is still being prepared (tests).
+    #[cfg(test)]
+    pub(super) fn spare_in_progress(&self) -> bool {
+        self.spare.as_ref().is_some_and(|h| !h.is_finished())
+    }
+
+    /// The zeros buffer, back from a finished zero write.
+    pub(super) fn zeros_returned(&mut self, zeros: AlignedBuf) {
+        self.zeros = Some(zeros);
+    }
+
     /// Bytes of write buffers held: the batches' and the pool's.
     pub(super) fn buffer_bytes(&self) -> usize {
         let batches: usize = self
@@ -97,7 +269,7 @@ impl Log {
     }
 
     /// Open a new batch at `base`, starting with the already-written bytes of its first block.
-    pub(super) fn start_batch(&mut self, seg: SegmentNo, base: u64, carried: &[u8]) {
+    fn start_batch(&mut self, seg: SegmentNo, base: u64, carried: &[u8]) {
         let mut buf = self.pool.take(BATCH_BUF_BYTES);
         buf.extend_from_slice(carried);
         self.batches.push_back(Batch {
@@ -164,7 +336,7 @@ impl Log {
     /// reserved) here, before the caller changes any state, so a full disk is reported as
     /// `NoSpace` with nothing changed. This blocks the core for one fallocate and two
     /// fsyncs, once per segment.
-    pub(super) fn roll(&mut self, first_lsn: Lsn) -> Result<(), StorageError> {
+    fn roll(&mut self, first_lsn: Lsn) -> Result<(), StorageError> {
         let next = self.write_seg.next();
         self.create(next, first_lsn)?;
         self.write_seg = next;
@@ -185,7 +357,7 @@ impl Log {
         Ok(())
     }
 
-    pub(super) fn create(&mut self, seg: SegmentNo, first_lsn: Lsn) -> Result<(), StorageError> {
+    fn create(&mut self, seg: SegmentNo, first_lsn: Lsn) -> Result<(), StorageError> {
         if let Some(most) = self.disk_segments {
             if segment::list_segments(&self.dir)?.len() >= most {
                 return Err(StorageError::NoSpace);
@@ -230,7 +402,7 @@ impl Log {
 
     /// Whether a spare segment is ready to adopt: its helper thread has finished, and
     /// succeeded. One still being prepared stays for a later roll; the core never waits.
-    pub(super) fn spare_ready(&mut self) -> bool {
+    fn spare_ready(&mut self) -> bool {
         let Some(handle) = self.spare.take() else {
             return false;
         };
