@@ -44,7 +44,9 @@ use std::rc::Rc;
 use bytes::Bytes;
 
 use crate::error::FormatError;
+use crate::limits::ENCODE_SLICE_BYTES;
 use crate::position::{stored_as_u64, Lsn};
+use crate::slices::Slices;
 
 const MAGIC: &[u8; 8] = b"URSLIDX1";
 const VERSION: u32 = 1;
@@ -345,14 +347,23 @@ pub(crate) async fn write(
     shard: u32,
     number: IndexFileNo,
     pages: &[Bytes],
+    slices: &mut Slices,
 ) -> Result<(Rc<IndexFile>, Vec<u64>), io::Error> {
     let body_len: usize = pages.iter().map(Bytes::len).sum();
     let mut image = Vec::with_capacity(HEADER_LEN + body_len);
     image.extend_from_slice(&header(shard, number, pages.len() as u64, body_len as u64));
     let mut offsets = Vec::with_capacity(pages.len());
+    // After a restart one file can carry tens of megabytes of sleeping streams' states;
+    // copied in one go, that held the core for tens of milliseconds.
+    let mut since_yield = 0;
     for p in pages {
         offsets.push(image.len() as u64);
         image.extend_from_slice(p);
+        since_yield += p.len();
+        if since_yield >= ENCODE_SLICE_BYTES {
+            since_yield = 0;
+            slices.next().await;
+        }
     }
     let tmp = tmp_path(dir, number);
     crate::segment::write_synced(&tmp, image).await?;

@@ -20,6 +20,7 @@ mod readback;
 pub mod record;
 pub mod segment;
 pub mod shard;
+mod slices;
 pub mod stream;
 mod view;
 pub mod waiters;

@@ -3,10 +3,8 @@
 //! slices and installing the file once the log is durable up to it (formats in
 //! `crate::checkpoint` and `crate::index`).
 
-use std::future::poll_fn;
 use std::path::Path;
-use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -17,31 +15,11 @@ use crate::limits::{
 };
 use crate::position::SegmentNo;
 use crate::record::Record;
+use crate::slices::Slices;
 use crate::stream::StreamId;
 use crate::{checkpoint, segment};
 
 use super::{FastSet, Shard};
-
-/// Let every other task that is ready run before this one goes on.
-///
-/// Not by waking itself: monoio puts a task that wakes itself while it runs at the front of
-/// its run queue, so it runs again at once and the requests waiting behind it run only once
-/// it is done (a checkpoint "in slices" held its core for its whole encode). A helper task
-/// joins the back of the queue and wakes this one from there, so this one comes back behind
-/// every task that was ready.
-pub(super) async fn yield_to_requests() {
-    let mut queued = false;
-    poll_fn(|cx| {
-        if queued {
-            return Poll::Ready(());
-        }
-        queued = true;
-        let waker = cx.waker().clone();
-        drop(monoio::spawn(async move { waker.wake() }));
-        Poll::Pending
-    })
-    .await
-}
 
 impl Shard {
     /// Whether a checkpoint is due: after a roll, or once enough log was written since the
@@ -72,7 +50,13 @@ impl Shard {
 
     /// Callers hold `upkeep_busy`.
     pub(super) async fn write_checkpoint(&self) -> Result<(), StorageError> {
-        let Some(dir) = self.inner.log.borrow().as_ref().map(|l| l.dir.clone()) else {
+        let Some(dir) = self
+            .inner
+            .log
+            .borrow()
+            .as_ref()
+            .map(|l| l.dir().to_path_buf())
+        else {
             return Ok(());
         };
         let result = self.write_checkpoint_in(&dir).await;
@@ -86,13 +70,13 @@ impl Shard {
     /// upkeep task's, when a caller asks for one) to finish first.
     pub(super) async fn wait_for_upkeep(&self) {
         while self.inner.upkeep_busy.replace(true) {
-            monoio::time::sleep(Duration::from_millis(1)).await;
+            monoio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 
     /// The newest sealed segment whose roll has not written an index file yet.
     pub(super) fn unindexed_segment(&self) -> Option<SegmentNo> {
-        let write_seg = self.inner.log.borrow().as_ref()?.write_seg;
+        let write_seg = self.inner.log.borrow().as_ref()?.write_segment();
         let sealed = write_seg.prev()?;
         (sealed > self.inner.index_files.borrow().indexed_through()).then_some(sealed)
     }
@@ -123,7 +107,13 @@ impl Shard {
     /// Write the waiting pages out as an index file now (the upkeep task, when
     /// [`Self::index_due`]); the next checkpoint names the file.
     pub(super) async fn flush_index(&self) -> Result<(), StorageError> {
-        let Some(dir) = self.inner.log.borrow().as_ref().map(|l| l.dir.clone()) else {
+        let Some(dir) = self
+            .inner
+            .log
+            .borrow()
+            .as_ref()
+            .map(|l| l.dir().to_path_buf())
+        else {
             return Ok(());
         };
         self.wait_for_upkeep().await;
@@ -143,8 +133,9 @@ impl Shard {
             .log
             .borrow()
             .as_ref()
-            .and_then(|l| l.write_seg.prev());
-        let sleepers = self.idle_streams(self.clock_ms()).await;
+            .and_then(|l| l.write_segment().prev());
+        let mut slices = Slices::default();
+        let sleepers = self.idle_streams(self.clock_ms(), &mut slices).await;
         let asleep: FastSet<StreamId> = sleepers.iter().map(|s| s.id()).collect();
         // Each page, and whose table it is in (stream, chunk table or record index). A
         // stream going to sleep carries its pages in its saved state.
@@ -194,7 +185,7 @@ impl Shard {
             .cloned()
             .chain(sleepers.iter().map(|s| s.state().clone()))
             .collect();
-        let written = index::write(dir, self.inner.cfg.shard, number, &blobs).await;
+        let written = index::write(dir, self.inner.cfg.shard, number, &blobs, &mut slices).await;
         let (file, offsets) = match written {
             Ok(w) => w,
             Err(e) => {
@@ -228,14 +219,17 @@ impl Shard {
             .index_files
             .borrow_mut()
             .add(number, file.clone());
-        self.put_to_sleep(sleepers, &file, &offsets[pages.len()..])
+        self.put_to_sleep(sleepers, &file, &offsets[pages.len()..], &mut slices)
             .await;
+        let (slice_max, slice_cpu_max) = slices.longest();
         tracing::debug!(
             shard = self.inner.cfg.shard,
             file = number.get(),
             pages = pages.len(),
             sleepers = slept,
             bytes = blobs.iter().map(Bytes::len).sum::<usize>(),
+            slice_max_us = slice_max.as_micros() as u64,
+            slice_cpu_max_us = slice_cpu_max.as_micros() as u64,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "index file written"
         );
@@ -262,7 +256,7 @@ impl Shard {
             self.write_index(dir).await?;
         }
         let (segment, offset) = match self.inner.log.borrow().as_ref() {
-            Some(l) => (l.write_seg, l.write_end),
+            Some(l) => l.write_position(),
             None => return Ok(()),
         };
         let pos = checkpoint::Position {
@@ -288,7 +282,7 @@ impl Shard {
         let capture_started = Instant::now();
         let listing = self.inner.catalog.borrow_mut().begin_checkpoint();
         let checkpoint_open = CheckpointOpen(self);
-        let segments = self.inner.segments.borrow().to_vec();
+        let segments = self.inner.segments.borrow().snapshot();
         let capture_us = capture_started.elapsed().as_micros() as u64;
         // Encoding copies the pages not in an index file yet (up to a segment's worth) and
         // checksums everything. Wall time, so on a loaded host it includes preemption and
@@ -336,7 +330,7 @@ impl Shard {
         since_yield = encoder.len();
         encoder.begin_segments(segments.len() as u64);
         for (index, ids) in &segments {
-            encoder.push_segment(*index, ids);
+            encoder.push_segment(*index, ids.iter().copied());
             if encoder.len() - since_yield >= ENCODE_SLICE_BYTES {
                 since_yield = encoder.len();
                 encoder.checksum();
@@ -385,63 +379,4 @@ impl Drop for CheckpointOpen<'_> {
     fn drop(&mut self) {
         self.0.inner.catalog.borrow_mut().end_checkpoint();
     }
-}
-
-/// Work done in slices with the core's requests served in between, and the longest slice
-/// by wall time (which includes the thread being preempted) and by the thread's CPU time
-/// (the core's own hold).
-struct Slices {
-    started: Instant,
-    started_cpu: Duration,
-    longest: Duration,
-    longest_cpu: Duration,
-}
-
-impl Default for Slices {
-    fn default() -> Slices {
-        Slices {
-            started: Instant::now(),
-            started_cpu: thread_cpu_time(),
-            longest: Duration::ZERO,
-            longest_cpu: Duration::ZERO,
-        }
-    }
-}
-
-impl Slices {
-    /// End the current slice: let requests run, then start the next.
-    async fn next(&mut self) {
-        self.end_slice();
-        yield_to_requests().await;
-        self.started = Instant::now();
-        self.started_cpu = thread_cpu_time();
-    }
-
-    fn end_slice(&mut self) {
-        self.longest = self.longest.max(self.started.elapsed());
-        self.longest_cpu = self
-            .longest_cpu
-            .max(thread_cpu_time().saturating_sub(self.started_cpu));
-    }
-
-    /// The longest slice so far by wall time and by CPU time, the current one included.
-    fn longest(&mut self) -> (Duration, Duration) {
-        self.end_slice();
-        (self.longest, self.longest_cpu)
-    }
-}
-
-/// CPU time the calling thread has used.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the pointer it is given, which points
-    // at the live local above.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }

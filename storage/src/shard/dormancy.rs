@@ -36,7 +36,8 @@ use crate::record::{decode_at, ImageRec, Record};
 use crate::stream::{Stream, StreamId};
 
 use super::catalog::Dormant;
-use super::{checkpointing, Shard};
+use super::Shard;
+use crate::slices::Slices;
 
 /// A stream's state, saved to go dormant, waiting for its index file.
 pub(super) struct Sleeper {
@@ -117,7 +118,7 @@ impl Shard {
     /// Save the state of streams unused for `idle_after` (as of `now_ms`), up to a round's
     /// worth; they go dormant once the index file holding them is durable
     /// ([`Self::put_to_sleep`]). Streams with something in flight stay resident.
-    pub(super) async fn idle_streams(&self, now_ms: i64) -> Vec<Sleeper> {
+    pub(super) async fn idle_streams(&self, now_ms: i64, slices: &mut Slices) -> Vec<Sleeper> {
         let idle_after = self.inner.cfg.idle_after;
         if self.memory() || idle_after == Duration::MAX {
             return Vec::new();
@@ -154,10 +155,10 @@ impl Shard {
                 }
                 if since_yield >= ENCODE_SLICE_BYTES {
                     since_yield = 0;
-                    checkpointing::yield_to_requests().await;
+                    slices.next().await;
                 }
             }
-            checkpointing::yield_to_requests().await;
+            slices.next().await;
         }
         let mut catalog = self.inner.catalog.borrow_mut();
         for id in kept {
@@ -176,6 +177,7 @@ impl Shard {
         sleepers: Vec<Sleeper>,
         file: &Rc<IndexFile>,
         offsets: &[u64],
+        slices: &mut Slices,
     ) {
         let now = self.clock_ms();
         let mut freed = 0;
@@ -183,7 +185,7 @@ impl Shard {
         for (i, (s, &off)) in sleepers.into_iter().zip(offsets).enumerate() {
             if i > 0 && i % SLEEPS_PER_SLICE == 0 {
                 self.release_cached(std::mem::take(&mut freed));
-                checkpointing::yield_to_requests().await;
+                slices.next().await;
             }
             let d = Dormant {
                 state: DiskPage {
@@ -258,7 +260,13 @@ impl Shard {
     /// Put every stream idle by now to sleep at once (tests).
     #[cfg(test)]
     pub(crate) async fn sleep_idle(&self) -> Result<(), crate::StorageError> {
-        let Some(dir) = self.inner.log.borrow().as_ref().map(|l| l.dir.clone()) else {
+        let Some(dir) = self
+            .inner
+            .log
+            .borrow()
+            .as_ref()
+            .map(|l| l.dir().to_path_buf())
+        else {
             return Ok(());
         };
         self.wait_for_upkeep().await;

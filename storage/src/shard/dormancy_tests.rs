@@ -197,7 +197,7 @@ async fn start_checkpoint(
     let checkpointer = shard.clone();
     let checkpoint = monoio::spawn(async move { checkpointer.checkpoint().await });
     while !shard.inner.catalog.borrow().checkpoint_open() {
-        checkpointing::yield_to_requests().await;
+        crate::slices::yield_to_requests().await;
     }
     checkpoint
 }
@@ -228,7 +228,7 @@ fn a_checkpoint_lists_streams_as_they_were_though_they_wake_while_it_runs() {
                 _ => commits.push(shard.delete(id).expect("delete")),
             }
             touched += 1;
-            checkpointing::yield_to_requests().await;
+            crate::slices::yield_to_requests().await;
         }
         assert!(
             touched >= 10,
@@ -298,7 +298,7 @@ fn a_checkpoint_captures_streams_as_they_were_though_they_change_while_it_runs()
                 .expect("create");
             commits.push(c);
             touched += 1;
-            checkpointing::yield_to_requests().await;
+            crate::slices::yield_to_requests().await;
         }
         assert!(
             touched >= 10,
