@@ -220,10 +220,14 @@ impl Encoder {
     }
 
     /// Segment `index` and the streams with data in it.
-    pub(crate) fn push_segment(&mut self, index: SegmentNo, ids: &[StreamId]) {
+    pub(crate) fn push_segment(
+        &mut self,
+        index: SegmentNo,
+        ids: impl ExactSizeIterator<Item = StreamId>,
+    ) {
         put_varint(&mut self.image, index.get());
         put_varint(&mut self.image, ids.len() as u64);
-        for &id in ids {
+        for id in ids {
             put_varint(&mut self.image, id);
         }
         self.expected -= 1;
@@ -288,7 +292,7 @@ pub(crate) fn encode<'a>(
     let segments: Vec<_> = segments.collect();
     encoder.begin_segments(segments.len() as u64);
     for (index, ids) in segments {
-        encoder.push_segment(index, &ids);
+        encoder.push_segment(index, ids.into_iter());
     }
     encoder.finish(shard, pos)
 }
@@ -709,7 +713,7 @@ mod tests {
         encoder.push(captured);
         encoder.begin_dormant(0);
         encoder.begin_segments(1);
-        encoder.push_segment(seg(3), &[9]);
+        encoder.push_segment(seg(3), [9].into_iter());
         assert_eq!(encoder.finish(2, pos), at_capture);
         assert_ne!(
             encode(2, pos, std::iter::once(&s), std::iter::empty()),

@@ -48,10 +48,14 @@ pub(crate) struct DormantView<'a> {
 }
 
 pub(super) struct Catalog {
-    entries: FastMap<StreamId, Entry>,
-    /// Every stream's id, found by its key. The key itself is in the entry (the resident
-    /// stream's identity, or beside the dormant entry), so it is stored once, and a dormant
-    /// stream's key is at hand from its id. Every id here has an entry.
+    /// Resident streams and dormant ones, apart: what walks the resident streams (the
+    /// upkeep round's look for pages to write, a metrics scrape) costs what they number,
+    /// not what every stream kept numbers. A stream is in one of the two.
+    resident: FastMap<StreamId, Box<Stream>>,
+    dormant: FastMap<StreamId, Sleeping>,
+    /// Every stream's id, found by its key. The key itself is in the stream's entry (the
+    /// resident stream's identity, or beside the dormant entry), so it is stored once, and
+    /// a dormant stream's key is at hand from its id. Every id here has an entry.
     keys: HashTable<StreamId>,
     key_hasher: foldhash::fast::RandomState,
     next_id: StreamId,
@@ -75,23 +79,32 @@ pub(super) struct Catalog {
     checkpoint: Option<CheckpointCapture>,
     /// Checkpoint captures begun (a stream's `captured` is one of these numbers).
     captures_begun: u64,
-    dormant: usize,
     /// Bytes of all keys, and index files pinned by dormant streams (for `heap_bytes`).
     key_bytes: usize,
     pinned: usize,
 }
 
-enum Entry {
-    Resident(Box<Stream>),
-    Dormant { key: Box<str>, dormant: Dormant },
+/// A dormant stream's entry and its key.
+struct Sleeping {
+    key: Box<str>,
+    dormant: Dormant,
 }
 
-impl Entry {
-    fn key(&self) -> &str {
-        match self {
-            Entry::Resident(s) => &s.meta.key,
-            Entry::Dormant { key, .. } => key,
-        }
+/// A stream's entry on its way into or out of the catalog.
+enum Entry {
+    Resident(Box<Stream>),
+    Dormant(Sleeping),
+}
+
+/// Stream `id`'s key, wherever its entry is.
+fn key_of<'a>(
+    resident: &'a FastMap<StreamId, Box<Stream>>,
+    dormant: &'a FastMap<StreamId, Sleeping>,
+    id: StreamId,
+) -> Option<&'a str> {
+    match resident.get(&id) {
+        Some(s) => Some(&s.meta.key),
+        None => dormant.get(&id).map(|d| &*d.key),
     }
 }
 
@@ -132,7 +145,8 @@ impl CheckpointCapture {
 impl Catalog {
     pub(super) fn new() -> Catalog {
         Catalog {
-            entries: FastMap::default(),
+            resident: FastMap::default(),
+            dormant: FastMap::default(),
             keys: HashTable::new(),
             key_hasher: foldhash::fast::RandomState::default(),
             next_id: 1,
@@ -142,49 +156,38 @@ impl Catalog {
             pins: FastMap::default(),
             checkpoint: None,
             captures_begun: 0,
-            dormant: 0,
             key_bytes: 0,
             pinned: 0,
         }
     }
 
     pub(super) fn lookup(&self, key: &str) -> Option<StreamId> {
-        let entries = &self.entries;
+        let (resident, dormant) = (&self.resident, &self.dormant);
         self.keys
-            .find(self.key_hasher.hash_one(key), |id| {
-                entries.get(id).is_some_and(|e| e.key() == key)
+            .find(self.key_hasher.hash_one(key), |&id| {
+                key_of(resident, dormant, id) == Some(key)
             })
             .copied()
     }
 
     /// Stream `id` if it is resident.
     pub(super) fn get(&self, id: StreamId) -> Option<&Stream> {
-        match self.entries.get(&id)? {
-            Entry::Resident(s) => Some(s),
-            Entry::Dormant { .. } => None,
-        }
+        self.resident.get(&id).map(|s| &**s)
     }
 
     /// Stream `id` if it is resident, to change it.
     pub(super) fn get_mut(&mut self, id: StreamId) -> Option<&mut Stream> {
-        match self.entries.get_mut(&id)? {
-            Entry::Resident(s) => {
-                if let Some(c) = &mut self.checkpoint {
-                    c.before_change(id, s);
-                }
-                s.changes += 1;
-                Some(s)
-            }
-            Entry::Dormant { .. } => None,
+        let s = self.resident.get_mut(&id)?;
+        if let Some(c) = &mut self.checkpoint {
+            c.before_change(id, s);
         }
+        s.changes += 1;
+        Some(s)
     }
 
     /// Stream `id`'s dormant entry, if it is dormant.
     pub(super) fn dormant(&self, id: StreamId) -> Option<&Dormant> {
-        match self.entries.get(&id)? {
-            Entry::Dormant { dormant, .. } => Some(dormant),
-            Entry::Resident(_) => None,
-        }
+        self.dormant.get(&id).map(|d| &d.dormant)
     }
 
     /// The index files dormant stream `id`'s tables' pages are in.
@@ -193,50 +196,39 @@ impl Catalog {
     }
 
     pub(super) fn contains(&self, id: StreamId) -> bool {
-        self.entries.contains_key(&id)
+        self.resident.contains_key(&id) || self.dormant.contains_key(&id)
     }
 
     /// Streams, resident and dormant.
     pub(super) fn len(&self) -> usize {
-        self.entries.len()
+        self.resident.len() + self.dormant.len()
     }
 
     pub(super) fn dormant_count(&self) -> usize {
-        self.dormant
+        self.dormant.len()
     }
 
     /// Every stream's key, in no particular order.
     pub(super) fn keys(&self) -> impl Iterator<Item = &str> + '_ {
-        self.entries.values().map(Entry::key)
+        let resident = self.resident.values().map(|s| &*s.meta.key);
+        resident.chain(self.dormant.values().map(|d| &*d.key))
     }
 
     pub(super) fn resident(&self) -> impl Iterator<Item = &Stream> + '_ {
-        self.entries.values().filter_map(|e| match e {
-            Entry::Resident(s) => Some(&**s),
-            Entry::Dormant { .. } => None,
-        })
+        self.resident.values().map(|s| &**s)
     }
 
     pub(super) fn resident_mut(&mut self) -> impl Iterator<Item = &mut Stream> + '_ {
-        self.entries.values_mut().filter_map(|e| match e {
-            Entry::Resident(s) => Some(&mut **s),
-            Entry::Dormant { .. } => None,
-        })
+        self.resident.values_mut().map(|s| &mut **s)
     }
 
     /// Bytes of data the dormant streams hold.
     pub(super) fn dormant_data_bytes(&self) -> u64 {
-        self.entries
-            .values()
-            .map(|e| match e {
-                Entry::Dormant { dormant, .. } => dormant.data_bytes,
-                Entry::Resident(_) => 0,
-            })
-            .sum()
+        self.dormant.values().map(|d| d.dormant.data_bytes).sum()
     }
 
     /// Begin a checkpoint of the streams as they are now: returns their ids, resident and
-    /// dormant (a sequential pass over the entries, a few milliseconds for a million).
+    /// dormant (a copy of the ids of each table, a few milliseconds for a million).
     /// Until [`Catalog::end_checkpoint`], [`Catalog::capture_resident`] and
     /// [`Catalog::listed_dormant`] give each of them as it is now, whatever happens to it
     /// meanwhile, so the caller can take them in slices and serve requests in between.
@@ -247,17 +239,10 @@ impl Catalog {
             early: FastMap::default(),
             departed: FastMap::default(),
         });
-        let mut listing = CheckpointListing {
-            resident: Vec::with_capacity(self.entries.len() - self.dormant),
-            dormant: Vec::with_capacity(self.dormant),
-        };
-        for (&id, e) in &self.entries {
-            match e {
-                Entry::Resident(_) => listing.resident.push(id),
-                Entry::Dormant { .. } => listing.dormant.push(id),
-            }
+        CheckpointListing {
+            resident: self.resident.keys().copied().collect(),
+            dormant: self.dormant.keys().copied().collect(),
         }
-        listing
     }
 
     /// Resident stream `id` as it was when the checkpoint began (once: None after that, and
@@ -267,13 +252,12 @@ impl Catalog {
         if let Some(early) = c.early.remove(&id) {
             return Some(early);
         }
-        match self.entries.get_mut(&id)? {
-            Entry::Resident(s) if s.captured < c.number => {
-                s.captured = c.number;
-                Some(CapturedStream::of(s))
-            }
-            _ => None,
+        let s = self.resident.get_mut(&id)?;
+        if s.captured >= c.number {
+            return None;
         }
+        s.captured = c.number;
+        Some(CapturedStream::of(s))
     }
 
     /// Dormant stream `id` as it was when the checkpoint began (None if it was not dormant
@@ -286,14 +270,12 @@ impl Catalog {
                 pins: &d.pins,
             });
         }
-        match self.entries.get(&id)? {
-            Entry::Dormant { key, dormant } => Some(DormantView {
-                key,
-                dormant,
-                pins: self.pins(id),
-            }),
-            Entry::Resident(_) => None,
-        }
+        let d = self.dormant.get(&id)?;
+        Some(DormantView {
+            key: &d.key,
+            dormant: &d.dormant,
+            pins: self.pins(id),
+        })
     }
 
     /// The checkpoint has what it needs: what was kept for it is dropped.
@@ -356,7 +338,7 @@ impl Catalog {
         if dormant.deadline_ms != i64::MAX {
             self.deadlines.push(Reverse((dormant.deadline_ms, id)));
         }
-        self.put(id, Entry::Dormant { key, dormant });
+        self.put(id, Entry::Dormant(Sleeping { key, dormant }));
         self.bind_key(id);
         self.pin(id, pins);
     }
@@ -372,16 +354,17 @@ impl Catalog {
     /// before is removed and returned if it was resident.
     fn bind_key(&mut self, id: StreamId) -> Option<Stream> {
         let Catalog {
-            entries,
+            resident,
+            dormant,
             keys,
             key_hasher,
             ..
         } = self;
-        let key = entries.get(&id).map(Entry::key)?;
+        let key = key_of(resident, dormant, id)?;
         let slot = keys.entry(
             key_hasher.hash_one(key),
-            |other| entries.get(other).is_some_and(|e| e.key() == key),
-            |other| key_hasher.hash_one(entries.get(other).map_or("", Entry::key)),
+            |&other| key_of(resident, dormant, other) == Some(key),
+            |&other| key_hasher.hash_one(key_of(resident, dormant, other).unwrap_or("")),
         );
         let old = match slot {
             KeySlot::Occupied(mut o) => std::mem::replace(o.get_mut(), id),
@@ -397,18 +380,26 @@ impl Catalog {
         self.take(old)
     }
 
+    /// Enter `entry` for `id`; the entry `id` had (a stream replaced, or the same stream
+    /// going to sleep or waking) leaves first.
     fn put(&mut self, id: StreamId, entry: Entry) {
-        if let Entry::Dormant { .. } = entry {
-            self.dormant += 1;
-        }
-        if let Some(old) = self.entries.insert(id, entry) {
-            self.retire(id, old);
+        self.take(id);
+        match entry {
+            Entry::Resident(s) => {
+                self.resident.insert(id, s);
+            }
+            Entry::Dormant(d) => {
+                self.dormant.insert(id, d);
+            }
         }
     }
 
     /// Remove entry `id` (its key stays bound); the stream if it was resident.
     fn take(&mut self, id: StreamId) -> Option<Stream> {
-        let entry = self.entries.remove(&id)?;
+        let entry = match self.resident.remove(&id) {
+            Some(s) => Entry::Resident(s),
+            None => Entry::Dormant(self.dormant.remove(&id)?),
+        };
         self.retire(id, entry)
     }
 
@@ -422,8 +413,7 @@ impl Catalog {
                 }
                 Some(*s)
             }
-            Entry::Dormant { key, dormant } => {
-                self.dormant -= 1;
+            Entry::Dormant(Sleeping { key, dormant }) => {
                 let pins = self.pins.remove(&id).unwrap_or_default();
                 self.pinned -= pins.len();
                 if let Some(c) = &mut self.checkpoint {
@@ -438,7 +428,7 @@ impl Catalog {
 
     /// Remove stream `id` and its key; returns it if it was resident.
     pub(super) fn remove(&mut self, id: StreamId) -> Option<Stream> {
-        let key = self.entries.get(&id).map(Entry::key)?;
+        let key = key_of(&self.resident, &self.dormant, id)?;
         let hash = self.key_hasher.hash_one(key);
         let len = key.len();
         if let Ok(slot) = self.keys.find_entry(hash, |&other| other == id) {
@@ -452,7 +442,10 @@ impl Catalog {
     pub(super) fn wake(&mut self, id: StreamId, mut stream: Stream, now_ms: i64) {
         assert!(
             stream.id == id
-                && matches!(self.entries.get(&id), Some(Entry::Dormant { key, .. }) if **key == *stream.meta.key),
+                && self
+                    .dormant
+                    .get(&id)
+                    .is_some_and(|d| *d.key == *stream.meta.key),
             "only a dormant stream wakes, with its own state"
         );
         // A checkpoint in progress has it as it slept.
@@ -474,7 +467,7 @@ impl Catalog {
                 break;
             };
             // Gone, or asleep already (a stale place from before it slept): dropped.
-            if let Some(Entry::Resident(s)) = self.entries.get(&id) {
+            if let Some(s) = self.resident.get(&id) {
                 let used = s.used_ms.get();
                 if used <= cutoff_ms {
                     out.push(id);
@@ -490,11 +483,9 @@ impl Catalog {
     /// been used since).
     pub(super) fn used_before(&mut self, used_ms: i64) {
         self.by_use.clear();
-        for (&id, entry) in &self.entries {
-            if let Entry::Resident(s) = entry {
-                s.used_ms.set(used_ms);
-                self.by_use.push(Reverse((used_ms, id)));
-            }
+        for (&id, s) in &self.resident {
+            s.used_ms.set(used_ms);
+            self.by_use.push(Reverse((used_ms, id)));
         }
     }
 
@@ -506,7 +497,7 @@ impl Catalog {
 
     /// Put an idle stream back in the use order: it stays resident.
     pub(super) fn keep(&mut self, id: StreamId, now_ms: i64) {
-        if let Some(Entry::Resident(_)) = self.entries.get(&id) {
+        if self.resident.contains_key(&id) {
             self.push_use(id, now_ms);
         }
     }
@@ -527,10 +518,8 @@ impl Catalog {
         d: Dormant,
         pins: Box<[Rc<IndexFile>]>,
     ) -> Option<Stream> {
-        let key = match self.entries.get(&id) {
-            Some(Entry::Resident(s)) if s.changes == changes && s.used_ms.get() == used => {
-                s.meta.key.clone()
-            }
+        let key = match self.resident.get(&id) {
+            Some(s) if s.changes == changes && s.used_ms.get() == used => s.meta.key.clone(),
             _ => return None,
         };
         if d.deadline_ms != i64::MAX {
@@ -538,7 +527,7 @@ impl Catalog {
         }
         // The key's slot holds only the id, so swapping the entry leaves it valid.
         let stream = self.take(id);
-        self.put(id, Entry::Dormant { key, dormant: d });
+        self.put(id, Entry::Dormant(Sleeping { key, dormant: d }));
         self.pin(id, pins);
         stream
     }
@@ -557,16 +546,12 @@ impl Catalog {
         }
         // Stale deadlines (streams that woke up) leave when they pass; a heap mostly stale
         // is rebuilt from the dormant entries, so it stays within twice their number.
-        if self.deadlines.len() > 2 * self.dormant + 1024 {
+        if self.deadlines.len() > 2 * self.dormant.len() + 1024 {
             self.deadlines = self
-                .entries
+                .dormant
                 .iter()
-                .filter_map(|(&id, e)| match e {
-                    Entry::Dormant { dormant, .. } if dormant.deadline_ms != i64::MAX => {
-                        Some(Reverse((dormant.deadline_ms, id)))
-                    }
-                    _ => None,
-                })
+                .filter(|(_, d)| d.dormant.deadline_ms != i64::MAX)
+                .map(|(&id, d)| Reverse((d.dormant.deadline_ms, id)))
                 .collect();
         }
         out
@@ -584,7 +569,8 @@ impl Catalog {
     /// capacity, keys at their length), not counting resident streams' own state.
     pub(super) fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        let entries = self.entries.capacity() * (size_of::<(StreamId, Entry)>() + 1);
+        let entries = self.resident.capacity() * (size_of::<(StreamId, Box<Stream>)>() + 1)
+            + self.dormant.capacity() * (size_of::<(StreamId, Sleeping)>() + 1);
         let keys = self.keys.capacity() * (size_of::<StreamId>() + 1);
         let orders = self.by_use.capacity() * size_of::<Reverse<(i64, StreamId)>>()
             + self.deadlines.capacity() * size_of::<Reverse<(i64, StreamId)>>();
@@ -646,9 +632,9 @@ mod tests {
         // What every dormant stream costs beside its key's bytes: the table slot is this
         // plus the id, and the key index's slot another id.
         assert!(
-            std::mem::size_of::<Entry>() <= 56,
+            std::mem::size_of::<Sleeping>() <= 56,
             "{}",
-            std::mem::size_of::<Entry>()
+            std::mem::size_of::<Sleeping>()
         );
     }
 

@@ -6,8 +6,13 @@
 //! It does no I/O. The commit path notes each record's segment; recovery rebuilds it from
 //! the checkpoint and the replayed tail; the cleaner removes a segment once it has
 //! rewritten what was still needed from it.
+//!
+//! Each segment's set is shared, copy on write: a checkpoint takes the whole map at its LSN
+//! by sharing every set (a pointer each), and only a set that changes before the
+//! checkpoint is done (the segment being written) is copied, by the change.
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use super::FastSet;
 use crate::position::SegmentNo;
@@ -15,7 +20,7 @@ use crate::stream::StreamId;
 
 #[derive(Default)]
 pub(super) struct SegmentMap {
-    streams_in: BTreeMap<SegmentNo, FastSet<StreamId>>,
+    streams_in: BTreeMap<SegmentNo, Rc<FastSet<StreamId>>>,
     /// Bytes of data held by live streams.
     live_bytes: u64,
 }
@@ -23,7 +28,7 @@ pub(super) struct SegmentMap {
 impl SegmentMap {
     /// A record of stream `id` went into `segment`.
     pub(super) fn note(&mut self, segment: SegmentNo, id: StreamId) {
-        self.streams_in.entry(segment).or_default().insert(id);
+        Rc::make_mut(self.streams_in.entry(segment).or_default()).insert(id);
     }
 
     /// `segment` exists (it may hold no stream's records yet, or only deleted ones).
@@ -33,7 +38,7 @@ impl SegmentMap {
 
     /// Streams `ids` have records in `segment` (from a checkpoint's map).
     pub(super) fn extend(&mut self, segment: SegmentNo, ids: impl IntoIterator<Item = StreamId>) {
-        self.streams_in.entry(segment).or_default().extend(ids);
+        Rc::make_mut(self.streams_in.entry(segment).or_default()).extend(ids);
     }
 
     /// The segment file is gone.
@@ -72,11 +77,11 @@ impl SegmentMap {
             .unwrap_or_default()
     }
 
-    /// The whole map, for a checkpoint.
-    pub(super) fn to_vec(&self) -> Vec<(SegmentNo, Vec<StreamId>)> {
+    /// The whole map as it is now, for a checkpoint: every segment's set, shared.
+    pub(super) fn snapshot(&self) -> Vec<(SegmentNo, Rc<FastSet<StreamId>>)> {
         self.streams_in
             .iter()
-            .map(|(&seg, ids)| (seg, ids.iter().copied().collect()))
+            .map(|(&seg, ids)| (seg, ids.clone()))
             .collect()
     }
 
@@ -128,6 +133,22 @@ mod tests {
         assert!(map.streams_in(s2).is_empty());
         map.remove(s1);
         assert_eq!(map.oldest(), Some(s2));
+        assert!(map.streams_in(s1).is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_keeps_the_map_as_it_was_while_the_map_changes() {
+        let mut map = SegmentMap::default();
+        let (s1, s2) = (SegmentNo::new(1), SegmentNo::new(2));
+        map.note(s1, 7);
+        let snapshot = map.snapshot();
+        map.note(s1, 8);
+        map.note(s2, 9);
+        map.remove(s1);
+        assert_eq!(snapshot.len(), 1);
+        assert_eq!(snapshot[0].0, s1);
+        assert_eq!(snapshot[0].1.iter().copied().collect::<Vec<_>>(), vec![7]);
+        assert_eq!(map.streams_in(s2), vec![9]);
         assert!(map.streams_in(s1).is_empty());
     }
 
