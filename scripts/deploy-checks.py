@@ -275,7 +275,6 @@ def probes(path):
         for k in ("startupProbe", "livenessProbe", "readinessProbe"):
             g = c[k]["httpGet"]
             print(component(w), g["port"], g["path"])
-    services = by_kind(docs, "Service").values()
     for sm in by_kind(docs, "ServiceMonitor").values():
         for endpoint in sm["spec"]["endpoints"]:
             print(component(sm), endpoint["port"], endpoint["path"])
