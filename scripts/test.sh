@@ -3,20 +3,24 @@
 #   0. scripts/check-layers: the server's modules use only modules below them (<1 s)
 #   1. cargo build --release --workspace
 #   2. cargo test --workspace --release        (unit + integration tests)
-#   3. npm ci in conformance/                   (only when needed)
-#   4. start `ursula server` (disk engine, temp data dir, port 0) and run the official
+#   3. scripts/check-deploy: the Helm chart, container image definition, alert rules and
+#      dashboard linted and validated offline, then the release ursula and ursula-indexer
+#      run on the chart's rendered configs and must export every metric the dashboard
+#      and rules use (installs its tools in $HOME/.cache/ursula-tools when missing)
+#   4. npm ci in conformance/                   (only when needed)
+#   5. start `ursula server` (disk engine, temp data dir, port 0) and run the official
 #      Durable Streams conformance suite against it
-#   5. SIGTERM the server; it must exit 0 within 10 s
+#   6. SIGTERM the server; it must exit 0 within 10 s
 #      then scripts/client-tests.sh: the browser telemetry example in headless
 #      Chromium, the official TypeScript and Python clients, an OTLP/JSON exporter
-#   6. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20), then the
+#   7. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20), then the
 #      long-mode crash test: many streams, every write kind, deletes/recreates
 #      (URSULA_CRASH_LONG_CYCLES, default 20), then the power-loss test: crash points
 #      on a disk that forgets unsynced writes (URSULA_POWER_LOSS_POINTS, default 150)
-#   7. short soak: scripts/soak.sh for URSULA_SOAK_SECONDS (default 70; 0 skips): write +
+#   8. short soak: scripts/soak.sh for URSULA_SOAK_SECONDS (default 70; 0 skips): write +
 #      fanout + read at once; fails on RSS growth, fd growth, loadgen errors, missed
 #      deliveries or write/fanout p99 drift
-#   8. fuzz: every cargo-fuzz target for URSULA_FUZZ_SECONDS each (default 20; 0 skips)
+#   9. fuzz: every cargo-fuzz target for URSULA_FUZZ_SECONDS each (default 20; 0 skips)
 #
 # Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES,
 #      URSULA_CRASH_LONG_CYCLES, URSULA_POWER_LOSS_POINTS, URSULA_SOAK_SECONDS,
@@ -64,24 +68,30 @@ die() {
 }
 
 # ---------------------------------------------------------------------------
-banner "0/8 server module layering (scripts/check-layers)"
+banner "0/9 server module layering (scripts/check-layers)"
 command -v python3 >/dev/null 2>&1 || die "python3 is not installed: scripts/check-layers needs it"
 "$ROOT/scripts/check-layers" || die "a server module uses one declared after it (see above)"
 stage_done "layers"
 
 # ---------------------------------------------------------------------------
-banner "1/8 cargo build --release --workspace"
+banner "1/9 cargo build --release --workspace"
 cargo build --release --workspace
 [[ -x "$URSULA_BIN" ]] || die "server binary not found at $URSULA_BIN"
 stage_done "build"
 
 # ---------------------------------------------------------------------------
-banner "2/8 cargo test --workspace --release"
+banner "2/9 cargo test --workspace --release"
 cargo test --workspace --release
 stage_done "cargo test"
 
 # ---------------------------------------------------------------------------
-banner "3/8 conformance harness dependencies (npm ci)"
+banner "3/9 deployment checks (scripts/check-deploy)"
+# About 15 s with its tools cached, under a minute when it installs them.
+"$ROOT/scripts/check-deploy" "$URSULA_BIN" || die "deployment checks failed (see above)"
+stage_done "deploy checks"
+
+# ---------------------------------------------------------------------------
+banner "4/9 conformance harness dependencies (npm ci)"
 command -v node >/dev/null 2>&1 || die "node is not installed: the conformance suite needs Node.js >= 18 and npm (e.g. apt-get install nodejs npm)"
 command -v npm >/dev/null 2>&1 || die "npm is not installed: the conformance suite needs Node.js >= 18 and npm"
 echo "node $(node --version), npm $(npm --version)"
@@ -97,7 +107,7 @@ fi
 stage_done "npm ci"
 
 # ---------------------------------------------------------------------------
-banner "4/8 conformance suite against ursula (disk engine)"
+banner "5/9 conformance suite against ursula (disk engine)"
 DATA_DIR="$TMP_ROOT/data"
 mkdir -p "$DATA_DIR"
 SERVER_OUT="$TMP_ROOT/server.stdout"
@@ -137,7 +147,7 @@ fi
 stage_done "conformance"
 
 # ---------------------------------------------------------------------------
-banner "5/8 graceful shutdown (SIGTERM, exit 0 within 10 s)"
+banner "6/9 graceful shutdown (SIGTERM, exit 0 within 10 s)"
 kill -TERM "$SERVER_PID"
 exited=""
 for _ in $(seq 1 100); do
@@ -165,7 +175,7 @@ banner "client tests: the browser example in headless Chromium, TS/Python client
 stage_done "client tests"
 
 # ---------------------------------------------------------------------------
-banner "6/8 crash test: $URSULA_CRASH_CYCLES kill -9 / restart cycles"
+banner "7/9 crash test: $URSULA_CRASH_CYCLES kill -9 / restart cycles"
 URSULA_CRASH_CYCLES="$URSULA_CRASH_CYCLES" \
     cargo test --release -p ursula-server --test crash -- --nocapture
 # About 2-3 s per cycle: ~1 min at the default 20.
@@ -178,7 +188,7 @@ timeout --kill-after=10 900 "$ROOT/scripts/power-loss" "$URSULA_POWER_LOSS_POINT
 stage_done "crash test"
 
 # ---------------------------------------------------------------------------
-banner "7/8 soak: write + fanout + read for ${URSULA_SOAK_SECONDS}s"
+banner "8/9 soak: write + fanout + read for ${URSULA_SOAK_SECONDS}s"
 if [[ "$URSULA_SOAK_SECONDS" -gt 0 ]]; then
     # soak.sh runs its own server; the bound covers setup, the 30 s fd settle and a margin.
     timeout --kill-after=10 $((URSULA_SOAK_SECONDS + 120)) \
@@ -189,7 +199,7 @@ fi
 stage_done "soak"
 
 # ---------------------------------------------------------------------------
-banner "8/8 fuzz: each target for ${URSULA_FUZZ_SECONDS}s"
+banner "9/9 fuzz: each target for ${URSULA_FUZZ_SECONDS}s"
 if [[ "$URSULA_FUZZ_SECONDS" -gt 0 ]]; then
     # fuzz.sh builds in its own target dir: fuzz builds use sanitizer flags.
     "$ROOT/scripts/fuzz.sh" "$URSULA_FUZZ_SECONDS"
