@@ -73,6 +73,9 @@ pub(crate) const INDEX_FLUSH_BYTES: usize = if cfg!(test) { 4 << 10 } else { 1 <
 
 // Upkeep: checkpoints and dormancy.
 
+/// Bytes of a checkpoint or an index file handed to the kernel in one buffered write: its
+/// copy into the page cache runs on the core's thread (about a quarter of a millisecond).
+pub(crate) const SYNCED_WRITE_PIECE_BYTES: usize = 1 << 20;
 /// Bytes a checkpoint or a round of dormant states encodes between two chances for the
 /// core's requests to run (about a tenth of a millisecond of copying and checksumming).
 pub(crate) const ENCODE_SLICE_BYTES: usize = 256 << 10;
