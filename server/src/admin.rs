@@ -19,13 +19,15 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use ursula_protocol::http1::Method;
-use ursula_storage::shard::COMMIT_WRITE_BUCKETS_US;
+use ursula_storage::shard::{COMMIT_BYTES_BUCKETS, COMMIT_WRITE_BUCKETS_US};
 use ursula_storage::{DiskUsage, HeapUsage, ShardStats};
 
 use crate::config::StorageMode;
 use crate::core::Core;
 use crate::http::{ApiError, Request, Response};
-use crate::metrics::{LoopLag, LOOP_LAG_BUCKETS_US};
+use crate::metrics::{
+    AppendTimes, LoopLag, APPEND_DURATION_BUCKETS_US, APPEND_TIMING_SAMPLE, LOOP_LAG_BUCKETS_US,
+};
 
 /// Set once every core has recovered its shard and is accepting connections.
 static STARTED: AtomicBool = AtomicBool::new(false);
@@ -140,6 +142,7 @@ async fn metrics(core: &Rc<Core>) -> Response {
     registry.register_collector(Box::new(Scrape {
         cores,
         ready: started() && !core.shutting_down(),
+        process: ProcessSnapshot::now(core),
     }));
     let mut out = String::with_capacity(16 * 1024);
     if prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).is_err() {
@@ -164,6 +167,7 @@ struct CoreSnapshot {
     sse_open: u64,
     moved_out: u64,
     loop_lag: LoopLag,
+    append_times: AppendTimes,
     waiting_readers: usize,
     connections: usize,
     inflight: usize,
@@ -171,6 +175,7 @@ struct CoreSnapshot {
     unflushed_bytes: u64,
     disk: Option<DiskUsage>,
     cache_bytes: usize,
+    write_budget_bytes: usize,
     streams: usize,
     dormant_streams: usize,
     heap: HeapUsage,
@@ -191,6 +196,7 @@ fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
         sse_open: m.sse_open.get(),
         moved_out: m.moved_out.get(),
         loop_lag: *m.loop_lag.borrow(),
+        append_times: *m.append_times.borrow(),
         waiting_readers,
         connections,
         inflight: core.inflight.get(),
@@ -198,6 +204,7 @@ fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
         unflushed_bytes: core.shard.unflushed_bytes(),
         disk: (core.config.storage == StorageMode::Disk).then(|| core.shard.disk_usage()),
         cache_bytes: core.shard.resident_bytes(),
+        write_budget_bytes: core.shard.config().write_budget_bytes,
         streams: core.shard.stream_counts().0,
         dormant_streams: core.shard.stream_counts().1,
         heap: core.shard.heap_usage(),
@@ -210,6 +217,61 @@ fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
 struct Scrape {
     cores: Vec<CoreSnapshot>,
     ready: bool,
+    process: ProcessSnapshot,
+}
+
+/// What a scrape reports about the process and the file system under its data dir.
+#[derive(Debug)]
+struct ProcessSnapshot {
+    /// Resident memory, from `/proc/self/statm` (None where that is unreadable).
+    resident_bytes: Option<u64>,
+    /// Open file descriptors: entries of `/proc/self/fd`.
+    open_fds: Option<u64>,
+    /// Size and space left for unprivileged writers of the data dir's file system (disk
+    /// engine only).
+    filesystem: Option<(u64, u64)>,
+}
+
+impl ProcessSnapshot {
+    fn now(core: &Core) -> ProcessSnapshot {
+        let disk = core.config.storage == StorageMode::Disk;
+        ProcessSnapshot {
+            resident_bytes: resident_bytes(),
+            open_fds: std::fs::read_dir("/proc/self/fd")
+                .ok()
+                .map(|d| d.count() as u64),
+            filesystem: disk
+                .then(|| filesystem_space(&core.config.data_dir))
+                .flatten(),
+        }
+    }
+}
+
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant; it has no memory arguments.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
+/// The size of the file system holding `dir`, and the bytes left on it for writers that
+/// are not root (what the server, running unprivileged, can still use).
+fn filesystem_space(dir: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string that outlives the call, and `st` points at
+    // writable memory of the size statvfs fills; it is read only after a zero return,
+    // which means statvfs filled it.
+    let st = unsafe {
+        if libc::statvfs(path.as_ptr(), st.as_mut_ptr()) != 0 {
+            return None;
+        }
+        st.assume_init()
+    };
+    let frag = st.f_frsize;
+    Some((st.f_blocks * frag, st.f_bavail * frag))
 }
 
 /// A histogram whose buckets were counted elsewhere (by the storage shard).
@@ -249,6 +311,20 @@ impl BucketCounts {
 
 fn loop_lag_histogram(lag: &LoopLag) -> BucketCounts {
     BucketCounts::from_micros(&LOOP_LAG_BUCKETS_US, &lag.buckets, lag.sum_nanos, lag.count)
+}
+
+fn commit_bytes_histogram(stats: &ShardStats) -> BucketCounts {
+    let buckets = COMMIT_BYTES_BUCKETS
+        .iter()
+        .map(|&bytes| bytes as f64)
+        .chain(std::iter::once(f64::INFINITY))
+        .zip(stats.commit_bytes_buckets.iter().copied())
+        .collect();
+    BucketCounts {
+        sum: stats.bytes_flushed as f64,
+        count: stats.flushes,
+        buckets,
+    }
 }
 
 fn commit_write_histogram(stats: &ShardStats) -> BucketCounts {
@@ -291,6 +367,7 @@ impl prometheus_client::collector::Collector for Scrape {
             ready.metric_type(),
         )?)?;
 
+        encode_process(&mut e, &self.process)?;
         encode_requests(&mut e, &self.cores)?;
         encode_cores(&mut e, &self.cores)?;
         encode_storage(&mut e, &self.cores)?;
@@ -301,6 +378,51 @@ impl prometheus_client::collector::Collector for Scrape {
         }
         Ok(())
     }
+}
+
+/// The build, the process's memory and descriptors, and the data dir's file system.
+fn encode_process(e: &mut DescriptorEncoder, p: &ProcessSnapshot) -> Result<(), std::fmt::Error> {
+    let info = ConstGauge::new(1);
+    let labels: Labels = [("version", env!("CARGO_PKG_VERSION").to_string())];
+    info.encode(
+        e.encode_descriptor(
+            "ursula_build_info",
+            "Always 1; the version label names the running build",
+            None,
+            info.metric_type(),
+        )?
+        .encode_family(&labels)?,
+    )?;
+    let single = |e: &mut DescriptorEncoder, name: &str, help: &str, v: Option<u64>| {
+        let Some(v) = v else { return Ok(()) };
+        let g = gauge(v);
+        g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+    };
+    single(
+        e,
+        "process_resident_memory_bytes",
+        "Resident memory of the server process",
+        p.resident_bytes,
+    )?;
+    single(
+        e,
+        "process_open_fds",
+        "Open file descriptors of the server process",
+        p.open_fds,
+    )?;
+    single(
+        e,
+        "ursula_storage_filesystem_size_bytes",
+        "Size of the file system holding the data dir",
+        p.filesystem.map(|(size, _)| size),
+    )?;
+    single(
+        e,
+        "ursula_storage_filesystem_free_bytes",
+        "Bytes left for the server's writes on the file system holding the data dir",
+        p.filesystem.map(|(_, free)| free),
+    )?;
+    Ok(())
 }
 
 fn counter(v: u64) -> ConstCounter {
@@ -402,6 +524,26 @@ fn encode_cores(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<(),
         "core",
         c().map(|s| (s.core, loop_lag_histogram(&s.loop_lag))),
     )?;
+    let append_help = format!(
+        "Time from an append's head being read to its reply being ready (durable), for one \
+         append in {APPEND_TIMING_SAMPLE}"
+    );
+    per_core(
+        e,
+        "ursula_append_duration_seconds",
+        &append_help,
+        "core",
+        c().map(|s| {
+            let t = &s.append_times;
+            let h = BucketCounts::from_micros(
+                &APPEND_DURATION_BUCKETS_US,
+                &t.buckets,
+                t.sum_nanos,
+                t.count,
+            );
+            (s.core, h)
+        }),
+    )?;
     per_core(
         e,
         "ursula_core_loop_lag_max_seconds",
@@ -460,6 +602,34 @@ fn encode_storage(
         "Zeros written just ahead of the records while the log fills slowly",
         "shard",
         c().map(|s| (s.core, counter(s.stats.zeroed_ahead_bytes))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_commit_bytes",
+        "Bytes each group commit wrote to the log",
+        "shard",
+        c().map(|s| (s.core, commit_bytes_histogram(&s.stats))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_read_cache_hit_bytes",
+        "Bytes reads returned from the read cache",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.read_cache_hit_bytes))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_read_cache_miss_bytes",
+        "Bytes reads fetched from the log on disk or the cold tier",
+        "shard",
+        c().map(|s| (s.core, counter(s.stats.read_cache_miss_bytes))),
+    )?;
+    per_core(
+        e,
+        "ursula_storage_write_budget_bytes",
+        "Unflushed bytes at which a shard answers appends 503 (write_budget_bytes)",
+        "shard",
+        c().map(|s| (s.core, gauge(s.write_budget_bytes as u64))),
     )?;
     per_core(
         e,
@@ -718,6 +888,44 @@ mod tests {
             Some(Some(Endpoint::Metrics))
         );
         assert_eq!(endpoint(Listener::Admin, "/logs/app"), Some(None));
+    }
+
+    #[test]
+    fn commit_bytes_histogram_has_every_bound_and_inf() {
+        let mut stats = ShardStats::default();
+        stats.commit_bytes_buckets[2] = 5;
+        stats.flushes = 5;
+        stats.bytes_flushed = 200_000;
+        let h = commit_bytes_histogram(&stats);
+        assert_eq!(h.buckets.len(), COMMIT_BYTES_BUCKETS.len() + 1);
+        assert_eq!(h.buckets[2], (65536.0, 5));
+        assert_eq!((h.count, h.sum), (5, 200_000.0));
+    }
+
+    #[test]
+    fn process_and_filesystem_readings_are_plausible() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (size, free) = filesystem_space(dir.path()).expect("statvfs");
+        assert!(size > 0 && free <= size, "{size} {free}");
+        assert!(filesystem_space(&dir.path().join("missing")).is_none());
+        assert!(resident_bytes().expect("statm") > 1 << 20);
+    }
+
+    #[test]
+    fn one_append_in_the_sample_is_timed() {
+        let m = CoreMetrics::default();
+        let timed = (0..APPEND_TIMING_SAMPLE * 3)
+            .filter(|_| m.time_this_append())
+            .count();
+        assert_eq!(timed, 3);
+        m.append_took(std::time::Duration::from_millis(2));
+        let t = *m.append_times.borrow();
+        assert_eq!(t.count, 1);
+        let slot = APPEND_DURATION_BUCKETS_US
+            .iter()
+            .position(|&b| b == 2_500)
+            .expect("a 2.5 ms bound");
+        assert_eq!(t.buckets[slot], 1);
     }
 
     #[test]

@@ -95,9 +95,14 @@ async fn serve_from<S: Transport>(
         rbuf.drain(..head.head_len);
         let mut keep_alive = head.keep_alive && !core.shutting_down();
         let is_head = head.method == Method::Head;
+        let route = route_label(&head.path);
         let seen = Seen {
             method: head.method.clone(),
-            route: route_label(&head.path),
+            route,
+            timed: (head.method == Method::Post
+                && matches!(route, "stream" | "compat_stream" | "append_batch")
+                && core.metrics.time_this_append())
+            .then(Instant::now),
             // Clock reads show in the profile of small appends; only the access log needs one.
             access: core
                 .config
@@ -202,6 +207,8 @@ async fn serve_from<S: Transport>(
 struct Seen {
     method: Method,
     route: &'static str,
+    /// When an append that is timed for `ursula_append_duration_seconds` arrived.
+    timed: Option<Instant>,
     /// The path and when the request arrived, when the access log is on.
     access: Option<(String, Instant)>,
 }
@@ -223,6 +230,9 @@ fn finish_reply<S: Transport>(
     let (status, resp_len) = (head.status, head.body_len());
     core.metrics
         .request(seen.route, &seen.method, status, req_len, resp_len);
+    if let Some(arrived) = seen.timed.filter(|_| (200..300).contains(&status)) {
+        core.metrics.append_took(arrived.elapsed());
+    }
     if let Some((path, started)) = seen.access {
         access_log(
             core,

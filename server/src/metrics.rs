@@ -52,6 +52,27 @@ pub struct CoreMetrics {
     pub sse_open: Cell<u64>,
     pub moved_out: Cell<u64>,
     pub loop_lag: RefCell<LoopLag>,
+    /// Appends seen, to pick the ones to time, and the times taken by those.
+    pub appends_seen: Cell<u64>,
+    pub append_times: RefCell<AppendTimes>,
+}
+
+/// Upper bounds (microseconds) of the append duration histogram's buckets; +Inf follows.
+pub const APPEND_DURATION_BUCKETS_US: [u64; 14] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 5_000_000,
+];
+
+/// One append in this many is timed: enough for percentiles, while most small appends
+/// read no clock (two reads show in their profile).
+pub const APPEND_TIMING_SAMPLE: u64 = 8;
+
+/// How long the timed appends took from their head being read to their reply being ready.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct AppendTimes {
+    pub buckets: [u64; APPEND_DURATION_BUCKETS_US.len() + 1],
+    pub count: u64,
+    pub sum_nanos: u64,
 }
 
 /// Upper bounds (microseconds) of the event-loop lag histogram's buckets; +Inf follows.
@@ -110,6 +131,28 @@ impl CoreMetrics {
     /// A connection was handed to the core owning its stream (see `conn`).
     pub fn connection_moved(&self) {
         self.moved_out.set(self.moved_out.get() + 1);
+    }
+
+    /// An append arrived: whether to time it (one in [`APPEND_TIMING_SAMPLE`]).
+    pub fn time_this_append(&self) -> bool {
+        let n = self.appends_seen.get();
+        self.appends_seen.set(n + 1);
+        n % APPEND_TIMING_SAMPLE == 0
+    }
+
+    /// A timed append was answered after `took`.
+    pub fn append_took(&self, took: std::time::Duration) {
+        let us = took.as_micros();
+        let bucket = APPEND_DURATION_BUCKETS_US
+            .iter()
+            .position(|&b| us <= u128::from(b))
+            .unwrap_or(APPEND_DURATION_BUCKETS_US.len());
+        let mut t = self.append_times.borrow_mut();
+        t.buckets[bucket] += 1;
+        t.count += 1;
+        t.sum_nanos = t
+            .sum_nanos
+            .saturating_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
     }
 
     /// The heartbeat timer ran `lag` after it was due.

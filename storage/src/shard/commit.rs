@@ -17,7 +17,7 @@ use crate::stream::{DiskLoc, StreamId};
 
 use super::group_commit::Ticket;
 use super::writer::Batch;
-use super::{missing, Inner, Shard, COMMIT_WRITE_BUCKETS_US};
+use super::{missing, Inner, Shard, COMMIT_BYTES_BUCKETS, COMMIT_WRITE_BUCKETS_US};
 
 impl Shard {
     /// Framed bytes written to the log but not yet durable.
@@ -238,10 +238,19 @@ impl Shard {
     pub(super) fn complete(&self, batches: Vec<Batch>) {
         let mut stats = self.inner.stats.get();
         stats.flushes += 1;
+        let written: u64 = batches
+            .iter()
+            .map(|b| b.buf.as_ref().map_or(0, |b| b.len()) as u64)
+            .sum();
+        let slot = COMMIT_BYTES_BUCKETS
+            .iter()
+            .position(|&bound| written <= bound)
+            .unwrap_or(COMMIT_BYTES_BUCKETS.len());
+        stats.commit_bytes_buckets[slot] += 1;
+        stats.bytes_flushed += written;
         let mut group_commit = self.inner.group_commit.borrow_mut();
         for batch in batches {
             stats.records_flushed += batch.effects.len() as u64;
-            stats.bytes_flushed += batch.buf.as_ref().map_or(0, |b| b.len()) as u64;
             for e in &batch.effects {
                 if let Some((id, tail, closed)) = e.visible {
                     self.make_visible(id, tail, closed);

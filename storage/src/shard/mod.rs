@@ -214,6 +214,14 @@ pub struct ShardStats {
     pub commit_writes: u64,
     pub commit_write_nanos: u64,
     pub commit_write_buckets: [u64; COMMIT_WRITE_BUCKETS_US.len() + 1],
+    /// Group commits by the bytes each wrote: how many wrote at most each bound of
+    /// [`COMMIT_BYTES_BUCKETS`] (not cumulative; the last slot counts the larger ones).
+    /// Their count is `flushes`, their sum `bytes_flushed`.
+    pub commit_bytes_buckets: [u64; COMMIT_BYTES_BUCKETS.len() + 1],
+    /// Bytes reads returned from the read cache, and those they had to fetch (from the
+    /// local log or the cold tier).
+    pub read_cache_hit_bytes: u64,
+    pub read_cache_miss_bytes: u64,
     /// Direct-I/O reads of evicted data for readers, and the bytes they transferred
     /// (neighbouring records share a read; see `readback`).
     pub disk_reads: u64,
@@ -285,6 +293,20 @@ impl HeapUsage {
 pub const COMMIT_WRITE_BUCKETS_US: [u64; 14] = [
     50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
     1_000_000,
+];
+
+/// Upper bounds, in bytes, of the commit size buckets in [`ShardStats`].
+pub const COMMIT_BYTES_BUCKETS: [u64; 10] = [
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+    256 << 20,
+    1 << 30,
 ];
 
 /// A new stream and its initial content.

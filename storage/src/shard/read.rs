@@ -33,9 +33,13 @@ impl Shard {
         };
         let mut out = Vec::with_capacity(plan.len());
         let mut spans: Vec<Span> = Vec::new();
+        let (mut hit, mut missed) = (0, 0);
         for piece in plan {
             match piece {
-                Piece::Memory(b) => out.push(b),
+                Piece::Memory(b) => {
+                    hit += b.len() as u64;
+                    out.push(b);
+                }
                 Piece::Disk {
                     loc,
                     chunk_start,
@@ -43,6 +47,7 @@ impl Shard {
                     from,
                     to,
                 } => {
+                    missed += (to - from) as u64;
                     let part = Part {
                         slot: out.len(),
                         loc,
@@ -70,6 +75,10 @@ impl Shard {
                 }
             }
         }
+        let mut stats = self.inner.stats.get();
+        stats.read_cache_hit_bytes += hit;
+        stats.read_cache_miss_bytes += missed;
+        self.inner.stats.set(stats);
         let cold = spans.iter().any(|s| s.file.is_none());
         let mut spans = spans.into_iter().peekable();
         while spans.peek().is_some() {

@@ -192,6 +192,35 @@ fn background_tasks_end_soon_after_a_stop() {
     }
 }
 
+/// Each flush lands in one commit-size bucket, and the buckets add up to the flushes; reads
+/// count what the cache answered apart from what they fetched from the log.
+#[test]
+fn commit_sizes_and_read_cache_bytes_are_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path());
+    cfg.cache_bytes = 0; // nothing stays cached: the second read fetches from the log
+    block_on(async {
+        let (shard, _) = Shard::open(cfg).await.expect("open");
+        let (id, c) = shard.create(new_stream("a", b"")).expect("create");
+        c.durable().await.expect("durable");
+        let (_, c) = shard.append(id, data_rec(&[1u8; 100_000])).expect("append");
+        c.durable().await.expect("durable");
+        let stats = shard.stats();
+        assert_eq!(stats.commit_bytes_buckets.iter().sum::<u64>(), stats.flushes);
+        let over_64k: u64 = stats.commit_bytes_buckets[3..].iter().sum();
+        assert!(over_64k >= 1, "the 100 KB append's flush is over 64 KiB: {stats:?}");
+        let read = shard.read(id, off(0), off(100_000)).await.expect("read");
+        assert_eq!(read.iter().map(|b| b.len()).sum::<usize>(), 100_000);
+        let stats = shard.stats();
+        assert_eq!(
+            stats.read_cache_hit_bytes + stats.read_cache_miss_bytes,
+            100_000,
+            "{stats:?}"
+        );
+        assert_eq!(stats.read_cache_miss_bytes, 100_000, "nothing was cached");
+    });
+}
+
 #[test]
 fn many_concurrent_appends_share_flushes() {
     let dir = tempfile::tempdir().expect("tempdir");
