@@ -137,7 +137,7 @@ impl CoreMetrics {
     pub fn time_this_append(&self) -> bool {
         let n = self.appends_seen.get();
         self.appends_seen.set(n + 1);
-        n % APPEND_TIMING_SAMPLE == 0
+        n.is_multiple_of(APPEND_TIMING_SAMPLE)
     }
 
     /// A timed append was answered after `took`.

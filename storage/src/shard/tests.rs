@@ -206,9 +206,15 @@ fn commit_sizes_and_read_cache_bytes_are_counted() {
         let (_, c) = shard.append(id, data_rec(&[1u8; 100_000])).expect("append");
         c.durable().await.expect("durable");
         let stats = shard.stats();
-        assert_eq!(stats.commit_bytes_buckets.iter().sum::<u64>(), stats.flushes);
+        assert_eq!(
+            stats.commit_bytes_buckets.iter().sum::<u64>(),
+            stats.flushes
+        );
         let over_64k: u64 = stats.commit_bytes_buckets[3..].iter().sum();
-        assert!(over_64k >= 1, "the 100 KB append's flush is over 64 KiB: {stats:?}");
+        assert!(
+            over_64k >= 1,
+            "the 100 KB append's flush is over 64 KiB: {stats:?}"
+        );
         let read = shard.read(id, off(0), off(100_000)).await.expect("read");
         assert_eq!(read.iter().map(|b| b.len()).sum::<usize>(), 100_000);
         let stats = shard.stats();
