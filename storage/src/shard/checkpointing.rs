@@ -50,13 +50,7 @@ impl Shard {
 
     /// Callers hold `upkeep_busy`.
     pub(super) async fn write_checkpoint(&self) -> Result<(), StorageError> {
-        let Some(dir) = self
-            .inner
-            .log
-            .borrow()
-            .as_ref()
-            .map(|l| l.dir().to_path_buf())
-        else {
+        let Some(dir) = self.log_dir() else {
             return Ok(());
         };
         let result = self.write_checkpoint_in(&dir).await;
@@ -107,13 +101,7 @@ impl Shard {
     /// Write the waiting pages out as an index file now (the upkeep task, when
     /// [`Self::index_due`]); the next checkpoint names the file.
     pub(super) async fn flush_index(&self) -> Result<(), StorageError> {
-        let Some(dir) = self
-            .inner
-            .log
-            .borrow()
-            .as_ref()
-            .map(|l| l.dir().to_path_buf())
-        else {
+        let Some(dir) = self.log_dir() else {
             return Ok(());
         };
         self.wait_for_upkeep().await;

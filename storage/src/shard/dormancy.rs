@@ -260,13 +260,7 @@ impl Shard {
     /// Put every stream idle by now to sleep at once (tests).
     #[cfg(test)]
     pub(crate) async fn sleep_idle(&self) -> Result<(), crate::StorageError> {
-        let Some(dir) = self
-            .inner
-            .log
-            .borrow()
-            .as_ref()
-            .map(|l| l.dir().to_path_buf())
-        else {
+        let Some(dir) = self.log_dir() else {
             return Ok(());
         };
         self.wait_for_upkeep().await;

@@ -323,13 +323,7 @@ fn pages_leave_memory_before_the_roll_in_files_whose_numbers_only_rise() {
     };
     let old = block_on(async {
         let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
-        let first_segment = shard
-            .inner
-            .log
-            .borrow()
-            .as_ref()
-            .expect("log")
-            .write_segment();
+        let first_segment = shard.write_segment();
         for k in 0..3 {
             let (id, c) = shard.create(new_stream(&format!("s{k}"))).expect("create");
             c.durable().await.expect("durable");
@@ -342,17 +336,7 @@ fn pages_leave_memory_before_the_roll_in_files_whose_numbers_only_rise() {
         fill(&shard, &mut models, 1500).await;
         shard.flush_index().await.expect("flush");
         let second = written_after(&shard, &first);
-        assert_eq!(
-            shard
-                .inner
-                .log
-                .borrow()
-                .as_ref()
-                .expect("log")
-                .write_segment(),
-            first_segment,
-            "no roll"
-        );
+        assert_eq!(shard.write_segment(), first_segment, "no roll");
         check(&shard, &models).await;
         shard.halt().await.expect("halt");
         second

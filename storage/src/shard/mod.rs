@@ -538,6 +538,26 @@ impl Shard {
         self.inner.group_commit.borrow().durable_lsn()
     }
 
+    /// The segment the log writes to now (tests).
+    #[cfg(test)]
+    fn write_segment(&self) -> SegmentNo {
+        self.inner
+            .log
+            .borrow()
+            .as_ref()
+            .expect("a disk shard has a log")
+            .write_segment()
+    }
+
+    /// The directory of the shard's log (None in memory mode).
+    fn log_dir(&self) -> Option<std::path::PathBuf> {
+        self.inner
+            .log
+            .borrow()
+            .as_ref()
+            .map(|l| l.dir().to_path_buf())
+    }
+
     fn memory(&self) -> bool {
         self.inner.cfg.durability == Durability::Memory
     }

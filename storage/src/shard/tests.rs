@@ -1401,23 +1401,9 @@ fn the_log_writes_through_dsync_handles_only() {
         assert_dsync(&shard, "fresh");
         let (id, c) = shard.create(new_stream("a", b"")).expect("create");
         c.durable().await.expect("create durable");
-        let first = shard
-            .inner
-            .log
-            .borrow()
-            .as_ref()
-            .expect("log")
-            .write_segment();
+        let first = shard.write_segment();
         let big = vec![b'x'; 256 << 10];
-        while shard
-            .inner
-            .log
-            .borrow()
-            .as_ref()
-            .expect("log")
-            .write_segment()
-            == first
-        {
+        while shard.write_segment() == first {
             let (_, c) = shard.append(id, data_rec(&big)).expect("append");
             c.durable().await.expect("append durable");
         }
