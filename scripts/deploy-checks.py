@@ -281,8 +281,7 @@ def probes(path):
 
 
 # ---------------------------------------------------------------------------------------
-GRAFANA_SUBSTITUTES = {"$__rate_interval": "1m", "$instance": ".*", "$index": ".*",
-                       "$write_budget_bytes": "268435456"}
+GRAFANA_SUBSTITUTES = {"$__rate_interval": "1m", "$instance": ".*", "$index": ".*"}
 
 
 def dashboard_queries(d):
@@ -323,7 +322,8 @@ def dashboard(path, out):
         rules.append({"record": f"dashboard:query_{len(rules)}", "expr": expr})
     titles = " ".join(p["title"].lower() for p in d["panels"])
     for topic in ("appends/s", "append bytes/s", "append latency", "commit size", "write budget",
-                  "cache", "archive lag", "freshness", "skipped"):
+                  "disk space left", "resident memory", "version", "read cache hit ratio",
+                  "archive lag", "freshness", "skipped"):
         check(topic in titles, f"no panel about {topic!r}")
     with open(out, "w") as f:
         yaml.safe_dump({"groups": [{"name": "dashboard-queries", "rules": rules}]}, f)
@@ -395,8 +395,9 @@ def metric_names_check(scrapes, rules_path, dashboard_path):
             used.setdefault(m.group(1), set()).add(f"variable ${v['name']}")
     # A self-test of the extraction, so that a parser that finds nothing cannot pass.
     check(len(used) >= 30, f"only {len(used)} metric names found in the rules and the dashboard")
-    check("ursula_storage_commit_write_duration_seconds_bucket" in used,
-          "the extraction missed the commit-latency histogram")
+    for histogram in ("ursula_storage_commit_write_duration_seconds_bucket",
+                      "ursula_append_duration_seconds_bucket"):
+        check(histogram in used, f"the extraction missed the histogram {histogram}")
     for name, users in sorted(used.items()):
         if name in recorded:
             continue
