@@ -1,34 +1,29 @@
 //! A blocking HTTP/1.1 client for one server: plain TCP or rustls, an optional bearer token,
-//! and one kept-alive connection that the requests of a command reuse.
+//! and one kept-alive connection that the requests of a command reuse (the bytes on the
+//! wire are `wire`'s).
 //!
-//! Responses are framed by `Content-Length`, chunked encoding (decoded by the protocol
-//! crate's decoder, the one the server uses for requests) or the connection's close. A
-//! request is retried once, on a new connection, only when a reused connection turned out
-//! to be closed before any byte of an answer came back: the server closed it while it was
-//! idle, so it never saw the request.
+//! A request is retried once, on a new connection, only when a reused connection turned
+//! out to be closed before any byte of an answer came back: the server closed it while it
+//! was idle, so it never saw the request.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::{Error, Refusal};
+use crate::wire::{self, WireError};
+use crate::Connection;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
-use ursula_protocol::http1::ChunkedDecoder;
 
-use crate::error::{Error, Refusal};
-use crate::Connection;
+pub use crate::wire::Response;
 
 /// How long a connection attempt (and a TLS handshake) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an ordinary request waits for its answer; long-polls say their own.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
-/// The largest response head read. The server's heads are a few hundred bytes.
-const HEAD_BYTES_MAX: usize = 64 * 1024;
-/// The largest response body read: above any answer of the server (8 MiB reads, 64 MiB
-/// bootstraps), low enough that a wrong URL cannot fill the memory.
-const BODY_BYTES_MAX: u64 = 256 << 20;
 
 /// A server and the credentials to use with it.
 pub struct Client {
@@ -47,15 +42,6 @@ pub struct Request<'a> {
     body: &'a [u8],
     /// How long to wait for the answer.
     wait: Duration,
-}
-
-/// One response, whole.
-#[derive(Debug)]
-pub struct Response {
-    pub status: u16,
-    /// Names in lower case.
-    headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
 }
 
 impl Client {
@@ -141,7 +127,7 @@ impl Client {
             .set_read_timeout(Some(req.wait))
             .map_err(Attempt::Io)?;
         let head = self.head_of(req);
-        let sent = write_request(conn.get_mut(), head.as_bytes(), req.body);
+        let sent = wire::write_request(conn.get_mut(), head.as_bytes(), req.body);
         if let Err(e) = sent {
             return Err(match e.kind() {
                 io::ErrorKind::BrokenPipe
@@ -150,7 +136,16 @@ impl Client {
                 _ => Attempt::Io(e),
             });
         }
-        let (resp, reusable) = read_response(&mut conn, req.method == "HEAD", req.wait)?;
+        let read = wire::read_response(&mut conn, req.method == "HEAD");
+        let (resp, reusable) = read.map_err(|e| match e {
+            WireError::Closed => Attempt::Unanswered(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the connection without answering",
+            )),
+            WireError::Io(e) if is_timeout(&e) => Attempt::TimedOut(req.wait),
+            WireError::Io(e) => Attempt::Io(e),
+            WireError::NotHttp(why) => Attempt::NotHttp(why),
+        })?;
         if reusable {
             self.conn = Some(conn);
         }
@@ -286,35 +281,6 @@ impl<'a> Request<'a> {
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
-    }
-}
-
-impl Response {
-    /// The first value of a header (`name` in lower case).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// A header holding an unsigned integer (offsets, record numbers).
-    pub fn number(&self, name: &str) -> Option<u64> {
-        self.header(name).and_then(|v| v.trim().parse().ok())
-    }
-
-    pub fn is_success(&self) -> bool {
-        (200..300).contains(&self.status)
-    }
-
-    /// The server's plain-text reason of an error (`code: message`), on one line.
-    pub fn reason(&self) -> String {
-        let text = String::from_utf8_lossy(&self.body);
-        let text = text.trim();
-        if text.is_empty() {
-            return ursula_protocol::http1::reason_phrase(self.status).to_string();
-        }
-        text.lines().next().unwrap_or(text).to_string()
     }
 }
 
@@ -491,180 +457,11 @@ impl Write for Transport {
     }
 }
 
-fn write_request(out: &mut Transport, head: &[u8], body: &[u8]) -> io::Result<()> {
-    // One write for a small request: no segment with the head alone.
-    if body.len() <= 16 * 1024 {
-        let mut all = Vec::with_capacity(head.len() + body.len());
-        all.extend_from_slice(head);
-        all.extend_from_slice(body);
-        out.write_all(&all)?;
-    } else {
-        out.write_all(head)?;
-        out.write_all(body)?;
-    }
-    out.flush()
-}
-
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
     )
-}
-
-/// Read one response; also whether the connection can carry another request.
-fn read_response<R: BufRead>(
-    r: &mut R,
-    head_request: bool,
-    wait: Duration,
-) -> Result<(Response, bool), Attempt> {
-    let io = |e: io::Error| {
-        if is_timeout(&e) {
-            Attempt::TimedOut(wait)
-        } else {
-            Attempt::Io(e)
-        }
-    };
-    loop {
-        let head = read_head(r).map_err(|e| match e {
-            HeadError::Closed => Attempt::Unanswered(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the server closed the connection without answering",
-            )),
-            HeadError::Io(e) => io(e),
-            HeadError::TooLarge => Attempt::NotHttp("response head over 64 KiB".into()),
-        })?;
-        let (status, headers) = parse_head(&head).map_err(Attempt::NotHttp)?;
-        if (100..200).contains(&status) {
-            continue;
-        }
-        let value = |name: &str| {
-            headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
-        let mut reusable = !value("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        let chunked = value("transfer-encoding").is_some_and(|v| v.contains("chunked"));
-        let length = match value("content-length") {
-            Some(v) => Some(
-                v.trim()
-                    .parse::<u64>()
-                    .map_err(|_| Attempt::NotHttp(format!("bad Content-Length {v:?}")))?,
-            ),
-            None => None,
-        };
-        let has_body = !(head_request || status == 204 || status == 304);
-        let mut body = Vec::new();
-        match (has_body, chunked, length) {
-            (false, _, _) => {}
-            (true, true, _) => read_chunked(r, &mut body).map_err(|e| match e {
-                BodyError::Io(e) => io(e),
-                BodyError::Bad(why) => Attempt::NotHttp(why.into()),
-            })?,
-            (true, false, Some(n)) if n > BODY_BYTES_MAX => {
-                return Err(Attempt::NotHttp(format!("a body of {n} bytes")));
-            }
-            (true, false, Some(n)) => {
-                body.resize(n as usize, 0);
-                r.read_exact(&mut body).map_err(io)?;
-            }
-            // Framed by the connection's close: it cannot carry another request.
-            (true, false, None) => {
-                r.by_ref()
-                    .take(BODY_BYTES_MAX)
-                    .read_to_end(&mut body)
-                    .map_err(io)?;
-                reusable = false;
-            }
-        }
-        return Ok((
-            Response {
-                status,
-                headers,
-                body,
-            },
-            reusable,
-        ));
-    }
-}
-
-enum HeadError {
-    /// Closed before the first byte.
-    Closed,
-    Io(io::Error),
-    TooLarge,
-}
-
-/// The bytes of a response head, through its blank line.
-fn read_head<R: BufRead>(r: &mut R) -> Result<Vec<u8>, HeadError> {
-    let mut head = Vec::with_capacity(512);
-    loop {
-        let start = head.len();
-        let n = r
-            .by_ref()
-            .take((HEAD_BYTES_MAX - start) as u64 + 1)
-            .read_until(b'\n', &mut head)
-            .map_err(HeadError::Io)?;
-        if n == 0 {
-            return Err(if head.is_empty() {
-                HeadError::Closed
-            } else {
-                HeadError::Io(io::ErrorKind::UnexpectedEof.into())
-            });
-        }
-        if head.len() > HEAD_BYTES_MAX {
-            return Err(HeadError::TooLarge);
-        }
-        if matches!(&head[start..], b"\r\n" | b"\n") {
-            return Ok(head);
-        }
-    }
-}
-
-fn parse_head(head: &[u8]) -> Result<(u16, Vec<(String, String)>), String> {
-    let mut slots = [httparse::EMPTY_HEADER; 64];
-    let mut parsed = httparse::Response::new(&mut slots);
-    match parsed.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Err("incomplete response head".into()),
-        Err(e) => return Err(format!("bad response head: {e}")),
-    }
-    let status = parsed.code.ok_or("no status code")?;
-    let headers = parsed
-        .headers
-        .iter()
-        .map(|h| {
-            (
-                h.name.to_ascii_lowercase(),
-                String::from_utf8_lossy(h.value).trim().to_string(),
-            )
-        })
-        .collect();
-    Ok((status, headers))
-}
-
-enum BodyError {
-    Io(io::Error),
-    Bad(&'static str),
-}
-
-fn read_chunked<R: BufRead>(r: &mut R, body: &mut Vec<u8>) -> Result<(), BodyError> {
-    let mut decoder = ChunkedDecoder::new();
-    loop {
-        let input = r.fill_buf().map_err(BodyError::Io)?;
-        if input.is_empty() {
-            return Err(BodyError::Io(io::ErrorKind::UnexpectedEof.into()));
-        }
-        let (used, done) = decoder.feed(input, body).map_err(BodyError::Bad)?;
-        r.consume(used);
-        if body.len() as u64 > BODY_BYTES_MAX {
-            return Err(BodyError::Bad("a chunked body over 256 MiB"));
-        }
-        if done {
-            return Ok(());
-        }
-    }
 }
 
 #[cfg(test)]
@@ -761,51 +558,5 @@ mod tests {
             read_token_file(&missing),
             Err(Error::TokenFile { .. })
         ));
-    }
-
-    fn response(raw: &[u8], head_request: bool) -> Result<(Response, bool), String> {
-        let mut r = io::BufReader::new(raw);
-        read_response(&mut r, head_request, ANSWER_TIMEOUT).map_err(|a| match a {
-            Attempt::NotHttp(why) => why,
-            Attempt::Unanswered(_) => "unanswered".into(),
-            _ => "other".into(),
-        })
-    }
-
-    #[test]
-    fn responses_are_framed_by_length_chunks_or_close() {
-        let (r, reusable) = response(
-            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nStream-Next-Offset: 00000000000000000005\r\n\r\nhello",
-            false,
-        )
-        .expect("length");
-        assert_eq!(
-            (r.status, r.body.as_slice(), reusable),
-            (200, &b"hello"[..], true)
-        );
-        assert_eq!(r.number("stream-next-offset"), Some(5));
-        let (r, reusable) = response(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
-            false,
-        )
-        .expect("chunked");
-        assert_eq!((r.body.as_slice(), reusable), (&b"abcde"[..], true));
-        let (r, reusable) = response(
-            b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil close",
-            false,
-        )
-        .expect("close");
-        assert_eq!((r.body.as_slice(), reusable), (&b"until close"[..], false));
-        // A HEAD answer announces a length it does not send.
-        let (r, _) = response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true).expect("head");
-        assert!(r.body.is_empty());
-        let (r, _) = response(
-            b"HTTP/1.1 404 Not Found\r\nContent-Length: 35\r\n\r\nstream_not_found: stream not found\n",
-            false,
-        )
-        .expect("404");
-        assert_eq!(r.reason(), "stream_not_found: stream not found");
-        assert_eq!(response(b"", false).err().as_deref(), Some("unanswered"));
-        assert!(response(b"SSH-2.0-OpenSSH\r\n\r\n", false).is_err());
     }
 }

@@ -25,6 +25,7 @@ mod read;
 mod stat;
 mod stream;
 mod target;
+mod wire;
 
 pub use error::{Error, Refusal};
 
