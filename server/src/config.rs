@@ -8,7 +8,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
 #[derive(Parser, Debug)]
-#[command(name = "ursula", version, about = "Durable Streams server")]
+#[command(
+    name = "ursula",
+    version,
+    about = "Durable Streams server, and its command-line client"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -21,6 +25,10 @@ pub enum Command {
     /// Build a data dir from the cold tier (S3) alone; `ursula server` then recovers it
     /// rewound to the archived end.
     Restore(RestoreArgs),
+    /// The client commands (`ls`, `stat`, `cat`, `tail`, `append`, `create`, `delete`),
+    /// which talk to a running server over HTTP: the `ursula-cli` crate.
+    #[command(flatten)]
+    Client(ursula_cli::Command),
 }
 
 #[derive(Args, Debug)]

@@ -23,8 +23,9 @@ pub const BUCKET_ID_BYTES_MIN: usize = 4;
 pub const BUCKET_ID_BYTES_MAX: usize = 64;
 /// `{bucket}/{stream}` of a bucketed stream (extensions §1.1).
 pub const BUCKETED_NAME_BYTES_MAX: usize = 122;
-/// Streams one bucket listing page returns at most, and its default page size.
-pub const LIST_STREAMS_MAX: usize = 1000;
+/// Entries one listing page returns at most (the streams of a bucket, or the buckets), and
+/// its default page size.
+pub const LIST_PAGE_MAX: usize = 1000;
 
 /// Connections of the whole process by default (`max_connections`), split over the cores.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;

@@ -1,4 +1,5 @@
-//! `ursula`: the Durable Streams server.
+//! `ursula`: the Durable Streams server. The same binary carries the command-line client
+//! (`ursula ls`, `tail`, …), whose code is the `ursula-cli` crate.
 
 // The declaration order is the layering: a module uses only modules declared before it
 // (scripts/check-layers enforces it; docs/architecture.md explains it). Modules in one run
@@ -87,6 +88,7 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        Command::Client(command) => std::process::exit(ursula_cli::run(command)),
         Command::Restore(args) => match cold::restore(&args) {
             Ok(report) => {
                 println!(

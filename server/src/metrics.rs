@@ -14,6 +14,9 @@ pub fn route_label(path: &str) -> &'static str {
     if path.starts_with("/__") {
         return "internal";
     }
+    if path == "/" {
+        return "buckets";
+    }
     let mut segments = path.trim_start_matches('/').split('/').skip(1);
     match (segments.next(), segments.next()) {
         (None, _) => "bucket",
@@ -178,6 +181,7 @@ mod tests {
     #[test]
     fn route_labels() {
         assert_eq!(route_label("/v1/stream/a/b"), "compat_stream");
+        assert_eq!(route_label("/"), "buckets");
         assert_eq!(route_label("/logs"), "bucket");
         assert_eq!(route_label("/logs/streams"), "bucket_streams");
         assert_eq!(route_label("/logs/app"), "stream");

@@ -76,6 +76,7 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
                 .map_or_else(|_| ApiError::owner_unavailable().response().into(), |r| r.0);
             return (reply, Some(owner));
         }
+        Route::Buckets => return (buckets::list_buckets(core, &req).await.into(), None),
         Route::Bucket(b) | Route::BucketStreams(b) => {
             return (buckets::handle(core, b, req).await.into(), None)
         }

@@ -9,6 +9,8 @@ use crate::surface::{bucketed_key, compat_key, Surface};
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Route {
+    /// `GET /`: the bucket listing.
+    Buckets,
     Stream {
         surface: Surface,
         key: String,
@@ -41,6 +43,9 @@ pub fn route(raw_path: &str) -> Route {
             },
             Err(why) => Route::Invalid(why),
         };
+    }
+    if raw_path == "/" {
+        return Route::Buckets;
     }
     let segments: Vec<&str> = raw_path
         .strip_prefix('/')
@@ -220,6 +225,8 @@ mod tests {
 
     #[test]
     fn bucketed_paths() {
+        assert_eq!(route("/"), Route::Buckets);
+        assert_eq!(route("//"), Route::NotFound);
         assert_eq!(route("/logs/streams"), Route::BucketStreams("logs".into()));
         assert_eq!(route("/logs-1"), Route::Bucket("logs-1".into()));
         assert_eq!(

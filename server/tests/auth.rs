@@ -77,6 +77,9 @@ fn tokens_gate_reads_and_writes() {
     assert_eq!(req("GET", "/__ursula/readyz", None).status, 200);
     assert_eq!(req("GET", "/__ursula/metrics", None).status, 401);
     assert_eq!(req("GET", "/__ursula/metrics", Some(READ)).status, 200);
+    // The bucket listing is a read like any other.
+    assert_eq!(req("GET", "/", None).status, 401);
+    assert_eq!(req("GET", "/", Some(READ)).status, 200);
 }
 
 #[test]

@@ -326,6 +326,100 @@ fn listing_is_sorted_filtered_and_paged() {
     assert_eq!(ids(&v), ["Zed", "user-1", "user-10", "user-2", "user-3"]);
 }
 
+/// The `bucket_id`s of a bucket listing page, with each bucket's stream count.
+fn bucket_counts(v: &Value) -> Vec<(String, u64)> {
+    v["buckets"]
+        .as_array()
+        .expect("buckets array")
+        .iter()
+        .map(|b| {
+            let id = b["bucket_id"].as_str().expect("bucket_id").to_string();
+            (id, b["streams"].as_u64().expect("streams"))
+        })
+        .collect()
+}
+
+#[test]
+fn bucket_listing_counts_live_streams_and_pages() {
+    // Four cores, so the buckets' owners and their streams are spread over several shards.
+    let dir = temp_dir("ursula-bucket-list");
+    let s = Server::spawn_standard(&dir.path().join("data"), "memory", 4, &[], None);
+    let v = json(&expect(&s, "GET", "/", &[], b"", 200));
+    assert_eq!(bucket_counts(&v), Vec::<(String, u64)>::new());
+    assert_eq!(v["has_more"].as_bool(), Some(false));
+
+    let tp = [("Content-Type", "text/plain")];
+    for bucket in ["logs-b", "logs-a", "metrics", "audit"] {
+        expect(&s, "PUT", &format!("/{bucket}"), &[], b"", 201);
+    }
+    for stream in ["s1", "s2", "s3", "s4", "s5"] {
+        expect(&s, "PUT", &format!("/logs-a/{stream}"), &tp, b"", 201);
+    }
+    expect(&s, "PUT", "/metrics/cpu", &tp, b"", 201);
+    // A stream on the compat surface belongs to no bucket.
+    expect(&s, "PUT", "/v1/stream/logs-a/x", &tp, b"", 201);
+
+    let v = json(&expect(&s, "GET", "/", &[], b"", 200));
+    let want = [("audit", 0), ("logs-a", 5), ("logs-b", 0), ("metrics", 1)];
+    let want: Vec<(String, u64)> = want.iter().map(|(b, n)| (b.to_string(), *n)).collect();
+    assert_eq!(bucket_counts(&v), want);
+    assert_eq!(v["bucket_count"].as_u64(), Some(4));
+    assert!(v["prefix"].is_null() && v["next_cursor"].is_null(), "{v:?}");
+    // Each count is the one `GET /{bucket}` gives.
+    let meta = json(&expect(&s, "GET", "/logs-a", &[], b"", 200));
+    assert_eq!(meta["streams"].as_u64(), Some(5));
+
+    // Paged by prefix, two at a time: the cursor is the last ID of a page.
+    let v = json(&expect(&s, "GET", "/?prefix=logs-&limit=1", &[], b"", 200));
+    assert_eq!(bucket_counts(&v), [("logs-a".to_string(), 5)]);
+    assert_eq!(v["prefix"].as_str(), Some("logs-"));
+    assert_eq!(v["has_more"].as_bool(), Some(true));
+    assert_eq!(v["next_cursor"].as_str(), Some("logs-a"));
+    let v = json(&expect(
+        &s,
+        "GET",
+        "/?prefix=logs-&limit=1&after=logs-a",
+        &[],
+        b"",
+        200,
+    ));
+    assert_eq!(bucket_counts(&v), [("logs-b".to_string(), 0)]);
+    assert_eq!(v["has_more"].as_bool(), Some(false));
+    assert!(v["next_cursor"].is_null(), "{v:?}");
+
+    // Deleted streams and buckets leave the listing.
+    expect(&s, "DELETE", "/logs-a/s1", &[], b"", 204);
+    expect(&s, "DELETE", "/audit", &[], b"", 204);
+    let v = json(&expect(&s, "GET", "/", &[], b"", 200));
+    let ids: Vec<(String, u64)> = bucket_counts(&v);
+    assert_eq!(
+        ids,
+        [
+            ("logs-a".to_string(), 4),
+            ("logs-b".to_string(), 0),
+            ("metrics".to_string(), 1)
+        ]
+    );
+
+    // The listing's parameters are checked like a stream listing's; only GET lists.
+    for bad in [
+        "limit=0",
+        "limit=1001",
+        "limit=x",
+        "limit=1&limit=2",
+        "prefix=%zz",
+    ] {
+        let r = expect(&s, "GET", &format!("/?{bad}"), &[], b"", 400);
+        assert!(
+            r.body_str().starts_with("invalid_request: "),
+            "{bad}: {r:?}"
+        );
+    }
+    let r = expect(&s, "PUT", "/", &tp, b"", 405);
+    assert_eq!(r.header("allow"), Some("GET"));
+    expect(&s, "DELETE", "/", &[], b"", 405);
+}
+
 #[test]
 fn bucket_metadata_and_delete() {
     let (s, _d) = server();

@@ -1,4 +1,5 @@
-//! Buckets (extensions §1): the namespace of the bucketed surface.
+//! Buckets (extensions §1): the namespace of the bucketed surface, and the listing of all
+//! buckets (`GET /`, an addition of this server: the contract lists only a bucket's streams).
 //!
 //! A bucket is recorded in every shard (key `k/{bucket}`), so checking that a stream's
 //! bucket exists is a local lookup on the stream's owner core. The bucket's own owner core
@@ -15,7 +16,7 @@ use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, StreamMeta};
 
 use crate::core::Core;
 use crate::http::{ApiError, Handled, Request, Response};
-use crate::limits::LIST_STREAMS_MAX;
+use crate::limits::LIST_PAGE_MAX;
 use crate::lookup::{find, Found};
 use crate::surface::bucket_key;
 
@@ -150,6 +151,59 @@ impl Selection<'_> {
     }
 }
 
+/// The paging parameters of a listing: `prefix`, `after` (the cursor) and `limit`.
+struct Page {
+    prefix: Option<String>,
+    after: Option<String>,
+    limit: usize,
+}
+
+impl Page {
+    /// The parameters of `req`, with `limit` from 1 to [`LIST_PAGE_MAX`] (its default), or
+    /// the 400.
+    fn parse(req: &Request) -> Result<Page, ApiError> {
+        let query =
+            parse_query(&req.query).map_err(|_| ApiError::InvalidRequest("invalid query"))?;
+        let (Ok(prefix), Ok(after), Ok(limit)) = (
+            query.get_unique("prefix"),
+            query.get_unique("after"),
+            query.get_unique("limit"),
+        ) else {
+            return Err(ApiError::InvalidRequest("parameter given more than once"));
+        };
+        let limit = match limit {
+            None => LIST_PAGE_MAX,
+            Some(v) => match v.parse::<usize>() {
+                Ok(n) if (1..=LIST_PAGE_MAX).contains(&n) && !v.starts_with('+') => n,
+                // A reason is static text: it names the bound the assertion after `Page`
+                // holds it to.
+                _ => {
+                    return Err(ApiError::InvalidRequest(
+                        "limit must be an integer from 1 to 1000",
+                    ))
+                }
+            },
+        };
+        Ok(Page {
+            prefix: prefix.map(str::to_string),
+            after: after.map(str::to_string),
+            limit,
+        })
+    }
+
+    fn selection(&self) -> Selection<'_> {
+        Selection {
+            prefix: self.prefix.as_deref(),
+            after: self.after.as_deref(),
+        }
+    }
+}
+
+const _: () = assert!(
+    LIST_PAGE_MAX == 1000,
+    "Page::parse's reason names the bound"
+);
+
 /// The first `most` live streams of `bucket` that `sel` takes, across all cores, sorted by
 /// name. Each core sorts its names first and wakes (see `ursula_storage::shard` dormancy)
 /// only the streams it reports, at most `most`.
@@ -208,36 +262,53 @@ async fn entries(core: &Rc<Core>, bucket: &str, sel: Selection<'_>, most: usize)
     all
 }
 
-/// How many live streams `bucket` has, across all cores, without waking dormant ones (a
-/// dormant stream is live until the deadline it went to sleep with).
+/// How many live streams `bucket` has, across all cores, without waking dormant ones.
 async fn count(core: &Rc<Core>, bucket: &str) -> usize {
-    let prefix = format!("b/{bucket}/");
-    let mut total = 0;
+    live_stream_counts(core, vec![bucket.to_string()])
+        .await
+        .first()
+        .copied()
+        .unwrap_or(0)
+}
+
+/// How many live streams each of `buckets` (sorted byte-wise) has, across all cores, in one
+/// pass over every core's keys. Dormant streams are not woken: a dormant stream is live
+/// until the deadline it went to sleep with.
+async fn live_stream_counts(core: &Rc<Core>, buckets: Vec<String>) -> Vec<usize> {
+    let mut totals = vec![0; buckets.len()];
     for i in 0..core.cores() {
-        let prefix = prefix.clone();
-        total += core
+        let buckets = buckets.clone();
+        let part = core
             .on(i, move |c| async move {
                 let now = ursula_storage::now_ms();
-                c.shard
-                    .keys()
-                    .into_iter()
-                    .filter(|k| k.starts_with(prefix.as_str()))
-                    .filter(|k| {
-                        match c
-                            .shard
-                            .lookup(k)
-                            .and_then(|id| c.shard.dormant_deadline(id))
-                        {
-                            Some(deadline) => deadline > now,
-                            None => matches!(find(&c, k), Found::Live(_)),
-                        }
-                    })
-                    .count()
+                let mut counts = vec![0; buckets.len()];
+                for key in c.shard.keys() {
+                    let Some((bucket, _)) = key.strip_prefix("b/").and_then(|r| r.split_once('/'))
+                    else {
+                        continue;
+                    };
+                    let Ok(at) = buckets.binary_search_by(|b| b.as_str().cmp(bucket)) else {
+                        continue;
+                    };
+                    let live = match c
+                        .shard
+                        .lookup(&key)
+                        .and_then(|id| c.shard.dormant_deadline(id))
+                    {
+                        Some(deadline) => deadline > now,
+                        None => matches!(find(&c, &key), Found::Live(_)),
+                    };
+                    counts[at] += usize::from(live);
+                }
+                counts
             })
             .await
             .unwrap_or_default();
+        for (total, n) in totals.iter_mut().zip(part) {
+            *total += n;
+        }
     }
-    total
+    totals
 }
 
 async fn metadata(core: &Rc<Core>, bucket: &str) -> Handled {
@@ -251,30 +322,13 @@ async fn metadata(core: &Rc<Core>, bucket: &str) -> Handled {
 }
 
 async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Handled {
-    let query = parse_query(&req.query).map_err(|_| ApiError::InvalidRequest("invalid query"))?;
-    let (Ok(prefix), Ok(after), Ok(limit)) = (
-        query.get_unique("prefix"),
-        query.get_unique("after"),
-        query.get_unique("limit"),
-    ) else {
-        return Err(ApiError::InvalidRequest("parameter given more than once").into());
-    };
-    let limit = match limit {
-        None => LIST_STREAMS_MAX,
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=LIST_STREAMS_MAX).contains(&n) && !v.starts_with('+') => n,
-            _ => {
-                return Err(
-                    ApiError::InvalidRequest("limit must be an integer from 1 to 1000").into(),
-                )
-            }
-        },
-    };
+    let page = Page::parse(req)?;
+    let (prefix, limit) = (page.prefix.as_deref(), page.limit);
     require_bucket(core, &format!("b/{bucket}/x")).await?;
-    let matching = entries(core, bucket, Selection { prefix, after }, limit + 1).await;
+    let matching = entries(core, bucket, page.selection(), limit + 1).await;
     let has_more = matching.len() > limit;
-    let page = &matching[..matching.len().min(limit)];
-    let streams: Vec<sonic_rs::Value> = page
+    let shown = &matching[..matching.len().min(limit)];
+    let streams: Vec<sonic_rs::Value> = shown
         .iter()
         .map(|e| {
             sonic_rs::json!({
@@ -288,14 +342,14 @@ async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Handled {
         })
         .collect();
     let next_cursor = if has_more {
-        page.last().map(|e| e.name.clone())
+        shown.last().map(|e| e.name.clone())
     } else {
         None
     };
     let body = sonic_rs::json!({
         "bucket_id": bucket,
         "prefix": prefix,
-        "stream_count": page.len(),
+        "stream_count": shown.len(),
         "streams": streams,
         "next_cursor": next_cursor,
         "has_more": has_more,
@@ -305,6 +359,78 @@ async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Handled {
         .header("content-type", "application/json")
         .header("cache-control", "no-store")
         .with_body(vec![Bytes::from(body)]))
+}
+
+/// `GET /?prefix=&after=&limit=`: the buckets, sorted by ID and paged like a stream
+/// listing, each with its number of live streams (as `GET /{bucket}` counts them).
+pub async fn list_buckets(core: &Rc<Core>, req: &Request) -> Handled {
+    if req.method != Method::Get {
+        return Err(ApiError::MethodNotAllowed {
+            allow: "GET",
+            reason: "only GET lists buckets",
+        }
+        .into());
+    }
+    let page = Page::parse(req)?;
+    let mut ids = bucket_ids(core, page.selection(), page.limit + 1).await;
+    let has_more = ids.len() > page.limit;
+    ids.truncate(page.limit);
+    let counts = live_stream_counts(core, ids.clone()).await;
+    let buckets: Vec<sonic_rs::Value> = ids
+        .iter()
+        .zip(&counts)
+        .map(|(id, streams)| sonic_rs::json!({"bucket_id": id, "streams": streams}))
+        .collect();
+    let next_cursor = if has_more { ids.last().cloned() } else { None };
+    let body = sonic_rs::json!({
+        "prefix": page.prefix,
+        "bucket_count": ids.len(),
+        "buckets": buckets,
+        "next_cursor": next_cursor,
+        "has_more": has_more,
+    })
+    .to_string();
+    Ok(Response::new(200)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-store")
+        .with_body(vec![Bytes::from(body)]))
+}
+
+/// The first `most` bucket IDs that `sel` takes, sorted byte-wise. Each core reports only
+/// the buckets it owns: the owner's record is the authoritative one (see the module
+/// comment), so a bucket a replica missed or still holds is reported as its owner says.
+async fn bucket_ids(core: &Rc<Core>, sel: Selection<'_>, most: usize) -> Vec<String> {
+    let mut all = Vec::new();
+    for i in 0..core.cores() {
+        let (prefix, after) = (
+            sel.prefix.map(str::to_string),
+            sel.after.map(str::to_string),
+        );
+        let part = core
+            .on(i, move |c| async move {
+                let sel = Selection {
+                    prefix: prefix.as_deref(),
+                    after: after.as_deref(),
+                };
+                let mut ids: Vec<String> = c
+                    .shard
+                    .keys()
+                    .into_iter()
+                    .filter(|k| c.owner_of(k) == c.index)
+                    .filter_map(|k| k.strip_prefix("k/").map(str::to_string))
+                    .filter(|id| sel.takes(id))
+                    .collect();
+                ids.sort_unstable();
+                ids.truncate(most);
+                ids
+            })
+            .await
+            .unwrap_or_default();
+        all.extend(part);
+    }
+    all.sort_unstable();
+    all.truncate(most);
+    all
 }
 
 async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
