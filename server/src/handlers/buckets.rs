@@ -143,7 +143,29 @@ struct Selection<'a> {
     after: Option<&'a str>,
 }
 
+/// A [`Selection`] that owns its strings, to send to another core.
+struct OwnedSelection {
+    prefix: Option<String>,
+    after: Option<String>,
+}
+
+impl OwnedSelection {
+    fn get(&self) -> Selection<'_> {
+        Selection {
+            prefix: self.prefix.as_deref(),
+            after: self.after.as_deref(),
+        }
+    }
+}
+
 impl Selection<'_> {
+    fn owned(self) -> OwnedSelection {
+        OwnedSelection {
+            prefix: self.prefix.map(str::to_string),
+            after: self.after.map(str::to_string),
+        }
+    }
+
     fn takes(&self, name: &str) -> bool {
         self.prefix
             .is_none_or(|p| name.as_bytes().starts_with(p.as_bytes()))
@@ -212,16 +234,10 @@ async fn entries(core: &Rc<Core>, bucket: &str, sel: Selection<'_>, most: usize)
     let mut all = Vec::new();
     for i in 0..core.cores() {
         let prefix = prefix.clone();
-        let (name_prefix, after) = (
-            sel.prefix.map(str::to_string),
-            sel.after.map(str::to_string),
-        );
+        let owned = sel.owned();
         let part = core
             .on(i, move |c| async move {
-                let sel = Selection {
-                    prefix: name_prefix.as_deref(),
-                    after: after.as_deref(),
-                };
+                let sel = owned.get();
                 let mut keys: Vec<Box<str>> = c
                     .shard
                     .keys()
@@ -402,16 +418,10 @@ pub async fn list_buckets(core: &Rc<Core>, req: &Request) -> Handled {
 async fn bucket_ids(core: &Rc<Core>, sel: Selection<'_>, most: usize) -> Vec<String> {
     let mut all = Vec::new();
     for i in 0..core.cores() {
-        let (prefix, after) = (
-            sel.prefix.map(str::to_string),
-            sel.after.map(str::to_string),
-        );
+        let owned = sel.owned();
         let part = core
             .on(i, move |c| async move {
-                let sel = Selection {
-                    prefix: prefix.as_deref(),
-                    after: after.as_deref(),
-                };
+                let sel = owned.get();
                 let mut ids: Vec<String> = c
                     .shard
                     .keys()
