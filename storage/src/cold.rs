@@ -17,6 +17,21 @@ use crate::position::SegmentNo;
 /// A pending ranged read of an archived segment.
 pub type ColdRead = Pin<Box<dyn Future<Output = io::Result<Bytes>>>>;
 
+/// A pending PUT of a WAL object: resolves once the object is in S3, or with why it never
+/// will be. Transient S3 failures are retried inside, for as long as it takes.
+pub type WalPut = Pin<Box<dyn Future<Output = Result<(), WalRefused>>>>;
+
+/// Why a WAL object will never be in S3 under this server's epoch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WalRefused {
+    /// Another server took the shard over (its fence holds the key), or its archive.
+    #[error("fenced: {0}")]
+    Fenced(String),
+    /// This cold tier has no S3 WAL (a test double, or the archiver thread is gone).
+    #[error("no S3 write-ahead log: {0}")]
+    Unsupported(&'static str),
+}
+
 /// How far a shard's log is durable: the position after the last record a durable log write
 /// has covered, and that record's LSN. Everything before it in the log never changes again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -49,4 +64,26 @@ pub trait ColdStore: Send + Sync + std::fmt::Debug {
     /// `len` bytes at byte `offset` of archived segment `segment` of `shard` (offsets are
     /// positions in the segment file, header included).
     fn read(&self, shard: u32, segment: SegmentNo, offset: u64, len: usize) -> ColdRead;
+
+    /// How far S3 held `shard`'s log when this server took it over: the archived end, or
+    /// the end of the WAL objects past it. With S3 durability a shard whose local log ends
+    /// before it must not open (acknowledged changes would be missing).
+    fn s3_end(&self, shard: u32) -> Option<DurableEnd> {
+        let _ = shard;
+        None
+    }
+
+    /// The LSN through which the committed manifest's archived log reaches.
+    fn archived_lsn(&self, shard: u32) -> crate::Lsn {
+        let _ = shard;
+        crate::Lsn::NONE
+    }
+
+    /// With S3 durability: put `object` in S3 as the next WAL object of `shard`.
+    fn put_wal(&self, shard: u32, object: crate::wal::WalObject) -> WalPut {
+        let _ = (shard, object);
+        Box::pin(std::future::ready(Err(WalRefused::Unsupported(
+            "this cold tier keeps no WAL",
+        ))))
+    }
 }

@@ -35,6 +35,15 @@ pub enum StorageError {
     /// because it can no longer tell what reached the disk.
     #[error("storage failed earlier: {0}")]
     Failed(LogFailure),
+    /// Another server took this shard's S3 archive over (`--durability s3` or a cold
+    /// tier): this server acknowledges no further change to it until restart.
+    #[error("fenced: another server owns this shard's archive now")]
+    Fenced,
+    /// With `--durability s3`: the change is durable on the local disk but did not reach
+    /// S3 within the acknowledgement bound. It is not acknowledged; it may still land
+    /// (a retry with producer headers is deduplicated).
+    #[error("not in S3 after {waited_ms} ms")]
+    NotInS3 { waited_ms: u64 },
     /// The data directory cannot be opened as it is; the message says what to do.
     #[error("cannot open the shard: {0}")]
     Unrecoverable(Unrecoverable),
@@ -109,6 +118,33 @@ pub enum Corruption {
     SnapshotBlobMissing(Box<str>),
 }
 
+/// Why a shard stopped taking writes for good (until restart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardFailure {
+    /// A durable log write failed.
+    Log(LogFailure),
+    /// Another server took the shard's S3 archive over.
+    Fenced,
+}
+
+impl From<ShardFailure> for StorageError {
+    fn from(f: ShardFailure) -> Self {
+        match f {
+            ShardFailure::Log(why) => StorageError::Failed(why),
+            ShardFailure::Fenced => StorageError::Fenced,
+        }
+    }
+}
+
+impl fmt::Display for ShardFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShardFailure::Log(why) => why.fmt(f),
+            ShardFailure::Fenced => f.write_str("fenced: another server owns the shard's archive"),
+        }
+    }
+}
+
 /// Why a shard's log stopped taking writes: the error of the write that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogFailure {
@@ -175,6 +211,12 @@ pub enum Unrecoverable {
         "the checkpoint continues the log in segment {0}, but no segment from there on exists"
     )]
     ResumeSegmentMissing(SegmentNo),
+    #[error(
+        "S3 holds this shard's log up to LSN {s3_lsn}, but the local log ends at LSN \
+         {local_lsn}: acknowledged changes are missing here; rebuild this data directory \
+         with `ursula restore`"
+    )]
+    BehindS3 { s3_lsn: u64, local_lsn: u64 },
     #[error(
         "checkpoint {path} is corrupt ({why}); the log before it may already be reclaimed, so \
          a full replay cannot stand in for it: restore this data directory from a backup"

@@ -24,17 +24,21 @@ mod slices;
 pub mod stream;
 mod view;
 pub mod waiters;
+pub mod wal;
 
 pub use checkpoint::{
     summary as checkpoint_summary, CheckpointSummary, FILE_NAME as CHECKPOINT_FILE,
 };
-pub use error::{ArchiveLag, Corruption, FormatError, LogFailure, StorageError, Unrecoverable};
+pub use error::{
+    ArchiveLag, Corruption, FormatError, LogFailure, ShardFailure, StorageError, Unrecoverable,
+};
 pub use index::DEFAULT_INDEX_CACHE_BYTES;
 pub use position::{Lsn, Offset, RecordNo, SegmentNo};
 pub use record::{AppendRec, Lifetime, ProducerStamp, SnapshotMeta, StreamMeta};
 pub use shard::{
     write_cold_marker, Changed, Commit, DiskUsage, Durability, HeapUsage, NewStream,
-    RecoveryReport, Shard, ShardConfig, ShardStats, COLD_MARKER,
+    RecoveryReport, S3WalSettings, S3WalStats, Shard, ShardConfig, ShardStats, COLD_MARKER,
+    S3_PUT_SECONDS_BUCKETS,
 };
 pub use stream::{Chunk, DiskLoc, Piece, Producer, Receipt, Stream, StreamId};
 pub use view::{StreamHead, StreamView};

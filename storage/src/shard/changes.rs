@@ -230,7 +230,7 @@ impl Shard {
 
     pub(super) fn insert_stream(&self, stream: Stream, lsn: Lsn) {
         let id = stream.id;
-        let visible = self.memory() || lsn <= self.durable_lsn();
+        let visible = self.memory() || lsn <= self.inner.group_commit.borrow().acknowledged_lsn();
         let (tail, closed) = (stream.tail, stream.closed);
         let replaced = self
             .inner

@@ -10,7 +10,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::aligned::align_up;
-use crate::error::{LogFailure, StorageError};
+use crate::error::{LogFailure, ShardFailure, StorageError};
 use crate::position::{Lsn, Offset};
 use crate::record::Record;
 use crate::stream::{DiskLoc, StreamId};
@@ -65,7 +65,7 @@ impl Shard {
     ) -> Result<(Lsn, Option<DiskLoc>), StorageError> {
         let lsn = match self.inner.group_commit.borrow().next_lsn() {
             Ok(lsn) => lsn,
-            Err(why) => return Err(StorageError::Failed(*why)),
+            Err(why) => return Err((*why).into()),
         };
         let mut loc = None;
         let mut guard = self.inner.log.borrow_mut();
@@ -248,11 +248,14 @@ impl Shard {
             .unwrap_or(COMMIT_BYTES_BUCKETS.len());
         stats.commit_bytes_buckets[slot] += 1;
         stats.bytes_flushed += written;
+        // With S3 durability the streams become readable once S3 has their changes.
+        self.ship_to_s3(&batches);
+        let after_s3 = self.visible_after_s3();
         let mut group_commit = self.inner.group_commit.borrow_mut();
         for batch in batches {
             stats.records_flushed += batch.effects.len() as u64;
             for e in &batch.effects {
-                if let Some((id, tail, closed)) = e.visible {
+                if let (Some((id, tail, closed)), false) = (e.visible, after_s3) {
                     self.make_visible(id, tail, closed);
                 }
                 // Batches complete in log order (the ledger asserts it).
@@ -284,7 +287,10 @@ impl Shard {
             shard = self.inner.cfg.shard,
             "log write failed: {e}; refusing further writes"
         );
-        self.inner.group_commit.borrow_mut().fail(LogFailure::of(e));
+        self.inner
+            .group_commit
+            .borrow_mut()
+            .fail(ShardFailure::Log(LogFailure::of(e)));
     }
 }
 
@@ -299,7 +305,22 @@ pub struct Commit {
 }
 
 impl Commit {
+    /// Resolves once the change is acknowledged: durable, and with S3 durability also in
+    /// S3, which it waits for at most the configured bound ([`StorageError::NotInS3`]).
     pub async fn durable(self) -> Result<(), StorageError> {
+        let bound = match &self.inner.cfg.s3_wal {
+            Some(s3) if !s3.ack_before_s3 => s3.ack_timeout,
+            _ => return self.acknowledged().await,
+        };
+        match monoio::time::timeout(bound, self.acknowledged()).await {
+            Ok(result) => result,
+            Err(_) => Err(StorageError::NotInS3 {
+                waited_ms: bound.as_millis() as u64,
+            }),
+        }
+    }
+
+    async fn acknowledged(&self) -> Result<(), StorageError> {
         poll_fn(|cx| {
             let polled = self.inner.group_commit.borrow_mut().poll(
                 self.ticket,
@@ -307,7 +328,7 @@ impl Commit {
                 cx.waker(),
             );
             self.registered.set(polled.is_pending());
-            polled.map_err(StorageError::Failed)
+            polled.map_err(StorageError::from)
         })
         .await
     }

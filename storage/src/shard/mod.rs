@@ -23,7 +23,7 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::error::{Corruption, LogFailure, StorageError};
+use crate::error::{Corruption, ShardFailure, StorageError};
 use crate::index;
 use crate::position::{Lsn, SegmentNo};
 use crate::record::{AppendRec, StreamMeta};
@@ -53,6 +53,7 @@ mod index_tests;
 mod model_tests;
 mod read;
 mod recovery;
+mod s3_wal;
 mod segment_map;
 #[cfg(test)]
 mod tests;
@@ -72,6 +73,7 @@ pub use cold_tier::{
 pub use commit::Commit;
 use group_commit::GroupCommit;
 use index_files::IndexFiles;
+pub use s3_wal::{S3WalSettings, S3WalStats, PUT_SECONDS_BUCKETS as S3_PUT_SECONDS_BUCKETS};
 use segment_map::SegmentMap;
 use writer::LogWriter;
 
@@ -141,6 +143,9 @@ pub struct ShardConfig {
     /// the server must see of them without waking them (a stream deleted while forks still
     /// read it is hidden from listings, which count dormant streams without waking them).
     pub stays_resident: fn(&[u8]) -> bool,
+    /// Acknowledge a change only once it is also in S3, through the cold tier's WAL
+    /// objects (`--durability s3`; needs `cold`). `None`: once durable on the local disk.
+    pub s3_wal: Option<S3WalSettings>,
     /// Lets tests stand in for a small disk: creating a segment file while this many exist
     /// fails as a full disk does.
     pub(crate) disk_segments: Option<usize>,
@@ -169,6 +174,7 @@ impl ShardConfig {
             cold_in_flight_bytes: DEFAULT_COLD_IN_FLIGHT_BYTES,
             idle_after: DEFAULT_IDLE_AFTER,
             stays_resident: |_| false,
+            s3_wal: None,
             disk_segments: None,
             tiny_segments: false,
         }
@@ -354,6 +360,9 @@ struct Inner {
     index_files: RefCell<IndexFiles>,
     /// Segments that left the local disk, and how they are read (with a cold tier only).
     cold: Option<cold_tier::ColdTier>,
+    /// With S3 durability: what is gathered for and in flight to S3, and how far S3 has
+    /// the log. Set once recovery has found the log's end.
+    s3_wal: std::cell::OnceCell<RefCell<s3_wal::S3Wal>>,
 }
 
 impl Shard {
@@ -385,6 +394,7 @@ impl Shard {
                 }
                 _ => None,
             },
+            s3_wal: std::cell::OnceCell::new(),
         });
         index::set_cache_bytes(cfg.index_cache_bytes);
         let shard = Shard { inner };
@@ -394,6 +404,7 @@ impl Shard {
             segment::create_dir_durable(&dir)?;
             let log = shard.recover(&dir, &mut report)?;
             *shard.inner.log.borrow_mut() = Some(log);
+            shard.open_s3_wal()?;
             shard.restarted();
             let flusher = shard.clone();
             monoio::spawn(async move { flusher.run_flusher().await });
@@ -472,7 +483,7 @@ impl Shard {
     }
 
     /// Whether writes are refused after an earlier storage failure.
-    pub fn failure(&self) -> Option<LogFailure> {
+    pub fn failure(&self) -> Option<ShardFailure> {
         self.inner.group_commit.borrow().failure().copied()
     }
 
@@ -492,7 +503,7 @@ impl Shard {
     /// state a crash right after the last fdatasync leaves. For crash and recovery tests.
     pub async fn halt(&self) -> Result<(), StorageError> {
         let last = self.last_lsn();
-        let result = self.commit(last).durable().await;
+        let result = self.settled(last).await;
         self.inner.readers.borrow_mut().clear();
         self.stop_tasks();
         result
@@ -503,7 +514,7 @@ impl Shard {
     /// flusher.
     pub async fn shutdown(&self) -> Result<(), StorageError> {
         let last = self.last_lsn();
-        let mut result = self.commit(last).durable().await;
+        let mut result = self.settled(last).await;
         // A clean stop leaves a checkpoint at the head, so the next start replays nothing.
         if result.is_ok() && self.inner.checkpoints.borrow().since_last() > 0 {
             result = self.checkpoint().await.map(|_| ());
@@ -518,6 +529,24 @@ impl Shard {
         result
     }
 
+    /// Wait for `lsn` to be acknowledged, or with S3 durability at least durable locally
+    /// when S3 does not take it within the bound: a stop must not wait on S3 for ever, and
+    /// the local log (and the last archive round) has the change.
+    async fn settled(&self, lsn: Lsn) -> Result<(), StorageError> {
+        match self.commit(lsn).durable().await {
+            Err(StorageError::NotInS3 { .. }) => loop {
+                if let Some(why) = self.failure() {
+                    return Err(why.into());
+                }
+                if self.durable_lsn() >= lsn {
+                    return Ok(());
+                }
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            },
+            other => other,
+        }
+    }
+
     /// End the flusher and the upkeep task at their next turn, so neither outlives the
     /// shard's owner waiting on a timer or on work that will not come.
     fn stop_tasks(&self) {
@@ -525,6 +554,9 @@ impl Shard {
         self.wake_flusher();
         if let Some(w) = self.inner.upkeep.borrow_mut().take() {
             w.wake();
+        }
+        if let Some(wal) = self.s3_wal() {
+            wal.borrow_mut().wake_task();
         }
     }
 
