@@ -44,6 +44,20 @@ pub enum Error {
     /// An object whose length or CRC is not what its manifest entry says.
     #[error("{key}: content differs from its manifest entry")]
     CorruptObject { key: String },
+    /// A stored WAL entry that does not decode.
+    #[error("{key}: corrupt WAL object: {source}")]
+    CorruptWalObject {
+        key: String,
+        #[source]
+        source: ursula_storage::wal::WalFormatError,
+    },
+    /// A WAL object that decodes but does not belong where it is.
+    #[error("{key}: {why}")]
+    CorruptWal { key: String, why: &'static str },
+    /// A WAL object continues a segment that neither the archive nor an earlier WAL object
+    /// holds.
+    #[error("shard {shard}: the WAL continues segment {segment}, which the archive lacks")]
+    WalGap { shard: u32, segment: u64 },
     /// A restored segment whose first piece is not a header of that segment and shard.
     #[error("segment {segment} of shard {shard}: no valid header")]
     BadSegmentHeader { segment: u64, shard: u32 },

@@ -5,6 +5,7 @@
 //!   objects, and advancing each shard's manifest by compare-and-swap under an owner epoch
 //!   (`archiver`). The returned [`Archive`] is the engine's [`ursula_storage::cold::ColdStore`].
 //! * [`restore::restore`] builds a data dir from the archive alone.
+//! * [`wal`] follows, fences and applies the S3 write-ahead log of `--durability s3`.
 //! * [`manifest`] is the object layout and the manifest format; [`status`] what the tier
 //!   reports (metrics, fencing); [`Error`] why any of it failed.
 
@@ -13,6 +14,7 @@ pub mod error;
 pub mod manifest;
 pub mod restore;
 pub mod status;
+pub mod wal;
 
 pub use archiver::{start, Archive, FinalRound, Settings, OWNER_FILE, RESTORED_FILE};
 pub use error::{Error, Result};

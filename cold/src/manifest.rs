@@ -8,6 +8,7 @@
 //! shard-<c>/e<epoch>/<number>.idx               an index file
 //! shard-<c>/e<epoch>/checkpoint.<lsn>.<crc>     a checkpoint copy
 //! shard-<c>/e<epoch>/snapshots/<blob>.<len>     a snapshot blob
+//! shard-<c>/e<epoch>/wal/<sequence>              a WAL object, or a fence (`--durability s3`)
 //! ```
 //!
 //! Every object but the manifest is written once, create-only. Keys carry the owner epoch
@@ -91,6 +92,18 @@ pub struct Blob {
     pub object: Object,
 }
 
+/// A WAL object past the archived end that an earlier epoch wrote and this one inherited
+/// (see `crate::wal`): a restore applies it before this epoch's own WAL objects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalRef {
+    pub first_lsn: u64,
+    pub last_lsn: u64,
+    /// Where the log ends after it.
+    pub end_segment: u64,
+    pub end_position: u64,
+    pub object: Object,
+}
+
 /// An object no committed manifest needs any more, deleted once the grace period after
 /// `since_ms` has passed (a reader or a restore may still be fetching it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,7 +134,18 @@ pub struct Manifest {
     pub index_files: Vec<IndexFile>,
     pub blobs: Vec<Blob>,
     pub garbage: Vec<Garbage>,
+    /// WAL objects of earlier epochs past `archived`, in log order.
+    #[serde(default)]
+    pub wal: Vec<WalRef>,
+    /// The keys of the fences written when earlier epochs were taken over: kept for good,
+    /// because a stale owner that wakes up must still find its next WAL key taken.
+    #[serde(default)]
+    pub fences: Vec<String>,
 }
+
+/// How many fences a manifest remembers: an owner fenced that many takeovers ago has long
+/// found its manifest commits refused.
+pub const FENCES_KEPT: usize = 16;
 
 impl Manifest {
     pub fn new(shard: u32, epoch: u64, owner: &str, interval_ms: u64, now_ms: i64) -> Manifest {
@@ -138,6 +162,8 @@ impl Manifest {
             index_files: Vec::new(),
             blobs: Vec::new(),
             garbage: Vec::new(),
+            wal: Vec::new(),
+            fences: Vec::new(),
         }
     }
 
@@ -150,6 +176,7 @@ impl Manifest {
         } else {
             let mut fresh = Manifest::new(self.shard, 0, owner, interval_ms, now_ms);
             fresh.garbage = self.garbage.clone();
+            fresh.fences = self.fences.clone();
             let dropped = self.keys();
             fresh.garbage.extend(dropped.into_iter().map(|key| Garbage {
                 key,
@@ -174,7 +201,30 @@ impl Manifest {
         out.extend(self.checkpoint.iter().map(|c| c.object.key.clone()));
         out.extend(self.index_files.iter().map(|f| f.object.key.clone()));
         out.extend(self.blobs.iter().map(|b| b.object.key.clone()));
+        out.extend(self.wal.iter().map(|w| w.object.key.clone()));
         out
+    }
+
+    /// How far S3 holds the log: the archived end, or the end of the inherited WAL
+    /// objects past it.
+    pub fn s3_end(&self) -> End {
+        match self.wal.last() {
+            Some(w) if w.last_lsn > self.archived.lsn => End {
+                segment: w.end_segment,
+                position: w.end_position,
+                lsn: w.last_lsn,
+            },
+            _ => self.archived,
+        }
+    }
+
+    /// Remember a fence key, forgetting the oldest beyond [`FENCES_KEPT`].
+    pub fn add_fence(&mut self, key: String) {
+        if !self.fences.contains(&key) {
+            self.fences.push(key);
+        }
+        let over = self.fences.len().saturating_sub(FENCES_KEPT);
+        self.fences.drain(..over);
     }
 
     /// Whether `segment` is archived whole.
@@ -232,6 +282,29 @@ impl Keys {
     pub fn blob(&self, name: &str, len: u64) -> String {
         format!("{}/snapshots/{name}.{len}", self.base)
     }
+
+    /// This epoch's WAL object (or fence) number `seq`.
+    pub fn wal(&self, seq: u64) -> String {
+        format!("{}/{}{seq:020}", self.base, WAL_DIR)
+    }
+
+    /// The prefix all WAL keys of this epoch share.
+    pub fn wal_prefix(&self) -> String {
+        format!("{}/{}", self.base, WAL_DIR)
+    }
+}
+
+const WAL_DIR: &str = "wal/";
+
+/// The epoch and sequence number a WAL key of shard `shard` names.
+pub fn parse_wal_key(shard: u32, key: &str) -> Option<(u64, u64)> {
+    let rest = key.strip_prefix(&format!("shard-{shard}/e"))?;
+    let (epoch, rest) = rest.split_once('/')?;
+    let seq = rest.strip_prefix(WAL_DIR)?;
+    if seq.len() != 20 {
+        return None;
+    }
+    Some((epoch.parse().ok()?, seq.parse().ok()?))
 }
 
 /// Read shard `shard`'s manifest and its ETag.
@@ -379,6 +452,24 @@ mod tests {
             "a new owner never reuses a key"
         );
         assert_eq!(manifest_key(3), "shard-3/manifest.json");
+        let wal = k.wal(42);
+        assert_eq!(wal, "shard-3/e7/wal/00000000000000000042");
+        assert!(wal.starts_with(&k.wal_prefix()));
+        assert_eq!(parse_wal_key(3, &wal), Some((7, 42)));
+        assert_eq!(parse_wal_key(4, &wal), None);
+        assert_eq!(parse_wal_key(3, &k.sealed(42)), None);
+    }
+
+    #[test]
+    fn fences_are_remembered_up_to_a_bound() {
+        let mut m = Manifest::new(0, 1, "a", 1000, 0);
+        for i in 0..FENCES_KEPT + 3 {
+            m.add_fence(format!("f{i}"));
+        }
+        m.add_fence(format!("f{}", FENCES_KEPT + 2));
+        assert_eq!(m.fences.len(), FENCES_KEPT);
+        assert_eq!(m.fences[0], "f3");
+        assert_eq!(m.successor("b", 1000, false, 1).fences, m.fences);
     }
 
     #[test]

@@ -39,6 +39,10 @@ pub struct Report {
     /// bytes.
     pub cold_segments: u64,
     pub cold_bytes: u64,
+    /// WAL objects applied past the archived end (`--durability s3`), and the end each
+    /// shard's log was restored to with them.
+    pub wal_objects: u64,
+    pub restored_ends: Vec<manifest::End>,
 }
 
 /// Restore the archive in `store` into `data_dir`, which must be empty or absent. With
@@ -79,8 +83,10 @@ pub async fn restore(
             })?;
         let budget = local_bytes.map(|b| b / u64::from(layout.shards.max(1)));
         restore_shard(store, &m, data_dir, budget, &mut report).await?;
+        let end = restore_wal(store, &m, data_dir, &mut report).await?;
         epochs.push(m.epoch);
         report.ends.push(m.archived);
+        report.restored_ends.push(end);
     }
     let restored = sonic_rs::to_vec(&epochs).map_err(|source| Error::Encode {
         what: "restored epochs",
@@ -157,6 +163,54 @@ async fn restore_shard(
         write_file(&path, &fetch(store, &c.object, report).await?)?;
     }
     segment::sync_dir(&dir).map_err(Error::io(&dir))
+}
+
+/// The name a restore writes into the fences it leaves.
+const RESTORE_OWNER: &str = "ursula-restore";
+
+/// Apply the WAL past the archived end: the objects the manifest inherited, then its own
+/// epoch's up to the first gap, and fence that epoch so its owner, if it still runs,
+/// acknowledges nothing more. Returns where the restored log ends.
+async fn restore_wal(
+    store: &DynStore,
+    m: &Manifest,
+    data_dir: &Path,
+    report: &mut Report,
+) -> Result<manifest::End> {
+    let dir = data_dir.join(format!("shard-{}", m.shard));
+    let mut end = m.archived;
+    let archived = m.archived.lsn;
+    for w in m.wal.iter().filter(|w| w.last_lsn > archived) {
+        let o = crate::wal::fetch(store, w).await?;
+        crate::wal::apply(&dir, m.shard, &o)?;
+        report.wal_objects += 1;
+        report.objects += 1;
+        report.bytes += w.object.len;
+        end = manifest::End {
+            segment: w.end_segment,
+            position: w.end_position,
+            lsn: w.last_lsn,
+        };
+    }
+    let fencer = crate::wal::Fencer {
+        epoch: m.epoch + 1,
+        owner: RESTORE_OWNER,
+    };
+    let chain = crate::wal::follow_and_fence(store, m.shard, m.epoch, end.lsn, &fencer, |o| {
+        crate::wal::apply(&dir, m.shard, o)
+    })
+    .await?;
+    for w in &chain.objects {
+        report.wal_objects += 1;
+        report.objects += 1;
+        report.bytes += w.object.len;
+        end = manifest::End {
+            segment: w.end_segment,
+            position: w.end_position,
+            lsn: w.last_lsn,
+        };
+    }
+    Ok(end)
 }
 
 /// Which of the manifest's segments up to the archived end to download, and which to leave

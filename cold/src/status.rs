@@ -65,6 +65,9 @@ pub struct Status {
     pub objects_deleted: AtomicU64,
     /// Bytes of archived segments read back for the engine.
     pub cold_read_bytes: AtomicU64,
+    /// WAL objects PUT (`--durability s3`) and their bytes.
+    pub wal_objects: AtomicU64,
+    pub wal_bytes: AtomicU64,
     /// Per shard: durable log bytes not yet in a committed manifest, and since when
     /// (ms since the epoch; 0: none).
     lag: Mutex<Vec<(u64, i64)>>,

@@ -9,18 +9,30 @@ use std::path::Path;
 use ursula_s3::DynStore;
 use ursula_storage::segment;
 
+use ursula_storage::cold::DurableEnd;
+
 use super::{Settings, OWNER_FILE, RESTORED_FILE};
 use crate::error::{Error, Result};
 use crate::manifest::{self, Manifest};
+use crate::wal::{follow_and_fence, Fencer};
 
-/// Take the next owner epoch of every shard's manifest, or refuse to start.
+/// A shard as claimed: the manifest committed, its ETag, and how far S3 holds the log.
+pub(super) struct Claimed {
+    pub(super) manifest: Manifest,
+    pub(super) etag: String,
+    pub(super) s3_end: Option<DurableEnd>,
+}
+
+/// Take the next owner epoch of every shard's manifest, or refuse to start. The previous
+/// epoch's WAL is fenced first, and what it holds past the archived end is inherited when
+/// this data dir continues that log.
 pub(super) async fn claim(
     store: &DynStore,
     settings: &Settings,
     shards: u32,
     owner: &str,
     restored: &Option<Vec<u64>>,
-) -> Result<Vec<(Manifest, String)>> {
+) -> Result<Vec<Claimed>> {
     let at = store.describe();
     let claiming = |e: Error| Error::Claim {
         store: at.clone(),
@@ -34,8 +46,8 @@ pub(super) async fn claim(
     for shard in 0..shards {
         let now = ursula_storage::now_ms();
         let current = manifest::load(store, shard).await.map_err(claiming)?;
-        let (next, etag) = match current {
-            None => (Manifest::new(shard, 1, owner, interval_ms, now), None),
+        let (next, etag, s3_end) = match current {
+            None => (Manifest::new(shard, 1, owner, interval_ms, now), None, None),
             Some((m, etag)) => {
                 let restored_from = restored
                     .as_ref()
@@ -60,10 +72,28 @@ pub(super) async fn claim(
                          are dropped after the grace period"
                     );
                 }
-                (
-                    m.successor(owner, interval_ms, ours || restored_from, now),
-                    Some(etag),
-                )
+                let inherit = ours || restored_from;
+                let mut next = m.successor(owner, interval_ms, inherit, now);
+                let fencer = Fencer {
+                    epoch: next.epoch,
+                    owner,
+                };
+                let chain =
+                    follow_and_fence(store, shard, m.epoch, m.s3_end().lsn, &fencer, |_| Ok(()))
+                        .await
+                        .map_err(claiming)?;
+                next.add_fence(chain.fence);
+                if inherit {
+                    next.wal.retain(|w| w.last_lsn > next.archived.lsn);
+                    next.wal.extend(chain.objects);
+                } else {
+                    // This data dir's log is another one: the old WAL is garbage.
+                    for w in chain.objects {
+                        next.drop_object(w.object.key, now);
+                    }
+                }
+                let s3_end = inherit.then(|| end_of(&next));
+                (next, Some(etag), s3_end)
             }
         };
         let etag = manifest::commit(store, &next, etag.as_deref())
@@ -81,9 +111,23 @@ pub(super) async fn claim(
             owner,
             "cold tier archive claimed"
         );
-        out.push((next, etag));
+        out.push(Claimed {
+            manifest: next,
+            etag,
+            s3_end,
+        });
     }
     Ok(out)
+}
+
+/// How far S3 holds the log the manifest describes.
+fn end_of(m: &Manifest) -> DurableEnd {
+    let end = m.s3_end();
+    DurableEnd {
+        segment: ursula_storage::SegmentNo::new(end.segment),
+        position: end.position,
+        lsn: ursula_storage::Lsn::new(end.lsn),
+    }
 }
 
 /// The random identity of the server owning `data_dir`, created on first use.

@@ -53,9 +53,15 @@ impl Worker {
                 return;
             }
         };
+        let wal_covered = self.archive.shards[self.shard as usize]
+            .wal
+            .lock()
+            .ok()
+            .and_then(|w| w.covered_through());
         let doomed = orphans(
             self.shard,
             &[&self.manifest, &stored],
+            (self.manifest.epoch, wal_covered),
             &listed,
             ursula_storage::now_ms(),
             self.grace_ms,
@@ -114,11 +120,16 @@ impl Worker {
 
 /// The keys in `listed` that are shard `shard`'s orphans: under one of its epoch
 /// directories (`shard-<c>/e<epoch>/`, the only objects the archiver writes), named by none
-/// of `manifests` nor on their garbage lists, and last modified at least `grace_ms` before
-/// `now_ms`. An object whose age the store does not report is kept.
+/// of `manifests` nor on their garbage lists nor a fence they keep, and last modified at
+/// least `grace_ms` before `now_ms`. An object whose age the store does not report is kept.
+///
+/// The WAL objects of the current epoch (`current`: the epoch, and the sequence number
+/// through which the archive covers them) are named by no manifest, one per PUT: they go
+/// once the archive covers them, and never before.
 fn orphans(
     shard: u32,
     manifests: &[&Manifest],
+    (epoch, wal_covered): (u64, Option<u64>),
     listed: &[ursula_s3::Listed],
     now_ms: i64,
     grace_ms: i64,
@@ -134,10 +145,16 @@ fn orphans(
                 .chain(m.checkpoint.iter().map(|c| &c.object))
                 .chain(m.index_files.iter().map(|f| &f.object))
                 .chain(m.blobs.iter().map(|b| &b.object))
+                .chain(m.wal.iter().map(|w| &w.object))
                 .map(|o| o.key.as_str())
                 .chain(m.garbage.iter().map(|g| g.key.as_str()))
+                .chain(m.fences.iter().map(String::as_str))
         })
         .collect();
+    let current_wal_kept = |key: &str| match manifest::parse_wal_key(shard, key) {
+        Some((e, seq)) if e == epoch => wal_covered.is_none_or(|c| seq > c),
+        _ => false,
+    };
     let base = format!("shard-{shard}/");
     let in_an_epoch_dir = |key: &str| {
         key.strip_prefix(&base)
@@ -150,6 +167,7 @@ fn orphans(
     listed
         .iter()
         .filter(|o| in_an_epoch_dir(&o.key) && !known.contains(o.key.as_str()))
+        .filter(|o| !current_wal_kept(&o.key))
         .filter(|o| o.modified_ms.is_some_and(|t| now_ms - t >= grace_ms))
         .map(|o| o.key.clone())
         .collect()
@@ -218,7 +236,7 @@ mod tests {
             listed("shard-10/e3/0000000003.seg", old),
             listed("layout.json", old),
         ];
-        let got = orphans(1, &[&m, &stored], &all, now, grace);
+        let got = orphans(1, &[&m, &stored], (3, None), &all, now, grace);
         assert_eq!(
             got,
             vec![
@@ -227,7 +245,44 @@ mod tests {
             ]
         );
         // Without the stored manifest the index file would have gone.
-        assert!(orphans(1, &[&m], &all, now, grace).contains(&"shard-1/e3/0000000002.idx".into()));
+        assert!(orphans(1, &[&m], (3, None), &all, now, grace)
+            .contains(&"shard-1/e3/0000000002.idx".into()));
+    }
+
+    #[test]
+    fn wal_objects_go_once_archived_and_fences_stay() {
+        let mut m = Manifest::new(1, 3, "a", 1000, 0);
+        let keys = manifest::Keys::new(1, 2);
+        m.add_fence(keys.wal(7));
+        m.wal.push(manifest::WalRef {
+            first_lsn: 50,
+            last_lsn: 60,
+            end_segment: 1,
+            end_position: 9000,
+            object: object(&keys.wal(6)),
+        });
+        let (now, grace) = (100_000, 10_000);
+        let old = Some(now - grace);
+        let ours = manifest::Keys::new(1, 3);
+        let all = [
+            listed(&keys.wal(5), old),
+            listed(&keys.wal(6), old),
+            listed(&keys.wal(7), old),
+            listed(&keys.wal(8), old),
+            listed(&ours.wal(0), old),
+            listed(&ours.wal(1), old),
+            listed(&ours.wal(2), old),
+        ];
+        let got = orphans(1, &[&m], (3, Some(1)), &all, now, grace);
+        assert_eq!(
+            got,
+            vec![keys.wal(5), keys.wal(8), ours.wal(0), ours.wal(1)],
+            "the inherited object and the fence stay, and this epoch's uncovered object"
+        );
+        assert_eq!(
+            orphans(1, &[&m], (3, None), &all, now, grace),
+            vec![keys.wal(5), keys.wal(8)]
+        );
     }
 
     #[test]

@@ -33,10 +33,15 @@
 //! [`Archive::finish`]: every shard runs one last round, so a planned restart leaves
 //! nothing acknowledged only on the local disk.
 //!
+//! With `--durability s3` the cores also hand it WAL objects to PUT (`wal_puts`), and a
+//! shard acknowledges a change once the object holding it is in S3; the claim at start
+//! fences the previous epoch's WAL (`crate::wal`).
+//!
 //! The files here: this one has the [`Archive`] and [`start`]; `claim` takes every
-//! shard's next owner epoch at start; `reads` serves the engine's cold reads; `worker`
-//! runs one shard's rounds and commits them; `segments`, `checkpoint` and `blobs` are what
-//! a round copies; `garbage` deletes what no manifest needs.
+//! shard's next owner epoch at start; `reads` serves the engine's cold reads; `wal_puts`
+//! its WAL PUTs; `worker` runs one shard's rounds and commits them; `segments`,
+//! `checkpoint` and `blobs` are what a round copies; `garbage` deletes what no manifest
+//! needs.
 
 mod blobs;
 mod checkpoint;
@@ -44,6 +49,7 @@ mod claim;
 mod garbage;
 mod reads;
 mod segments;
+mod wal_puts;
 mod worker;
 
 use std::path::Path;
@@ -99,6 +105,11 @@ struct Slot {
     durable: Mutex<Option<DurableEnd>>,
     /// The last manifest committed, for reads and `is_archived`.
     committed: Mutex<Arc<Manifest>>,
+    /// How far S3 held the log when this server claimed the shard (`None`: the archive
+    /// was not this data dir's, and holds none of its log).
+    s3_end: Option<DurableEnd>,
+    /// This epoch's WAL objects: numbering and which ones the archive covers.
+    wal: Mutex<wal_puts::WalPuts>,
 }
 
 impl std::fmt::Debug for Archive {
@@ -151,9 +162,11 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
                 let archive = Arc::new(Archive {
                     shards: claimed
                         .iter()
-                        .map(|(m, _)| Slot {
+                        .map(|c| Slot {
                             durable: Mutex::new(None),
-                            committed: Mutex::new(Arc::new(m.clone())),
+                            committed: Mutex::new(Arc::new(c.manifest.clone())),
+                            s3_end: c.s3_end,
+                            wal: Mutex::new(wal_puts::WalPuts::default()),
                         })
                         .collect(),
                     status: Arc::new(Status::new(shards as usize)),
@@ -166,13 +179,13 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
                     let _ = std::fs::remove_file(data_dir.join(RESTORED_FILE));
                 }
                 let mut tasks = Vec::new();
-                for (shard, (m, etag)) in claimed.into_iter().enumerate() {
+                for (shard, c) in claimed.into_iter().enumerate() {
                     let worker = Worker::new(
                         archive.clone(),
                         &settings,
                         &data_dir,
                         shard as u32,
-                        (m, etag),
+                        (c.manifest, c.etag),
                         (finish.clone(), done.clone()),
                     );
                     tasks.push(tokio::spawn(worker.run()));

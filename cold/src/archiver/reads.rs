@@ -1,12 +1,13 @@
 //! The engine's side of the archive ([`ColdStore`]): durable ends reported by the cores,
-//! whether a segment is archived whole, and reads of archived segments as ranged GETs on
-//! the archiver's runtime.
+//! whether a segment is archived whole, reads of archived segments as ranged GETs on the
+//! archiver's runtime, and (with `--durability s3`) where S3's copy of the log ends and the
+//! WAL objects' PUTs.
 
 use std::io;
 
 use bytes::Bytes;
 use ursula_s3::DynStore;
-use ursula_storage::cold::{ColdRead, ColdStore, DurableEnd};
+use ursula_storage::cold::{ColdRead, ColdStore, DurableEnd, WalPut};
 use ursula_storage::SegmentNo;
 
 use super::Archive;
@@ -25,6 +26,19 @@ impl ColdStore for Archive {
                 }
             }
         }
+    }
+
+    fn s3_end(&self, shard: u32) -> Option<DurableEnd> {
+        self.shards.get(shard as usize).and_then(|s| s.s3_end)
+    }
+
+    fn archived_lsn(&self, shard: u32) -> ursula_storage::Lsn {
+        let lsn = self.committed(shard).map_or(0, |m| m.archived.lsn);
+        ursula_storage::Lsn::new(lsn)
+    }
+
+    fn put_wal(&self, shard: u32, object: ursula_storage::wal::WalObject) -> WalPut {
+        self.put_wal_object(shard, object)
     }
 
     fn is_archived(&self, shard: u32, segment: SegmentNo) -> bool {

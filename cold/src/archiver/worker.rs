@@ -61,6 +61,18 @@ pub(super) struct Worker {
     pub(super) done: std::sync::mpsc::Sender<(u32, FinalRound)>,
 }
 
+/// Inherited WAL objects the archived log now covers go to the garbage list.
+fn drop_archived_wal(m: &mut Manifest, now: i64) {
+    let archived = m.archived.lsn;
+    let (keep, covered): (Vec<_>, Vec<_>) = std::mem::take(&mut m.wal)
+        .into_iter()
+        .partition(|w| w.last_lsn > archived);
+    m.wal = keep;
+    for w in covered {
+        m.drop_object(w.object.key, now);
+    }
+}
+
 impl Worker {
     pub(super) fn new(
         archive: Arc<Archive>,
@@ -253,6 +265,7 @@ impl Worker {
         }
         self.archive_checkpoint(&mut m, now).await?;
         self.keep_needed_segments(&mut m, now);
+        drop_archived_wal(&mut m, now);
         let blobs_after = list_blobs(&self.dir)?;
         self.archive_blobs(&mut m, &blobs_before, &blobs_after, now)
             .await?;
@@ -313,8 +326,12 @@ impl Worker {
     fn publish(&mut self, m: Manifest) {
         let archived = m.archived;
         self.manifest = m.clone();
-        if let Ok(mut c) = self.archive.shards[self.shard as usize].committed.lock() {
+        let slot = &self.archive.shards[self.shard as usize];
+        if let Ok(mut c) = slot.committed.lock() {
             *c = Arc::new(m);
+        }
+        if let Ok(mut w) = slot.wal.lock() {
+            w.archived_through(archived.lsn);
         }
         while self.observed.front().is_some_and(|(p, _)| {
             (p.segment.get(), p.position) <= (archived.segment, archived.position)
