@@ -21,6 +21,7 @@ use prometheus_client::metrics::MetricType;
 use ursula_protocol::http1::Method;
 use ursula_storage::shard::{COMMIT_BYTES_BUCKETS, COMMIT_WRITE_BUCKETS_US};
 use ursula_storage::{DiskUsage, HeapUsage, ShardStats};
+use ursula_storage::{S3WalStats, S3_PUT_SECONDS_BUCKETS};
 
 use crate::config::StorageMode;
 use crate::core::Core;
@@ -123,7 +124,7 @@ async fn ready(core: &Rc<Core>) -> Response {
     for index in 0..core.cores() {
         match core.on(index, |c| async move { c.shard.failure() }).await {
             Ok(None) => {}
-            Ok(Some(_)) => return text(503, &format!("shard {index} failed\n")),
+            Ok(Some(why)) => return text(503, &format!("shard {index} failed: {why}\n")),
             Err(_) => return text(503, &format!("core {index} unavailable\n")),
         }
     }
@@ -180,6 +181,8 @@ struct CoreSnapshot {
     dormant_streams: usize,
     heap: HeapUsage,
     failed: bool,
+    /// With `--durability s3`.
+    s3_wal: Option<S3WalStats>,
 }
 
 fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
@@ -209,6 +212,7 @@ fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
         dormant_streams: core.shard.stream_counts().1,
         heap: core.shard.heap_usage(),
         failed: core.shard.failure().is_some(),
+        s3_wal: core.shard.s3_wal_stats(),
     }
 }
 
@@ -372,6 +376,7 @@ impl prometheus_client::collector::Collector for Scrape {
         encode_cores(&mut e, &self.cores)?;
         encode_storage(&mut e, &self.cores)?;
         encode_storage_space(&mut e, &self.cores)?;
+        encode_s3_wal(&mut e, &self.cores)?;
         encode_streams_and_memory(&mut e, &self.cores)?;
         if let Some(archive) = crate::cold::archive() {
             encode_cold(&mut e, &archive.status)?;
@@ -793,6 +798,83 @@ fn encode_streams_and_memory(
         "1 when the shard refuses writes after a failed log write",
         "shard",
         c().map(|s| (s.core, gauge(u64::from(s.failed)))),
+    )?;
+    Ok(())
+}
+
+/// Each shard's S3 write-ahead log (only with `--durability s3`).
+fn encode_s3_wal(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<(), std::fmt::Error> {
+    if cores.iter().all(|s| s.s3_wal.is_none()) {
+        return Ok(());
+    }
+    let w = || cores.iter().filter_map(|s| s.s3_wal.map(|w| (s.core, w)));
+    per_core(
+        e,
+        "ursula_s3_wal_put_seconds",
+        "Time from a WAL object's PUT to S3 holding it (retries included)",
+        "shard",
+        w().map(|(core, w)| {
+            let buckets = S3_PUT_SECONDS_BUCKETS
+                .iter()
+                .copied()
+                .chain(std::iter::once(f64::INFINITY))
+                .zip(w.put_buckets.iter().copied())
+                .collect();
+            let h = BucketCounts {
+                sum: w.put_nanos as f64 / 1e9,
+                count: w.objects,
+                buckets,
+            };
+            (core, h)
+        }),
+    )?;
+    per_core(
+        e,
+        "ursula_s3_wal_object_bytes",
+        "Log bytes each WAL object PUT to S3 held",
+        "shard",
+        w().map(|(core, w)| {
+            let buckets = COMMIT_BYTES_BUCKETS
+                .iter()
+                .map(|&b| b as f64)
+                .chain(std::iter::once(f64::INFINITY))
+                .zip(w.object_bytes_buckets.iter().copied())
+                .collect();
+            let h = BucketCounts {
+                sum: w.bytes as f64,
+                count: w.objects,
+                buckets,
+            };
+            (core, h)
+        }),
+    )?;
+    per_core(
+        e,
+        "ursula_s3_wal_commits",
+        "Group commits shipped to S3 in WAL objects (commits per PUT: divide by the objects)",
+        "shard",
+        w().map(|(core, w)| (core, counter(w.commits))),
+    )?;
+    per_core(
+        e,
+        "ursula_s3_wal_pending_objects",
+        "WAL objects gathering or in flight to S3",
+        "shard",
+        w().map(|(core, w)| (core, gauge(w.pending_objects))),
+    )?;
+    per_core(
+        e,
+        "ursula_s3_wal_pending_bytes",
+        "Log bytes durable locally and not in S3 yet",
+        "shard",
+        w().map(|(core, w)| (core, gauge(w.pending_bytes))),
+    )?;
+    per_core(
+        e,
+        "ursula_s3_wal_waiting_acks",
+        "Writes durable locally whose acknowledgement waits for S3",
+        "shard",
+        w().map(|(core, w)| (core, gauge(w.waiting_acks))),
     )?;
     Ok(())
 }

@@ -88,6 +88,18 @@ pub enum StorageMode {
     Memory,
 }
 
+/// When an append is acknowledged.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityMode {
+    /// Once its log write is durable on the local disk.
+    #[default]
+    Local,
+    /// Once it is durable on the local disk and in S3 (a WAL object PUT through the cold
+    /// tier): losing the host and its disk loses nothing acknowledged. Needs the cold tier.
+    S3,
+}
+
 #[derive(Args, Debug, Default)]
 pub struct ServerArgs {
     /// Address to listen on; port 0 picks a free port (printed at start).
@@ -101,6 +113,10 @@ pub struct ServerArgs {
     pub cores: Option<usize>,
     #[arg(long, value_enum)]
     pub storage: Option<StorageMode>,
+    /// When appends are acknowledged: `local` (durable on this disk) or `s3` (also in S3;
+    /// needs the cold tier).
+    #[arg(long, value_enum)]
+    pub durability: Option<DurabilityMode>,
     /// How long a long-poll read waits for data before answering 204.
     #[arg(long)]
     pub long_poll_timeout_ms: Option<u64>,
@@ -177,6 +193,18 @@ pub struct ColdTierFile {
     pub archive_interval_ms: Option<u64>,
     pub local_bytes: Option<u64>,
     pub grace_ms: Option<u64>,
+    /// With `durability = "s3"`: while a WAL PUT is in flight, the next one starts beside
+    /// it once it holds this many bytes.
+    pub wal_object_bytes: Option<usize>,
+    /// With `durability = "s3"`: ... or once its oldest change has waited this long.
+    pub wal_linger_ms: Option<u64>,
+    /// With `durability = "s3"`: with no WAL PUT in flight, how long changes still wait for
+    /// more before theirs starts (bounds the PUT rate of a trickle of appends).
+    pub wal_hold_ms: Option<u64>,
+    /// With `durability = "s3"`: WAL PUTs in flight at once per core.
+    pub wal_max_in_flight: Option<usize>,
+    /// With `durability = "s3"`: longest an append waits for S3 before it is answered 503.
+    pub s3_ack_timeout_ms: Option<u64>,
 }
 
 /// The cold tier, when a bucket is configured.
@@ -195,6 +223,7 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub cores: Option<usize>,
     pub storage: Option<StorageMode>,
+    pub durability: Option<DurabilityMode>,
     pub long_poll_timeout_ms: Option<u64>,
     pub sse_keepalive_ms: Option<u64>,
     pub sse_max_connection_ms: Option<u64>,
@@ -276,9 +305,38 @@ pub struct Config {
     pub cors_origins: Option<Vec<String>>,
     /// Continuous archiving to S3; `None`: none.
     pub cold: Option<ColdTier>,
+    /// With `--durability s3`: how each shard ships its log to S3 before acknowledging.
+    pub s3_wal: Option<ursula_storage::S3WalSettings>,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
+
+/// The S3 WAL's settings from the `[cold_tier]` section, over the engine's defaults.
+fn s3_wal_settings(file: &ColdTierFile) -> Result<ursula_storage::S3WalSettings, ConfigError> {
+    let defaults = ursula_storage::S3WalSettings::default();
+    let at_least_one = |v: Option<u64>, what| match v {
+        Some(0) => Err(ConfigError::Zero(what)),
+        v => Ok(v),
+    };
+    let object_bytes = at_least_one(file.wal_object_bytes.map(|b| b as u64), "wal_object_bytes")?;
+    let in_flight = at_least_one(
+        file.wal_max_in_flight.map(|n| n as u64),
+        "wal_max_in_flight",
+    )?;
+    let ack = at_least_one(file.s3_ack_timeout_ms, "s3_ack_timeout_ms")?;
+    Ok(ursula_storage::S3WalSettings {
+        object_bytes: object_bytes.map_or(defaults.object_bytes, |b| b as usize),
+        linger: file
+            .wal_linger_ms
+            .map_or(defaults.linger, Duration::from_millis),
+        hold: file
+            .wal_hold_ms
+            .map_or(defaults.hold, Duration::from_millis),
+        max_in_flight: in_flight.map_or(defaults.max_in_flight, |n| n as usize),
+        ack_timeout: ack.map_or(defaults.ack_timeout, Duration::from_millis),
+        ack_before_s3: false,
+    })
+}
 
 /// A setting the server cannot start with (the process exits with status 2).
 #[derive(Debug, thiserror::Error)]
@@ -303,6 +361,13 @@ pub enum ConfigError {
     NoArchiveInterval,
     #[error("the cold tier archives the data dir: it needs --storage disk")]
     ColdNeedsDisk,
+    #[error(
+        "--durability s3 acknowledges once appends are in S3: it needs the cold tier \
+         (--cold-s3-bucket, or s3_bucket in [cold_tier])"
+    )]
+    S3DurabilityNeedsColdTier,
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
     #[error(
         "invalid CORS origin {0:?}: expected scheme://host[:port] (e.g. https://app.example.com) or *"
     )]
@@ -362,6 +427,7 @@ impl Config {
             None => None,
         };
         let cold_file = file.cold_tier.unwrap_or_default();
+        let wal_settings = s3_wal_settings(&cold_file);
         let cold = match args.cold_s3_bucket.or(cold_file.s3_bucket) {
             None => None,
             Some(bucket) => {
@@ -394,8 +460,16 @@ impl Config {
         if cold.is_some() && storage == StorageMode::Memory {
             return Err(ConfigError::ColdNeedsDisk);
         }
+        let s3_wal = match args.durability.or(file.durability).unwrap_or_default() {
+            DurabilityMode::Local => None,
+            DurabilityMode::S3 if cold.is_none() => {
+                return Err(ConfigError::S3DurabilityNeedsColdTier)
+            }
+            DurabilityMode::S3 => Some(wal_settings?),
+        };
         Ok(Config {
             cold,
+            s3_wal,
             auth,
             tls,
             cors_origins,

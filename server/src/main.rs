@@ -106,7 +106,13 @@ fn main() {
                         report.cold_segments, report.cold_bytes
                     );
                 }
-                for (shard, end) in report.ends.iter().enumerate() {
+                if report.wal_objects > 0 {
+                    println!(
+                        "{} WAL objects applied past the archived ends",
+                        report.wal_objects
+                    );
+                }
+                for (shard, end) in report.restored_ends.iter().enumerate() {
                     println!(
                         "shard {shard}: rewound to segment {} position {} (LSN {})",
                         end.segment, end.position, end.lsn

@@ -8,108 +8,19 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use support::s3::{BUCKET, CREDS, S3};
 use support::{expect, req, temp_dir, write_config, Server, URSULA_BIN};
 
-const BUCKET: &str = "cold-test";
-const CREDS: [(&str, &str); 3] = [
-    ("AWS_ACCESS_KEY_ID", "testak"),
-    ("AWS_SECRET_ACCESS_KEY", "testsecretkey"),
-    ("AWS_EC2_METADATA_DISABLED", "true"),
-];
 const OCTETS: (&str, &str) = ("content-type", "application/octet-stream");
 const JSON: (&str, &str) = ("content-type", "application/json");
-
-/// `ursula-test-s3`, built next to `ursula` by the workspace build.
-fn test_s3_bin() -> PathBuf {
-    let p = Path::new(URSULA_BIN).with_file_name("ursula-test-s3");
-    assert!(
-        p.exists(),
-        "{} not found: the cold tier tests need the S3 test server; build the workspace \
-         first (cargo build --release --workspace)",
-        p.display()
-    );
-    p
-}
-
-/// A running S3 server whose objects are files under `root/BUCKET/`.
-struct S3 {
-    child: Child,
-    addr: String,
-    root: PathBuf,
-}
-
-impl S3 {
-    fn start(root: &Path, port: u16) -> S3 {
-        std::fs::create_dir_all(root).expect("mkdir s3 root");
-        let mut child = Command::new(test_s3_bin())
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--root"])
-            .arg(root)
-            .args(["--bucket", BUCKET])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn ursula-test-s3");
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        let mut reader = BufReader::new(stdout);
-        reader.read_line(&mut line).expect("listening line");
-        thread::spawn(move || for _ in reader.lines() {});
-        let addr = line
-            .trim()
-            .strip_prefix("ursula-test-s3 listening on http://")
-            .unwrap_or_else(|| panic!("unexpected line from ursula-test-s3: {line:?}"))
-            .to_string();
-        S3 {
-            child,
-            addr,
-            root: root.to_path_buf(),
-        }
-    }
-
-    fn port(&self) -> u16 {
-        self.addr
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("port")
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// The object `key` under `prefix`, read from the server's files.
-    fn object(&self, prefix: &str, key: &str) -> Option<Vec<u8>> {
-        std::fs::read(self.root.join(BUCKET).join(prefix).join(key)).ok()
-    }
-
-    fn manifest(&self, prefix: &str, shard: u32) -> Option<sonic_rs::Value> {
-        let b = self.object(prefix, &format!("shard-{shard}/manifest.json"))?;
-        Some(sonic_rs::from_slice(&b).expect("manifest is JSON"))
-    }
-
-    fn stop(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for S3 {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn u64_at(v: &sonic_rs::Value, path: &[&str]) -> u64 {
     let mut at = v;

@@ -86,6 +86,9 @@ pub enum ApiError {
     StorageFault(&'static str),
     /// The disk is full; the reason may name why nothing can leave it (the archive lag).
     InsufficientStorage(Cow<'static, str>),
+    /// Another server took this server's shards over (through S3): it acknowledges nothing
+    /// more until restarted, so retrying here cannot help; another server has the data.
+    Fenced,
 }
 
 impl ApiError {
@@ -127,7 +130,7 @@ impl ApiError {
             HeaderTooLarge => 431,
             StorageFault(_) => 500,
             NotImplemented(_) => 501,
-            Unavailable(_) => 503,
+            Unavailable(_) | Fenced => 503,
             InsufficientStorage(_) => 507,
         }
     }
@@ -183,6 +186,7 @@ impl ApiError {
             StorageFault(_) => "storage_fault",
             Unavailable(_) => "unavailable",
             InsufficientStorage(_) => "insufficient_storage",
+            Fenced => "fenced",
         }
     }
 
@@ -207,6 +211,7 @@ impl ApiError {
             | StorageFault(r) => r,
             MethodNotAllowed { reason, .. } => reason,
             PayloadTooLarge(r) | Unavailable(r) | InsufficientStorage(r) => r,
+            Fenced => "another server took this server's data over; it accepts no writes",
             InvalidBucketId => "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
             InvalidJson => "body is not a single JSON text",
             InvalidText => "text streams hold UTF-8 only and the body is not UTF-8",
@@ -351,6 +356,14 @@ impl From<StorageError> for ApiError {
                     "storage failed; writes are refused until the server restarts",
                 )
             }
+            StorageError::NotInS3 { waited_ms } => ApiError::Unavailable(
+                format!(
+                    "not acknowledged: S3 did not take the write within {waited_ms} ms; retry \
+                     (with producer headers a retry is not appended twice)"
+                )
+                .into(),
+            ),
+            StorageError::Fenced => ApiError::Fenced,
             StorageError::Unrecoverable(why) => {
                 tracing::error!("shard cannot be opened, answered 500: {why}");
                 ApiError::StorageFault("storage cannot be opened")

@@ -60,6 +60,10 @@ pub fn run(
         if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
             shard_cfg.cold = Some(archive.clone());
             shard_cfg.local_bytes = tier.local_bytes.map(|b| b / config.cores as u64);
+            shard_cfg.s3_wal = config.s3_wal.clone().map(|mut s3| {
+                s3.ack_before_s3 = fault_ack_before_s3();
+                s3
+            });
         }
         let shard = match ursula_storage::Shard::open(shard_cfg).await {
             Ok((shard, report)) => {
@@ -315,6 +319,16 @@ fn fault_fail_commit_after() -> Option<u64> {
         .ok()?;
     tracing::warn!("fault injection: commit writes will fail after {n} flushes");
     Some(n)
+}
+
+/// A test switch that breaks `--durability s3` on purpose, so tests can show they notice:
+/// appends are acknowledged once durable locally, before their WAL object is in S3.
+fn fault_ack_before_s3() -> bool {
+    let on = std::env::var("URSULA_FAULT_ACK_BEFORE_S3").is_ok_and(|v| v == "1");
+    if on {
+        tracing::warn!("fault injection: acknowledging appends before they are in S3");
+    }
+    on
 }
 
 type CoreRuntime =

@@ -6,6 +6,7 @@
 //! `ursula listening on http://…` line, and stop it with SIGKILL or SIGTERM.
 #![allow(dead_code)]
 
+pub mod s3;
 pub mod workload;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
