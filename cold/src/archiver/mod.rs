@@ -83,6 +83,8 @@ pub struct Archive {
     pub status: Arc<Status>,
     store: DynStore,
     runtime: tokio::runtime::Handle,
+    /// The WAL PUTs' own thread and client (see [`wal_puts::WalThread`]).
+    wal: wal_puts::WalThread,
     /// Set by [`Archive::finish`]: every worker runs its last round and reports on
     /// `finished`.
     finishing: tokio::sync::watch::Sender<bool>,
@@ -129,6 +131,7 @@ pub const RESTORED_FILE: &str = "cold-restored";
 pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Archive>> {
     let owner = owner_identity(data_dir)?;
     let restored = read_restored(data_dir)?;
+    let wal = wal_puts::WalThread::start(&settings.s3)?;
     let (tx, rx) = std::sync::mpsc::channel::<Result<Arc<Archive>>>();
     let data_dir = data_dir.to_path_buf();
     std::thread::Builder::new()
@@ -172,6 +175,7 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
                     status: Arc::new(Status::new(shards as usize)),
                     store: store.clone(),
                     runtime: tokio::runtime::Handle::current(),
+                    wal,
                     finishing,
                     finished: Mutex::new(finished),
                 });

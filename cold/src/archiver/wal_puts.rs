@@ -1,6 +1,11 @@
 //! The archive's side of the S3 write-ahead log (`--durability s3`): numbering each
 //! shard's WAL objects, PUTting them create-only, retried until they land or a fence is
 //! found, and knowing which ones the archive covers, so that they can be deleted.
+//!
+//! The PUTs run on a thread of their own with their own S3 client ([`WalThread`]), not on
+//! the archiver's: an archive round reads whole segment files and signs uploads of up to a
+//! segment's size on its thread, and an acknowledgement must not wait behind that (it
+//! held WAL PUTs for up to 0.8 s at 36 MB/s of 64 KiB appends when they shared it).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -56,6 +61,53 @@ impl WalPuts {
     }
 }
 
+/// The thread the WAL PUTs run on: a tokio current-thread runtime kept alive for the
+/// process, and its S3 client.
+pub(super) struct WalThread {
+    runtime: tokio::runtime::Handle,
+    store: DynStore,
+}
+
+impl WalThread {
+    pub(super) fn start(s3: &ursula_s3::S3Settings) -> crate::Result<WalThread> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s3 = s3.clone();
+        std::thread::Builder::new()
+            .name("ursula-s3-wal".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(source) => {
+                        let _ = tx.send(Err(crate::Error::Start {
+                            what: "S3 WAL runtime",
+                            source,
+                        }));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let store: DynStore =
+                        std::sync::Arc::new(ursula_s3::S3Store::connect(&s3).await);
+                    let handle = tokio::runtime::Handle::current();
+                    let _ = tx.send(Ok(WalThread {
+                        runtime: handle,
+                        store,
+                    }));
+                    // Serve the PUTs spawned onto this runtime for the life of the process.
+                    std::future::pending::<()>().await;
+                });
+            })
+            .map_err(|source| crate::Error::Start {
+                what: "spawn S3 WAL thread",
+                source,
+            })?;
+        rx.recv().map_err(|_| crate::Error::ThreadExited)?
+    }
+}
+
 impl Archive {
     /// See [`ursula_storage::cold::ColdStore::put_wal`].
     pub(super) fn put_wal_object(&self, shard: u32, object: WalObject) -> WalPut {
@@ -72,9 +124,9 @@ impl Archive {
         };
         let key = Keys::new(shard, epoch).wal(seq);
         let (tx, rx) = futures_channel::oneshot::channel();
-        let store = self.store.clone();
+        let store = self.wal.store.clone();
         let status = self.status.clone();
-        self.runtime.spawn(async move {
+        self.wal.runtime.spawn(async move {
             let bytes = object.encode();
             let _ = tx.send(put_until_done(&store, &status, &key, bytes).await);
         });
