@@ -1,14 +1,17 @@
 //! `ursula-test-s3`: a real S3 server for the indexer's tests.
 //!
 //! It is s3s-fs (objects are files under `--root`, one subdirectory per bucket) behind the
-//! `s3s` HTTP/SigV4 front end, with one change: every mutating call runs under a single
-//! write lock. Stock s3s-fs checks `If-Match` / `If-None-Match`, writes a temp file and
-//! renames it with no lock across those steps, so two racing compare-and-swap writers can
-//! both win; the indexer's manifest CAS needs exactly one winner. Reads are not locked
-//! (a rename is atomic, so a reader sees the old or the new object).
+//! `s3s` HTTP/SigV4 front end, with one change: every call that changes an object runs
+//! under that object's lock. Stock s3s-fs checks `If-Match` / `If-None-Match`, writes a
+//! temp file and renames it with no lock across those steps, so two racing
+//! compare-and-swap writers can both win; the indexer's manifest CAS needs exactly one
+//! winner. The locks are striped by key, so writes of different objects go side by side
+//! as on S3 (one lock for everything held every small PUT behind a large upload for its
+//! whole transfer); calls that change several objects or a bucket take every stripe.
+//! Reads are not locked (a rename is atomic, so a reader sees the old or the new object).
 //!
 //! `--put-delay-ms` and `--get-delay-ms` hold each request that long before it is served
-//! (outside the write lock, so concurrent requests wait side by side, as they do on S3), to
+//! (outside the locks, so concurrent requests wait side by side, as they do on S3), to
 //! stand in for an object store's latency: S3 Standard answers a small PUT in about 20-80 ms.
 //!
 //! Prints `ursula-test-s3 listening on http://ADDR` on stdout once it accepts connections.
@@ -117,7 +120,8 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
     }
     let locked = Locked {
         fs,
-        write: Mutex::new(()),
+        stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        all: tokio::sync::RwLock::new(()),
         counts,
         put_delay: Duration::from_millis(opt.put_delay_ms),
         get_delay: Duration::from_millis(opt.get_delay_ms),
@@ -147,14 +151,45 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// s3s-fs with one lock around every call that changes an object, and the configured
+/// Lock stripes: writes of keys that hash apart run side by side.
+const STRIPES: usize = 64;
+
+/// s3s-fs with a lock around every call that changes an object, and the configured
 /// latencies.
 struct Locked {
     fs: FileSystem,
-    write: Mutex<()>,
+    /// One of these per key (by hash), held across a conditional write's check and rename.
+    stripes: Vec<Mutex<()>>,
+    /// Held shared by a one-key write, exclusively by a call that changes several keys or a
+    /// bucket.
+    all: tokio::sync::RwLock<()>,
     counts: Arc<Counts>,
     put_delay: Duration,
     get_delay: Duration,
+}
+
+impl Locked {
+    /// Run `write` holding the lock of `bucket/key`.
+    async fn one<T>(
+        &self,
+        bucket: &str,
+        key: &str,
+        write: impl std::future::Future<Output = T>,
+    ) -> T {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (bucket, key).hash(&mut h);
+        let stripe = &self.stripes[(h.finish() as usize) % STRIPES];
+        let _shared = self.all.read().await;
+        let _key = stripe.lock().await;
+        write.await
+    }
+
+    /// Run `write` holding every lock.
+    async fn every<T>(&self, write: impl std::future::Future<Output = T>) -> T {
+        let _all = self.all.write().await;
+        write.await
+    }
 }
 
 /// Wait `delay` (nothing when it is zero).
@@ -170,8 +205,7 @@ impl S3 for Locked {
         &self,
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
-        let _g = self.write.lock().await;
-        self.fs.create_bucket(req).await
+        self.every(self.fs.create_bucket(req)).await
     }
 
     async fn head_bucket(
@@ -221,8 +255,8 @@ impl S3 for Locked {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         self.counts.bump(1);
         pause(self.put_delay).await;
-        let _g = self.write.lock().await;
-        self.fs.put_object(req).await
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        self.one(&bucket, &key, self.fs.put_object(req)).await
     }
 
     async fn copy_object(
@@ -230,8 +264,8 @@ impl S3 for Locked {
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         pause(self.put_delay).await;
-        let _g = self.write.lock().await;
-        self.fs.copy_object(req).await
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        self.one(&bucket, &key, self.fs.copy_object(req)).await
     }
 
     async fn delete_object(
@@ -239,16 +273,15 @@ impl S3 for Locked {
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         self.counts.bump(4);
-        let _g = self.write.lock().await;
-        self.fs.delete_object(req).await
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        self.one(&bucket, &key, self.fs.delete_object(req)).await
     }
 
     async fn delete_objects(
         &self,
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
-        let _g = self.write.lock().await;
-        self.fs.delete_objects(req).await
+        self.every(self.fs.delete_objects(req)).await
     }
 
     async fn create_multipart_upload(
@@ -270,8 +303,9 @@ impl S3 for Locked {
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         pause(self.put_delay).await;
-        let _g = self.write.lock().await;
-        self.fs.complete_multipart_upload(req).await
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        self.one(&bucket, &key, self.fs.complete_multipart_upload(req))
+            .await
     }
 
     async fn abort_multipart_upload(
