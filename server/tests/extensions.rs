@@ -198,7 +198,7 @@ fn whole_request_rejections_append_nothing() {
         &s,
         "POST",
         path,
-        &[JSON, ("content-encoding", "gzip")],
+        &[JSON, ("content-encoding", "br")],
         &good,
         415,
     );
