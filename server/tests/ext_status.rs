@@ -13,7 +13,8 @@ use support::{expect, req, temp_dir, Response, Server};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 const TEXT: (&str, &str) = ("content-type", "text/plain");
-const TOKEN: &str = "json-record-coordinates-v1";
+/// The `Stream-Extensions` value of a bucketed JSON stream.
+const TOKEN: &str = "json-record-coordinates-v1, ndjson-append-v1";
 
 fn setup() -> (Server, tempfile::TempDir) {
     let dir = temp_dir("ursula-ext-status");

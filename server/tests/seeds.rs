@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use sonic_rs::{JsonValueTrait, Value};
 use support::{expect, req, temp_dir, write_config, Raw, Response, Server};
 
-const TOKEN: &str = "json-record-coordinates-v1";
+/// The `Stream-Extensions` value of a bucketed JSON stream.
+const TOKEN: &str = "json-record-coordinates-v1, ndjson-append-v1";
 const MAX_READ: usize = 8 << 20;
 
 fn start() -> (Server, tempfile::TempDir) {

@@ -24,6 +24,8 @@ pub enum ApiError {
     InvalidStreamId(&'static str),
     InvalidBucketId,
     InvalidJson,
+    /// An NDJSON append whose line (counted from 1) is not one JSON value.
+    InvalidJsonLine(usize),
     /// A compressed body that does not decode; the reason says how (see `DecodeError`).
     CorruptBody(Cow<'static, str>),
     /// A text stream's body that is not UTF-8.
@@ -100,9 +102,9 @@ impl ApiError {
         use ApiError::*;
         match self {
             InvalidRequest(_) | InvalidHeader(_) | InvalidOffset(_) | InvalidStreamId(_)
-            | InvalidBucketId | InvalidJson | CorruptBody(_) | InvalidText | EmptyJsonArray
-            | EmptyBody(_) | MissingContentType | OffsetBeyondTail(_) | OffsetNotAligned(_)
-            | ProducerEpochSeq => 400,
+            | InvalidBucketId | InvalidJson | InvalidJsonLine(_) | CorruptBody(_) | InvalidText
+            | EmptyJsonArray | EmptyBody(_) | MissingContentType | OffsetBeyondTail(_)
+            | OffsetNotAligned(_) | ProducerEpochSeq => 400,
             Unauthorized => 401,
             Forbidden | ProducerEpochStale => 403,
             NotFound(_) | StreamNotFound | ForkSourceNotFound | BucketNotFound
@@ -146,7 +148,7 @@ impl ApiError {
             InvalidOffset(_) => "invalid_offset",
             InvalidStreamId(_) => "invalid_stream_id",
             InvalidBucketId => "invalid_bucket_id",
-            InvalidJson => "invalid_json",
+            InvalidJson | InvalidJsonLine(_) => "invalid_json",
             CorruptBody(_) => "corrupt_body",
             InvalidText => "invalid_text",
             EmptyJsonArray => "empty_json_array",
@@ -193,9 +195,9 @@ impl ApiError {
     }
 
     /// The short plain-text reason after the code.
-    pub fn reason(&self) -> &str {
+    pub fn reason(&self) -> Cow<'_, str> {
         use ApiError::*;
-        match self {
+        Cow::Borrowed(match self {
             InvalidRequest(r)
             | InvalidHeader(r)
             | InvalidOffset(r)
@@ -213,6 +215,7 @@ impl ApiError {
             | StorageFault(r) => r,
             MethodNotAllowed { reason, .. } => reason,
             PayloadTooLarge(r) | CorruptBody(r) | Unavailable(r) | InsufficientStorage(r) => r,
+            InvalidJsonLine(line) => return format!("line {line} is not a JSON value").into(),
             InvalidBucketId => "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
             InvalidJson => "body is not a single JSON text",
             InvalidText => "text streams hold UTF-8 only and the body is not UTF-8",
@@ -247,7 +250,7 @@ impl ApiError {
                 "text streams hold UTF-8 only: use charset=utf-8, or application/octet-stream"
             }
             HeaderTooLarge => "request headers exceed 64 KiB",
-        }
+        })
     }
 
     /// The error as a plain-text response; a handler may add headers describing the state.
@@ -459,6 +462,10 @@ mod tests {
         assert!(r
             .headers
             .contains(&("accept-encoding", "gzip, deflate, zstd".to_string())));
+        assert_eq!(
+            body(&ApiError::InvalidJsonLine(2).response()),
+            "invalid_json: line 2 is not a JSON value\n"
+        );
         let r = ApiError::from(DecodeError::TooLarge { limit: 32 << 20 }).response();
         assert_eq!(r.status, 413);
         assert_eq!(
