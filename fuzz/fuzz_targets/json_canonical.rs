@@ -2,11 +2,17 @@
 //! meant: every canonical message, parsed by sonic-rs, equals the corresponding value of
 //! the input parsed by sonic-rs. Canonical messages are single NDJSON lines, are fixed
 //! points of canonicalisation, and render back into an array equal to the input's.
+//!
+//! The same input read as NDJSON (`canonicalize_lines`): every line that is not blank is
+//! one message, exactly what the line alone canonicalises to as the single element of an
+//! array; the first line that is not is the one named, and nothing before it is refused.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use sonic_rs::{JsonContainerTrait, Value};
-use ursula_protocol::json::{canonicalize, render_array, JsonError, MAX_DEPTH};
+use ursula_protocol::json::{
+    canonicalize, canonicalize_lines, render_array, JsonError, LinesError, MAX_DEPTH,
+};
 
 fn sonic(b: &[u8]) -> Option<Value> {
     sonic_rs::from_slice::<Value>(b).ok()
@@ -49,10 +55,57 @@ fn has_bad_u_escape(b: &[u8]) -> bool {
     high_pending
 }
 
+/// The canonical message of one NDJSON line, as the only element of an array (so a line
+/// holding an array stays one message); `None` if the line is not exactly one JSON value.
+fn line_alone(line: &[u8]) -> Option<Vec<u8>> {
+    let mut wrapped = b"[".to_vec();
+    wrapped.extend_from_slice(line);
+    wrapped.push(b']');
+    let c = canonicalize(&wrapped, false).ok()?;
+    (c.message_lens.len() == 1).then_some(c.bytes)
+}
+
+fn check_lines(body: &[u8]) {
+    let blank = |l: &&[u8]| l.iter().all(|c| matches!(c, b' ' | b'\t' | b'\r' | b'\n'));
+    let lines: Vec<(usize, &[u8])> = body
+        .split(|&c| c == b'\n')
+        .enumerate()
+        .map(|(i, l)| (i + 1, l))
+        .filter(|(_, l)| !blank(l))
+        .collect();
+    match canonicalize_lines(body) {
+        Ok(c) => {
+            let messages: Vec<&[u8]> = c.messages().collect();
+            assert_eq!(messages.len(), lines.len(), "one message per line");
+            for ((n, line), m) in lines.iter().zip(&messages) {
+                if let Some(alone) = line_alone(line) {
+                    assert_eq!(alone, *m, "line {n}");
+                } else {
+                    // Wrapping adds a level: a line at the depth bound is fine alone.
+                    assert!(maybe_too_deep(line), "line {n} accepted, invalid alone");
+                }
+            }
+        }
+        Err(LinesError::Invalid { line }) => {
+            for (n, l) in &lines {
+                if *n < line {
+                    assert!(line_alone(l).is_some() || maybe_too_deep(l), "line {n} refused");
+                } else {
+                    let bad = lines.iter().find(|(k, _)| *k == line).expect("a line");
+                    assert!(line_alone(bad.1).is_none(), "line {line} is valid alone");
+                    break;
+                }
+            }
+        }
+        Err(LinesError::Empty) => assert!(lines.is_empty(), "lines with values"),
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, body)) = data.split_first() else {
         return;
     };
+    check_lines(body);
     let allow_empty = flags & 1 == 1;
     let result = canonicalize(body, allow_empty);
     let grammatical =

@@ -147,6 +147,11 @@ pub fn is_json(v: &str) -> bool {
     media_type(v).eq_ignore_ascii_case("application/json")
 }
 
+/// `application/x-ndjson`: one JSON text per line.
+pub fn is_ndjson(v: &str) -> bool {
+    media_type(v).eq_ignore_ascii_case("application/x-ndjson")
+}
+
 /// Whether SSE carries the payload as UTF-8 text (else base64).
 pub fn sse_is_text(v: &str) -> bool {
     is_text(v) || is_json(v)

@@ -107,6 +107,89 @@ pub fn parse_stream_seq(v: Option<&str>) -> Result<Option<&str>, StreamSeqTooLon
     }
 }
 
+/// A content coding a request body may arrive in (RFC 9110 §8.4.1), other than `identity`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentCoding {
+    /// RFC 1952; `x-gzip` is the same coding (RFC 9110 §8.4.1.3).
+    Gzip,
+    /// RFC 1950 zlib data. Some clients send raw RFC 1951 deflate under this name; the
+    /// decoder tells the two apart by the zlib header.
+    Deflate,
+    /// RFC 8878.
+    Zstd,
+}
+
+impl ContentCoding {
+    /// The coding's name as `Content-Encoding` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ContentCoding::Gzip => "gzip",
+            ContentCoding::Deflate => "deflate",
+            ContentCoding::Zstd => "zstd",
+        }
+    }
+}
+
+impl std::fmt::Display for ContentCoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a `Content-Encoding` was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodingError {
+    /// A coding this server does not decode (`br`, `compress`, a typo).
+    Unknown,
+    /// More than one coding applied in a row (`gzip, zstd`): one is all a client needs.
+    Stacked,
+}
+
+impl CodingError {
+    /// A short reason for the client.
+    pub fn reason(self) -> &'static str {
+        match self {
+            CodingError::Unknown => "unknown content coding",
+            CodingError::Stacked => "more than one content coding",
+        }
+    }
+}
+
+impl std::fmt::Display for CodingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
+impl std::error::Error for CodingError {}
+
+/// The coding of a request body from every `Content-Encoding` value it carries (the
+/// header may repeat; each value is a comma-separated list, RFC 9110 §8.4). `identity` and
+/// empty list elements mean no coding; names are case-insensitive. `Ok(None)`: the body is
+/// not encoded.
+pub fn parse_content_encoding<'a>(
+    values: impl IntoIterator<Item = &'a str>,
+) -> Result<Option<ContentCoding>, CodingError> {
+    let mut coding = None;
+    for name in values.into_iter().flat_map(|v| v.split(',')).map(str::trim) {
+        let this = if name.is_empty() || name.eq_ignore_ascii_case("identity") {
+            continue;
+        } else if name.eq_ignore_ascii_case("gzip") || name.eq_ignore_ascii_case("x-gzip") {
+            ContentCoding::Gzip
+        } else if name.eq_ignore_ascii_case("deflate") {
+            ContentCoding::Deflate
+        } else if name.eq_ignore_ascii_case("zstd") {
+            ContentCoding::Zstd
+        } else {
+            return Err(CodingError::Unknown);
+        };
+        if coding.replace(this).is_some() {
+            return Err(CodingError::Stacked);
+        }
+    }
+    Ok(coding)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProducerHeaders {
     pub id: String,
@@ -278,6 +361,27 @@ pub fn format_rfc3339_millis(unix_ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_encoding_names_one_coding_at_most() {
+        let parse = |v: &[&str]| parse_content_encoding(v.iter().copied());
+        assert_eq!(parse(&[]), Ok(None));
+        assert_eq!(parse(&["identity"]), Ok(None));
+        assert_eq!(parse(&[" Identity , "]), Ok(None));
+        assert_eq!(parse(&["gzip"]), Ok(Some(ContentCoding::Gzip)));
+        assert_eq!(parse(&["X-GZIP"]), Ok(Some(ContentCoding::Gzip)));
+        assert_eq!(parse(&["Deflate"]), Ok(Some(ContentCoding::Deflate)));
+        assert_eq!(parse(&[" zstd "]), Ok(Some(ContentCoding::Zstd)));
+        assert_eq!(
+            parse(&["identity, gzip", "identity"]),
+            Ok(Some(ContentCoding::Gzip))
+        );
+        assert_eq!(parse(&["br"]), Err(CodingError::Unknown));
+        assert_eq!(parse(&["gzip;q=1"]), Err(CodingError::Unknown));
+        assert_eq!(parse(&["gzip, zstd"]), Err(CodingError::Stacked));
+        assert_eq!(parse(&["gzip", "gzip"]), Err(CodingError::Stacked));
+        assert_eq!(ContentCoding::Zstd.to_string(), "zstd");
+    }
 
     #[test]
     fn ttl_accepts_canonical_integers() {

@@ -108,6 +108,62 @@ pub fn canonicalize_in_place(
     }))
 }
 
+/// Why an NDJSON body was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinesError {
+    /// Line `line` (counted from 1, empty lines included) is not exactly one JSON text.
+    Invalid { line: usize },
+    /// No line holds a value.
+    Empty,
+}
+
+impl std::fmt::Display for LinesError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinesError::Invalid { line } => write!(f, "line {line} is not a JSON value"),
+            LinesError::Empty => f.write_str("no line holds a JSON value"),
+        }
+    }
+}
+
+impl std::error::Error for LinesError {}
+
+/// Validates an NDJSON body and canonicalises it: every line that holds anything but
+/// whitespace is one message, checked and minified exactly like a body of one value (so a
+/// line holding an array is one message, not flattened: one line, one record). Lines end
+/// at LF; a CR before it is whitespace. Lines holding only whitespace are skipped.
+///
+/// A JSON text never holds a raw LF inside a string, so cutting at every LF cannot split a
+/// value that belongs on one line. One scanner runs over every line in turn, so the output
+/// and the nesting stack are allocated once per body, not once per line.
+pub fn canonicalize_lines(body: &[u8]) -> Result<Canonical, LinesError> {
+    let mut scanner = Scanner::<true>::new(body);
+    scanner.split_array = false;
+    let mut start = 0;
+    let ends = memchr_iter(b'\n', body).chain(std::iter::once(body.len()));
+    for (at, end) in ends.enumerate() {
+        let line = &body[start..end];
+        start = end + 1;
+        if line.iter().all(|&c| is_ws(c)) {
+            continue;
+        }
+        scanner.b = line;
+        scanner.i = 0;
+        scanner.msg_start = scanner.out.len();
+        scanner.stack.clear();
+        scanner
+            .scan()
+            .map_err(|_| LinesError::Invalid { line: at + 1 })?;
+    }
+    if scanner.lens.is_empty() {
+        return Err(LinesError::Empty);
+    }
+    Ok(Canonical {
+        bytes: scanner.out,
+        message_lens: scanner.lens,
+    })
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Expect {
     /// A value is required (after `:`, after `,` in an array, at the top).
@@ -152,6 +208,9 @@ struct Scanner<'a, const EMIT: bool> {
     stack: Vec<u8>,
     /// Top-level value is an array whose elements become the messages.
     flatten: bool,
+    /// Whether a top-level array is split into its elements (a body), or is one message
+    /// like any other value (a line of NDJSON).
+    split_array: bool,
 }
 
 fn is_ws(c: u8) -> bool {
@@ -251,6 +310,7 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
             msg_start: 0,
             stack: Vec::new(),
             flatten: false,
+            split_array: true,
         }
     }
 
@@ -267,7 +327,16 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
     }
 
     fn run(mut self) -> Result<Canonical, Stop> {
-        const BAD: Result<Canonical, Stop> = Err(Stop::Invalid);
+        self.scan()?;
+        Ok(Canonical {
+            bytes: self.out,
+            message_lens: self.lens,
+        })
+    }
+
+    /// Scan `b` from `i` as one JSON text, adding its messages to `out` and `lens`.
+    fn scan(&mut self) -> Result<(), Stop> {
+        const BAD: Result<(), Stop> = Err(Stop::Invalid);
         let mut expect = Expect::Value;
         let n = self.b.len();
         while self.i < n {
@@ -282,7 +351,7 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
             expect = match (expect, c) {
                 (Expect::Done, _) => return BAD,
                 (Expect::Value | Expect::ValueOrEnd, b'[' | b'{') => {
-                    if self.stack.is_empty() && c == b'[' {
+                    if self.stack.is_empty() && c == b'[' && self.split_array {
                         // The outer array's brackets belong to no message.
                         self.flatten = true;
                         self.msg_start = if EMIT { 0 } else { self.i + 1 };
@@ -356,10 +425,7 @@ impl<'a, const EMIT: bool> Scanner<'a, EMIT> {
         if expect != Expect::Done {
             return BAD;
         }
-        Ok(Canonical {
-            bytes: self.out,
-            message_lens: self.lens,
-        })
+        Ok(())
     }
 
     /// A value just ended: cut a message if it was a message-level value.
@@ -568,6 +634,75 @@ mod tests {
         assert_eq!(msgs("[{}]"), ["{}\n"]);
         assert_eq!(msgs("[[]]"), ["[]\n"]);
         assert_eq!(msgs("[\"a,b\",\"]\"]"), ["\"a,b\"\n", "\"]\"\n"]);
+    }
+
+    fn lines(body: &str) -> Result<Vec<String>, LinesError> {
+        let c = canonicalize_lines(body.as_bytes())?;
+        assert_eq!(
+            c.message_lens.iter().map(|&l| l as usize).sum::<usize>(),
+            c.bytes.len()
+        );
+        Ok(c.messages()
+            .map(|m| String::from_utf8(m.to_vec()).expect("utf8"))
+            .collect())
+    }
+
+    #[test]
+    fn ndjson_lines_are_one_message_each() {
+        assert_eq!(
+            lines("{\"a\": 1}\n[1, 2]\n\"s\"\n"),
+            Ok(vec![
+                "{\"a\":1}\n".to_string(),
+                "[1,2]\n".to_string(),
+                "\"s\"\n".to_string()
+            ])
+        );
+        // No LF after the last line, CRLF line ends, empty and blank lines skipped.
+        assert_eq!(
+            lines("\n1\r\n\n  \t\r\n 2 \n\n[]"),
+            Ok(vec![
+                "1\n".to_string(),
+                "2\n".to_string(),
+                "[]\n".to_string()
+            ])
+        );
+        // Each line is canonical on its own: the same bytes as a one-value body.
+        let line = "{ \"k\" : [ {\"x\" : \"\\u00e9\" } ] , \"n\" : -1.5e3 }";
+        assert_eq!(
+            lines(line).map(|l| l.concat().into_bytes()),
+            Ok(canonicalize(line.as_bytes(), false).expect("valid").bytes)
+        );
+    }
+
+    #[test]
+    fn ndjson_names_the_first_bad_line() {
+        assert_eq!(
+            lines("1\n{\"a\":\n2\n"),
+            Err(LinesError::Invalid { line: 2 })
+        );
+        // Empty lines count: the number is the line an editor shows.
+        assert_eq!(lines("\n\n1 2\n"), Err(LinesError::Invalid { line: 3 }));
+        // A value spread over lines is not NDJSON.
+        assert_eq!(lines("{\n\"a\":1}"), Err(LinesError::Invalid { line: 1 }));
+        assert_eq!(
+            lines("1\n\"tab\tinside\"\n"),
+            Err(LinesError::Invalid { line: 2 })
+        );
+        assert_eq!(
+            lines("1\n\u{feff}2\n"),
+            Err(LinesError::Invalid { line: 2 })
+        );
+        let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+        assert_eq!(
+            lines(&format!("1\n{deep}")),
+            Err(LinesError::Invalid { line: 2 })
+        );
+        assert_eq!(lines(""), Err(LinesError::Empty));
+        assert_eq!(lines("\n \r\n\n"), Err(LinesError::Empty));
+        assert_eq!(
+            LinesError::Invalid { line: 7 }.to_string(),
+            "line 7 is not a JSON value"
+        );
     }
 
     #[test]

@@ -15,12 +15,14 @@ use monoio::buf::IoBufMut;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use ursula_protocol::content_type::is_active;
+use ursula_protocol::headers::{parse_content_encoding, ContentCoding};
 use ursula_protocol::http1::{
     parse_request_head, BodyKind, ChunkedDecoder, HeadError, Method, RequestHead,
 };
 
 use crate::admin::{self, Listener};
 use crate::core::{ConnectionSlot, Core, Letter};
+use crate::http::coding::{BodyDecoder, DecodeError};
 use crate::http::transport::{write_response, Transport};
 use crate::http::{ApiError, Cors, Request, Response};
 use crate::limits::{
@@ -120,7 +122,10 @@ async fn serve_from<S: Transport>(
         // of its body is read or held.
         let admitted = match authenticate(&core, listener, endpoint, &head) {
             Some(refusal) => Err(refusal.response()),
-            None => Ok(BodyPermit::new(&core)),
+            None => match body_coding(&head, route) {
+                Ok(coding) => Ok((BodyPermit::new(&core), coding)),
+                Err(refusal) => Err(refusal.response()),
+            },
         };
         let mut req_len = 0;
         // A refused request's body is not read; unless it is already here and can be
@@ -133,13 +138,30 @@ async fn serve_from<S: Transport>(
                 core.inflight.set(core.inflight.get() + 1);
                 (resp.into(), None, None)
             }
-            Ok(mut permit) => {
-                let body = match read_body(&core, &mut stream, &mut rbuf, &head, &mut permit).await
-                {
+            Ok((mut permit, coding)) => {
+                let read = match coding {
+                    None => read_body(&core, &mut stream, &mut rbuf, &head, &mut permit).await,
+                    Some(coding) => {
+                        read_coded_body(&core, &mut stream, &mut rbuf, &head, &mut permit, coding)
+                            .await
+                    }
+                };
+                let body = match read {
                     Ok(b) => b,
                     Err(BodyError::Reject(mut resp)) => {
                         resp.cors = cors(&core, None);
                         let _ = write_response(&mut stream, &mut wbuf, resp, false, false).await;
+                        return;
+                    }
+                    Err(BodyError::Refuse(resp)) => {
+                        let mut resp = close(resp);
+                        resp.cors = cors(&core, None);
+                        if write_response(&mut stream, &mut wbuf, resp, false, false)
+                            .await
+                            .is_ok()
+                        {
+                            linger_close(&core, &mut stream).await;
+                        }
                         return;
                     }
                     Err(BodyError::Closed) => return,
@@ -370,6 +392,25 @@ fn authenticate(
     }
 }
 
+/// The content coding of a request's body, decided on its head. Only appends (a POST to a
+/// stream, or to its append-batch) may arrive compressed: they are what shippers send, and
+/// every other body is small or, like a snapshot, stored as sent.
+fn body_coding(head: &RequestHead, route: &str) -> Result<Option<ContentCoding>, ApiError> {
+    let values = head
+        .headers
+        .iter()
+        .filter(|(name, _)| *name == "content-encoding")
+        .map(|(_, value)| value);
+    let append =
+        head.method == Method::Post && matches!(route, "stream" | "compat_stream" | "append_batch");
+    match parse_content_encoding(values) {
+        Ok(None) => Ok(None),
+        Ok(Some(_)) | Err(_) if !append => Err(ApiError::EncodingNotAccepted),
+        Ok(Some(coding)) => Ok(Some(coding)),
+        Err(_) => Err(ApiError::UnsupportedEncoding),
+    }
+}
+
 /// Skip the body of a request that will not be served, if all of it is already buffered
 /// (the usual small request). `false`: some of it is still to come.
 fn skip_buffered_body(rbuf: &mut Vec<u8>, body: BodyKind) -> bool {
@@ -483,7 +524,11 @@ async fn read_head<S: Transport>(
 }
 
 enum BodyError {
+    /// Answer, then close.
     Reject(Response),
+    /// Answer a request whose body was left unread, then close after a short drain, so
+    /// the answer is not lost to a reset (see `linger_close`).
+    Refuse(Response),
     Closed,
 }
 
@@ -493,10 +538,11 @@ fn close(mut r: Response) -> Response {
 }
 
 fn too_large(limit: u64) -> BodyError {
-    BodyError::Reject(close(
-        ApiError::PayloadTooLarge(format!("request body exceeds {} MiB", limit >> 20).into())
-            .response(),
-    ))
+    BodyError::Reject(close(too_large_response(limit)))
+}
+
+fn too_large_response(limit: u64) -> Response {
+    ApiError::PayloadTooLarge(format!("request body exceeds {} MiB", limit >> 20).into()).response()
 }
 
 /// When a request body must be complete: `body_timeout` after the head, plus a second for
@@ -689,6 +735,90 @@ async fn read_body<S: Transport>(
             }
         }
     }
+}
+
+/// Read an append's body sent with a content coding, decoding it as it arrives (see
+/// `http::coding`). The body limit counts the decoded bytes, and the compressed ones may
+/// not pass it either; the buffer the body is decoded into grows through the body budget.
+/// Bytes past the body (a pipelined request) stay in `rbuf`.
+async fn read_coded_body<S: Transport>(
+    core: &Core,
+    stream: &mut S,
+    rbuf: &mut Vec<u8>,
+    head: &RequestHead,
+    permit: &mut BodyPermit<'_>,
+    coding: ContentCoding,
+) -> Result<Bytes, BodyError> {
+    let announced = match head.body {
+        BodyKind::None | BodyKind::Length(0) => return Ok(Bytes::new()),
+        BodyKind::Length(n) if n > BODY_BYTES_MAX => return Err(too_large(BODY_BYTES_MAX)),
+        BodyKind::Length(n) => Some(n),
+        BodyKind::Chunked => None,
+    };
+    if head.expect_continue && rbuf.is_empty() {
+        send_continue(stream).await?;
+    }
+    let refuse = |e: DecodeError| BodyError::Refuse(ApiError::from(e).response());
+    let mut decoder =
+        BodyDecoder::new(coding, BODY_BYTES_MAX as usize, announced).map_err(refuse)?;
+    let clock = BodyClock::new(core, announced.unwrap_or(BODY_BYTES_MAX));
+    // Compressed bytes received so far.
+    let mut received = 0usize;
+    match announced {
+        Some(n) => {
+            let n = n as usize;
+            loop {
+                let take = (n - received).min(rbuf.len());
+                decoder
+                    .feed(&rbuf[..take], &mut |total| permit.grow_to(total))
+                    .map_err(refuse)?;
+                rbuf.drain(..take);
+                received += take;
+                if received == n {
+                    break;
+                }
+                let wait = clock.next_wait(received).ok_or_else(body_late)?;
+                match read_more(stream, rbuf, wait).await {
+                    ReadOutcome::Data => {}
+                    ReadOutcome::Timeout => return Err(body_late()),
+                    ReadOutcome::Eof | ReadOutcome::Error => return Err(BodyError::Closed),
+                }
+            }
+        }
+        None => {
+            let mut chunked = ChunkedDecoder::new();
+            let mut data = Vec::new();
+            loop {
+                let (used, done) = chunked.feed(rbuf, &mut data).map_err(|why| {
+                    BodyError::Reject(close(ApiError::InvalidRequest(why).response()))
+                })?;
+                rbuf.drain(..used);
+                received += data.len();
+                if received as u64 > BODY_BYTES_MAX {
+                    return Err(BodyError::Refuse(too_large_response(BODY_BYTES_MAX)));
+                }
+                decoder
+                    .feed(&data, &mut |total| permit.grow_to(total))
+                    .map_err(refuse)?;
+                data.clear();
+                if done {
+                    break;
+                }
+                let wait = clock
+                    .next_wait(received + rbuf.len())
+                    .ok_or_else(body_late)?;
+                match read_more(stream, rbuf, wait).await {
+                    ReadOutcome::Data => {}
+                    ReadOutcome::Timeout => return Err(body_late()),
+                    ReadOutcome::Eof | ReadOutcome::Error => return Err(BodyError::Closed),
+                }
+            }
+        }
+    }
+    let body = decoder
+        .finish(&mut |total| permit.grow_to(total))
+        .map_err(refuse)?;
+    Ok(Bytes::from(body))
 }
 
 async fn send_continue<S: Transport>(stream: &mut S) -> Result<(), BodyError> {

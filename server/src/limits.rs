@@ -36,6 +36,19 @@ pub const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// covers full append batches (512 frames of a few KiB) in one allocation: at 1 MiB, the
 /// regrowth copy of every just-over-1-MiB batch was 8% of a large-batch ingest's CPU.
 pub const BODY_RESERVE_BYTES_MAX: usize = 4 << 20;
+/// The first buffer of a body sent compressed is its compressed length times this
+/// (telemetry JSON shrinks 5-15 times), at least `DECODED_BODY_FIRST_BYTES_MIN` and at most
+/// `DECODED_BODY_DOUBLING_BYTES_MAX`.
+pub const DECODED_BODY_FIRST_RATIO: u64 = 4;
+pub const DECODED_BODY_FIRST_BYTES_MIN: usize = 16 * 1024;
+/// A decoded body's buffer doubles up to this size; past it, it is reserved at the body
+/// limit at once, so a large body is copied once (at most this much) instead of at every
+/// doubling, and never holds an old and a new buffer of tens of MiB together.
+pub const DECODED_BODY_DOUBLING_BYTES_MAX: usize = 1 << 20;
+/// Largest window a zstd body may ask for, as a power of two: 8 MiB, what zstd levels 1-19
+/// use. Frames made with `--long` or `--ultra` ask for more and are refused, rather than
+/// have a small body make the decoder allocate up to 2 GiB.
+pub const ZSTD_WINDOW_LOG_MAX: u32 = 23;
 /// Request-body bytes each core may be receiving at once by default (`body_budget_bytes`):
 /// eight full-size appends, so a few slow or stalled uploads cannot hold the core's memory.
 pub const BODY_BUDGET_BYTES_DEFAULT: usize = 256 << 20;
@@ -85,3 +98,5 @@ const _: () = assert!(SNAPSHOT_BODY_BYTES_MAX > BODY_BYTES_MAX);
 const _: () = assert!(BODY_RESERVE_BYTES_MAX as u64 <= BODY_BYTES_MAX);
 const _: () = assert!(BUCKET_ID_BYTES_MAX < BUCKETED_NAME_BYTES_MAX);
 const _: () = assert!(FEED_WINDOW_BYTES as u64 <= FEED_STEP_BYTES_MAX);
+const _: () = assert!(DECODED_BODY_FIRST_BYTES_MIN <= DECODED_BODY_DOUBLING_BYTES_MAX);
+const _: () = assert!(DECODED_BODY_DOUBLING_BYTES_MAX as u64 <= BODY_BYTES_MAX);

@@ -3,15 +3,20 @@
 //! its stream holds.
 
 use bytes::Bytes;
-use ursula_protocol::content_type::{is_json, is_text, non_utf8_charset};
+use ursula_protocol::content_type::{is_json, is_ndjson, is_text, non_utf8_charset};
+use ursula_protocol::json::LinesError;
 
 use crate::http::ApiError;
+use crate::surface::Surface;
 
 /// How a write's body is checked, by the content type it is written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayloadKind {
     /// `application/json`: one JSON text (an array is its messages), stored canonical.
     Json,
+    /// `application/x-ndjson` written to an `application/json` stream: every line that is
+    /// not blank is one message, stored canonical like a JSON message.
+    JsonLines,
     /// `text/*`: UTF-8 only, so every view of the stream (SSE included, which carries text
     /// as text) holds exactly the stored bytes.
     Text,
@@ -32,6 +37,23 @@ impl PayloadKind {
         } else {
             Ok(PayloadKind::Text)
         }
+    }
+
+    /// The kind of an append's body: as its own content type says, except NDJSON written
+    /// to a JSON stream of the bucketed surface, whose lines become the stream's messages
+    /// (the compat surface keeps the base protocol, where the types must match). The
+    /// stream is asked whether it is a JSON stream only for an NDJSON body. `true` with
+    /// the kind: the request's type counts as the stream's.
+    pub fn of_append(
+        surface: Surface,
+        request_type: &str,
+        stream_is_json: impl FnOnce() -> Option<bool>,
+    ) -> Result<(PayloadKind, bool), ApiError> {
+        if surface == Surface::Bucketed && is_ndjson(request_type) && stream_is_json() == Some(true)
+        {
+            return Ok((PayloadKind::JsonLines, true));
+        }
+        Ok((PayloadKind::of(request_type)?, false))
     }
 }
 
@@ -55,6 +77,18 @@ pub fn payload(
     }
     if kind == PayloadKind::Text && simdutf8::basic::from_utf8(&body).is_err() {
         return Err(ApiError::InvalidText);
+    }
+    if kind == PayloadKind::JsonLines {
+        return match ursula_protocol::json::canonicalize_lines(&body) {
+            Ok(c) => Ok(Payload {
+                data: Bytes::from(c.bytes),
+                msg_lens: c.message_lens,
+            }),
+            Err(LinesError::Invalid { line }) => Err(ApiError::InvalidJsonLine(line)),
+            Err(LinesError::Empty) => Err(ApiError::EmptyBody(
+                "an NDJSON append needs a line holding a JSON value",
+            )),
+        };
     }
     if kind != PayloadKind::Json {
         let len = body.len() as u32;
@@ -159,6 +193,49 @@ mod tests {
         );
         let refused = PayloadKind::of("text/plain; charset=latin1").err();
         assert_eq!(refused.map(|e| e.status()), Some(415));
+    }
+
+    #[test]
+    fn ndjson_lines_become_canonical_messages() {
+        let body = Bytes::from_static(b"{\"a\": 1}\r\n\n[1, 2]\n\"s\"");
+        let p = ok(payload(PayloadKind::JsonLines, body, false));
+        assert_eq!(&p.data[..], b"{\"a\":1}\n[1,2]\n\"s\"\n");
+        assert_eq!(p.msg_lens, vec![8, 6, 4]);
+        let bad = payload(
+            PayloadKind::JsonLines,
+            Bytes::from_static(b"1\n{x}\n3\n"),
+            false,
+        );
+        assert_eq!(bad.err(), Some(ApiError::InvalidJsonLine(2)));
+        let blank = payload(PayloadKind::JsonLines, Bytes::from_static(b"\n \n"), false);
+        assert_eq!(blank.err().map(|e| e.status()), Some(400));
+    }
+
+    #[test]
+    fn ndjson_is_read_as_lines_only_on_bucketed_json_streams() {
+        let nd = "application/x-ndjson";
+        let kind = |surface, json| PayloadKind::of_append(surface, nd, || json);
+        assert_eq!(
+            kind(Surface::Bucketed, Some(true)),
+            Ok((PayloadKind::JsonLines, true))
+        );
+        assert_eq!(
+            kind(Surface::Bucketed, Some(false)),
+            Ok((PayloadKind::Bytes, false))
+        );
+        assert_eq!(
+            kind(Surface::Bucketed, None),
+            Ok((PayloadKind::Bytes, false))
+        );
+        assert_eq!(
+            kind(Surface::Compat, Some(true)),
+            Ok((PayloadKind::Bytes, false))
+        );
+        // The stream is looked at only for NDJSON.
+        let json = PayloadKind::of_append(Surface::Bucketed, "application/json", || {
+            panic!("not needed")
+        });
+        assert_eq!(json, Ok((PayloadKind::Json, false)));
     }
 
     #[test]

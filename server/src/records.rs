@@ -14,7 +14,11 @@ use crate::http::{ApiError, PushHeader, Refusal, Response};
 use crate::limits::ENVELOPE_SLICE_BYTES_MIN;
 use crate::surface::Surface;
 
-pub const TOKEN: &str = "json-record-coordinates-v1";
+/// The `Stream-Extensions` value of a bucketed JSON stream (extensions.md §0): the two
+/// extensions active on exactly those streams. `json-record-coordinates-v1` is this
+/// module's; `ndjson-append-v1` says an `application/x-ndjson` append adds one record per
+/// line (`payload::PayloadKind::JsonLines`).
+pub const EXTENSIONS: &str = "json-record-coordinates-v1, ndjson-append-v1";
 /// Catch-up/long-poll content type of the envelope view (§8.8).
 pub const ENVELOPE_TYPE: &str = "application/vnd.durable-stream-records+ndjson";
 /// SSE data content type of the envelope view: one record per event.
@@ -42,7 +46,7 @@ pub use ursula_protocol::records::{RecordParams, RecordStart};
 /// parsing itself is [`ursula_protocol::records::parse_record_params`].
 pub fn parse(query: &Query, json: bool) -> Result<Option<RecordParams>, Refusal> {
     ursula_protocol::records::parse_record_params(query, json)
-        .map_err(|why| ApiError::InvalidRequest(why).header("stream-extensions", TOKEN))
+        .map_err(|why| ApiError::InvalidRequest(why).header("stream-extensions", EXTENSIONS))
 }
 
 /// Resolve a record start against the readable records, or the error response (§8.6).
@@ -55,7 +59,7 @@ pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<RecordNo, Refus
     };
     if r < first {
         return Err(ApiError::OffsetTrimmed("record was removed by retention")
-            .header("stream-extensions", TOKEN)
+            .header("stream-extensions", EXTENSIONS)
             .header("stream-record-first", first.to_string())
             .header("stream-record-next", next.to_string())
             .header(
@@ -66,7 +70,7 @@ pub fn resolve(s: &StreamView<'_>, start: RecordStart) -> Result<RecordNo, Refus
     if r > next {
         return Err(
             ApiError::OffsetBeyondTail("record is beyond the record tail")
-                .header("stream-extensions", TOKEN)
+                .header("stream-extensions", EXTENSIONS)
                 .header("stream-record-first", first.to_string())
                 .header("stream-record-next", next.to_string()),
         );
@@ -127,14 +131,14 @@ pub fn envelope_parts(parts: &[Bytes], first_record: RecordNo) -> Vec<Bytes> {
 
 /// Stream-level record headers (HEAD, offset reads).
 pub fn push_stream_headers(resp: &mut impl PushHeader, s: &StreamView<'_>) {
-    resp.push_header("stream-extensions", TOKEN.to_owned());
+    resp.push_header("stream-extensions", EXTENSIONS.to_owned());
     resp.push_header("stream-record-first", first(s).to_string());
     resp.push_header("stream-record-next", visible_next(s).to_string());
 }
 
 /// Acknowledgement headers for a write that created records `[start, next)`.
 pub fn push_ack_headers(resp: &mut Response, start: RecordNo, next: RecordNo) {
-    resp.push("stream-extensions", TOKEN);
+    resp.push("stream-extensions", EXTENSIONS);
     resp.push("stream-record-start", start.to_string());
     resp.push("stream-record-next", next.to_string());
 }

@@ -53,12 +53,6 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
     if req.method == Method::Options {
         return (preflight().into(), None);
     }
-    if req
-        .header("content-encoding")
-        .is_some_and(|v| !v.eq_ignore_ascii_case("identity"))
-    {
-        return (ApiError::UnsupportedEncoding.response().into(), None);
-    }
     let (key, on_owner) = match route(&req.path) {
         Route::Stream { surface, key } => {
             let owner = core.owner_of(&key);

@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use support::{temp_dir, URSULA_BIN};
+use support::{listen_addr, temp_dir, URSULA_BIN};
 
 struct Proc(Child);
 
@@ -158,14 +158,15 @@ fn every_api_doc_example_runs_as_documented() {
         indexer_bin.display()
     );
     let data = dir.path().join("data");
+    let (listen, metrics_listen) = (listen_addr(), listen_addr());
     let (_server, addrs) = spawn(
         Path::new(URSULA_BIN),
         &[
             "server",
             "--listen",
-            "127.0.0.1:0",
+            &listen,
             "--metrics-listen",
-            "127.0.0.1:0",
+            &metrics_listen,
             "--storage",
             "memory",
             "--cores",
@@ -179,11 +180,12 @@ fn every_api_doc_example_runs_as_documented() {
         &dir.path().join("server.log"),
     );
     let store = dir.path().join("index");
+    let indexer_listen = listen_addr();
     let (_indexer, ix) = spawn(
         &indexer_bin,
         &[
             "--listen",
-            "127.0.0.1:0",
+            &indexer_listen,
             "--store-dir",
             store.to_str().expect("utf-8"),
             "--commit-interval-ms",

@@ -13,7 +13,8 @@ use support::{expect, req, temp_dir, Response, Server};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 const TEXT: (&str, &str) = ("content-type", "text/plain");
-const TOKEN: &str = "json-record-coordinates-v1";
+/// The `Stream-Extensions` value of a bucketed JSON stream.
+const TOKEN: &str = "json-record-coordinates-v1, ndjson-append-v1";
 
 fn setup() -> (Server, tempfile::TempDir) {
     let dir = temp_dir("ursula-ext-status");
@@ -1145,12 +1146,12 @@ fn append_batch() {
         "POST /batch/t/append-batch HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 33554433\r\n\r\n",
     );
     assert!(line.starts_with("HTTP/1.1 413"), "{line}");
-    // 415: request Content-Encoding.
+    // 415: a request Content-Encoding the server does not decode.
     expect(
         &s,
         "POST",
         "/batch/t/append-batch",
-        &[TEXT, ("content-encoding", "gzip")],
+        &[TEXT, ("content-encoding", "br")],
         &frames(&[b"x"]),
         415,
     );

@@ -9,7 +9,8 @@ use support::{expect, temp_dir, Server};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 const TEXT: (&str, &str) = ("content-type", "text/plain");
-const TOKEN: &str = "json-record-coordinates-v1";
+/// The `Stream-Extensions` value of a bucketed JSON stream.
+const TOKEN: &str = "json-record-coordinates-v1, ndjson-append-v1";
 
 fn frames<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
     let mut out = Vec::new();
@@ -198,7 +199,7 @@ fn whole_request_rejections_append_nothing() {
         &s,
         "POST",
         path,
-        &[JSON, ("content-encoding", "gzip")],
+        &[JSON, ("content-encoding", "br")],
         &good,
         415,
     );

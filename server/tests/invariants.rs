@@ -23,7 +23,8 @@ use sonic_rs::{JsonValueTrait, Value};
 use support::{expect, temp_dir, write_config, Client, Response, Server};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
-const TOKEN: &str = "json-record-coordinates-v1";
+/// The `Stream-Extensions` value of a bucketed JSON stream.
+const TOKEN: &str = "json-record-coordinates-v1, ndjson-append-v1";
 const MAX_READ: usize = 8 << 20;
 
 fn o(pos: u64) -> String {

@@ -16,7 +16,8 @@ fn records(r: &Response) -> (Option<&str>, Option<&str>, Option<&str>) {
 }
 
 const JSON: (&str, &str) = ("content-type", "application/json");
-const TOKEN: &str = "json-record-coordinates-v1";
+/// The `Stream-Extensions` value of a bucketed JSON stream.
+const TOKEN: &str = "json-record-coordinates-v1, ndjson-append-v1";
 
 fn setup(disk: bool) -> (Server, tempfile::TempDir) {
     let dir = temp_dir("ursula-records");

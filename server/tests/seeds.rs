@@ -11,7 +11,7 @@
 //!   detected only by `Stream-Incarnation`.
 //! * 003 Browser Telemetry: the collector's `fetch` POST, `offset=-1` NDJSON replay across
 //!   the 8 MiB cap (buffering the incomplete trailing line), `live=sse`, the `fetchEvent`
-//!   locator loop with `max_bytes`, and the OTLP `compression: none` rule.
+//!   locator loop with `max_bytes`, and OTLP exports sent plain and gzip-compressed.
 
 mod support;
 
@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use sonic_rs::{JsonValueTrait, Value};
 use support::{expect, req, temp_dir, write_config, Raw, Response, Server};
 
-const TOKEN: &str = "json-record-coordinates-v1";
+/// The `Stream-Extensions` value of a bucketed JSON stream.
+const TOKEN: &str = "json-record-coordinates-v1, ndjson-append-v1";
 const MAX_READ: usize = 8 << 20;
 
 fn start() -> (Server, tempfile::TempDir) {
@@ -541,7 +542,8 @@ fn seed_003_browser_telemetry() {
     let head = expect(&s, "HEAD", sp, &[], b"", 200);
     assert_ne!(h(&head, "stream-incarnation"), incarnation);
 
-    // OTLP-JSON: one export request is one message; compression must be `none` (415).
+    // OTLP-JSON: one export request is one message, sent plain or compressed with gzip
+    // (what the Collector's otlphttp exporter does by default).
     expect(&s, "PUT", "/otel", &[], b"", 201);
     let tp = "/otel/traces-checkout-20261003";
     expect(&s, "PUT", tp, &[ct], b"", 201);
@@ -549,14 +551,19 @@ fn seed_003_browser_telemetry() {
     let r = expect(&s, "POST", tp, &[ct], export.as_bytes(), 204);
     assert_eq!(h(&r, "stream-record-start"), "0");
     assert_eq!(h(&r, "stream-record-next"), "1");
-    expect(
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, export.as_bytes()).expect("in memory");
+    let gz = gz.finish().expect("in memory");
+    let r = expect(
         &s,
         "POST",
         tp,
         &[ct, ("Content-Encoding", "gzip")],
-        export.as_bytes(),
-        415,
+        &gz,
+        204,
     );
+    assert_eq!(h(&r, "stream-record-start"), "1");
+    assert_eq!(h(&r, "stream-record-next"), "2");
     let r = expect(&s, "GET", &format!("{tp}?offset=-1"), &[], b"", 200);
-    assert_eq!(r.body_str(), format!("{export}\n"));
+    assert_eq!(r.body_str(), format!("{export}\n{export}\n"));
 }

@@ -1,5 +1,6 @@
 // A stock OpenTelemetry OTLP/HTTP JSON trace exporter posts spans to an Ursula stream
-// (one application/json stream per service, signal and UTC day; compression none), and an
+// (one application/json stream per service, signal and UTC day; gzip-compressed, the
+// Collector's default, which the server decodes), and an
 // ursula-indexer index with the OTLP trace extractor answers match=overlap queries whose
 // locators resolve, byte-exact, to the exported batches.
 // Env: URSULA_URL, INDEXER_URL.
@@ -46,7 +47,7 @@ const reg = await http("PUT", `${INDEXER}/v1/indexes/${name}`, {
 });
 equal(JSON.parse(reg.text).stream_url, streamUrl, "registered stream_url");
 
-const exporter = new OTLPTraceExporter({ url: streamUrl, compression: "none", timeoutMillis: 5000 });
+const exporter = new OTLPTraceExporter({ url: streamUrl, compression: "gzip", timeoutMillis: 5000 });
 // Record what the exporter itself concluded about each export (0 = SUCCESS).
 const results = [];
 const exportOnce = exporter.export.bind(exporter);

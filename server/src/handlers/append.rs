@@ -7,7 +7,7 @@
 use std::rc::Rc;
 
 use bytes::Bytes;
-use ursula_protocol::content_type::{normalize, same_media_type, ContentTypeError};
+use ursula_protocol::content_type::{is_json, normalize, same_media_type, ContentTypeError};
 use ursula_protocol::headers::{
     is_closed_true, parse_producer, parse_stream_seq, ProducerHeaders, StreamSeqTooLong,
 };
@@ -170,8 +170,12 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
             Some(Err(_)) => return Err(ApiError::InvalidRequest("invalid Content-Type").into()),
             Some(Ok(ct)) => ct,
         };
-        let body = PayloadKind::of(&ct).and_then(|kind| payload(kind, req.body, false))?;
-        (body, Some(ct))
+        let (kind, lines) = PayloadKind::of_append(surface, &ct, || {
+            core.shard.head(id).map(|s| is_json(s.content_type()))
+        })?;
+        let body = payload(kind, req.body, false)?;
+        // NDJSON lines appended to a JSON stream: its type was matched just now.
+        (body, (!lines).then_some(ct))
     };
     // 5. producer
     if let Some(p) = &headers.producer {
@@ -254,7 +258,7 @@ fn check_against_head(
     if let Some(expected) = headers.record_match.filter(|_| !close_only) {
         if expected != head.record_next {
             return Err(ApiError::RecordPreconditionFailed
-                .header("stream-extensions", records::TOKEN)
+                .header("stream-extensions", records::EXTENSIONS)
                 .header("stream-record-next", head.record_next.to_string())
                 .header("stream-next-offset", tail));
         }

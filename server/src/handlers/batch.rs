@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use ursula_protocol::content_type::{normalize, same_media_type};
+use ursula_protocol::content_type::{is_json, normalize, same_media_type};
 use ursula_protocol::headers::is_closed_true;
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
@@ -100,7 +100,7 @@ pub fn render_acks(acks: &[Ack]) -> String {
                 next,
             } => {
                 // Codes are fixed ASCII; a reason is written as a JSON string.
-                let reason = sonic_rs::to_string(error.reason()).unwrap_or_default();
+                let reason = sonic_rs::to_string(&error.reason()).unwrap_or_default();
                 let _ = write!(
                     out,
                     "{{\"status\":{},\"error_code\":\"{}\",\"error\":{reason}",
@@ -239,19 +239,22 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     // 4. body: framing, Content-Type, then every frame's JSON before anything commits
     let request_type = request_type.ok_or(ApiError::MissingContentType)?;
     let frames = frames.map_err(frame_error)?;
-    let kind = PayloadKind::of(&request_type)?;
+    let (type_ok, coords, json) = match core.shard.stream(id) {
+        Some(s) => (
+            same_media_type(&request_type, s.content_type()),
+            records::active(Surface::Bucketed, s.content_type()),
+            is_json(s.content_type()),
+        ),
+        None => return Err(ApiError::owner_unavailable().into()),
+    };
+    // NDJSON frames to a JSON stream: each frame's lines are its messages.
+    let (kind, lines) = PayloadKind::of_append(Surface::Bucketed, &request_type, || Some(json))?;
     let payloads = frames
         .iter()
         .map(|f| payload(kind, f.clone(), false))
         .collect::<Result<Vec<_>, _>>()?;
     drop(frames);
-    let (type_ok, coords) = match core.shard.stream(id) {
-        Some(s) => (
-            same_media_type(&request_type, s.content_type()),
-            records::active(Surface::Bucketed, s.content_type()),
-        ),
-        None => return Err(ApiError::owner_unavailable().into()),
-    };
+    let type_ok = type_ok || lines;
     // 5. commit: one group commit for the whole request (no `.await` until `durable`)
     let (acks, last) = append_frames(
         payloads,
@@ -277,7 +280,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
         .header("stream-next-offset", format_offset(tail.get()))
         .header("cache-control", "no-store");
     if coords {
-        resp.push("stream-extensions", records::TOKEN);
+        resp.push("stream-extensions", records::EXTENSIONS);
     }
     if all_ok && !coords && prefers_minimal(&req) {
         resp.status = 204;

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use ursula_storage::StorageError;
 
+use crate::http::coding::DecodeError;
 use crate::http::Response;
 
 /// Why a request was refused.
@@ -23,6 +24,10 @@ pub enum ApiError {
     InvalidStreamId(&'static str),
     InvalidBucketId,
     InvalidJson,
+    /// An NDJSON append whose line (counted from 1) is not one JSON value.
+    InvalidJsonLine(usize),
+    /// A compressed body that does not decode; the reason says how (see `DecodeError`).
+    CorruptBody(Cow<'static, str>),
     /// A text stream's body that is not UTF-8.
     InvalidText,
     /// A JSON append of `[]` (it would add nothing).
@@ -72,7 +77,10 @@ pub enum ApiError {
     OffsetTrimmed(&'static str),
     RecordPreconditionFailed,
     PayloadTooLarge(Cow<'static, str>),
+    /// An append's `Content-Encoding` names a coding the server does not decode.
     UnsupportedEncoding,
+    /// A `Content-Encoding` on a request that is not an append.
+    EncodingNotAccepted,
     /// A text content type with a charset other than UTF-8.
     UnsupportedCharset,
     HeaderTooLarge,
@@ -97,10 +105,9 @@ impl ApiError {
         use ApiError::*;
         match self {
             InvalidRequest(_) | InvalidHeader(_) | InvalidOffset(_) | InvalidStreamId(_)
-            | InvalidBucketId | InvalidJson | InvalidText | EmptyJsonArray | EmptyBody(_)
-            | MissingContentType | OffsetBeyondTail(_) | OffsetNotAligned(_) | ProducerEpochSeq => {
-                400
-            }
+            | InvalidBucketId | InvalidJson | InvalidJsonLine(_) | CorruptBody(_) | InvalidText
+            | EmptyJsonArray | EmptyBody(_) | MissingContentType | OffsetBeyondTail(_)
+            | OffsetNotAligned(_) | ProducerEpochSeq => 400,
             Unauthorized => 401,
             Forbidden | ProducerEpochStale => 403,
             NotFound(_) | StreamNotFound | ForkSourceNotFound | BucketNotFound
@@ -126,7 +133,7 @@ impl ApiError {
             StreamGone | OffsetTrimmed(_) => 410,
             RecordPreconditionFailed => 412,
             PayloadTooLarge(_) => 413,
-            UnsupportedEncoding | UnsupportedCharset => 415,
+            UnsupportedEncoding | EncodingNotAccepted | UnsupportedCharset => 415,
             HeaderTooLarge => 431,
             StorageFault(_) => 500,
             NotImplemented(_) => 501,
@@ -144,7 +151,8 @@ impl ApiError {
             InvalidOffset(_) => "invalid_offset",
             InvalidStreamId(_) => "invalid_stream_id",
             InvalidBucketId => "invalid_bucket_id",
-            InvalidJson => "invalid_json",
+            InvalidJson | InvalidJsonLine(_) => "invalid_json",
+            CorruptBody(_) => "corrupt_body",
             InvalidText => "invalid_text",
             EmptyJsonArray => "empty_json_array",
             EmptyBody(_) => "empty_body",
@@ -179,7 +187,7 @@ impl ApiError {
             OffsetTrimmed(_) => "offset_trimmed",
             RecordPreconditionFailed => "record_precondition_failed",
             PayloadTooLarge(_) => "payload_too_large",
-            UnsupportedEncoding => "unsupported_encoding",
+            UnsupportedEncoding | EncodingNotAccepted => "unsupported_encoding",
             UnsupportedCharset => "unsupported_charset",
             HeaderTooLarge => "header_too_large",
             NotImplemented(_) => "not_implemented",
@@ -191,9 +199,9 @@ impl ApiError {
     }
 
     /// The short plain-text reason after the code.
-    pub fn reason(&self) -> &str {
+    pub fn reason(&self) -> Cow<'_, str> {
         use ApiError::*;
-        match self {
+        Cow::Borrowed(match self {
             InvalidRequest(r)
             | InvalidHeader(r)
             | InvalidOffset(r)
@@ -210,7 +218,8 @@ impl ApiError {
             | NotImplemented(r)
             | StorageFault(r) => r,
             MethodNotAllowed { reason, .. } => reason,
-            PayloadTooLarge(r) | Unavailable(r) | InsufficientStorage(r) => r,
+            PayloadTooLarge(r) | CorruptBody(r) | Unavailable(r) | InsufficientStorage(r) => r,
+            InvalidJsonLine(line) => return format!("line {line} is not a JSON value").into(),
             Fenced => "another server took this server's data over; it accepts no writes",
             InvalidBucketId => "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
             InvalidJson => "body is not a single JSON text",
@@ -240,12 +249,13 @@ impl ApiError {
             BeyondSnapshot => "retention cannot pass the snapshot",
             StreamGone => "stream was deleted",
             RecordPreconditionFailed => "record tail has moved",
-            UnsupportedEncoding => "request bodies must not be compressed",
+            UnsupportedEncoding => "Content-Encoding must be gzip, deflate, zstd or identity",
+            EncodingNotAccepted => "only appends take a compressed body",
             UnsupportedCharset => {
                 "text streams hold UTF-8 only: use charset=utf-8, or application/octet-stream"
             }
             HeaderTooLarge => "request headers exceed 64 KiB",
-        }
+        })
     }
 
     /// The error as a plain-text response; a handler may add headers describing the state.
@@ -259,6 +269,9 @@ impl ApiError {
             ApiError::MethodNotAllowed { allow, .. } => resp.push("allow", *allow),
             ApiError::Unavailable(_) => resp.push("retry-after", "1"),
             ApiError::Unauthorized => resp.push("www-authenticate", "Bearer"),
+            // The codings a request may use instead (RFC 7694 §3).
+            ApiError::UnsupportedEncoding => resp.push("accept-encoding", "gzip, deflate, zstd"),
+            ApiError::EncodingNotAccepted => resp.push("accept-encoding", "identity"),
             _ => {}
         }
         resp
@@ -322,6 +335,21 @@ impl ApiError {
     /// This refusal, with a header describing the state it was checked against.
     pub fn header(self, name: &'static str, value: impl Into<String>) -> Refusal {
         Refusal::from(self).header(name, value)
+    }
+}
+
+/// A compressed body that was refused: too large decoded, corrupt, or no room to decode it.
+impl From<DecodeError> for ApiError {
+    fn from(e: DecodeError) -> ApiError {
+        match e {
+            DecodeError::TooLarge { .. } => ApiError::PayloadTooLarge(e.to_string().into()),
+            DecodeError::Corrupt { .. }
+            | DecodeError::Truncated { .. }
+            | DecodeError::TrailingBytes { .. } => ApiError::CorruptBody(e.to_string().into()),
+            DecodeError::OverBudget | DecodeError::Start { .. } => {
+                ApiError::Unavailable(e.to_string().into())
+            }
+        }
     }
 }
 
@@ -442,6 +470,30 @@ mod tests {
         assert_eq!(r.status, 503);
         assert!(r.headers.contains(&("retry-after", "1".to_string())));
         assert!(!body(&r).contains("/data"));
+        let r = ApiError::UnsupportedEncoding.response();
+        assert_eq!(r.status, 415);
+        assert!(r
+            .headers
+            .contains(&("accept-encoding", "gzip, deflate, zstd".to_string())));
+        assert_eq!(
+            body(&ApiError::InvalidJsonLine(2).response()),
+            "invalid_json: line 2 is not a JSON value\n"
+        );
+        let r = ApiError::from(DecodeError::TooLarge { limit: 32 << 20 }).response();
+        assert_eq!(r.status, 413);
+        assert_eq!(
+            body(&r),
+            "payload_too_large: decompressed body exceeds 32 MiB\n"
+        );
+        let r = ApiError::from(DecodeError::Truncated {
+            coding: ursula_protocol::headers::ContentCoding::Gzip,
+        })
+        .response();
+        assert_eq!(r.status, 400);
+        assert_eq!(
+            body(&r),
+            "corrupt_body: gzip body ends inside its compressed data\n"
+        );
         // The same code can belong to two refusals with different statuses.
         assert_eq!(ApiError::SnapshotBeyondTail.status(), 409);
         assert_eq!(ApiError::OffsetBeyondTail("x").status(), 400);

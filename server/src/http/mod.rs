@@ -2,6 +2,9 @@
 //! serialisation, the error vocabulary, and writing to a connection's transport. It knows
 //! no feature of the protocol.
 
+// Compressed request bodies, below the error vocabulary that maps their refusals.
+pub mod coding;
+
 pub mod error;
 pub mod transport;
 

@@ -87,7 +87,7 @@ pub fn start(core: &Rc<Core>, start: SseStart) -> Result<(Response, SseSession),
         resp.push("stream-sse-data-encoding", "base64");
     }
     if mode == Mode::Ndjson {
-        resp.push("stream-extensions", records::TOKEN);
+        resp.push("stream-extensions", records::EXTENSIONS);
     }
     resp.body = Body::Chunked;
     let session = SseSession {

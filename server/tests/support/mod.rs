@@ -30,15 +30,48 @@ pub fn ursula_bin() -> String {
 /// Prefix of the one line the server prints on stdout once it accepts connections.
 pub const LISTENING_PREFIX: &str = "ursula listening on http://";
 
-/// The arguments of [`Server::spawn_standard`]: `server --listen 127.0.0.1:0 --data-dir DIR
-/// --storage disk|memory --cores N --long-poll-timeout-ms 500` plus `extra`.
+/// The `--listen` address of a test server: `127.0.0.1:0` (a free port the kernel picks),
+/// unless `URSULA_TEST_PORTS=LO-HI` names a range to take a free port from instead, for
+/// machines where servers must stay out of the ephemeral range client sockets draw from.
+/// Ports of the range are handed out in turn within a process, from a start that differs
+/// between processes, and one that is taken is skipped.
+pub fn listen_addr() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let range = std::env::var("URSULA_TEST_PORTS").ok().and_then(|r| {
+        let (lo, hi) = r.split_once('-')?;
+        let (lo, hi) = (
+            lo.trim().parse::<u16>().ok()?,
+            hi.trim().parse::<u16>().ok()?,
+        );
+        (lo <= hi).then_some((lo, hi))
+    });
+    let Some((lo, hi)) = range else {
+        return "127.0.0.1:0".to_string();
+    };
+    let span = u32::from(hi - lo) + 1;
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = lo + ((start + n) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return format!("127.0.0.1:{port}");
+        }
+    }
+    panic!("no free port in URSULA_TEST_PORTS={lo}-{hi}");
+}
+
+/// The arguments of [`Server::spawn_standard`]: `server --listen ADDR --data-dir DIR
+/// --storage disk|memory --cores N --long-poll-timeout-ms 500` plus `extra`, with ADDR
+/// from [`listen_addr`].
 pub fn server_args(data_dir: &Path, storage: &str, cores: usize, extra: &[&str]) -> Vec<String> {
     let data_dir = data_dir.to_str().expect("utf-8 data dir");
     let cores = cores.to_string();
+    let listen = listen_addr();
     let mut args: Vec<String> = [
         "server",
         "--listen",
-        "127.0.0.1:0",
+        &listen,
         "--data-dir",
         data_dir,
         "--storage",
