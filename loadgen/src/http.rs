@@ -167,17 +167,13 @@ impl Conn {
         }
     }
 
-    /// Opens the connection now instead of at the first request, bounded by the
-    /// connection's timeout. A paced run opens its connections before the schedule starts,
-    /// so that its first appends do not each carry a TCP handshake.
-    pub async fn connect(&mut self) -> Result<(), ReqError> {
-        match monoio::time::timeout(self.timeout, self.open()).await {
-            Ok(r) => r,
-            Err(_) => Err(ReqError::Timeout),
-        }
-    }
-
-    async fn open(&mut self) -> Result<(), ReqError> {
+    async fn request_inner(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Body<'_>,
+    ) -> Result<(Response, bool), ReqError> {
         if self.stream.is_none() {
             let s = TcpStream::connect(self.addr)
                 .await
@@ -186,17 +182,6 @@ impl Conn {
             self.stream = Some(s);
             self.rbuf.clear();
         }
-        Ok(())
-    }
-
-    async fn request_inner(
-        &mut self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Body<'_>,
-    ) -> Result<(Response, bool), ReqError> {
-        self.open().await?;
         let Some(stream) = self.stream.as_mut() else {
             return Err(ReqError::Connect("no connection".into()));
         };

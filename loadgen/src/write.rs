@@ -57,8 +57,10 @@ pub struct WriteArgs {
     pub content_type: String,
     /// Offered load in appends per second over all streams (open loop): appends are due
     /// evenly spaced whether or not earlier ones were answered, and latency runs from when
-    /// each was due. Default: closed loop, every writer sends as soon as its previous
-    /// append is answered.
+    /// each was due. An append that comes due while all its connections are busy waits for
+    /// one, counts as late, and is still timed from its due time; give `--connections` of
+    /// at least the rate times the latency. Default: closed loop, every writer sends as
+    /// soon as its previous append is answered.
     #[arg(long)]
     pub rate: Option<f64>,
 }
@@ -309,10 +311,15 @@ fn run_paced(
         async move {
             let timeout = a.common.timeout;
             let connections = a.connections.unwrap_or(a.streams);
-            let connect = |mut c: Conn| async move {
-                c.connect()
+            // Every connection makes one request before the schedule starts. A TCP connect
+            // alone completes in the kernel's accept queue, and thousands of connections
+            // the server has not yet accepted (or, on Ursula, handed to the core owning
+            // their stream) would stall the first second of the schedule. Any answer will
+            // do: a server that refuses the connection shows it in the run's statuses.
+            let open = |mut c: Conn, path: String| async move {
+                c.request("HEAD", &path, &[], Body::None)
                     .await
-                    .map_err(|e| format!("open a connection: {e}"))?;
+                    .map_err(|e| format!("HEAD {path} to open a connection: {e}"))?;
                 Ok::<Conn, String>(c)
             };
             // (lane index, lanes, paths, first path, connections), for this core's lanes.
@@ -330,8 +337,8 @@ fn run_paced(
                         )
                         .await?;
                     let mut conns = Vec::with_capacity(pool.conns.len());
-                    for (c, _) in pool.conns {
-                        conns.push(connect(c).await?);
+                    for (c, first) in pool.conns {
+                        conns.push(open(c, pool.paths[first].clone()).await?);
                     }
                     // One lane per client core that has connections; each starts at its
                     // own stream so that the cores cover the streams evenly.
@@ -348,7 +355,7 @@ fn run_paced(
                     for (s, (c, path)) in mine.into_iter().zip(opened) {
                         let mut conns = vec![c];
                         for _ in 1..connections_of(s, a.streams, connections) {
-                            conns.push(connect(Conn::new(t.addr, timeout)).await?);
+                            conns.push(open(Conn::new(t.addr, timeout), path.clone()).await?);
                         }
                         let paths: Rc<[String]> = vec![path].into();
                         lanes.push((s, a.streams, paths, 0, conns));
