@@ -42,7 +42,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Scenario {
-    /// N streams, one closed-loop writer each: appends/s, MB/s, append latency.
+    /// N streams, one closed-loop writer each, or a fixed offered load (`--rate`):
+    /// appends/s, MB/s, append latency.
     Write(write::WriteArgs),
     /// Catch-up reads of pre-filled streams following Stream-Next-Offset.
     Read(read::ReadArgs),
@@ -216,6 +217,7 @@ fn build_report(
             .map(|cpu| cpu.as_secs_f64() * 1e6 / st.ops as f64),
         latency_of: o.latency_of.to_string(),
         latency: Latency::from_hist(&st.hist),
+        non_2xx: st.non_2xx(),
         errors: st.errors,
         error_total,
         counters: st

@@ -100,6 +100,16 @@ impl Stats {
     pub fn error_total(&self) -> u64 {
         self.errors.values().sum()
     }
+
+    /// The errors that were HTTP answers, by status (their keys are status codes; the
+    /// client's own failures have names).
+    pub fn non_2xx(&self) -> BTreeMap<String, u64> {
+        self.errors
+            .iter()
+            .filter(|(k, _)| k.parse::<u16>().is_ok())
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
 }
 
 #[derive(Serialize, Debug, Clone, PartialEq)]
@@ -172,6 +182,9 @@ pub struct Report {
     pub latency: Latency,
     pub errors: BTreeMap<String, u64>,
     pub error_total: u64,
+    /// The HTTP answers among `errors` (status outside 2xx) by status: a server that
+    /// sheds load (`503` with `Retry-After`) shows here apart from failed connections.
+    pub non_2xx: BTreeMap<String, u64>,
     pub counters: BTreeMap<String, u64>,
     /// Scenario checks (verify mismatches, the 413 probe, …); empty when none ran.
     pub checks: Vec<Check>,
@@ -224,6 +237,17 @@ impl Report {
                 .collect();
             let _ = writeln!(s, "errors   {} ({})", self.error_total, list.join(", "));
         }
+        if self.non_2xx.is_empty() {
+            let _ = writeln!(s, "non-2xx  none");
+        } else {
+            let list: Vec<String> = self
+                .non_2xx
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            let total: u64 = self.non_2xx.values().sum();
+            let _ = writeln!(s, "non-2xx  {total} ({})", list.join(", "));
+        }
         if !self.counters.is_empty() {
             let list: Vec<String> = self
                 .counters
@@ -266,6 +290,11 @@ mod tests {
         assert_eq!(a.ops, 101);
         assert_eq!(a.errors.get("503"), Some(&2));
         assert_eq!(a.error_total(), 3);
+        assert_eq!(
+            a.non_2xx().into_iter().collect::<Vec<_>>(),
+            [("503".to_string(), 2)],
+            "a failed connection is not an answer"
+        );
         let l = Latency::from_hist(&a.hist);
         assert_eq!(l.count, 101);
         assert!((l.p50_ms - 51.0).abs() < 0.5, "{l:?}");

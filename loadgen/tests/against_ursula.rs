@@ -46,10 +46,16 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// With `extra` flags for `ursula server`.
+    fn start_with(extra: &[&str]) -> Server {
         let bin = ursula_bin();
         let mut child = Command::new(&bin)
             .args(["server", "--listen", "127.0.0.1:0", "--storage", "memory"])
             .args(["--long-poll-timeout-ms", "500"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -481,8 +487,9 @@ fn get(base: &str, path: &str) -> (u16, Vec<u8>) {
     (status, body)
 }
 
-/// `write --rate` offers a fixed load: the appends counted are the rate times the window
-/// (not as many as the server takes), and the report says the load held.
+/// `write --rate` offers a fixed load: the appends counted are the ones due in the window,
+/// the rate times the window (not as many as the server takes), every one of them sent, and
+/// the report says the load held.
 #[test]
 fn a_paced_write_sends_the_offered_load() {
     let server = Server::start();
@@ -490,6 +497,7 @@ fn a_paced_write_sends_the_offered_load() {
     let t = server.base.as_str();
     for (shape, extra) in [
         ("one", &[][..]),
+        ("three-per-stream", &["--connections", "24"][..]),
         ("spread", &["--spread", "--connections", "4"][..]),
     ] {
         let mut args = vec![
@@ -516,13 +524,91 @@ fn a_paced_write_sends_the_offered_load() {
         assert_eq!(code, 0, "{shape}: the offered load did not hold");
         assert!(is_true(&r, "ok"));
         assert_eq!(num(&r, &["error_total"]), 0.0);
-        // 400/s over 2 s, give or take the appends due at the window's edges.
-        let ops = num(&r, &["ops"]);
-        assert!(
-            (780.0..=820.0).contains(&ops),
-            "{shape}: {ops} appends in 2 s at 400/s"
-        );
+        // 400/s over 2 s: counted by when they were due, so exactly 800.
+        assert_eq!(num(&r, &["counters", "due"]), 800.0, "{shape}");
+        assert_eq!(num(&r, &["counters", "unsent"]), 0.0, "{shape}");
+        assert_eq!(num(&r, &["ops"]), 800.0, "{shape}");
+        assert!(num(&r, &["counters", "late"]) >= num(&r, &["counters", "late_no_connection"]));
     }
+}
+
+/// An open loop does not wait for answers: with appends due faster than its connections
+/// can carry them, the appends wait for a connection, count as late, and are timed from
+/// when they were due, so the wait shows in the latency.
+#[test]
+fn a_paced_write_beyond_its_connections_counts_late_appends() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (code, r) = loadgen(
+        dir.path(),
+        "write-rate-short",
+        &[
+            "write",
+            "--target",
+            &server.base,
+            "--streams",
+            "1",
+            "--cores",
+            "1",
+            // One connection cannot carry a million appends a second on any host.
+            "--rate",
+            "1000000",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+        ],
+    );
+    assert_eq!(code, 1, "the offered load cannot have held");
+    assert!(!is_true(&r, "ok"));
+    let due = num(&r, &["counters", "due"]);
+    assert_eq!(due, 1_000_000.0);
+    let sent = num(&r, &["ops"]) + num(&r, &["error_total"]);
+    let unsent = num(&r, &["counters", "unsent"]);
+    assert!(unsent > 0.0);
+    assert_eq!(sent + unsent, due);
+    assert_eq!(num(&r, &["counters", "late_no_connection"]), sent);
+    // Every append due in the window is in the latencies, the unsent ones with their wait
+    // at the window's end (at most 1 s, the window's length; half of them over 0.5 s).
+    assert_eq!(num(&r, &["latency", "count"]), num(&r, &["ops"]) + unsent);
+    assert!(num(&r, &["latency", "p50_ms"]) > 400.0);
+}
+
+/// Appends the server refuses are reported by status: a server holding fewer connections
+/// than the pool opens answers the others 503 (with Retry-After) and closes them.
+#[test]
+fn refused_appends_are_counted_by_status() {
+    let server = Server::start_with(&["--cores", "1", "--max-connections", "2"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, r) = loadgen(
+        dir.path(),
+        "write-refused",
+        &[
+            "write",
+            "--target",
+            &server.base,
+            "--streams",
+            "2",
+            "--spread",
+            "--connections",
+            "8",
+            "--rate",
+            "400",
+            "--cores",
+            "1",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+        ],
+    );
+    let refused = num(&r, &["non_2xx", "503"]);
+    assert!(refused > 0.0, "no 503 counted");
+    assert!(
+        num(&r, &["ops"]) > 0.0,
+        "the connections within the limit wrote"
+    );
+    assert!(num(&r, &["error_total"]) >= refused);
 }
 
 /// The gateway shape: a pool of fewer connections than streams still writes every stream,
