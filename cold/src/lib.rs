@@ -18,3 +18,25 @@ pub mod wal;
 
 pub use archiver::{start, Archive, FinalRound, Settings, OWNER_FILE, RESTORED_FILE};
 pub use error::{Error, Result};
+
+/// What the unit tests share: an object store in a temporary directory, and a runtime.
+#[cfg(test)]
+mod test_support {
+    use std::sync::Arc;
+
+    use ursula_s3::DynStore;
+
+    pub(crate) fn local() -> (tempfile::TempDir, DynStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: DynStore = Arc::new(ursula_s3::LocalStore::open(dir.path()).expect("store"));
+        (dir, store)
+    }
+
+    pub(crate) fn run<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+}

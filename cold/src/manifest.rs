@@ -405,21 +405,7 @@ pub async fn ensure_layout(store: &DynStore, shards: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-
-    fn local() -> (tempfile::TempDir, DynStore) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store: DynStore = Arc::new(ursula_s3::LocalStore::open(dir.path()).expect("store"));
-        (dir, store)
-    }
-
-    fn run<F: std::future::Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-            .block_on(f)
-    }
+    use crate::test_support::{local, run};
 
     fn object(key: &str) -> Object {
         Object {

@@ -183,14 +183,7 @@ async fn restore_wal(
     for w in m.wal.iter().filter(|w| w.last_lsn > archived) {
         let o = crate::wal::fetch(store, w).await?;
         crate::wal::apply(&dir, m.shard, &o)?;
-        report.wal_objects += 1;
-        report.objects += 1;
-        report.bytes += w.object.len;
-        end = manifest::End {
-            segment: w.end_segment,
-            position: w.end_position,
-            lsn: w.last_lsn,
-        };
+        end = applied(report, w);
     }
     let fencer = crate::wal::Fencer {
         epoch: m.epoch + 1,
@@ -201,16 +194,21 @@ async fn restore_wal(
     })
     .await?;
     for w in &chain.objects {
-        report.wal_objects += 1;
-        report.objects += 1;
-        report.bytes += w.object.len;
-        end = manifest::End {
-            segment: w.end_segment,
-            position: w.end_position,
-            lsn: w.last_lsn,
-        };
+        end = applied(report, w);
     }
     Ok(end)
+}
+
+/// Count WAL object `w` as applied; returns the log's end after it.
+fn applied(report: &mut Report, w: &manifest::WalRef) -> manifest::End {
+    report.wal_objects += 1;
+    report.objects += 1;
+    report.bytes += w.object.len;
+    manifest::End {
+        segment: w.end_segment,
+        position: w.end_position,
+        lsn: w.last_lsn,
+    }
 }
 
 /// Which of the manifest's segments up to the archived end to download, and which to leave

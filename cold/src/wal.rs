@@ -235,23 +235,9 @@ pub fn apply(dir: &Path, shard: u32, o: &WalObject) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use crate::test_support::{local, run};
     use ursula_storage::wal::WalPiece;
     use ursula_storage::Lsn;
-
-    fn local() -> (tempfile::TempDir, DynStore) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store: DynStore = Arc::new(ursula_s3::LocalStore::open(dir.path()).expect("store"));
-        (dir, store)
-    }
-
-    fn run<F: std::future::Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-            .block_on(f)
-    }
 
     /// WAL object `seq` of epoch 1, shard 0: changes `first..=last`.
     async fn put(store: &DynStore, seq: u64, first: u64, last: u64) {

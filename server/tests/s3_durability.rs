@@ -228,6 +228,26 @@ fn acknowledging_before_s3_is_caught_losing_appends() {
     );
 }
 
+/// Append `{"n":N}` for each N, each acknowledged.
+fn append_all(s: &Server, path: &str, ns: std::ops::Range<u64>) {
+    for n in ns {
+        let body = format!("{{\"n\":{n}}}");
+        expect(s, "POST", path, &[JSON], body.as_bytes(), 204);
+    }
+}
+
+/// The N of every record a JSON stream holds, in order.
+fn ns_in(s: &Server, path: &str) -> Vec<u64> {
+    let r = expect(s, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
+    let values: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("JSON");
+    values
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|v| v.get("n").and_then(|n| n.as_u64()).expect("n"))
+        .collect()
+}
+
 #[test]
 fn a_paused_owner_taken_over_acknowledges_nothing_more() {
     let dir = temp_dir("ursula-s3-zombie");
@@ -237,31 +257,13 @@ fn a_paused_owner_taken_over_acknowledges_nothing_more() {
     let old = start(&dir.path().join("old"), &config, &log, &[]);
     let path = "/v1/stream/zombie";
     expect(&old, "PUT", path, &[JSON], b"", 201);
-    for n in 0..20 {
-        expect(
-            &old,
-            "POST",
-            path,
-            &[JSON],
-            format!("{{\"n\":{n}}}").as_bytes(),
-            204,
-        );
-    }
+    append_all(&old, path, 0..20);
     // The owner stops answering (paused, cut off) and another host takes its data over.
     signal(old.pid(), libc::SIGSTOP);
     let data = dir.path().join("new");
     restore(&s3, &data);
     let new = start(&data, &config, &log, &[]);
-    for n in 20..40 {
-        expect(
-            &new,
-            "POST",
-            path,
-            &[JSON],
-            format!("{{\"n\":{n}}}").as_bytes(),
-            204,
-        );
-    }
+    append_all(&new, path, 20..40);
     // The old owner wakes up and takes appends again: none may be acknowledged.
     signal(old.pid(), libc::SIGCONT);
     let mut refused = 0;
@@ -284,15 +286,7 @@ fn a_paused_owner_taken_over_acknowledges_nothing_more() {
     let ready = req(&old, "GET", "/__ursula/readyz", &[], b"");
     assert_eq!(ready.status, 503, "a fenced server reports not ready");
     // Everything both owners acknowledged, in order, and nothing of the fenced one's.
-    let r = expect(&new, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
-    let values: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("JSON");
-    let ns: Vec<u64> = values
-        .as_array()
-        .expect("array")
-        .iter()
-        .map(|v| v.get("n").and_then(|n| n.as_u64()).expect("n"))
-        .collect();
-    assert_eq!(ns, (0..40).collect::<Vec<_>>());
+    assert_eq!(ns_in(&new, path), (0..40).collect::<Vec<_>>());
 }
 
 #[test]
@@ -307,17 +301,8 @@ fn appends_get_503_while_s3_is_down_and_succeed_once_it_is_back() {
     let path = "/v1/stream/outage";
     expect(&s, "PUT", path, &[JSON], b"", 201);
     let mut acked = Vec::new();
-    for n in 0..10 {
-        expect(
-            &s,
-            "POST",
-            path,
-            &[JSON],
-            format!("{{\"n\":{n}}}").as_bytes(),
-            204,
-        );
-        acked.push(n);
-    }
+    append_all(&s, path, 0..10);
+    acked.extend(0..10);
     s3.stop();
     for n in 10..13 {
         let started = Instant::now();
@@ -356,14 +341,7 @@ fn appends_get_503_while_s3_is_down_and_succeed_once_it_is_back() {
         }
         n += 1;
     }
-    let r = expect(&s, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
-    let values: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("JSON");
-    let held: BTreeSet<u64> = values
-        .as_array()
-        .expect("array")
-        .iter()
-        .map(|v| v.get("n").and_then(|n| n.as_u64()).expect("n"))
-        .collect();
+    let held: BTreeSet<u64> = ns_in(&s, path).into_iter().collect();
     for n in &acked {
         assert!(held.contains(n), "acknowledged {n} is missing: {held:?}");
     }

@@ -137,16 +137,10 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
     std::thread::Builder::new()
         .name("ursula-archiver".into())
         .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match current_thread_runtime("archiver runtime") {
                 Ok(r) => r,
-                Err(source) => {
-                    let _ = tx.send(Err(Error::Start {
-                        what: "archiver runtime",
-                        source,
-                    }));
+                Err(e) => {
+                    let _ = tx.send(Err(e));
                     return;
                 }
             };
@@ -205,6 +199,14 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
             source,
         })?;
     rx.recv().map_err(|_| Error::ThreadExited)?
+}
+
+/// A tokio current-thread runtime for one of the cold tier's threads.
+fn current_thread_runtime(what: &'static str) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| Error::Start { what, source })
 }
 
 impl Archive {

@@ -75,16 +75,10 @@ impl WalThread {
         std::thread::Builder::new()
             .name("ursula-s3-wal".into())
             .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
+                let runtime = match super::current_thread_runtime("S3 WAL runtime") {
                     Ok(r) => r,
-                    Err(source) => {
-                        let _ = tx.send(Err(crate::Error::Start {
-                            what: "S3 WAL runtime",
-                            source,
-                        }));
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
                         return;
                     }
                 };
