@@ -228,11 +228,22 @@ fn acknowledging_before_s3_is_caught_losing_appends() {
     );
 }
 
+/// Append `{"n":N}` to `path`.
+fn post(s: &Server, path: &str, n: u64) -> support::Response {
+    req(
+        s,
+        "POST",
+        path,
+        &[JSON],
+        format!("{{\"n\":{n}}}").as_bytes(),
+    )
+}
+
 /// Append `{"n":N}` for each N, each acknowledged.
 fn append_all(s: &Server, path: &str, ns: std::ops::Range<u64>) {
     for n in ns {
-        let body = format!("{{\"n\":{n}}}");
-        expect(s, "POST", path, &[JSON], body.as_bytes(), 204);
+        let r = post(s, path, n);
+        assert_eq!(r.status, 204, "append {n}: {r:?} {}", r.body_str());
     }
 }
 
@@ -268,13 +279,7 @@ fn a_paused_owner_taken_over_acknowledges_nothing_more() {
     signal(old.pid(), libc::SIGCONT);
     let mut refused = 0;
     for n in 100..110 {
-        let r = req(
-            &old,
-            "POST",
-            path,
-            &[JSON],
-            format!("{{\"n\":{n}}}").as_bytes(),
-        );
+        let r = post(&old, path, n);
         assert!(
             !r.is_success(),
             "a fenced server acknowledged an append: {r:?}"
@@ -306,13 +311,7 @@ fn appends_get_503_while_s3_is_down_and_succeed_once_it_is_back() {
     s3.stop();
     for n in 10..13 {
         let started = Instant::now();
-        let r = req(
-            &s,
-            "POST",
-            path,
-            &[JSON],
-            format!("{{\"n\":{n}}}").as_bytes(),
-        );
+        let r = post(&s, path, n);
         assert_eq!(r.status, 503, "{r:?} {}", r.body_str());
         assert!(
             r.header("retry-after").is_some(),
@@ -329,13 +328,7 @@ fn appends_get_503_while_s3_is_down_and_succeed_once_it_is_back() {
     let mut n = 13;
     while acked.len() < 15 {
         assert!(Instant::now() < deadline, "appends never succeeded again");
-        let r = req(
-            &s,
-            "POST",
-            path,
-            &[JSON],
-            format!("{{\"n\":{n}}}").as_bytes(),
-        );
+        let r = post(&s, path, n);
         if r.is_success() {
             acked.push(n);
         }
