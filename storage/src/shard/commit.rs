@@ -225,10 +225,7 @@ impl Shard {
     pub(super) fn count_commit_write(&self, took: Duration) {
         let mut stats = self.inner.stats.get();
         let us = took.as_micros() as u64;
-        let slot = COMMIT_WRITE_BUCKETS_US
-            .iter()
-            .position(|&bound| us <= bound)
-            .unwrap_or(COMMIT_WRITE_BUCKETS_US.len());
+        let slot = super::bucket_slot(&COMMIT_WRITE_BUCKETS_US, us);
         stats.commit_write_buckets[slot] += 1;
         stats.commit_writes += 1;
         stats.commit_write_nanos += took.as_nanos() as u64;
@@ -242,10 +239,7 @@ impl Shard {
             .iter()
             .map(|b| b.buf.as_ref().map_or(0, |b| b.len()) as u64)
             .sum();
-        let slot = COMMIT_BYTES_BUCKETS
-            .iter()
-            .position(|&bound| written <= bound)
-            .unwrap_or(COMMIT_BYTES_BUCKETS.len());
+        let slot = super::bucket_slot(&COMMIT_BYTES_BUCKETS, written);
         stats.commit_bytes_buckets[slot] += 1;
         stats.bytes_flushed += written;
         // With S3 durability the streams become readable once S3 has their changes.

@@ -595,6 +595,15 @@ impl Shard {
     }
 }
 
+/// The slot of a histogram with upper bounds `bounds` that counts `value`: the first bound
+/// at or above it, or the overflow slot after the last.
+pub(super) fn bucket_slot<T: PartialOrd>(bounds: &[T], value: T) -> usize {
+    bounds
+        .iter()
+        .position(|b| value <= *b)
+        .unwrap_or(bounds.len())
+}
+
 fn missing() -> StorageError {
     StorageError::Internal("stream vanished during a write")
 }

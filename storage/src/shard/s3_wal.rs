@@ -308,15 +308,9 @@ impl S3Wal {
                     s.commits += front.commits;
                     s.put_nanos += took.as_nanos() as u64;
                     let secs = took.as_secs_f64();
-                    let slot = PUT_SECONDS_BUCKETS
-                        .iter()
-                        .position(|&b| secs <= b)
-                        .unwrap_or(PUT_SECONDS_BUCKETS.len());
+                    let slot = super::bucket_slot(&PUT_SECONDS_BUCKETS, secs);
                     s.put_buckets[slot] += 1;
-                    let slot = super::COMMIT_BYTES_BUCKETS
-                        .iter()
-                        .position(|&b| front.bytes <= b)
-                        .unwrap_or(super::COMMIT_BYTES_BUCKETS.len());
+                    let slot = super::bucket_slot(&super::COMMIT_BYTES_BUCKETS, front.bytes);
                     s.object_bytes_buckets[slot] += 1;
                     self.in_s3 = self.in_s3.max(front.last_lsn);
                     self.in_flight.pop_front();
