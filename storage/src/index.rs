@@ -124,6 +124,9 @@ pub(crate) struct IndexFile {
     path: PathBuf,
     file: File,
     len: u64,
+    /// Pages and saved states it was written with (what compaction measures what is still
+    /// in use against).
+    entries: u64,
 }
 
 impl std::fmt::Debug for IndexFile {
@@ -183,7 +186,18 @@ impl IndexFile {
             path,
             file,
             len,
+            entries: field(24..32),
         })
+    }
+
+    /// The file's size in bytes, header included.
+    pub(crate) fn file_bytes(&self) -> u64 {
+        self.len
+    }
+
+    /// Pages and saved states it was written with.
+    pub(crate) fn entries(&self) -> u64 {
+        self.entries
     }
 
     /// Whether `[off, off + len)` lies inside the file's pages.

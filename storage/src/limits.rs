@@ -83,16 +83,31 @@ pub(crate) const ENCODE_SLICE_BYTES: usize = 256 << 10;
 /// run (each an image and its tables' newest entries: a few microseconds). (Tests use
 /// fewer, so that a few streams already take several slices.)
 pub(crate) const CAPTURES_PER_SLICE: usize = if cfg!(test) { 2 } else { 512 };
-/// Dormant streams a checkpoint lists between two chances for the core's requests to run
-/// (each a lookup and an entry of about 40 bytes: about a millisecond a slice). (Tests use
-/// fewer, so that a few streams already take several slices.)
-pub(crate) const DORMANT_LISTING_SLICE: usize = if cfg!(test) { 4 } else { 8192 };
 /// Most streams one upkeep round puts to sleep: bounds the round's file and the catalog
 /// work between two chances for requests to run.
 pub(crate) const SLEEPERS_PER_ROUND_MAX: usize = 100_000;
 /// Streams a round turns dormant between two chances for requests to run: bounds how
 /// long dropping their states holds the core.
 pub(crate) const SLEEPS_PER_SLICE: usize = 1024;
+/// Milliseconds between two index files written only to put streams to sleep (pages due,
+/// a roll or a checkpoint write one sooner), unless the last one put at least
+/// [`EAGER_SLEEPERS`] to sleep: a trickle of streams going idle, one a second, would
+/// otherwise leave one small file per second, each held open as long as one of its
+/// streams sleeps.
+pub(crate) const SLEEP_ONLY_FILE_INTERVAL_MS: i64 = if cfg!(test) { 0 } else { 10_000 };
+/// Streams put to sleep by one file above which the next may follow at once.
+pub(crate) const EAGER_SLEEPERS: usize = 256;
+/// Index files a shard keeps open before compaction merges the small ones (below
+/// [`SMALL_INDEX_FILE_BYTES`]): their dormant states move into the next file.
+pub(crate) const INDEX_FILES_SOFT_MAX: usize = if cfg!(test) { 8 } else { 256 };
+/// An index file this small is merged once there are more than [`INDEX_FILES_SOFT_MAX`].
+pub(crate) const SMALL_INDEX_FILE_BYTES: u64 = 1 << 20;
+/// Dormant states compaction moves in one upkeep round (each read back, then saved again
+/// in the next file: a few hundred bytes and microseconds apiece).
+pub(crate) const STATE_MOVES_PER_ROUND: usize = if cfg!(test) { 64 } else { 4096 };
+/// Unused index files (nothing points into them) that make a checkpoint due, so they can
+/// be deleted (a file goes once a checkpoint that does not name it is installed).
+pub(crate) const UNUSED_INDEX_FILES_CHECKPOINT: usize = if cfg!(test) { 4 } else { 32 };
 
 // The cold tier.
 

@@ -23,9 +23,10 @@ use std::rc::Rc;
 use hashbrown::hash_table::Entry as KeySlot;
 use hashbrown::HashTable;
 
+use super::parted_map::PartedMap;
 use super::FastMap;
 use crate::checkpoint::CapturedStream;
-use crate::index::IndexFile;
+use crate::index::{IndexFile, IndexFileNo};
 use crate::packed::DiskPage;
 use crate::stream::{Stream, StreamId};
 
@@ -52,7 +53,11 @@ pub(super) struct Catalog {
     /// upkeep round's look for pages to write, a metrics scrape) costs what they number,
     /// not what every stream kept numbers. A stream is in one of the two.
     resident: FastMap<StreamId, Box<Stream>>,
-    dormant: FastMap<StreamId, Sleeping>,
+    /// In parts, so a checkpoint lists them a part per slice (see `parted_map`).
+    dormant: PartedMap<Sleeping>,
+    /// Dormant streams by the index file their saved state is in (files without any are
+    /// left out): what index file compaction looks at.
+    states_in: FastMap<IndexFileNo, u32>,
     /// Every stream's id, found by its key. The key itself is in the stream's entry (the
     /// resident stream's identity, or beside the dormant entry), so it is stored once, and
     /// a dormant stream's key is at hand from its id. Every id here has an entry.
@@ -99,7 +104,7 @@ enum Entry {
 /// Stream `id`'s key, wherever its entry is.
 fn key_of<'a>(
     resident: &'a FastMap<StreamId, Box<Stream>>,
-    dormant: &'a FastMap<StreamId, Sleeping>,
+    dormant: &'a PartedMap<Sleeping>,
     id: StreamId,
 ) -> Option<&'a str> {
     match resident.get(&id) {
@@ -115,10 +120,11 @@ struct Departed {
     pins: Box<[Rc<IndexFile>]>,
 }
 
-/// The streams a checkpoint holds, numbered when it began.
+/// The streams a checkpoint holds, numbered when it began: the resident ones' ids, and how
+/// many were dormant (listed a part at a time, [`Catalog::listed_dormant_part`]).
 pub(crate) struct CheckpointListing {
     pub(crate) resident: Vec<StreamId>,
-    pub(crate) dormant: Vec<StreamId>,
+    pub(crate) dormant: usize,
 }
 
 /// A checkpoint's capture in progress.
@@ -146,7 +152,8 @@ impl Catalog {
     pub(super) fn new() -> Catalog {
         Catalog {
             resident: FastMap::default(),
-            dormant: FastMap::default(),
+            dormant: PartedMap::new(),
+            states_in: FastMap::default(),
             keys: HashTable::new(),
             key_hasher: foldhash::fast::RandomState::default(),
             next_id: 1,
@@ -222,16 +229,36 @@ impl Catalog {
         self.resident.values_mut().map(|s| &mut **s)
     }
 
+    /// Dormant streams whose saved state is in index file `number`.
+    pub(super) fn states_in(&self, number: IndexFileNo) -> u32 {
+        self.states_in.get(&number).copied().unwrap_or(0)
+    }
+
+    /// Dormant streams of part `part` (`0..PARTS`, see `parted_map`) whose saved state is
+    /// in one of `files`.
+    pub(super) fn dormant_in(&self, files: &[IndexFileNo], part: usize) -> Vec<StreamId> {
+        self.dormant
+            .part(part)
+            .filter(|(_, d)| files.contains(&d.dormant.state.file.number))
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     /// Bytes of data the dormant streams hold.
     pub(super) fn dormant_data_bytes(&self) -> u64 {
         self.dormant.values().map(|d| d.dormant.data_bytes).sum()
     }
 
-    /// Begin a checkpoint of the streams as they are now: returns their ids, resident and
-    /// dormant (a copy of the ids of each table, a few milliseconds for a million).
-    /// Until [`Catalog::end_checkpoint`], [`Catalog::capture_resident`] and
+    /// Begin a checkpoint of the streams as they are now: returns the resident ones' ids
+    /// and the number of dormant ones, which [`Catalog::listed_dormant_part`] lists a part
+    /// at a time. Until [`Catalog::end_checkpoint`], [`Catalog::capture_resident`] and
     /// [`Catalog::listed_dormant`] give each of them as it is now, whatever happens to it
     /// meanwhile, so the caller can take them in slices and serve requests in between.
+    ///
+    /// No entry becomes dormant while a checkpoint is open (streams go to sleep only in the
+    /// upkeep task's own rounds, which a checkpoint is one of, and at recovery): the dormant
+    /// table only loses entries, and those are kept aside, so a part listed later still
+    /// gives exactly the entries it had when the checkpoint began.
     pub(super) fn begin_checkpoint(&mut self) -> CheckpointListing {
         self.captures_begun += 1;
         self.checkpoint = Some(CheckpointCapture {
@@ -241,7 +268,7 @@ impl Catalog {
         });
         CheckpointListing {
             resident: self.resident.keys().copied().collect(),
-            dormant: self.dormant.keys().copied().collect(),
+            dormant: self.dormant.len(),
         }
     }
 
@@ -258,6 +285,21 @@ impl Catalog {
         }
         s.captured = c.number;
         Some(CapturedStream::of(s))
+    }
+
+    /// The ids of the streams of part `part` (`0..PARTS`) that were dormant when the
+    /// checkpoint began: those still dormant and those that left since.
+    pub(super) fn listed_dormant_part(&self, part: usize) -> Vec<StreamId> {
+        let mut ids: Vec<StreamId> = self.dormant.part(part).map(|(&id, _)| id).collect();
+        if let Some(c) = &self.checkpoint {
+            ids.extend(
+                c.departed
+                    .keys()
+                    .copied()
+                    .filter(|&id| PartedMap::<Sleeping>::part_of(id) == part),
+            );
+        }
+        ids
     }
 
     /// Dormant stream `id` as it was when the checkpoint began (None if it was not dormant
@@ -389,6 +431,14 @@ impl Catalog {
                 self.resident.insert(id, s);
             }
             Entry::Dormant(d) => {
+                assert!(
+                    self.checkpoint.is_none(),
+                    "no stream goes to sleep while a checkpoint lists them"
+                );
+                *self
+                    .states_in
+                    .entry(d.dormant.state.file.number)
+                    .or_default() += 1;
                 self.dormant.insert(id, d);
             }
         }
@@ -398,7 +448,17 @@ impl Catalog {
     fn take(&mut self, id: StreamId) -> Option<Stream> {
         let entry = match self.resident.remove(&id) {
             Some(s) => Entry::Resident(s),
-            None => Entry::Dormant(self.dormant.remove(&id)?),
+            None => {
+                let d = self.dormant.remove(&id)?;
+                let number = d.dormant.state.file.number;
+                if let Some(n) = self.states_in.get_mut(&number) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.states_in.remove(&number);
+                    }
+                }
+                Entry::Dormant(d)
+            }
         };
         self.retire(id, entry)
     }
@@ -570,7 +630,8 @@ impl Catalog {
     pub(super) fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let entries = self.resident.capacity() * (size_of::<(StreamId, Box<Stream>)>() + 1)
-            + self.dormant.capacity() * (size_of::<(StreamId, Sleeping)>() + 1);
+            + self.dormant.capacity() * (size_of::<(StreamId, Sleeping)>() + 1)
+            + self.states_in.capacity() * (size_of::<(IndexFileNo, u32)>() + 1);
         let keys = self.keys.capacity() * (size_of::<StreamId>() + 1);
         let orders = self.by_use.capacity() * size_of::<Reverse<(i64, StreamId)>>()
             + self.deadlines.capacity() * size_of::<Reverse<(i64, StreamId)>>();
@@ -689,13 +750,13 @@ mod tests {
             c.insert_dormant(id, key.into(), dormant(&file), Box::new([file.clone()]));
         }
         c.insert(stream(4, "d", 0), 0);
-        let mut ids = c.begin_checkpoint().dormant;
-        ids.sort_unstable();
-        assert_eq!(ids, vec![1, 2, 3], "the dormant ones");
+        assert_eq!(c.begin_checkpoint().dormant, 3);
+        assert_eq!(listed_dormant(&c), vec![1, 2, 3], "the dormant ones");
         // Meanwhile one wakes, one goes away, and a new stream takes a listed one's key.
         c.wake(1, stream(1, "a", 5), 5);
         assert!(c.remove(2).is_none());
         c.insert(stream(5, "c", 6), 6);
+        assert_eq!(listed_dormant(&c), vec![1, 2, 3], "as when it began");
         for (id, key) in [(1, "a"), (2, "b"), (3, "c")] {
             let d = c.listed_dormant(id).expect("still listed");
             assert_eq!((d.key, d.dormant.data_bytes, d.pins.len()), (key, 7, 1));
@@ -719,6 +780,59 @@ mod tests {
         let mut keys: Vec<&str> = c.keys().collect();
         keys.sort_unstable();
         assert_eq!(keys, ["a", "c", "d"]);
+    }
+
+    /// The count of dormant states per index file matches the dormant entries.
+    fn assert_states_counted(c: &Catalog) {
+        let counted: u32 = c.states_in.values().sum();
+        assert_eq!(counted as usize, c.dormant.len());
+    }
+
+    /// Every dormant id of a checkpoint begun on `c`, part by part.
+    fn listed_dormant(c: &Catalog) -> Vec<StreamId> {
+        let mut ids: Vec<StreamId> = (0..super::super::parted_map::PARTS)
+            .flat_map(|k| c.listed_dormant_part(k))
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn states_per_file_follow_every_sleep_wake_and_removal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = index_file(dir.path());
+        let mut c = Catalog::new();
+        for id in 1..=50 {
+            c.insert_dormant(id, format!("s{id}").into(), dormant(&file), Box::new([]));
+        }
+        assert_states_counted(&c);
+        assert_eq!(c.states_in(file.number), 50);
+        // Wake every third, remove every fifth, and put some of the woken back to sleep.
+        for id in (1..=50).step_by(3) {
+            c.wake(id, stream(id, &format!("s{id}"), 1), 1);
+            assert_states_counted(&c);
+        }
+        for id in (1..=50).step_by(5) {
+            c.remove(id);
+            assert_states_counted(&c);
+        }
+        for id in (1..=50).step_by(6) {
+            if let Some(s) = c.get(id) {
+                let saved = (s.changes, s.used_ms.get());
+                assert!(c.sleep(id, saved, dormant(&file), Box::new([])).is_some());
+                assert_states_counted(&c);
+            }
+        }
+        let listing = c.begin_checkpoint();
+        let listed = listed_dormant(&c);
+        let mut dormant: Vec<StreamId> = c.dormant.iter().map(|(&id, _)| id).collect();
+        dormant.sort_unstable();
+        assert_eq!((listed.len(), &listed), (listing.dormant, &dormant));
+        c.end_checkpoint();
+        let in_file = (0..super::super::parted_map::PARTS)
+            .map(|k| c.dormant_in(&[file.number], k).len())
+            .sum::<usize>();
+        assert_eq!(in_file, c.states_in(file.number) as usize);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crate::error::StorageError;
 use crate::index::{self, IndexFileNo};
 use crate::limits::{
-    CAPTURES_PER_SLICE, DORMANT_LISTING_SLICE, ENCODE_SLICE_BYTES, INDEX_FLUSH_BYTES,
+    CAPTURES_PER_SLICE, ENCODE_SLICE_BYTES, INDEX_FLUSH_BYTES, UNUSED_INDEX_FILES_CHECKPOINT,
 };
 use crate::position::SegmentNo;
 use crate::record::Record;
@@ -19,15 +19,19 @@ use crate::slices::Slices;
 use crate::stream::StreamId;
 use crate::{checkpoint, segment};
 
+use super::parted_map::PARTS;
 use super::{FastSet, Shard};
 
 impl Shard {
     /// Whether a checkpoint is due: after a roll, or once enough log was written since the
     /// last (see [`CheckpointLedger::due`]). The ratio to the last checkpoint's size keeps
     /// checkpoint writes at most a quarter of the log's, and a restart replays at most
-    /// that many times the checkpoint it loads.
+    /// that many times the checkpoint it loads. Also once
+    /// [`UNUSED_INDEX_FILES_CHECKPOINT`] index files are unused: only a checkpoint that
+    /// does not name them lets them go.
     pub(super) fn checkpoint_due(&self) -> bool {
         self.unindexed_segment().is_some()
+            || self.inner.index_files.borrow().unused_count() >= UNUSED_INDEX_FILES_CHECKPOINT
             || self
                 .inner
                 .checkpoints
@@ -203,10 +207,11 @@ impl Shard {
             }
         }
         let slept = sleepers.len();
-        self.inner
-            .index_files
-            .borrow_mut()
-            .add(number, file.clone());
+        {
+            let mut index_files = self.inner.index_files.borrow_mut();
+            index_files.add(number, file.clone());
+            index_files.wrote(self.clock_ms(), slept);
+        }
         self.put_to_sleep(sleepers, &file, &offsets[pages.len()..], &mut slices)
             .await;
         let (slice_max, slice_cpu_max) = slices.longest();
@@ -301,18 +306,26 @@ impl Shard {
             }
             encoder.checksum();
         }
-        encoder.begin_dormant(listing.dormant.len() as u64);
-        for ids in listing.dormant.chunks(DORMANT_LISTING_SLICE) {
+        // The dormant streams a part of the catalog's table per slice (a 256th of them).
+        encoder.begin_dormant(listing.dormant as u64);
+        let mut listed = 0;
+        for part in 0..PARTS {
             slices.next().await;
             let catalog = self.inner.catalog.borrow();
-            for &id in ids {
+            for id in catalog.listed_dormant_part(part) {
                 let d = catalog.listed_dormant(id).ok_or(StorageError::Internal(
                     "a dormant stream left the catalog during its checkpoint",
                 ))?;
                 encoder.push_dormant(id, d.key, d.dormant, d.pins);
+                listed += 1;
             }
             drop(catalog);
             encoder.checksum();
+        }
+        if listed != listing.dormant {
+            return Err(StorageError::Internal(
+                "a checkpoint listed other dormant streams than it began with",
+            ));
         }
         drop(checkpoint_open);
         since_yield = encoder.len();

@@ -29,13 +29,16 @@ use bytes::Bytes;
 
 use crate::error::FormatError;
 use crate::index::{IndexFile, IndexFileNo};
-use crate::limits::{ENCODE_SLICE_BYTES, SLEEPERS_PER_ROUND_MAX, SLEEPS_PER_SLICE};
+use crate::limits::{
+    ENCODE_SLICE_BYTES, SLEEPERS_PER_ROUND_MAX, SLEEPS_PER_SLICE, STATE_MOVES_PER_ROUND,
+};
 use crate::packed::{get_signed, put_signed, DiskPage, Packed};
 use crate::position::Lsn;
 use crate::record::{decode_at, ImageRec, Record};
 use crate::stream::{Stream, StreamId};
 
 use super::catalog::Dormant;
+use super::parted_map::PARTS;
 use super::Shard;
 use crate::slices::Slices;
 
@@ -66,6 +69,11 @@ impl Shard {
     /// whether the shard has the stream. A saved state that fails its CRC stops the process
     /// like any unreadable index page (see `IndexFile::fault`).
     pub(super) fn wake(&self, id: StreamId) -> bool {
+        self.wake_used(id, None)
+    }
+
+    /// [`Self::wake`], counting the stream as last used at `used_ms` if given (else now).
+    fn wake_used(&self, id: StreamId, used_ms: Option<i64>) -> bool {
         let (state, pins) = {
             let catalog = self.inner.catalog.borrow();
             match catalog.dormant(id) {
@@ -81,9 +89,11 @@ impl Shard {
                 .file
                 .fault(state.off, &format!("saved stream state: {why}")),
         };
+        let used = used_ms.unwrap_or(now);
+        stream.used_ms.set(used);
         match self.inner.catalog.try_borrow_mut() {
             Ok(mut catalog) => {
-                catalog.wake(id, stream, now);
+                catalog.wake(id, stream, used);
                 true
             }
             Err(_) => {
@@ -216,15 +226,18 @@ impl Shard {
     }
 
     /// Whether a resident stream has gone unused for `idle_after`: the upkeep round then
-    /// writes an index file to put it to sleep.
+    /// writes an index file to put it to sleep (when `IndexFiles::sleep_file_due`, so a
+    /// trickle of idle streams shares files).
     pub(super) fn sleep_due(&self) -> bool {
         let idle_after = self.inner.cfg.idle_after;
         if self.memory() || idle_after == Duration::MAX {
             return false;
         }
-        let cutoff = self
-            .clock_ms()
-            .saturating_sub(idle_after.as_millis() as i64);
+        let now = self.clock_ms();
+        if !self.inner.index_files.borrow().sleep_file_due(now) {
+            return false;
+        }
+        let cutoff = now.saturating_sub(idle_after.as_millis() as i64);
         self.inner
             .catalog
             .borrow()
@@ -246,6 +259,54 @@ impl Shard {
             .clock_ms()
             .saturating_sub(idle_after.as_millis() as i64);
         self.inner.catalog.borrow_mut().used_before(long_ago);
+    }
+
+    /// Index file compaction: wake the dormant streams whose saved states are in the files
+    /// [`IndexFiles::compaction_candidates`] picks (up to [`STATE_MOVES_PER_ROUND`]),
+    /// counted as unused for an idle period, so the next round that puts streams to sleep
+    /// saves them again, in its new file. A file nothing points into any more is deleted
+    /// with the next checkpoint. Without this, a file stays as long as one stream sleeps in
+    /// it: files (and their open descriptors) would grow with every round for as long as
+    /// the server runs, and the disk with states nobody reads.
+    ///
+    /// [`IndexFiles::compaction_candidates`]: super::index_files::IndexFiles::compaction_candidates
+    pub(super) async fn move_sparse_states(&self, slices: &mut Slices) {
+        let idle_after = self.inner.cfg.idle_after;
+        if self.memory() || idle_after == Duration::MAX {
+            return;
+        }
+        let files = {
+            let catalog = self.inner.catalog.borrow();
+            self.inner
+                .index_files
+                .borrow()
+                .compaction_candidates(|n| catalog.states_in(n))
+        };
+        if files.is_empty() {
+            return;
+        }
+        let long_ago = self
+            .clock_ms()
+            .saturating_sub(idle_after.as_millis() as i64);
+        let mut moved = 0;
+        for part in 0..PARTS {
+            if moved >= STATE_MOVES_PER_ROUND {
+                break;
+            }
+            let ids = self.inner.catalog.borrow().dormant_in(&files, part);
+            for id in ids.into_iter().take(STATE_MOVES_PER_ROUND - moved) {
+                if self.wake_used(id, Some(long_ago)) {
+                    moved += 1;
+                }
+            }
+            slices.next().await;
+        }
+        tracing::debug!(
+            shard = self.inner.cfg.shard,
+            files = files.len(),
+            moved,
+            "dormant states moving out of sparse or small index files"
+        );
     }
 
     /// Streams saved to sleep whose index file could not be written stay resident.

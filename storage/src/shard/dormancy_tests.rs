@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::position::off;
 use crate::record::{Lifetime, ProducerStamp};
+use crate::slices::Slices;
 use crate::test_support::block_on;
 
 use super::*;
@@ -454,5 +455,68 @@ fn streams_replayed_after_a_crash_are_due_to_sleep_at_once() {
         );
         assert_eq!(read_all(&shard, "s0").await, expected(0, 2));
         shard.shutdown().await.expect("shutdown");
+    });
+}
+
+/// Index files in the shard's directory.
+fn index_files_on_disk(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("shard-0"))
+        .expect("shard dir")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "idx"))
+        })
+        .count()
+}
+
+#[test]
+fn a_trickle_of_sleepers_leaves_few_index_files_once_they_are_compacted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("open");
+        // One stream goes idle per round: one small file each.
+        for k in 0..40 {
+            let (id, c) = shard
+                .create(new_stream(&format!("s{k}"), Lifetime::Forever))
+                .expect("create");
+            c.durable().await.expect("durable");
+            let (_, c) = shard
+                .append(id, data(&format!("{k}.0;"), None))
+                .expect("append");
+            c.durable().await.expect("durable");
+            shard.sleep_idle().await.expect("sleep");
+        }
+        assert_eq!(shard.stream_counts(), (40, 40));
+        assert!(index_files_on_disk(dir.path()) >= 40);
+        // Compaction moves the small files' states into the next file; the checkpoint
+        // after it lets the emptied files go.
+        shard.move_sparse_states(&mut Slices::default()).await;
+        let (_, dormant) = shard.stream_counts();
+        assert!(dormant < 10, "{dormant} still asleep in their old files");
+        shard.sleep_idle().await.expect("sleep");
+        assert_eq!(
+            shard.stream_counts(),
+            (40, 40),
+            "back to sleep, in one file"
+        );
+        shard.checkpoint().await.expect("checkpoint");
+        let files = index_files_on_disk(dir.path());
+        assert!(
+            files <= crate::limits::INDEX_FILES_SOFT_MAX,
+            "{files} index files"
+        );
+        for k in 0..40 {
+            assert_eq!(read_all(&shard, &format!("s{k}")).await, expected(k, 1));
+        }
+        shard.sleep_idle().await.expect("sleep");
+        shard.halt().await.expect("halt");
+    });
+    // After a crash, the checkpoint names the merged file: everything reads back.
+    block_on(async {
+        let (shard, _) = Shard::open(config(dir.path())).await.expect("reopen");
+        for k in 0..40 {
+            assert_eq!(read_all(&shard, &format!("s{k}")).await, expected(k, 1));
+        }
+        shard.halt().await.expect("halt");
     });
 }

@@ -51,6 +51,7 @@ mod index_files;
 mod index_tests;
 #[cfg(test)]
 mod model_tests;
+mod parted_map;
 mod read;
 mod recovery;
 mod s3_wal;

@@ -6,6 +6,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use super::Shard;
+use crate::slices::Slices;
 
 /// How long the upkeep task waits between rounds.
 const UPKEEP_PERIOD: Duration = Duration::from_secs(1);
@@ -35,6 +36,7 @@ impl Shard {
                     tracing::warn!(shard = self.inner.cfg.shard, "index file failed: {e}");
                 }
             }
+            self.move_sparse_states(&mut Slices::default()).await;
             // After the checkpoint, which moves the position below which segments may go.
             if let Err(e) = self.evict_archived().await {
                 tracing::warn!(shard = self.inner.cfg.shard, "eviction failed: {e}");
