@@ -55,6 +55,8 @@ mod parted_map;
 mod read;
 mod recovery;
 mod s3_wal;
+#[cfg(test)]
+mod s3_wal_tests;
 mod segment_map;
 #[cfg(test)]
 mod tests;
@@ -403,9 +405,9 @@ impl Shard {
         if let Durability::Disk(root) = &cfg.durability {
             let dir = root.join(format!("shard-{}", cfg.shard));
             segment::create_dir_durable(&dir)?;
-            let log = shard.recover(&dir, &mut report)?;
-            *shard.inner.log.borrow_mut() = Some(log);
-            shard.open_s3_wal()?;
+            let recovered = shard.recover(&dir, &mut report)?;
+            *shard.inner.log.borrow_mut() = Some(recovered.log);
+            shard.open_s3_wal(recovered.unacked)?;
             shard.restarted();
             let flusher = shard.clone();
             monoio::spawn(async move { flusher.run_flusher().await });

@@ -13,14 +13,33 @@ use crate::checkpoint;
 use crate::error::{StorageError, Unrecoverable};
 use crate::index::{self, IndexFile, IndexFileNo};
 use crate::limits::{BATCH_BUF_BYTES, POOLED_BUF_BYTES_MAX};
-use crate::position::{Lsn, SegmentNo};
+use crate::position::{Lsn, Offset, SegmentNo};
 use crate::record::{decode_at, AppendRec, FrameError, Record};
 use crate::segment::{self, SegmentHeader, DATA_START};
 use crate::stream::{DiskLoc, Stream, StreamId};
 
 use super::catalog::Dormant;
 use super::writer::{LogWriter, WriterSettings};
-use super::{cold_tier, dormancy, FastSet, RecoveryReport, Shard};
+use super::{cold_tier, dormancy, FastMap, FastSet, RecoveryReport, Shard};
+
+/// With S3 durability: the streams that records past S3's end of the log changed, each
+/// with its tail and closed flag as of that end. Those records were never acknowledged
+/// (their WAL object never completed), so they stay unreadable until S3 has them again:
+/// a host loss before then would take them back, and a new owner fill the same offsets
+/// differently (see `s3_wal`).
+pub(super) struct UnackedTails {
+    /// S3's end of the log when this server took the shard.
+    after: Lsn,
+    /// Per stream changed past it: what a reader may see until the archive covers it.
+    acked: FastMap<StreamId, (Offset, bool)>,
+}
+
+/// What recovery hands on: the log writer, and the streams whose recovered tails wait for
+/// S3 (their state as of S3's end, and as recovered), for the S3 WAL to make readable.
+pub(super) struct Recovered {
+    pub(super) log: LogWriter,
+    pub(super) unacked: Vec<(StreamId, Offset, bool)>,
+}
 
 /// Where replay ended: the last segment read (its number, the end of its valid records,
 /// its contents), the LSN the next record gets, and the first segment that does not
@@ -38,7 +57,7 @@ impl Shard {
         &self,
         dir: &Path,
         report: &mut RecoveryReport,
-    ) -> Result<LogWriter, StorageError> {
+    ) -> Result<Recovered, StorageError> {
         self.check_cold_marker(dir)?;
         let indexes = segment::list_segments(dir)?;
         let mut rebuild = FastSet::default();
@@ -61,7 +80,8 @@ impl Shard {
             }
             self.rebuild_tables(dir, &indexes, p.lsn, &rebuild)?;
         }
-        let end = self.replay_segments(dir, &indexes, resume, report)?;
+        let mut unacked = self.unacked_tails();
+        let end = self.replay_segments(dir, &indexes, resume, &mut unacked, report)?;
         if let Some(first_orphan) = end.stop_at {
             self.remove_orphans(dir, &indexes[first_orphan..], report)?;
         }
@@ -69,7 +89,7 @@ impl Shard {
             return Err(Unrecoverable::ResumeSegmentMissing(p.segment).into());
         }
         let log = self.open_log(dir, end.tail, end.next_lsn, report)?;
-        self.finish_streams();
+        let unacked = self.finish_streams(unacked);
         // A long replay is worth a checkpoint at the first upkeep round.
         self.inner
             .checkpoints
@@ -78,7 +98,39 @@ impl Shard {
         self.remove_unreferenced_blobs(dir);
         let kept = &indexes[..end.stop_at.unwrap_or(indexes.len())];
         self.settle_segment_map(dir, kept, resume)?;
-        Ok(log)
+        Ok(Recovered { log, unacked })
+    }
+
+    /// With S3 durability (acknowledging after S3), what tracks the streams changed past
+    /// S3's end of the log during replay.
+    fn unacked_tails(&self) -> Option<UnackedTails> {
+        let cfg = &self.inner.cfg;
+        cfg.s3_wal.as_ref().filter(|s| !s.ack_before_s3)?;
+        let store = cfg.cold.as_ref()?;
+        Some(UnackedTails {
+            after: store.s3_end(cfg.shard).map_or(Lsn::NONE, |e| e.lsn),
+            acked: FastMap::default(),
+        })
+    }
+
+    /// Record `lsn` (of stream `id`) is about to be replayed: past S3's end, note the
+    /// stream's state before its first such record.
+    fn note_unacked(&self, unacked: &mut Option<UnackedTails>, lsn: Lsn, id: StreamId) {
+        let Some(u) = unacked.as_mut().filter(|u| lsn > u.after) else {
+            return;
+        };
+        if u.acked.contains_key(&id) {
+            return;
+        }
+        // A dormant stream's state is read back first, as replaying it would.
+        self.wake(id);
+        let before = self
+            .inner
+            .catalog
+            .borrow()
+            .get(id)
+            .map_or((Offset::ZERO, false), |s| (s.tail, s.closed));
+        u.acked.insert(id, before);
     }
 
     /// A shard whose directory says some segments are only in the cold tier cannot start
@@ -107,6 +159,7 @@ impl Shard {
         dir: &Path,
         indexes: &[SegmentNo],
         resume: Option<checkpoint::Position>,
+        unacked: &mut Option<UnackedTails>,
         report: &mut RecoveryReport,
     ) -> Result<ReplayEnd, StorageError> {
         // With a checkpoint, replay starts right after its LSN at the position it names;
@@ -161,7 +214,8 @@ impl Shard {
                 }
                 None => (header.first_lsn, DATA_START as usize),
             };
-            let (lsn, end) = self.replay_segment(index, &buf, lsn, pos, &mut stash, report);
+            let at = (lsn, pos);
+            let (lsn, end) = self.replay_segment(index, &buf, at, &mut stash, unacked, report);
             report.segments += 1;
             expected = Some(lsn);
             prev_index = Some(index);
@@ -187,9 +241,9 @@ impl Shard {
         &self,
         index: SegmentNo,
         buf: &Bytes,
-        mut lsn: Lsn,
-        mut pos: usize,
+        (mut lsn, mut pos): (Lsn, usize),
         stash: &mut Stash,
+        unacked: &mut Option<UnackedTails>,
         report: &mut RecoveryReport,
     ) -> (Lsn, usize) {
         let scan_start = pos;
@@ -202,6 +256,7 @@ impl Shard {
                         record_len: f.len as u32,
                         data_off: 0,
                     };
+                    self.note_unacked(unacked, lsn, f.record.stream_id());
                     self.replay(f.record, loc, stash);
                     report.records += 1;
                     pos += f.len;
@@ -299,19 +354,29 @@ impl Shard {
         Ok(log)
     }
 
-    /// Make every replayed stream's data visible, and count the live bytes.
-    fn finish_streams(&self) {
+    /// Make every replayed stream's data visible (up to S3's end of the log for those
+    /// changed past it: returned with their recovered ends), and count the live bytes.
+    fn finish_streams(&self, unacked: Option<UnackedTails>) -> Vec<(StreamId, Offset, bool)> {
         let mut live = 0;
+        let mut hidden = Vec::new();
+        let acked = unacked.map(|u| u.acked).unwrap_or_default();
         let mut catalog = self.inner.catalog.borrow_mut();
         for s in catalog.resident_mut() {
             s.finish_recovery();
             let (tail, closed) = (s.tail, s.closed);
-            s.make_visible(tail, closed);
+            match acked.get(&s.id) {
+                Some(&(acked_tail, acked_closed)) => {
+                    s.make_visible(acked_tail, acked_closed);
+                    hidden.push((s.id, tail, closed));
+                }
+                None => s.make_visible(tail, closed),
+            }
             live += s.data_bytes();
         }
         live += catalog.dormant_data_bytes();
         drop(catalog);
         self.inner.segments.borrow_mut().set_live(live);
+        hidden
     }
 
     /// The segment map after replay: the segments `kept` on the local disk, those the

@@ -19,10 +19,11 @@
 //!
 //! **What the local log holds beyond S3 at open.** After a crash, the local log may end
 //! past the last WAL object (changes durable locally whose PUT never completed; none was
-//! acknowledged). They are readable again after recovery, so before anything newer is
-//! acknowledged the archive must cover them: the shard publishes its durable end to the
-//! archiver at once and holds acknowledgements until the committed manifest reaches it
-//! (the archive gate). This epoch's WAL objects continue right after that end.
+//! acknowledged). Recovery keeps them unreadable (each stream they changed is readable up
+//! to S3's end only), and before anything newer is acknowledged the archive must cover
+//! them: the shard publishes its durable end to the archiver at once and holds
+//! acknowledgements until the committed manifest reaches it (the archive gate); when it
+//! opens, they become readable. This epoch's WAL objects continue right after that end.
 //!
 //! An idle shard PUTs nothing. A fence (another server took the shard over) fails the
 //! shard for good: it acknowledges nothing more.
@@ -121,6 +122,9 @@ pub(super) struct S3Wal {
     gate: Option<Lsn>,
     /// Streams made readable once the change (by LSN) is acknowledged, in LSN order.
     hidden: VecDeque<(Lsn, StreamId, Offset, bool)>,
+    /// Streams whose recovered tails (past S3's end at open) are made readable once the
+    /// archive gate opens.
+    hidden_until_gate: Vec<(StreamId, Offset, bool)>,
     refused: Option<WalRefused>,
     /// The shipping task, while it waits.
     task: Option<Waker>,
@@ -175,6 +179,7 @@ impl S3Wal {
             in_s3: local,
             gate: (local > s3).then_some(local),
             hidden: VecDeque::new(),
+            hidden_until_gate: Vec::new(),
             refused: None,
             task: None,
             stats: S3WalStats::default(),
@@ -323,6 +328,9 @@ impl S3Wal {
     fn newly_visible(&mut self) -> Vec<(StreamId, Offset, bool)> {
         let through = self.acknowledged();
         let mut out = Vec::new();
+        if self.gate.is_none() {
+            out.append(&mut self.hidden_until_gate);
+        }
         while self.hidden.front().is_some_and(|h| h.0 <= through) {
             if let Some((_, id, tail, closed)) = self.hidden.pop_front() {
                 out.push((id, tail, closed));
@@ -378,15 +386,21 @@ impl Shard {
         Some(stats)
     }
 
-    /// After recovery: start the S3 WAL if the shard acknowledges after S3.
-    pub(super) fn open_s3_wal(&self) -> Result<(), StorageError> {
+    /// After recovery: start the S3 WAL if the shard acknowledges after S3. `unacked`: the
+    /// streams recovery left readable only up to S3's end, with their recovered ends.
+    pub(super) fn open_s3_wal(
+        &self,
+        unacked: Vec<(StreamId, Offset, bool)>,
+    ) -> Result<(), StorageError> {
         let (Some(settings), Some(store)) = (&self.inner.cfg.s3_wal, &self.inner.cfg.cold) else {
             return Ok(());
         };
         let shard = self.inner.cfg.shard;
         let local = self.durable_lsn();
         let s3 = store.s3_end(shard).map_or(Lsn::NONE, |e| e.lsn);
-        let wal = S3Wal::open(store.clone(), settings.clone(), local, s3)?;
+        let mut wal = S3Wal::open(store.clone(), settings.clone(), local, s3)?;
+        // Readable once the gate opens, as a new change is once S3 has it.
+        wal.hidden_until_gate = unacked;
         if let Some(gate) = wal.gate {
             tracing::info!(
                 shard,
