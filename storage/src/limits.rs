@@ -98,13 +98,19 @@ pub(crate) const SLEEP_ONLY_FILE_INTERVAL_MS: i64 = if cfg!(test) { 0 } else { 1
 /// Streams put to sleep by one file above which the next may follow at once.
 pub(crate) const EAGER_SLEEPERS: usize = 256;
 /// Index files a shard keeps open before compaction merges the small ones (below
-/// [`SMALL_INDEX_FILE_BYTES`]): their dormant states move into the next file.
-pub(crate) const INDEX_FILES_SOFT_MAX: usize = if cfg!(test) { 8 } else { 256 };
+/// [`SMALL_INDEX_FILE_BYTES`]): their dormant states move into the next file. High, so
+/// that it bounds open descriptors over weeks without churning: under a load that creates
+/// streams without pause every round writes a file, and a soft limit of 256 had
+/// compaction wake thousands of streams every round.
+pub(crate) const INDEX_FILES_SOFT_MAX: usize = if cfg!(test) { 8 } else { 4096 };
 /// An index file this small is merged once there are more than [`INDEX_FILES_SOFT_MAX`].
 pub(crate) const SMALL_INDEX_FILE_BYTES: u64 = 1 << 20;
 /// Dormant states compaction moves in one upkeep round (each read back, then saved again
-/// in the next file: a few hundred bytes and microseconds apiece).
-pub(crate) const STATE_MOVES_PER_ROUND: usize = if cfg!(test) { 64 } else { 4096 };
+/// in the next file: a few hundred bytes and about ten microseconds apiece; the woken
+/// streams are resident until the next round puts them back to sleep).
+pub(crate) const STATE_MOVES_PER_ROUND: usize = if cfg!(test) { 64 } else { 1024 };
+/// Dormant states compaction wakes between two chances for the core's requests to run.
+pub(crate) const STATE_MOVES_PER_SLICE: usize = if cfg!(test) { 4 } else { 64 };
 /// Unused index files (nothing points into them) that make a checkpoint due, so they can
 /// be deleted (a file goes once a checkpoint that does not name it is installed).
 pub(crate) const UNUSED_INDEX_FILES_CHECKPOINT: usize = if cfg!(test) { 4 } else { 32 };

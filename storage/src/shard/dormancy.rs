@@ -31,6 +31,7 @@ use crate::error::FormatError;
 use crate::index::{IndexFile, IndexFileNo};
 use crate::limits::{
     ENCODE_SLICE_BYTES, SLEEPERS_PER_ROUND_MAX, SLEEPS_PER_SLICE, STATE_MOVES_PER_ROUND,
+    STATE_MOVES_PER_SLICE,
 };
 use crate::packed::{get_signed, put_signed, DiskPage, Packed};
 use crate::position::Lsn;
@@ -262,7 +263,8 @@ impl Shard {
     }
 
     /// Index file compaction: wake the dormant streams whose saved states are in the files
-    /// [`IndexFiles::compaction_candidates`] picks (up to [`STATE_MOVES_PER_ROUND`]),
+    /// [`IndexFiles::compaction_candidates`] picks (up to [`STATE_MOVES_PER_ROUND`], in
+    /// slices of [`STATE_MOVES_PER_SLICE`]),
     /// counted as unused for an idle period, so the next round that puts streams to sleep
     /// saves them again, in its new file. A file nothing points into any more is deleted
     /// with the next checkpoint. Without this, a file stays as long as one stream sleeps in
@@ -297,6 +299,9 @@ impl Shard {
             for id in ids.into_iter().take(STATE_MOVES_PER_ROUND - moved) {
                 if self.wake_used(id, Some(long_ago)) {
                     moved += 1;
+                    if moved % STATE_MOVES_PER_SLICE == 0 {
+                        slices.next().await;
+                    }
                 }
             }
             slices.next().await;
