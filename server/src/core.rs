@@ -20,6 +20,7 @@ use ursula_storage::{Shard, WaiterIds, WaiterSet};
 use crate::config::Config;
 use crate::hop::Mailbox;
 use crate::metrics::CoreMetrics;
+use crate::rate_limit::{BucketLimits, LocalLimits};
 
 /// Work sent to another core: runs there, synchronously, with that core's context, as its
 /// drain loop takes it from the mailbox (work that waits spawns a task).
@@ -35,6 +36,10 @@ pub struct Core {
     pub config: Arc<Config>,
     /// Every core's mailbox, this one's included.
     pub peers: Mailboxes,
+    /// Every bucket's rate limiter, shared by all cores.
+    pub bucket_limits: Arc<BucketLimits>,
+    /// This core's cache of `bucket_limits`.
+    pub limits: LocalLimits,
     pub shutdown: Arc<AtomicBool>,
     /// Cores still finishing their requests after shutdown started (see `runtime`).
     pub draining: Arc<AtomicUsize>,
@@ -66,6 +71,7 @@ pub struct CoreParts {
     pub shard: Shard,
     pub config: Arc<Config>,
     pub peers: Mailboxes,
+    pub bucket_limits: Arc<BucketLimits>,
     pub shutdown: Arc<AtomicBool>,
     pub draining: Arc<AtomicUsize>,
 }
@@ -82,6 +88,8 @@ impl Core {
             shard: parts.shard,
             config: parts.config,
             peers: parts.peers,
+            bucket_limits: parts.bucket_limits,
+            limits: LocalLimits::default(),
             shutdown: parts.shutdown,
             draining: parts.draining,
             inflight: Cell::new(0),

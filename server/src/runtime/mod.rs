@@ -47,12 +47,14 @@ pub fn run(config: Config) -> Result<(), StartError> {
     let peers: Mailboxes = Arc::new((0..config.cores).map(|_| Mailbox::default()).collect());
     let shutdown = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicUsize::new(config.cores));
+    let bucket_limits = Arc::new(crate::rate_limit::BucketLimits::default());
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), StartError>>();
     let mut threads = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
         let config = config.clone();
         let peers = peers.clone();
         let stopping = (shutdown.clone(), draining.clone());
+        let bucket_limits = bucket_limits.clone();
         let ready = ready_tx.clone();
         let listener = Listeners {
             main: listener,
@@ -61,7 +63,14 @@ pub fn run(config: Config) -> Result<(), StartError> {
         let thread = std::thread::Builder::new()
             .name(format!("ursula-core-{index}"))
             .spawn(move || {
-                core_thread::run(index, config, listener, peers, stopping, ready);
+                core_thread::run(
+                    index,
+                    config,
+                    listener,
+                    (peers, bucket_limits),
+                    stopping,
+                    ready,
+                );
             })
             .map_err(StartError::os("spawn core thread"))?;
         threads.push(thread);
