@@ -26,6 +26,7 @@ use crate::limits::LIST_PAGE_MAX;
 use crate::lookup::{find, Found};
 use crate::rate_limit::Limiter;
 use crate::surface::{bucket_key, bucket_of};
+use crate::tokens::BucketScope;
 
 const BUCKET_TYPE: &str = "application/x-ursula-bucket";
 
@@ -535,7 +536,8 @@ pub async fn list_buckets(core: &Rc<Core>, req: &Request) -> Handled {
         .into());
     }
     let page = Page::parse(req)?;
-    let mut ids = bucket_ids(core, page.selection(), page.limit + 1).await;
+    let visible = req.buckets.clone();
+    let mut ids = bucket_ids(core, page.selection(), visible, page.limit + 1).await;
     let has_more = ids.len() > page.limit;
     ids.truncate(page.limit);
     let counts = live_stream_counts(core, ids.clone()).await;
@@ -559,13 +561,20 @@ pub async fn list_buckets(core: &Rc<Core>, req: &Request) -> Handled {
         .with_body(vec![Bytes::from(body)]))
 }
 
-/// The first `most` bucket IDs that `sel` takes, sorted byte-wise. Each core reports only
+/// The first `most` bucket IDs that `sel` takes, sorted byte-wise, of those `visible` allows
+/// (`None`: all; a token limited to some buckets lists only those). Each core reports only
 /// the buckets it owns: the owner's record is the authoritative one (see the module
 /// comment), so a bucket a replica missed or still holds is reported as its owner says.
-async fn bucket_ids(core: &Rc<Core>, sel: Selection<'_>, most: usize) -> Vec<String> {
+async fn bucket_ids(
+    core: &Rc<Core>,
+    sel: Selection<'_>,
+    visible: Option<Arc<BucketScope>>,
+    most: usize,
+) -> Vec<String> {
     let mut all = Vec::new();
     for i in 0..core.cores() {
         let owned = sel.owned();
+        let visible = visible.clone();
         let part = core
             .on(i, move |c| async move {
                 let sel = owned.get();
@@ -576,6 +585,7 @@ async fn bucket_ids(core: &Rc<Core>, sel: Selection<'_>, most: usize) -> Vec<Str
                     .filter(|k| c.owner_of(k) == c.index)
                     .filter_map(|k| k.strip_prefix("k/").map(str::to_string))
                     .filter(|id| sel.takes(id))
+                    .filter(|id| visible.as_ref().is_none_or(|v| v.allows(id)))
                     .collect();
                 ids.sort_unstable();
                 ids.truncate(most);
