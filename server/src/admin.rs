@@ -29,6 +29,7 @@ use crate::http::{ApiError, Request, Response};
 use crate::metrics::{
     AppendTimes, LoopLag, APPEND_DURATION_BUCKETS_US, APPEND_TIMING_SAMPLE, LOOP_LAG_BUCKETS_US,
 };
+use crate::rate_limit::Limit;
 
 /// Set once every core has recovered its shard and is accepting connections.
 static STARTED: AtomicBool = AtomicBool::new(false);
@@ -144,6 +145,7 @@ async fn metrics(core: &Rc<Core>) -> Response {
         cores,
         ready: started() && !core.shutting_down(),
         process: ProcessSnapshot::now(core),
+        throttled: core.bucket_limits.throttled(),
     }));
     let mut out = String::with_capacity(16 * 1024);
     if prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).is_err() {
@@ -222,6 +224,8 @@ struct Scrape {
     cores: Vec<CoreSnapshot>,
     ready: bool,
     process: ProcessSnapshot,
+    /// Each rate-limited bucket's refused appends (see `rate_limit`).
+    throttled: Vec<(String, [u64; 2])>,
 }
 
 /// What a scrape reports about the process and the file system under its data dir.
@@ -378,6 +382,7 @@ impl prometheus_client::collector::Collector for Scrape {
         encode_storage_space(&mut e, &self.cores)?;
         encode_s3_wal(&mut e, &self.cores)?;
         encode_streams_and_memory(&mut e, &self.cores)?;
+        encode_throttled(&mut e, &self.throttled)?;
         if let Some(archive) = crate::cold::archive() {
             encode_cold(&mut e, &archive.status)?;
         }
@@ -427,6 +432,33 @@ fn encode_process(e: &mut DescriptorEncoder, p: &ProcessSnapshot) -> Result<(), 
         "Bytes left for the server's writes on the file system holding the data dir",
         p.filesystem.map(|(_, free)| free),
     )?;
+    Ok(())
+}
+
+/// Appends each rate-limited bucket refused, by the limit that refused them.
+fn encode_throttled(
+    e: &mut DescriptorEncoder,
+    throttled: &[(String, [u64; 2])],
+) -> Result<(), std::fmt::Error> {
+    if throttled.is_empty() {
+        return Ok(());
+    }
+    let mut family = e.encode_descriptor(
+        "ursula_bucket_throttled",
+        "Appends refused with 429 by a bucket's rate limit (limit: appends or bytes per \
+         second), for the buckets that have one",
+        None,
+        MetricType::Counter,
+    )?;
+    for (bucket, counts) in throttled {
+        for (limit, n) in [Limit::Appends, Limit::Bytes].into_iter().zip(counts) {
+            let labels = [
+                ("bucket", bucket.clone()),
+                ("limit", limit.label().to_string()),
+            ];
+            counter(*n).encode(family.encode_family(&labels)?)?;
+        }
+    }
     Ok(())
 }
 

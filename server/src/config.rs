@@ -297,8 +297,8 @@ pub struct Config {
     /// Most access-log lines each core writes per second; the rest are counted and the
     /// count is reported on the next line written.
     pub access_log_per_sec: u32,
-    /// Accepted bearer tokens; `None`: no authentication.
-    pub auth: Option<std::sync::Arc<crate::tokens::Tokens>>,
+    /// Accepted bearer tokens, reloaded on SIGHUP; `None`: no authentication.
+    pub auth: Option<std::sync::Arc<crate::tokens::TokenFile>>,
     /// TLS on the main listener; `None`: plain HTTP.
     pub tls: Option<crate::tls::Tls>,
     /// Origins allowed by CORS; `None`: any (`*`).
@@ -405,7 +405,7 @@ impl Config {
             return Err(ConfigError::NoConnections);
         }
         let auth = match args.auth_token_file.or(file.auth_token_file) {
-            Some(path) => Some(std::sync::Arc::new(crate::tokens::Tokens::load(&path)?)),
+            Some(path) => Some(std::sync::Arc::new(crate::tokens::TokenFile::load(&path)?)),
             None => None,
         };
         let tls = match (

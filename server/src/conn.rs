@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -33,6 +34,7 @@ use crate::live::sse;
 use crate::metrics::route_label;
 use crate::router::{dispatch, Reply};
 use crate::routes::is_snapshot_path;
+use crate::tokens::BucketScope;
 
 /// The two ends of a connection: the client's address, and the local one it connected to
 /// (the base of a `Location` when no public URL is configured).
@@ -121,9 +123,9 @@ async fn serve_from<S: Transport>(
         // Decided on the head alone: a refused request never gets `100 Continue`, and none
         // of its body is read or held.
         let admitted = match authenticate(&core, listener, endpoint, &head) {
-            Some(refusal) => Err(refusal.response()),
-            None => match body_coding(&head, route) {
-                Ok(coding) => Ok((BodyPermit::new(&core), coding)),
+            Err(refusal) => Err(refusal.response()),
+            Ok(buckets) => match body_coding(&head, route) {
+                Ok(coding) => Ok((BodyPermit::new(&core), coding, buckets)),
                 Err(refusal) => Err(refusal.response()),
             },
         };
@@ -138,7 +140,7 @@ async fn serve_from<S: Transport>(
                 core.inflight.set(core.inflight.get() + 1);
                 (resp.into(), None, None)
             }
-            Ok((mut permit, coding)) => {
+            Ok((mut permit, coding, buckets)) => {
                 let read = match coding {
                     None => read_body(&core, &mut stream, &mut rbuf, &head, &mut permit).await,
                     Some(coding) => {
@@ -174,6 +176,7 @@ async fn serve_from<S: Transport>(
                     query: head.query,
                     headers: head.headers,
                     body,
+                    buckets,
                 };
                 let (reply, owner) = match endpoint {
                     Some(endpoint) => (
@@ -375,20 +378,29 @@ async fn linger_close<S: Transport>(core: &Core, stream: &mut S) {
     }
 }
 
-/// The refusal of a request that needs a token it does not carry (`None`: go on). Health
-/// checks come from load balancers and service managers without tokens; the admin listener
-/// is protected by where it is bound.
+/// The refusal of a request that needs a token it does not carry, else the buckets its
+/// token is limited to (`None`: all). Health checks come from load balancers and service
+/// managers without tokens; the admin listener is protected by where it is bound.
 fn authenticate(
     core: &Core,
     listener: Listener,
     endpoint: Option<Option<admin::Endpoint>>,
     head: &RequestHead,
-) -> Option<ApiError> {
+) -> Result<Option<Arc<BucketScope>>, ApiError> {
     match (&core.config.auth, listener, endpoint) {
         (None, _, _)
         | (_, Listener::Admin, _)
-        | (_, _, Some(Some(admin::Endpoint::Health | admin::Endpoint::Ready))) => None,
-        (Some(tokens), _, _) => crate::auth::check(tokens, &head.method, &head.headers),
+        | (_, _, Some(Some(admin::Endpoint::Health | admin::Endpoint::Ready))) => Ok(None),
+        (Some(file), _, _) => {
+            let buckets = core.with_tokens(file, |tokens| {
+                crate::auth::check(tokens, &head.method, &head.path, &head.headers)
+            })?;
+            // The metrics name every bucket: not for a token limited to some.
+            if buckets.is_some() && endpoint.is_some() {
+                return Err(ApiError::NotFound("no such resource"));
+            }
+            Ok(buckets)
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! the request path is shared between cores but the mailboxes, whose locks are held for a
 //! push or a swap.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,6 +20,8 @@ use ursula_storage::{Shard, WaiterIds, WaiterSet};
 use crate::config::Config;
 use crate::hop::Mailbox;
 use crate::metrics::CoreMetrics;
+use crate::rate_limit::{BucketLimits, LocalLimits};
+use crate::tokens::{TokenFile, Tokens};
 
 /// Work sent to another core: runs there, synchronously, with that core's context, as its
 /// drain loop takes it from the mailbox (work that waits spawns a task).
@@ -35,6 +37,12 @@ pub struct Core {
     pub config: Arc<Config>,
     /// Every core's mailbox, this one's included.
     pub peers: Mailboxes,
+    /// Every bucket's rate limiter, shared by all cores.
+    pub bucket_limits: Arc<BucketLimits>,
+    /// This core's cache of `bucket_limits`.
+    pub limits: LocalLimits,
+    /// The tokens this core last read from `config.auth`, with their generation.
+    tokens: RefCell<Option<(u64, Arc<Tokens>)>>,
     pub shutdown: Arc<AtomicBool>,
     /// Cores still finishing their requests after shutdown started (see `runtime`).
     pub draining: Arc<AtomicUsize>,
@@ -66,6 +74,7 @@ pub struct CoreParts {
     pub shard: Shard,
     pub config: Arc<Config>,
     pub peers: Mailboxes,
+    pub bucket_limits: Arc<BucketLimits>,
     pub shutdown: Arc<AtomicBool>,
     pub draining: Arc<AtomicUsize>,
 }
@@ -82,6 +91,9 @@ impl Core {
             shard: parts.shard,
             config: parts.config,
             peers: parts.peers,
+            bucket_limits: parts.bucket_limits,
+            limits: LocalLimits::default(),
+            tokens: RefCell::new(None),
             shutdown: parts.shutdown,
             draining: parts.draining,
             inflight: Cell::new(0),
@@ -96,6 +108,21 @@ impl Core {
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1) ^ ursula_storage::now_ms() as u64,
             ),
+        }
+    }
+
+    /// Run `f` with the tokens of `file` as last loaded. The core keeps its own reference
+    /// and takes a new one only after a reload, so checking a request touches nothing
+    /// another core writes.
+    pub fn with_tokens<R>(&self, file: &TokenFile, f: impl FnOnce(&Tokens) -> R) -> R {
+        let generation = file.generation();
+        let mut cached = self.tokens.borrow_mut();
+        if cached.as_ref().is_none_or(|(g, _)| *g != generation) {
+            *cached = Some((generation, file.current()));
+        }
+        match cached.as_ref() {
+            Some((_, tokens)) => f(tokens),
+            None => f(&file.current()),
         }
     }
 

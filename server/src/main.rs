@@ -19,7 +19,10 @@ mod surface;
 
 mod attrs;
 
+mod bucket_settings;
 mod ext;
+
+mod rate_limit;
 
 // The HTTP codec, with its error vocabulary; it knows no protocol feature.
 mod http;

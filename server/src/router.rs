@@ -111,7 +111,7 @@ enum OnOwner {
 
 fn preflight() -> Response {
     Response::new(204)
-        .header("access-control-allow-methods", "GET, HEAD, POST, PUT, DELETE, OPTIONS")
+        .header("access-control-allow-methods", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
         .header("access-control-allow-headers", "*, if-none-match, content-type, authorization, stream-seq, stream-ttl, stream-expires-at, stream-closed, stream-attrs, stream-record-match, stream-snapshot-match, stream-forked-from, stream-fork-offset, stream-fork-sub-offset, producer-id, producer-epoch, producer-seq, prefer")
         .header("access-control-max-age", "86400")
         .header("cache-control", "no-store")

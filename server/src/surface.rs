@@ -25,3 +25,10 @@ pub fn bucketed_key(bucket: &str, stream: &str) -> String {
 pub fn bucket_key(bucket: &str) -> String {
     ["k/", bucket].concat()
 }
+
+/// The bucket of a bucketed stream's key (`b/{bucket}/{stream}`); `None` for other keys.
+pub fn bucket_of(key: &str) -> Option<&str> {
+    key.strip_prefix("b/")?
+        .split_once('/')
+        .map(|(bucket, _)| bucket)
+}

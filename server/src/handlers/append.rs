@@ -2,7 +2,11 @@
 //! record-precondition checks, acknowledged once durable.
 //!
 //! Runs on the owner core: the checks and the shard append have no `.await` between them,
-//! so they are atomic with respect to every other request for the stream.
+//! so they are atomic with respect to every other request for the stream. That is also
+//! what makes a bucket's `auto_create` safe: an append to a missing stream of such a bucket
+//! is checked against the empty stream the settings describe and then creates the stream
+//! with the append as its first write, one log record, so of several first appends racing
+//! the first creates the stream and the others append to it.
 
 use std::rc::Rc;
 
@@ -12,20 +16,26 @@ use ursula_protocol::headers::{
     is_closed_true, parse_producer, parse_stream_seq, ProducerHeaders, StreamSeqTooLong,
 };
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{AppendRec, Offset, ProducerStamp, Receipt, RecordNo, StreamId};
+use ursula_storage::{
+    AppendRec, Lifetime, NewStream, Offset, ProducerStamp, Receipt, RecordNo, StreamId, StreamMeta,
+};
 
+use crate::bucket_settings::AutoCreate;
 use crate::core::Core;
+use crate::handlers::buckets;
 use crate::handlers::headers::closed_response;
 use crate::http::{ApiError, Handled, Refusal, Request, Response};
-use crate::lookup;
+use crate::lookup::{find, Found};
 use crate::payload::{payload, Payload, PayloadKind};
 use crate::records;
-use crate::surface::Surface;
+use crate::removal;
+use crate::surface::{bucket_of, Surface};
 
 /// Outcome of the producer check (P§7.2).
 enum ProducerVerdict {
     Accept,
     Duplicate {
+        id: StreamId,
         epoch: u64,
         highest: u64,
         receipt: Option<Receipt>,
@@ -40,19 +50,17 @@ enum ProducerVerdict {
     },
 }
 
-fn check_producer(core: &Rc<Core>, id: StreamId, p: &ProducerHeaders) -> ProducerVerdict {
+fn check_producer(core: &Rc<Core>, target: &Target, p: &ProducerHeaders) -> ProducerVerdict {
+    let id = match target {
+        Target::Live(id) => *id,
+        // A stream this append creates knows no producer yet.
+        Target::New { .. } => return first_of_producer(p),
+    };
     let Some(s) = core.shard.head(id) else {
         return ProducerVerdict::Accept;
     };
     let Some(state) = s.producer(p.id.as_str()) else {
-        return if p.seq == 0 {
-            ProducerVerdict::Accept
-        } else {
-            ProducerVerdict::Gap {
-                expected: 0,
-                received: p.seq,
-            }
-        };
+        return first_of_producer(p);
     };
     if p.epoch < state.epoch {
         return ProducerVerdict::Stale {
@@ -68,6 +76,7 @@ fn check_producer(core: &Rc<Core>, id: StreamId, p: &ProducerHeaders) -> Produce
     }
     if p.seq <= state.last_seq {
         return ProducerVerdict::Duplicate {
+            id,
             epoch: state.epoch,
             highest: state.last_seq,
             receipt: state.receipt(p.seq).copied(),
@@ -78,6 +87,18 @@ fn check_producer(core: &Rc<Core>, id: StreamId, p: &ProducerHeaders) -> Produce
     } else {
         ProducerVerdict::Gap {
             expected: state.last_seq + 1,
+            received: p.seq,
+        }
+    }
+}
+
+/// A producer the stream has not seen must start at sequence 0.
+fn first_of_producer(p: &ProducerHeaders) -> ProducerVerdict {
+    if p.seq == 0 {
+        ProducerVerdict::Accept
+    } else {
+        ProducerVerdict::Gap {
+            expected: 0,
             received: p.seq,
         }
     }
@@ -156,9 +177,9 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
         })?,
     };
     // 3. existence
-    let id = lookup::live(core, key)?;
-    // 4. body
     let close_only = req.body.is_empty();
+    let target = target(core, surface, key, close_only)?;
+    // 4. body
     if close_only && !headers.close {
         return Err(ApiError::EmptyBody("an append needs a body (or Stream-Closed: true)").into());
     }
@@ -170,8 +191,9 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
             Some(Err(_)) => return Err(ApiError::InvalidRequest("invalid Content-Type").into()),
             Some(Ok(ct)) => ct,
         };
-        let (kind, lines) = PayloadKind::of_append(surface, &ct, || {
-            core.shard.head(id).map(|s| is_json(s.content_type()))
+        let (kind, lines) = PayloadKind::of_append(surface, &ct, || match &target {
+            Target::Live(id) => core.shard.head(*id).map(|s| is_json(s.content_type())),
+            Target::New { settings, .. } => Some(is_json(&settings.content_type)),
         })?;
         let body = payload(kind, req.body, false)?;
         // NDJSON lines appended to a JSON stream: its type was matched just now.
@@ -179,9 +201,10 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
     };
     // 5. producer
     if let Some(p) = &headers.producer {
-        match check_producer(core, id, p) {
+        match check_producer(core, &target, p) {
             ProducerVerdict::Accept => {}
             ProducerVerdict::Duplicate {
+                id,
                 epoch,
                 highest,
                 receipt,
@@ -199,19 +222,30 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
             }
         }
     }
-    let head = {
-        let s = core
-            .shard
-            .head(id)
-            .ok_or_else(ApiError::owner_unavailable)?;
-        Head {
-            tail: s.tail(),
-            closed: s.closed(),
-            content_type: s.content_type().to_owned(),
-            last_seq: s.last_stream_seq().cloned(),
-            record_next: s.message_count(),
-            coords: records::active(surface, s.content_type()),
+    let head = match &target {
+        Target::Live(id) => {
+            let s = core
+                .shard
+                .head(*id)
+                .ok_or_else(ApiError::owner_unavailable)?;
+            Head {
+                tail: s.tail(),
+                closed: s.closed(),
+                content_type: s.content_type().to_owned(),
+                last_seq: s.last_stream_seq().cloned(),
+                record_next: s.message_count(),
+                coords: records::active(surface, s.content_type()),
+            }
         }
+        // The stream this append would create, as empty as a created stream starts.
+        Target::New { settings, .. } => Head {
+            tail: Offset::ZERO,
+            closed: false,
+            content_type: settings.content_type.clone(),
+            last_seq: None,
+            record_next: RecordNo::ZERO,
+            coords: records::active(surface, &settings.content_type),
+        },
     };
     if headers.record_match.is_some() && !head.coords {
         return Err(ApiError::InvalidRequest(
@@ -220,16 +254,56 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
         .into());
     }
     // 6. closed: a close-only request without a producer is answered as if it closed it
-    if head.closed && close_only && headers.producer.is_none() {
-        let mut resp = closed_response(core, id, 204);
+    if let (Target::Live(id), true) = (
+        &target,
+        head.closed && close_only && headers.producer.is_none(),
+    ) {
+        let mut resp = closed_response(core, *id, 204);
         if head.coords {
             records::push_ack_headers(&mut resp, head.record_next, head.record_next);
         }
         return Ok(resp);
     }
     check_against_head(&head, &headers, request_type.as_deref(), close_only)?;
+    // The bucket's rate limit comes last, so a refused append spends none of it.
+    if surface == Surface::Bucketed {
+        buckets::throttle(core, key, 1, body.data.len() as u64)?;
+    }
     // 10. commit
-    commit(core, id, headers, body, close_only, head.coords).await
+    commit(core, key, target, headers, body, close_only, head.coords).await
+}
+
+/// The stream an append goes to.
+enum Target {
+    Live(StreamId),
+    /// None yet: the bucket's `auto_create` settings create it with this append, after
+    /// removing the expired stream that still holds its key, if any.
+    New {
+        settings: AutoCreate,
+        expired: Option<StreamId>,
+    },
+}
+
+/// Step 3: the stream `key` names, or the one its bucket would create, or the 404.
+fn target(
+    core: &Rc<Core>,
+    surface: Surface,
+    key: &str,
+    close_only: bool,
+) -> Result<Target, ApiError> {
+    let expired = match find(core, key) {
+        Found::Live(id) => return Ok(Target::Live(id)),
+        Found::SoftDeleted => return Err(ApiError::StreamGone),
+        Found::Absent => None,
+        Found::Expired(id) => Some(id),
+    };
+    // A close alone creates nothing: a stream closed before its first write holds nothing
+    // a shipper would want.
+    let bucket = bucket_of(key).filter(|_| surface == Surface::Bucketed && !close_only);
+    match bucket.and_then(|b| buckets::settings(core, b).auto_create) {
+        Some(settings) => Ok(Target::New { settings, expired }),
+        None => Err(ApiError::StreamNotFound),
+    }
 }
 
 /// Steps 6-9 of the protocol's order: the stream is open, the content type is the
@@ -271,10 +345,12 @@ fn check_against_head(
     Ok(())
 }
 
-/// Append to the shard and answer once the append is durable.
+/// Append to the shard (creating the stream first if the bucket creates it) and answer
+/// once the append is durable.
 async fn commit(
     core: &Rc<Core>,
-    id: StreamId,
+    key: &str,
+    target: Target,
     headers: AppendHeaders,
     body: Payload,
     close_only: bool,
@@ -300,7 +376,10 @@ async fn commit(
         data: body.data,
         ..Default::default()
     };
-    let (receipt, commit) = core.shard.append(id, rec)?;
+    let (receipt, commit) = match target {
+        Target::Live(id) => core.shard.append(id, rec)?,
+        Target::New { settings, expired } => create(core, key, &settings, expired, rec)?,
+    };
     commit.durable().await?;
     let status = if producer.is_some() && !close_only {
         200
@@ -321,6 +400,47 @@ async fn commit(
         records::push_ack_headers(&mut resp, receipt.record_start, receipt.record_next);
     }
     Ok(resp)
+}
+
+/// Create the stream `key` as `settings` say, with `first` as its first write: one log
+/// record, so the stream never exists without it.
+fn create(
+    core: &Rc<Core>,
+    key: &str,
+    settings: &AutoCreate,
+    expired: Option<StreamId>,
+    first: AppendRec,
+) -> Result<(Receipt, ursula_storage::Commit), Refusal> {
+    if let Some(id) = expired {
+        removal::remove_expired(core, id);
+    }
+    let now = ursula_storage::now_ms();
+    let spec = NewStream {
+        meta: StreamMeta {
+            key: key.into(),
+            incarnation: core.shard.next_incarnation(now),
+            created_ms: now,
+            content_type: settings.content_type.as_str().into(),
+            lifetime: settings
+                .ttl_seconds
+                .map_or(Lifetime::Forever, Lifetime::TtlSeconds),
+            ext: Bytes::new(),
+        },
+        initial: first,
+    };
+    let (id, commit) = core.shard.create(spec)?;
+    let s = core
+        .shard
+        .head(id)
+        .ok_or_else(ApiError::owner_unavailable)?;
+    let receipt = Receipt {
+        seq: 0,
+        start: Offset::ZERO,
+        next: s.tail(),
+        record_start: RecordNo::ZERO,
+        record_next: s.message_count(),
+    };
+    Ok((receipt, commit))
 }
 
 /// A retried producer append (P§7.3): the original outcome, once it is durable.

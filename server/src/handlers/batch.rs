@@ -18,7 +18,7 @@ use ursula_protocol::offset::format_offset;
 use ursula_storage::{AppendRec, Offset, Receipt, RecordNo, StorageError};
 
 use crate::core::Core;
-use crate::handlers::buckets::require_bucket;
+use crate::handlers::buckets::{self, require_bucket};
 use crate::http::{ApiError, Handled, Request, Response};
 use crate::limits::BODY_BYTES_MAX;
 use crate::lookup;
@@ -254,6 +254,9 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
         .map(|f| payload(kind, f.clone(), false))
         .collect::<Result<Vec<_>, _>>()?;
     drop(frames);
+    // Each frame is an append to the bucket's rate limit, refused or not further on.
+    let bytes = payloads.iter().map(|p| p.data.len() as u64).sum();
+    buckets::throttle(core, key, payloads.len() as u64, bytes)?;
     let type_ok = type_ok || lines;
     // 5. commit: one group commit for the whole request (no `.await` until `durable`)
     let (acks, last) = append_frames(

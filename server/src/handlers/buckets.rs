@@ -5,8 +5,13 @@
 //! bucket exists is a local lookup on the stream's owner core. The bucket's own owner core
 //! holds the authoritative record: it is written first on create and removed last on delete,
 //! and a core missing its copy asks the owner and repairs it.
+//!
+//! A bucket's settings (`bucket_settings`) are the `ext` blob of its record, in every copy,
+//! so the core that owns a stream reads them locally. `PUT /{bucket}` may carry them and
+//! `PATCH /{bucket}` changes them: the owner's copy first, then every other core's.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ursula_protocol::http1::Method;
@@ -14,11 +19,14 @@ use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::parse_query;
 use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, StreamMeta};
 
+use crate::bucket_settings::{BucketSettings, SettingsError};
 use crate::core::Core;
 use crate::http::{ApiError, Handled, Request, Response};
 use crate::limits::LIST_PAGE_MAX;
 use crate::lookup::{find, Found};
-use crate::surface::bucket_key;
+use crate::rate_limit::Limiter;
+use crate::surface::{bucket_key, bucket_of};
+use crate::tokens::BucketScope;
 
 const BUCKET_TYPE: &str = "application/x-ursula-bucket";
 
@@ -31,11 +39,12 @@ pub async fn handle(core: &Rc<Core>, bucket: String, req: Request) -> Handled {
             reason: "only GET lists streams",
         }
         .into()),
-        (Method::Put, false) => create(core, &bucket).await,
+        (Method::Put, false) => create(core, &bucket, &req.body).await,
         (Method::Get, false) => metadata(core, &bucket).await,
         (Method::Delete, false) => delete(core, &bucket).await,
+        (Method::Other(m), false) if m == "PATCH" => change(core, &bucket, &req.body).await,
         _ => Err(ApiError::MethodNotAllowed {
-            allow: "PUT, GET, DELETE",
+            allow: "PUT, GET, PATCH, DELETE",
             reason: "method not allowed",
         }
         .into()),
@@ -59,24 +68,70 @@ pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Result<(), ApiError> 
     if owner != core.index {
         let b = bucket.clone();
         let there = core
-            .on(owner, move |c| async move { exists_locally(&c, &b) })
+            .on(owner, move |c| async move { local_settings_blob(&c, &b) })
             .await
-            .unwrap_or(false);
-        if there && replicate(core, &bucket).await {
-            return Ok(());
+            .ok()
+            .flatten();
+        if let Some(ext) = there {
+            if replicate(core, &bucket, ext).await {
+                return Ok(());
+            }
         }
     }
     Err(ApiError::BucketNotFound)
+}
+
+/// The settings of `bucket` in this core's copy of its record (none when it has no copy).
+/// Only valid after [`require_bucket`] said the bucket exists.
+pub fn settings(core: &Core, bucket: &str) -> BucketSettings {
+    core.shard
+        .stream_by_key(&bucket_key(bucket))
+        .map(|s| BucketSettings::decode(s.ext()))
+        .unwrap_or_default()
+}
+
+/// The limiter of `bucket` if its settings limit it, from this core's cache.
+pub fn limiter(core: &Core, bucket: &str) -> Option<Arc<Limiter>> {
+    core.limits.get(&core.bucket_limits, bucket, || {
+        settings(core, bucket).rate_limit
+    })
+}
+
+/// Take `appends` appends of `bytes` bytes from the rate limit of the bucket of stream
+/// `key`, or refuse them with the 429.
+pub fn throttle(core: &Core, key: &str, appends: u64, bytes: u64) -> Result<(), ApiError> {
+    let Some(limiter) = bucket_of(key).and_then(|b| limiter(core, b)) else {
+        return Ok(());
+    };
+    limiter
+        .admit(appends, bytes)
+        .map_err(|t| ApiError::TooManyRequests {
+            limit: t.limit.label(),
+            retry_after_secs: t.retry_after_secs,
+        })
 }
 
 fn exists_locally(core: &Core, bucket: &str) -> bool {
     core.shard.lookup(&bucket_key(bucket)).is_some()
 }
 
-/// Record the bucket in this core's shard (idempotent). True when it is durable.
-async fn replicate(core: &Rc<Core>, bucket: &str) -> bool {
-    if exists_locally(core, bucket) {
-        return true;
+/// This core's copy of the bucket's settings blob, if it has the bucket.
+fn local_settings_blob(core: &Core, bucket: &str) -> Option<Bytes> {
+    let id = core.shard.lookup(&bucket_key(bucket))?;
+    core.shard.stream(id).map(|s| s.ext().clone())
+}
+
+/// Record the bucket in this core's shard with the settings blob `ext`, or give an
+/// existing record that blob. True when it is durable.
+async fn replicate(core: &Rc<Core>, bucket: &str, ext: Bytes) -> bool {
+    if let Some(id) = core.shard.lookup(&bucket_key(bucket)) {
+        if core.shard.stream(id).is_some_and(|s| *s.ext() == ext) {
+            return true;
+        }
+        return match core.shard.set_ext(id, ext) {
+            Ok(commit) => commit.durable().await.is_ok(),
+            Err(_) => false,
+        };
     }
     let now = ursula_storage::now_ms();
     let spec = NewStream {
@@ -86,7 +141,7 @@ async fn replicate(core: &Rc<Core>, bucket: &str) -> bool {
             created_ms: now,
             content_type: BUCKET_TYPE.into(),
             lifetime: Lifetime::Forever,
-            ext: Bytes::new(),
+            ext,
         },
         initial: AppendRec::default(),
     };
@@ -96,15 +151,18 @@ async fn replicate(core: &Rc<Core>, bucket: &str) -> bool {
     }
 }
 
-async fn create(core: &Rc<Core>, bucket: &str) -> Handled {
+async fn create(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
+    let settings = BucketSettings::parse(body).map_err(invalid_settings)?;
+    let ext = Bytes::from(settings.encode());
     let owner = core.owner_of(&bucket_key(bucket));
     let b = bucket.to_string();
+    let blob = ext.clone();
     let created = core
         .on(owner, move |c| async move {
             if exists_locally(&c, &b) {
                 return Some(false);
             }
-            replicate(&c, &b).await.then_some(true)
+            replicate(&c, &b, blob).await.then_some(true)
         })
         .await;
     match created {
@@ -114,11 +172,14 @@ async fn create(core: &Rc<Core>, bucket: &str) -> Handled {
     }
     for i in (0..core.cores()).filter(|&i| i != owner) {
         let b = bucket.to_string();
+        let blob = ext.clone();
         // A core that misses this is repaired on first use (require_bucket).
         let _ = core
-            .on(i, move |c| async move { replicate(&c, &b).await })
+            .on(i, move |c| async move { replicate(&c, &b, blob).await })
             .await;
     }
+    // Cores may still cache the limits of an earlier bucket of this name.
+    core.bucket_limits.set(bucket, settings.rate_limit);
     Ok(Response::new(201)
         .header("cache-control", "no-store")
         .header("location", format!("/{bucket}")))
@@ -327,10 +388,97 @@ async fn live_stream_counts(core: &Rc<Core>, buckets: Vec<String>) -> Vec<usize>
     totals
 }
 
+/// `PATCH /{bucket}`: change the bucket's settings (see `BucketSettings::patched`), on the
+/// owner's record first, then on every other core's copy.
+async fn change(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
+    require_bucket(core, &format!("b/{bucket}/x")).await?;
+    let owner = core.owner_of(&bucket_key(bucket));
+    let b = bucket.to_string();
+    let patch = Bytes::copy_from_slice(body);
+    // Read, patch and write on the owner with no `.await` between them: concurrent
+    // changes of one bucket apply one after the other.
+    let written = core
+        .on(owner, move |c| async move {
+            let id = c
+                .shard
+                .lookup(&bucket_key(&b))
+                .ok_or(ApiError::BucketNotFound)?;
+            let now = settings(&c, &b);
+            let new = now.patched(&patch).map_err(invalid_settings)?;
+            let ext = Bytes::from(new.encode());
+            let commit = c.shard.set_ext(id, ext.clone()).map_err(ApiError::from)?;
+            commit.durable().await.map_err(ApiError::from)?;
+            Ok::<_, ApiError>(ext)
+        })
+        .await
+        .map_err(|_| ApiError::owner_unavailable())??;
+    spread_settings(core, bucket, owner, written).await?;
+    metadata(core, bucket).await
+}
+
+/// Give every core's copy of `bucket` the settings `ext` the owner's record was given, and
+/// install its limits. Two changes racing may reach the copies in either order, so this
+/// repeats until the owner's record still holds what was last spread: the last change to
+/// finish leaves every copy, and the limiter, as the owner's record says.
+async fn spread_settings(
+    core: &Rc<Core>,
+    bucket: &str,
+    owner: usize,
+    mut ext: Bytes,
+) -> Result<(), ApiError> {
+    loop {
+        for i in (0..core.cores()).filter(|&i| i != owner) {
+            let (b, blob) = (bucket.to_string(), ext.clone());
+            let ok = core
+                .on(i, move |c| async move { replicate(&c, &b, blob).await })
+                .await;
+            if !matches!(ok, Ok(true)) {
+                return Err(ApiError::owner_unavailable());
+            }
+        }
+        core.bucket_limits
+            .set(bucket, BucketSettings::decode(&ext).rate_limit);
+        let b = bucket.to_string();
+        let now = core
+            .on(owner, move |c| async move { local_settings_blob(&c, &b) })
+            .await
+            .map_err(|_| ApiError::owner_unavailable())?
+            .ok_or(ApiError::BucketNotFound)?;
+        if now == ext {
+            return Ok(());
+        }
+        ext = now;
+    }
+}
+
+fn invalid_settings(e: SettingsError) -> ApiError {
+    ApiError::InvalidSettings(e.to_string().into())
+}
+
+/// The body of `GET /{bucket}`: its ID, its number of live streams and its settings.
+#[derive(serde::Serialize)]
+struct Metadata<'a> {
+    bucket_id: &'a str,
+    streams: usize,
+    #[serde(flatten)]
+    settings: BucketSettings,
+}
+
 async fn metadata(core: &Rc<Core>, bucket: &str) -> Handled {
     require_bucket(core, &format!("b/{bucket}/x")).await?;
     let count = count(core, bucket).await;
-    let body = sonic_rs::json!({"bucket_id": bucket, "streams": count}).to_string();
+    let owner = core.owner_of(&bucket_key(bucket));
+    let b = bucket.to_string();
+    let settings = core
+        .on(owner, move |c| async move { settings(&c, &b) })
+        .await
+        .unwrap_or_default();
+    let body = sonic_rs::to_string(&Metadata {
+        bucket_id: bucket,
+        streams: count,
+        settings,
+    })
+    .unwrap_or_default();
     Ok(Response::new(200)
         .header("content-type", "application/json")
         .header("cache-control", "no-store")
@@ -388,7 +536,8 @@ pub async fn list_buckets(core: &Rc<Core>, req: &Request) -> Handled {
         .into());
     }
     let page = Page::parse(req)?;
-    let mut ids = bucket_ids(core, page.selection(), page.limit + 1).await;
+    let visible = req.buckets.clone();
+    let mut ids = bucket_ids(core, page.selection(), visible, page.limit + 1).await;
     let has_more = ids.len() > page.limit;
     ids.truncate(page.limit);
     let counts = live_stream_counts(core, ids.clone()).await;
@@ -412,13 +561,20 @@ pub async fn list_buckets(core: &Rc<Core>, req: &Request) -> Handled {
         .with_body(vec![Bytes::from(body)]))
 }
 
-/// The first `most` bucket IDs that `sel` takes, sorted byte-wise. Each core reports only
+/// The first `most` bucket IDs that `sel` takes, sorted byte-wise, of those `visible` allows
+/// (`None`: all; a token limited to some buckets lists only those). Each core reports only
 /// the buckets it owns: the owner's record is the authoritative one (see the module
 /// comment), so a bucket a replica missed or still holds is reported as its owner says.
-async fn bucket_ids(core: &Rc<Core>, sel: Selection<'_>, most: usize) -> Vec<String> {
+async fn bucket_ids(
+    core: &Rc<Core>,
+    sel: Selection<'_>,
+    visible: Option<Arc<BucketScope>>,
+    most: usize,
+) -> Vec<String> {
     let mut all = Vec::new();
     for i in 0..core.cores() {
         let owned = sel.owned();
+        let visible = visible.clone();
         let part = core
             .on(i, move |c| async move {
                 let sel = owned.get();
@@ -429,6 +585,7 @@ async fn bucket_ids(core: &Rc<Core>, sel: Selection<'_>, most: usize) -> Vec<Str
                     .filter(|k| c.owner_of(k) == c.index)
                     .filter_map(|k| k.strip_prefix("k/").map(str::to_string))
                     .filter(|id| sel.takes(id))
+                    .filter(|id| visible.as_ref().is_none_or(|v| v.allows(id)))
                     .collect();
                 ids.sort_unstable();
                 ids.truncate(most);
@@ -467,5 +624,6 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
             return Err(ApiError::owner_unavailable().into());
         }
     }
+    core.bucket_limits.set(bucket, None);
     Ok(Response::new(204).header("cache-control", "no-store"))
 }

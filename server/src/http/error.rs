@@ -26,6 +26,13 @@ pub enum ApiError {
     InvalidJson,
     /// An NDJSON append whose line (counted from 1) is not one JSON value.
     InvalidJsonLine(usize),
+    /// A bucket's settings that are not valid; the reason says which and why.
+    InvalidSettings(Cow<'static, str>),
+    /// Over the bucket's rate limit: retry after this many seconds.
+    TooManyRequests {
+        limit: &'static str,
+        retry_after_secs: u64,
+    },
     /// A compressed body that does not decode; the reason says how (see `DecodeError`).
     CorruptBody(Cow<'static, str>),
     /// A text stream's body that is not UTF-8.
@@ -105,9 +112,9 @@ impl ApiError {
         use ApiError::*;
         match self {
             InvalidRequest(_) | InvalidHeader(_) | InvalidOffset(_) | InvalidStreamId(_)
-            | InvalidBucketId | InvalidJson | InvalidJsonLine(_) | CorruptBody(_) | InvalidText
-            | EmptyJsonArray | EmptyBody(_) | MissingContentType | OffsetBeyondTail(_)
-            | OffsetNotAligned(_) | ProducerEpochSeq => 400,
+            | InvalidBucketId | InvalidJson | InvalidJsonLine(_) | InvalidSettings(_)
+            | CorruptBody(_) | InvalidText | EmptyJsonArray | EmptyBody(_) | MissingContentType
+            | OffsetBeyondTail(_) | OffsetNotAligned(_) | ProducerEpochSeq => 400,
             Unauthorized => 401,
             Forbidden | ProducerEpochStale => 403,
             NotFound(_) | StreamNotFound | ForkSourceNotFound | BucketNotFound
@@ -133,6 +140,7 @@ impl ApiError {
             StreamGone | OffsetTrimmed(_) => 410,
             RecordPreconditionFailed => 412,
             PayloadTooLarge(_) => 413,
+            TooManyRequests { .. } => 429,
             UnsupportedEncoding | EncodingNotAccepted | UnsupportedCharset => 415,
             HeaderTooLarge => 431,
             StorageFault(_) => 500,
@@ -152,6 +160,8 @@ impl ApiError {
             InvalidStreamId(_) => "invalid_stream_id",
             InvalidBucketId => "invalid_bucket_id",
             InvalidJson | InvalidJsonLine(_) => "invalid_json",
+            InvalidSettings(_) => "invalid_settings",
+            TooManyRequests { .. } => "rate_limited",
             CorruptBody(_) => "corrupt_body",
             InvalidText => "invalid_text",
             EmptyJsonArray => "empty_json_array",
@@ -218,7 +228,15 @@ impl ApiError {
             | NotImplemented(r)
             | StorageFault(r) => r,
             MethodNotAllowed { reason, .. } => reason,
-            PayloadTooLarge(r) | CorruptBody(r) | Unavailable(r) | InsufficientStorage(r) => r,
+            PayloadTooLarge(r)
+            | CorruptBody(r)
+            | InvalidSettings(r)
+            | Unavailable(r)
+            | InsufficientStorage(r) => r,
+            TooManyRequests { limit, .. } => {
+                return format!("the bucket's {limit} per second limit is reached; retry later")
+                    .into()
+            }
             InvalidJsonLine(line) => return format!("line {line} is not a JSON value").into(),
             Fenced => "another server took this server's data over; it accepts no writes",
             InvalidBucketId => "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
@@ -268,6 +286,9 @@ impl ApiError {
         match self {
             ApiError::MethodNotAllowed { allow, .. } => resp.push("allow", *allow),
             ApiError::Unavailable(_) => resp.push("retry-after", "1"),
+            ApiError::TooManyRequests {
+                retry_after_secs, ..
+            } => resp.push("retry-after", retry_after_secs.to_string()),
             ApiError::Unauthorized => resp.push("www-authenticate", "Bearer"),
             // The codings a request may use instead (RFC 7694 §3).
             ApiError::UnsupportedEncoding => resp.push("accept-encoding", "gzip, deflate, zstd"),

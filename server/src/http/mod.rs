@@ -10,6 +10,10 @@ pub mod transport;
 
 pub use error::{ApiError, Handled, Refusal};
 
+use crate::tokens::BucketScope;
+
+use std::sync::Arc;
+
 use bytes::Bytes;
 use ursula_protocol::http1::{
     write_header, write_known_header, write_status_line, Headers, Method,
@@ -24,6 +28,10 @@ pub struct Request {
     /// Lower-cased names, trimmed values.
     pub headers: Headers,
     pub body: Bytes,
+    /// The buckets the request's token is limited to (`None`: not limited, or no
+    /// authentication); only the bucket listing needs it, everything else was refused on
+    /// the head when outside them.
+    pub buckets: Option<Arc<BucketScope>>,
 }
 
 impl Request {

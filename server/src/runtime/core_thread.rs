@@ -15,6 +15,7 @@ use crate::conn::{self, Ends};
 use crate::core::{ConnectionSlot, Core, CoreParts, Mailboxes};
 use crate::limits::{EXPIRY_SWEEP, HEARTBEAT, SHUTDOWN_DRAIN, URING_ENTRIES};
 use crate::lookup::{find, Found};
+use crate::rate_limit::BucketLimits;
 use crate::removal;
 use crate::runtime::{Listeners, StartError};
 
@@ -22,7 +23,7 @@ pub fn run(
     index: usize,
     config: Arc<Config>,
     listeners: Listeners,
-    peers: Mailboxes,
+    (peers, bucket_limits): (Mailboxes, Arc<BucketLimits>),
     (shutdown, draining): (Arc<AtomicBool>, Arc<AtomicUsize>),
     ready: mpsc::Sender<Result<(), StartError>>,
 ) {
@@ -115,6 +116,7 @@ pub fn run(
             shard,
             config,
             peers,
+            bucket_limits,
             shutdown,
             draining,
         }));

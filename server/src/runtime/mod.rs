@@ -47,12 +47,14 @@ pub fn run(config: Config) -> Result<(), StartError> {
     let peers: Mailboxes = Arc::new((0..config.cores).map(|_| Mailbox::default()).collect());
     let shutdown = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicUsize::new(config.cores));
+    let bucket_limits = Arc::new(crate::rate_limit::BucketLimits::default());
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), StartError>>();
     let mut threads = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
         let config = config.clone();
         let peers = peers.clone();
         let stopping = (shutdown.clone(), draining.clone());
+        let bucket_limits = bucket_limits.clone();
         let ready = ready_tx.clone();
         let listener = Listeners {
             main: listener,
@@ -61,7 +63,14 @@ pub fn run(config: Config) -> Result<(), StartError> {
         let thread = std::thread::Builder::new()
             .name(format!("ursula-core-{index}"))
             .spawn(move || {
-                core_thread::run(index, config, listener, peers, stopping, ready);
+                core_thread::run(
+                    index,
+                    config,
+                    listener,
+                    (peers, bucket_limits),
+                    stopping,
+                    ready,
+                );
             })
             .map_err(StartError::os("spawn core thread"))?;
         threads.push(thread);
@@ -75,6 +84,10 @@ pub fn run(config: Config) -> Result<(), StartError> {
         }
     }
     crate::admin::mark_started();
+    // Taken before the listening line: a SIGHUP from whoever waits for that line must not
+    // meet the default action, which ends the process.
+    let signals = signal_hook::iterator::Signals::new(STOP_AND_RELOAD)
+        .map_err(StartError::os("signal handler"))?;
     let scheme = if config.tls.is_some() {
         "https"
     } else {
@@ -92,7 +105,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
     if let Some(interval) = sd_notify::watchdog_enabled() {
         watchdog::start(interval, peers.clone())?;
     }
-    wait_for_signal()?;
+    wait_for_signal(signals, &config);
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("shutting down: no new connections, finishing requests");
     shutdown.store(true, Ordering::SeqCst);
@@ -124,13 +137,29 @@ pub struct Listeners {
     pub admin: Option<std::net::TcpListener>,
 }
 
-fn wait_for_signal() -> Result<(), StartError> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .map_err(StartError::os("signal handler"))?;
-    let _ = signals.forever().next();
-    Ok(())
+/// Wait for SIGTERM or SIGINT. SIGHUP (`systemctl reload`) reloads the token file
+/// meanwhile: the cores pick the new tokens up at their next request, and connections
+/// stay open. A file that cannot be used keeps the tokens in force, and the log says why.
+fn wait_for_signal(mut signals: signal_hook::iterator::Signals, config: &Config) {
+    for signal in signals.forever() {
+        if signal != signal_hook::consts::SIGHUP {
+            break;
+        }
+        match &config.auth {
+            None => tracing::info!("SIGHUP: no auth token file to reload"),
+            Some(file) => match file.reload() {
+                Ok(path) => tracing::info!("reloaded auth tokens from {}", path.display()),
+                Err(e) => tracing::error!("kept the auth tokens in force: {e}"),
+            },
+        }
+    }
 }
+
+const STOP_AND_RELOAD: [i32; 3] = [
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGHUP,
+];
 
 /// The data directory remembers how many shards it was created with; streams are placed by
 /// hashing over that count, so starting with a different one would hide data.
