@@ -96,6 +96,16 @@ fn memory_server(dir: &Path, extra: &[&str]) -> Server {
     Server::spawn_standard(&dir.join("data"), "memory", 2, extra, None)
 }
 
+/// A memory server in a new directory named from `prefix`, holding the bucket `logs` and
+/// the stream `stream` of type `kind`, both made with the client.
+fn server_with_stream(prefix: &str, stream: &str, kind: &str) -> (tempfile::TempDir, Server) {
+    let dir = temp_dir(prefix);
+    let s = memory_server(dir.path(), &[]);
+    ok(ursula(&s.base_url, &["create", "logs"], b""));
+    ok(ursula(&s.base_url, &["create", stream, "-t", kind], b""));
+    (dir, s)
+}
+
 #[test]
 fn buckets_and_streams_are_created_listed_and_deleted() {
     let dir = temp_dir("ursula-cli-manage");
@@ -220,11 +230,8 @@ fn buckets_and_streams_are_created_listed_and_deleted() {
 
 #[test]
 fn json_lines_are_appended_as_records_and_read_back() {
-    let dir = temp_dir("ursula-cli-json");
-    let s = memory_server(dir.path(), &[]);
+    let (_dir, s) = server_with_stream("ursula-cli-json", "logs/app", "json");
     let url = s.base_url.as_str();
-    ok(ursula(url, &["create", "logs"], b""));
-    ok(ursula(url, &["create", "logs/app", "-t", "json"], b""));
 
     // Blank lines are skipped; a line that is an array is one record.
     let input = b"{\"n\": 1}\n{\"n\":2}\n\n[3, 4]\n";
@@ -339,12 +346,93 @@ fn json_lines_are_appended_as_records_and_read_back() {
 }
 
 #[test]
-fn text_lines_and_compat_streams_read_back_as_written() {
-    let dir = temp_dir("ursula-cli-text");
-    let s = memory_server(dir.path(), &[]);
+fn stat_lists_the_producers_of_a_stream() {
+    let (_dir, s) = server_with_stream("ursula-cli-producers", "logs/app", "text");
     let url = s.base_url.as_str();
-    ok(ursula(url, &["create", "logs"], b""));
-    ok(ursula(url, &["create", "logs/notes", "-t", "text"], b""));
+    ok(ursula(url, &["create", "logs/quiet", "-t", "text"], b""));
+    let produce = |id: &str, epoch: &str, seq: &str, body: &[u8], status: u16| {
+        let headers = [
+            ("Content-Type", "text/plain"),
+            ("Producer-Id", id),
+            ("Producer-Epoch", epoch),
+            ("Producer-Seq", seq),
+        ];
+        expect(&s, "POST", "/logs/app", &headers, body, status);
+    };
+    produce("web-1", "0", "0", b"aa", 200);
+    produce("web-1", "0", "1", b"bbb", 200);
+    // A retry appends nothing and changes no state.
+    produce("web-1", "0", "1", b"bbb", 204);
+    produce("web-2", "0", "0", b"c", 200);
+    // A new epoch starts again at 0.
+    produce("web-2", "1", "0", b"dd", 200);
+
+    let v = json(&ok(ursula(url, &["stat", "logs/app", "--json"], b"")));
+    let producers = v["producers"].as_array().expect("producers");
+    let got: Vec<(&str, u64, u64, &str, &str)> = producers
+        .iter()
+        .map(|p| {
+            (
+                p["producer_id"].as_str().unwrap_or_default(),
+                p["epoch"].as_u64().unwrap_or(u64::MAX),
+                p["seq"].as_u64().unwrap_or(u64::MAX),
+                p["last_append"]["offset"].as_str().unwrap_or_default(),
+                p["last_append"]["next_offset"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let (o2, o5, o6, o8) = (
+        offset_token(2),
+        offset_token(5),
+        offset_token(6),
+        offset_token(8),
+    );
+    assert_eq!(
+        got,
+        [
+            ("web-1", 0, 1, o2.as_str(), o5.as_str()),
+            ("web-2", 1, 0, o6.as_str(), o8.as_str()),
+        ],
+        "{v:?}"
+    );
+    let human = ok(ursula(url, &["stat", "logs/app"], b""));
+    let want = format!(
+        "producers     web-1 epoch 0 seq 1 (last append {o2} .. {o5})\n              \
+         web-2 epoch 1 seq 0 (last append {o6} .. {o8})\n"
+    );
+    assert!(human.contains(&want), "{want:?} in\n{human}");
+
+    // A stream no producer wrote to has none, said so.
+    let v = json(&ok(ursula(url, &["stat", "logs/quiet", "--json"], b"")));
+    assert_eq!(v["producers"].as_array().map(|p| p.len()), Some(0), "{v:?}");
+    let human = ok(ursula(url, &["stat", "logs/quiet"], b""));
+    assert!(human.contains("producers     none\n"), "{human}");
+    // The compat surface has no sub-resources: no producers to show.
+    ok(ursula(
+        url,
+        &["create", "/v1/stream/plain", "-t", "text"],
+        b"",
+    ));
+    let v = json(&ok(ursula(
+        url,
+        &["stat", "/v1/stream/plain", "--json"],
+        b"",
+    )));
+    assert!(v["producers"].is_null(), "{v:?}");
+
+    // The route itself: read-only, and refused for what does not exist.
+    let r = expect(&s, "GET", "/logs/app/producers", &[], b"", 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(json(&r.body_str())["producer_count"].as_u64(), Some(2));
+    expect(&s, "POST", "/logs/app/producers", &[], b"", 405);
+    let r = expect(&s, "GET", "/logs/nope/producers", &[], b"", 404);
+    assert!(r.body_str().starts_with("stream_not_found"), "{r:?}");
+}
+
+#[test]
+fn text_lines_and_compat_streams_read_back_as_written() {
+    let (_dir, s) = server_with_stream("ursula-cli-text", "logs/notes", "text");
+    let url = s.base_url.as_str();
     // append-batch: one message per line, line end included, so cat gives the input back.
     let input = b"hello\nworld\n\nno newline at the end";
     let out = ok(ursula(url, &["append", "logs/notes"], input));
@@ -624,6 +712,10 @@ fn tokens_are_sent_and_refusals_explained() {
         ok(ursula_with(&["cat", "logs/app"], &as_reader, b"")),
         "x\n"
     );
+    // The producer listing is a read: a read token sees it, no token does not.
+    let human = ok(ursula_with(&["stat", "logs/app"], &as_reader, b""));
+    assert!(human.contains("producers     none\n"), "{human}");
+    expect(&s, "GET", "/logs/app/producers", &[], b"", 401);
 }
 
 /// A self-signed certificate for 127.0.0.1 and localhost, as PEM files.
