@@ -1,6 +1,6 @@
-//! The command-line client (`ursula ls|stat|cat|tail|append|create|delete`, crate
-//! `ursula-cli`): the real binary run against a real server, over HTTP, with tokens, and
-//! over HTTPS with a self-signed certificate. What the client prints is checked against
+//! The command-line client (`ursula ls|stat|cat|tail|append|create|delete|snapshot|retain`,
+//! crate `ursula-cli`): the real binary run against a real server, over HTTP, with tokens,
+//! and over HTTPS with a self-signed certificate. What the client prints is checked against
 //! what the server holds, read with the tests' own HTTP client.
 
 mod support;
@@ -427,6 +427,133 @@ fn stat_lists_the_producers_of_a_stream() {
     expect(&s, "POST", "/logs/app/producers", &[], b"", 405);
     let r = expect(&s, "GET", "/logs/nope/producers", &[], b"", 404);
     assert!(r.body_str().starts_with("stream_not_found"), "{r:?}");
+}
+
+#[test]
+fn snapshots_are_published_and_read_and_retention_moves_up_to_them() {
+    let (_dir, s) = server_with_stream("ursula-cli-snapshot", "logs/app", "json");
+    let url = s.base_url.as_str();
+    // Three records of 8 bytes each ({"n":1} and its line feed): 0, 8, 16; the tail at 24.
+    ok(ursula(
+        url,
+        &["append", "logs/app"],
+        b"{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n",
+    ));
+
+    let err = fails(ursula(url, &["snapshot", "get", "logs/app"], b""));
+    assert!(
+        err.contains("the snapshot of stream logs/app not found (404 "),
+        "{err}"
+    );
+    // Retention needs a snapshot to cover what it drops.
+    let err = fails(ursula(url, &["retain", "logs/app", "--record", "1"], b""));
+    assert!(err.contains("stream logs/app: 409 "), "{err}");
+
+    let out = ok(ursula(
+        url,
+        &["snapshot", "put", "logs/app", "--record", "2", "-t", "json"],
+        br#"{"sum":3}"#,
+    ));
+    let want = format!(
+        "published a snapshot of logs/app at offset {} (9 bytes, digest ",
+        offset_token(16)
+    );
+    assert!(out.starts_with(&want), "{out}");
+    let head = expect(&s, "HEAD", "/logs/app", &[], b"", 200);
+    assert_eq!(
+        head.header("stream-snapshot-offset"),
+        Some(offset_token(16).as_str())
+    );
+    let digest = head
+        .header("stream-snapshot-digest")
+        .expect("digest")
+        .to_string();
+    assert!(out.contains(&digest), "{out}");
+
+    assert_eq!(
+        ok(ursula(url, &["snapshot", "get", "logs/app"], b"")),
+        r#"{"sum":3}"#
+    );
+    let v = json(&ok(ursula(
+        url,
+        &["snapshot", "get", "logs/app", "--json"],
+        b"",
+    )));
+    assert_eq!(v["offset"].as_str(), Some(offset_token(16).as_str()));
+    assert_eq!(v["digest"].as_str(), Some(digest.as_str()));
+    assert_eq!(v["content_type"].as_str(), Some("application/json"));
+    assert_eq!(v["base64"].as_str(), Some("eyJzdW0iOjN9"));
+
+    // Replacing it only if it is still the one read; an offset given as its number.
+    let wrong = [
+        "snapshot", "put", "logs/app", "--offset", "24", "--match", "00",
+    ];
+    let err = fails(ursula(url, &wrong, b"six"));
+    assert!(err.contains("stream logs/app: 409 "), "{err}");
+    let put = [
+        "snapshot", "put", "logs/app", "--offset", "24", "--match", &digest, "--json",
+    ];
+    let v = json(&ok(ursula(url, &put, b"binary")));
+    assert_eq!(v["offset"].as_str(), Some(offset_token(24).as_str()));
+    assert_eq!(v["bytes"].as_u64(), Some(6));
+    assert_ne!(v["digest"].as_str(), Some(digest.as_str()));
+    assert_eq!(
+        ok(ursula(url, &["snapshot", "get", "logs/app"], b"")),
+        "binary"
+    );
+    // An older point than the visible snapshot's is stale.
+    let err = fails(ursula(
+        url,
+        &["snapshot", "put", "logs/app", "--record", "1"],
+        b"old",
+    ));
+    assert!(err.contains("stream logs/app: 409 "), "{err}");
+
+    assert_eq!(
+        ok(ursula(url, &["retain", "logs/app", "--record", "2"], b"")),
+        format!(
+            "logs/app now starts at offset {}, record 2\n",
+            offset_token(16)
+        )
+    );
+    let v = json(&ok(ursula(
+        url,
+        &[
+            "retain",
+            "logs/app",
+            "--offset",
+            &offset_token(24),
+            "--json",
+        ],
+        b"",
+    )));
+    assert_eq!(
+        v["retained_offset"].as_str(),
+        Some(offset_token(24).as_str())
+    );
+    assert_eq!(v["record_first"].as_u64(), Some(3));
+    let head = expect(&s, "HEAD", "/logs/app", &[], b"", 200);
+    assert_eq!(
+        head.header("stream-retained-offset"),
+        Some(offset_token(24).as_str())
+    );
+    // Retention never moves back; a record it dropped is gone.
+    let err = fails(ursula(url, &["retain", "logs/app", "--offset", "16"], b""));
+    assert!(err.contains("stream logs/app: 409 "), "{err}");
+    let err = fails(ursula(url, &["retain", "logs/app", "--record", "2"], b""));
+    assert!(err.contains("stream logs/app: 410 "), "{err}");
+
+    // Points that are not fixed, streams without snapshots, and no point at all.
+    let err = fails(ursula(url, &["retain", "logs/app", "--offset", "now"], b""));
+    assert!(
+        err.contains("--offset now: give the offset itself"),
+        "{err}"
+    );
+    ok(ursula(url, &["create", "/v1/stream/plain"], b""));
+    let err = fails(ursula(url, &["snapshot", "get", "/v1/stream/plain"], b""));
+    assert!(err.contains("only streams in a bucket"), "{err}");
+    let out = ursula(url, &["retain", "logs/app"], b"");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
 
 #[test]
