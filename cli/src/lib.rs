@@ -27,7 +27,7 @@ mod snapshot;
 mod stat;
 mod stream;
 mod target;
-mod wire;
+pub mod wire;
 
 pub use error::{Error, Refusal};
 
