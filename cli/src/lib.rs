@@ -1,9 +1,10 @@
 //! The `ursula` command-line tool: the operator's client of any Ursula server.
 //!
-//! `ursula ls`, `stat`, `cat`, `tail`, `append`, `create` and `delete` are subcommands of
-//! the `ursula` binary, beside `ursula server` and `ursula restore`: one binary to install
-//! and one version to match, while this crate keeps the client apart from the server's
-//! code (the binary only hands a parsed [`Command`] to [`run`]).
+//! `ursula ls`, `stat`, `cat`, `tail`, `append`, `create`, `delete`, `snapshot` and
+//! `retain` are subcommands of the `ursula` binary, beside `ursula server` and `ursula
+//! restore`: one binary to install and one version to match, while this crate keeps the
+//! client apart from the server's code (the binary only hands a parsed [`Command`] to
+//! [`run`]).
 //!
 //! Everything goes over the server's public HTTP API (`docs/api.md`), blocking, one
 //! connection at a time, HTTP or HTTPS, with an optional bearer token. Human output by
@@ -22,10 +23,11 @@ mod list;
 mod manage;
 mod output;
 mod read;
+mod snapshot;
 mod stat;
 mod stream;
 mod target;
-mod wire;
+pub mod wire;
 
 pub use error::{Error, Refusal};
 
@@ -51,6 +53,10 @@ pub enum Command {
     Create(CreateArgs),
     /// Delete a stream, or an empty bucket.
     Delete(DeleteArgs),
+    /// Publish or read a stream's snapshot: the application's state at an offset.
+    Snapshot(SnapshotArgs),
+    /// Drop a stream's history before a point at or before its snapshot.
+    Retain(RetainArgs),
 }
 
 /// Run a client command; returns the process exit status (0 success, 1 failure). Errors are
@@ -76,6 +82,13 @@ fn dispatch(command: Command) -> Result<(), Error> {
         Command::Append(args) => append::run(args),
         Command::Create(args) => manage::create(args),
         Command::Delete(args) => manage::delete(args),
+        Command::Snapshot(SnapshotArgs {
+            action: SnapshotAction::Put(args),
+        }) => snapshot::put(args),
+        Command::Snapshot(SnapshotArgs {
+            action: SnapshotAction::Get(args),
+        }) => snapshot::get(args),
+        Command::Retain(args) => snapshot::retain(args),
     }
 }
 
@@ -206,6 +219,69 @@ pub struct CreateArgs {
 pub struct DeleteArgs {
     /// `BUCKET` (it must hold no streams), `BUCKET/STREAM` or `/v1/stream/ID`.
     pub target: String,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(Args, Debug)]
+pub struct SnapshotArgs {
+    #[command(subcommand)]
+    pub action: SnapshotAction,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapshotAction {
+    /// Publish standard input as the stream's snapshot at a point.
+    Put(SnapshotPutArgs),
+    /// Print the stream's snapshot, as it was published.
+    Get(SnapshotGetArgs),
+}
+
+/// A point in a stream: exactly one of these.
+#[derive(Args, Debug, Clone)]
+#[group(required = true, multiple = false)]
+pub struct PointArgs {
+    /// At this offset: a `Stream-Next-Offset` value, or its number.
+    #[arg(long, value_name = "OFFSET")]
+    pub offset: Option<String>,
+    /// At the start of this record (JSON streams); the record tail means the end.
+    #[arg(long, value_name = "N")]
+    pub record: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct SnapshotPutArgs {
+    /// `BUCKET/STREAM`.
+    pub stream: String,
+    /// Where the snapshot's state stands: it covers the stream before this point.
+    #[command(flatten)]
+    pub at: PointArgs,
+    /// The snapshot's content type (default `application/octet-stream`); `json`, `text`
+    /// and `binary` are short for the three common types.
+    #[arg(long, short = 't', value_name = "TYPE")]
+    pub content_type: Option<String>,
+    /// Publish only if the current snapshot has this digest.
+    #[arg(long = "match", value_name = "DIGEST")]
+    pub match_digest: Option<String>,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(Args, Debug)]
+pub struct SnapshotGetArgs {
+    /// `BUCKET/STREAM`.
+    pub stream: String,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(Args, Debug)]
+pub struct RetainArgs {
+    /// `BUCKET/STREAM`.
+    pub stream: String,
+    /// The new first point kept; at or before the snapshot's.
+    #[command(flatten)]
+    pub at: PointArgs,
     #[command(flatten)]
     pub connection: Connection,
 }

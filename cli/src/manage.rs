@@ -102,7 +102,7 @@ struct Deleted {
 }
 
 /// A content type, or one of its short names.
-fn content_type(name: &str) -> &str {
+pub fn content_type(name: &str) -> &str {
     match name {
         "json" => "application/json",
         "text" => "text/plain",

@@ -1,8 +1,8 @@
 //! `ursula stat`: what the server tells of one stream. Its `HEAD` (type, offsets, records,
-//! lifetime, snapshot, incarnation) and, for a stream in a bucket, its attributes and the
-//! bucket listing's creation and last-write times.
+//! lifetime, snapshot, incarnation) and, for a stream in a bucket, its attributes, its
+//! idempotent producers and the bucket listing's creation and last-write times.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sonic_rs::JsonContainerTrait;
 use ursula_protocol::offset::format_offset;
 
@@ -18,14 +18,15 @@ pub fn run(args: StatArgs) -> Result<(), Error> {
     let name = StreamName::parse(&args.stream)?;
     let mut client = Client::new(&args.connection)?;
     let info = StreamInfo::fetch(&mut client, &name)?;
-    let (entry, attrs) = match &name {
+    let (entry, attrs, producers) = match &name {
         StreamName::Bucketed { bucket, stream } => (
             list::entry(&mut client, bucket, stream)?,
             attributes(&mut client, &name)?,
+            producers(&mut client, &name)?,
         ),
-        StreamName::Compat(_) => (None, None),
+        StreamName::Compat(_) => (None, None, None),
     };
-    let stat = Stat::new(&client, &name, info, entry, attrs);
+    let stat = Stat::new(&client, &name, info, entry, attrs, producers);
     let mut out = Out::stdout();
     if args.connection.json {
         return out.json(&stat);
@@ -52,6 +53,32 @@ struct Stat {
     created_at_ms: Option<i64>,
     last_write_at_ms: Option<i64>,
     attrs: Option<sonic_rs::Value>,
+    /// The stream's idempotent producers, sorted by ID; `None` where the server does not
+    /// serve them (streams of the compat surface).
+    producers: Option<Vec<Producer>>,
+}
+
+/// An idempotent producer, as `GET …/producers` lists it.
+#[derive(Serialize, Deserialize)]
+struct Producer {
+    producer_id: String,
+    epoch: u64,
+    /// The sequence number of its newest durable append.
+    seq: u64,
+    last_append: Span,
+}
+
+/// Where an append is in the stream: `[offset, next_offset)`.
+#[derive(Serialize, Deserialize)]
+struct Span {
+    offset: String,
+    next_offset: String,
+}
+
+/// The body of `GET …/producers`.
+#[derive(Deserialize)]
+struct ProducerList {
+    producers: Vec<Producer>,
 }
 
 #[derive(Serialize)]
@@ -74,6 +101,7 @@ impl Stat {
         info: StreamInfo,
         entry: Option<list::StreamEntry>,
         attrs: Option<sonic_rs::Value>,
+        producers: Option<Vec<Producer>>,
     ) -> Stat {
         let (ttl_seconds, expires_at) = match info.lifetime {
             Lifetime::Forever => (None, None),
@@ -99,6 +127,7 @@ impl Stat {
             created_at_ms: entry.as_ref().map(|e| e.created_at_ms),
             last_write_at_ms: entry.as_ref().map(|e| e.last_write_at_ms),
             attrs,
+            producers,
         }
     }
 
@@ -147,6 +176,27 @@ impl Stat {
         if let Some(attrs) = &self.attrs {
             lines.push(("attributes", attrs.to_string()));
         }
+        match self.producers.as_deref() {
+            None => {}
+            Some([]) => lines.push(("producers", "none".into())),
+            Some(producers) => {
+                // One line each, the name shown on the first only.
+                for (i, p) in producers.iter().enumerate() {
+                    let key = if i == 0 { "producers" } else { "" };
+                    lines.push((
+                        key,
+                        format!(
+                            "{} epoch {} seq {} (last append {} .. {})",
+                            p.producer_id,
+                            p.epoch,
+                            p.seq,
+                            p.last_append.offset,
+                            p.last_append.next_offset
+                        ),
+                    ));
+                }
+            }
+        }
         let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         lines
             .iter()
@@ -168,4 +218,24 @@ fn attributes(client: &mut Client, name: &StreamName) -> Result<Option<sonic_rs:
         .map_err(|e| client.unexpected(format!("attributes that are not JSON: {e}")))?;
     let empty = attrs.as_object().is_some_and(|o| o.is_empty());
     Ok((!empty).then_some(attrs))
+}
+
+/// A bucketed stream's idempotent producers (`GET …/producers`); `None` for a stream of the
+/// compat surface, which has no sub-resources, and from a server too old to list them.
+fn producers(client: &mut Client, name: &StreamName) -> Result<Option<Vec<Producer>>, Error> {
+    let Some(path) = name.sub_path("producers") else {
+        return Ok(None);
+    };
+    let resp = client.send(&Request::new("GET", path))?;
+    // A server without the listing answers any unknown sub-resource `404 not_found`; a
+    // missing stream or bucket has codes of its own.
+    if resp.status == 404 && resp.reason().starts_with("not_found:") {
+        return Ok(None);
+    }
+    if resp.status != 200 {
+        return Err(client.refusal(&resp, &format!("stream {name}")));
+    }
+    let list: ProducerList = sonic_rs::from_slice(&resp.body)
+        .map_err(|e| client.unexpected(format!("a producer list that does not parse: {e}")))?;
+    Ok(Some(list.producers))
 }

@@ -1,6 +1,9 @@
 //! HTTP/1.1 on the wire, the client's side: a request's bytes out, and a response read
 //! whole, framed by `Content-Length`, chunked encoding (decoded by the protocol crate's
 //! decoder, the one the server uses for requests) or the connection's close.
+//!
+//! Public because it is the workspace's one reader of HTTP responses: the server's
+//! integration tests read the server's answers with it too.
 
 use std::io::{self, BufRead, Read, Write};
 
@@ -13,7 +16,7 @@ const HEAD_BYTES_MAX: usize = 64 * 1024;
 const BODY_BYTES_MAX: u64 = 256 << 20;
 
 /// One response, whole.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Response {
     pub status: u16,
     /// Names in lower case.
@@ -22,6 +25,11 @@ pub struct Response {
 }
 
 impl Response {
+    /// Every header, names in lower case, in the order they came.
+    pub fn headers(&self) -> &[(String, String)] {
+        &self.headers
+    }
+
     /// The first value of a header (`name` in lower case).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -60,6 +68,19 @@ pub enum WireError {
     NotHttp(String),
 }
 
+impl From<WireError> for io::Error {
+    fn from(e: WireError) -> io::Error {
+        match e {
+            WireError::Closed => io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the connection closed before a response",
+            ),
+            WireError::Io(e) => e,
+            WireError::NotHttp(why) => io::Error::new(io::ErrorKind::InvalidData, why),
+        }
+    }
+}
+
 /// Send a request's head and body.
 pub fn write_request(out: &mut impl Write, head: &[u8], body: &[u8]) -> io::Result<()> {
     // One write for a small request: no segment with the head alone.
@@ -81,12 +102,7 @@ pub fn read_response<R: BufRead>(
     head_request: bool,
 ) -> Result<(Response, bool), WireError> {
     loop {
-        let head = read_head(r).map_err(|e| match e {
-            HeadError::Closed => WireError::Closed,
-            HeadError::Io(e) => WireError::Io(e),
-            HeadError::TooLarge => WireError::NotHttp("response head over 64 KiB".into()),
-        })?;
-        let (status, headers) = parse_head(&head).map_err(WireError::NotHttp)?;
+        let (status, headers) = read_head(r)?;
         // An interim answer (100 Continue) is followed by the real one.
         if (100..200).contains(&status) {
             continue;
@@ -142,6 +158,17 @@ pub fn read_response<R: BufRead>(
     }
 }
 
+/// Read one response head, an interim one (`100 Continue`) too, and none of a body: the
+/// status and the headers, names in lower case.
+pub fn read_head<R: BufRead>(r: &mut R) -> Result<(u16, Vec<(String, String)>), WireError> {
+    let head = head_bytes(r).map_err(|e| match e {
+        HeadError::Closed => WireError::Closed,
+        HeadError::Io(e) => WireError::Io(e),
+        HeadError::TooLarge => WireError::NotHttp("response head over 64 KiB".into()),
+    })?;
+    parse_head(&head).map_err(WireError::NotHttp)
+}
+
 enum HeadError {
     /// Closed before the first byte.
     Closed,
@@ -150,7 +177,7 @@ enum HeadError {
 }
 
 /// The bytes of a response head, through its blank line.
-fn read_head<R: BufRead>(r: &mut R) -> Result<Vec<u8>, HeadError> {
+fn head_bytes<R: BufRead>(r: &mut R) -> Result<Vec<u8>, HeadError> {
     let mut head = Vec::with_capacity(512);
     loop {
         let start = head.len();

@@ -25,8 +25,9 @@ pub enum Command {
     /// Build a data dir from the cold tier (S3) alone; `ursula server` then recovers it
     /// rewound to the archived end.
     Restore(RestoreArgs),
-    /// The client commands (`ls`, `stat`, `cat`, `tail`, `append`, `create`, `delete`),
-    /// which talk to a running server over HTTP: the `ursula-cli` crate.
+    /// The client commands (`ls`, `stat`, `cat`, `tail`, `append`, `create`, `delete`,
+    /// `snapshot`, `retain`), which talk to a running server over HTTP: the `ursula-cli`
+    /// crate.
     #[command(flatten)]
     Client(ursula_cli::Command),
 }

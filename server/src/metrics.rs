@@ -24,6 +24,7 @@ pub fn route_label(path: &str) -> &'static str {
         (Some(_), None) => "stream",
         (Some(_), Some("append-batch")) => "append_batch",
         (Some(_), Some("attrs")) => "attrs",
+        (Some(_), Some("producers")) => "producers",
         (Some(_), Some("snapshot")) => "snapshot",
         (Some(_), Some("retention")) => "retention",
         (Some(_), Some("bootstrap")) => "bootstrap",
@@ -190,6 +191,7 @@ mod tests {
             route_label("/logs/app/snapshot/00000000000000000001"),
             "snapshot"
         );
+        assert_eq!(route_label("/logs/app/producers"), "producers");
         assert_eq!(route_label("/logs/app/x/y"), "other");
         assert_eq!(route_label("/__ursula/metrics"), "internal");
     }

@@ -12,7 +12,9 @@ use ursula_protocol::http1::Method;
 
 use crate::core::Core;
 use crate::handlers::read_params::ReadReply;
-use crate::handlers::{append, attrs, batch, buckets, create, delete, head, read, snapshots};
+use crate::handlers::{
+    append, attrs, batch, buckets, create, delete, head, producers, read, snapshots,
+};
 use crate::http::{ApiError, Handled, Refusal, Request, Response};
 use crate::live::sse::{self, SseSession};
 use crate::routes::{route, Route};
@@ -76,6 +78,7 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
         }
         Route::AppendBatch(key) => (key, OnOwner::Batch(req)),
         Route::Attrs(key) => (key, OnOwner::Attrs(req)),
+        Route::Producers(key) => (key, OnOwner::Producers(req)),
         Route::Resource { key, resource } => (key, OnOwner::Resource(resource, req)),
         Route::StreamResource | Route::NotFound => {
             return (
@@ -92,6 +95,7 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
             match on_owner {
                 OnOwner::Batch(req) => batch::handle(&c, &key, req).await,
                 OnOwner::Attrs(req) => attrs::handle(&c, &key, req).await,
+                OnOwner::Producers(req) => producers::handle(&c, &key, &req).await,
                 OnOwner::Resource(resource, req) => {
                     snapshots::handle(&c, &key, resource, req).await
                 }
@@ -106,6 +110,7 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
 enum OnOwner {
     Batch(Request),
     Attrs(Request),
+    Producers(Request),
     Resource(crate::routes::Resource, Request),
 }
 

@@ -21,6 +21,9 @@ pub enum Route {
     AppendBatch(String),
     /// `GET|PUT /{bucket}/{stream}/attrs` (extensions §7); the stream's storage key.
     Attrs(String),
+    /// `GET /{bucket}/{stream}/producers`: the stream's idempotent producers (this server's
+    /// own addition); the stream's storage key.
+    Producers(String),
     /// Snapshot, retention or bootstrap of a bucketed stream (extensions §3–§5).
     Resource {
         key: String,
@@ -72,15 +75,15 @@ pub fn route(raw_path: &str) -> Route {
             key: bucketed_key(bucket, &decoded[1]),
         },
         2 => Route::Invalid("invalid stream id"),
-        3 if matches!(decoded[2].as_str(), "append-batch" | "attrs") => {
+        3 if matches!(decoded[2].as_str(), "append-batch" | "attrs" | "producers") => {
             if !valid_stream_name(bucket, &decoded[1]) {
                 return Route::Invalid("invalid stream id");
             }
             let key = bucketed_key(bucket, &decoded[1]);
-            if decoded[2] == "attrs" {
-                Route::Attrs(key)
-            } else {
-                Route::AppendBatch(key)
+            match decoded[2].as_str() {
+                "attrs" => Route::Attrs(key),
+                "producers" => Route::Producers(key),
+                _ => Route::AppendBatch(key),
             }
         }
         3 | 4 => match resource(&decoded[2..]) {
@@ -253,6 +256,10 @@ mod tests {
             Route::AppendBatch("b/logs/app".into())
         );
         assert_eq!(route("/logs/app/attrs"), Route::Attrs("b/logs/app".into()));
+        assert_eq!(
+            route("/logs/app/producers"),
+            Route::Producers("b/logs/app".into())
+        );
         assert_eq!(
             route("/logs/a..b/attrs"),
             Route::Invalid("invalid stream id")

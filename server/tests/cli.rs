@@ -1,6 +1,6 @@
-//! The command-line client (`ursula ls|stat|cat|tail|append|create|delete`, crate
-//! `ursula-cli`): the real binary run against a real server, over HTTP, with tokens, and
-//! over HTTPS with a self-signed certificate. What the client prints is checked against
+//! The command-line client (`ursula ls|stat|cat|tail|append|create|delete|snapshot|retain`,
+//! crate `ursula-cli`): the real binary run against a real server, over HTTP, with tokens,
+//! and over HTTPS with a self-signed certificate. What the client prints is checked against
 //! what the server holds, read with the tests' own HTTP client.
 
 mod support;
@@ -94,6 +94,16 @@ fn json_lines(text: &str) -> Vec<Value> {
 
 fn memory_server(dir: &Path, extra: &[&str]) -> Server {
     Server::spawn_standard(&dir.join("data"), "memory", 2, extra, None)
+}
+
+/// A memory server in a new directory named from `prefix`, holding the bucket `logs` and
+/// the stream `stream` of type `kind`, both made with the client.
+fn server_with_stream(prefix: &str, stream: &str, kind: &str) -> (tempfile::TempDir, Server) {
+    let dir = temp_dir(prefix);
+    let s = memory_server(dir.path(), &[]);
+    ok(ursula(&s.base_url, &["create", "logs"], b""));
+    ok(ursula(&s.base_url, &["create", stream, "-t", kind], b""));
+    (dir, s)
 }
 
 #[test]
@@ -220,11 +230,8 @@ fn buckets_and_streams_are_created_listed_and_deleted() {
 
 #[test]
 fn json_lines_are_appended_as_records_and_read_back() {
-    let dir = temp_dir("ursula-cli-json");
-    let s = memory_server(dir.path(), &[]);
+    let (_dir, s) = server_with_stream("ursula-cli-json", "logs/app", "json");
     let url = s.base_url.as_str();
-    ok(ursula(url, &["create", "logs"], b""));
-    ok(ursula(url, &["create", "logs/app", "-t", "json"], b""));
 
     // Blank lines are skipped; a line that is an array is one record.
     let input = b"{\"n\": 1}\n{\"n\":2}\n\n[3, 4]\n";
@@ -339,12 +346,220 @@ fn json_lines_are_appended_as_records_and_read_back() {
 }
 
 #[test]
-fn text_lines_and_compat_streams_read_back_as_written() {
-    let dir = temp_dir("ursula-cli-text");
-    let s = memory_server(dir.path(), &[]);
+fn stat_lists_the_producers_of_a_stream() {
+    let (_dir, s) = server_with_stream("ursula-cli-producers", "logs/app", "text");
     let url = s.base_url.as_str();
-    ok(ursula(url, &["create", "logs"], b""));
-    ok(ursula(url, &["create", "logs/notes", "-t", "text"], b""));
+    ok(ursula(url, &["create", "logs/quiet", "-t", "text"], b""));
+    let produce = |id: &str, epoch: &str, seq: &str, body: &[u8], status: u16| {
+        let headers = [
+            ("Content-Type", "text/plain"),
+            ("Producer-Id", id),
+            ("Producer-Epoch", epoch),
+            ("Producer-Seq", seq),
+        ];
+        expect(&s, "POST", "/logs/app", &headers, body, status);
+    };
+    produce("web-1", "0", "0", b"aa", 200);
+    produce("web-1", "0", "1", b"bbb", 200);
+    // A retry appends nothing and changes no state.
+    produce("web-1", "0", "1", b"bbb", 204);
+    produce("web-2", "0", "0", b"c", 200);
+    // A new epoch starts again at 0.
+    produce("web-2", "1", "0", b"dd", 200);
+
+    let v = json(&ok(ursula(url, &["stat", "logs/app", "--json"], b"")));
+    let producers = v["producers"].as_array().expect("producers");
+    let got: Vec<(&str, u64, u64, &str, &str)> = producers
+        .iter()
+        .map(|p| {
+            (
+                p["producer_id"].as_str().unwrap_or_default(),
+                p["epoch"].as_u64().unwrap_or(u64::MAX),
+                p["seq"].as_u64().unwrap_or(u64::MAX),
+                p["last_append"]["offset"].as_str().unwrap_or_default(),
+                p["last_append"]["next_offset"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let (o2, o5, o6, o8) = (
+        offset_token(2),
+        offset_token(5),
+        offset_token(6),
+        offset_token(8),
+    );
+    assert_eq!(
+        got,
+        [
+            ("web-1", 0, 1, o2.as_str(), o5.as_str()),
+            ("web-2", 1, 0, o6.as_str(), o8.as_str()),
+        ],
+        "{v:?}"
+    );
+    let human = ok(ursula(url, &["stat", "logs/app"], b""));
+    let want = format!(
+        "producers     web-1 epoch 0 seq 1 (last append {o2} .. {o5})\n              \
+         web-2 epoch 1 seq 0 (last append {o6} .. {o8})\n"
+    );
+    assert!(human.contains(&want), "{want:?} in\n{human}");
+
+    // A stream no producer wrote to has none, said so.
+    let v = json(&ok(ursula(url, &["stat", "logs/quiet", "--json"], b"")));
+    assert_eq!(v["producers"].as_array().map(|p| p.len()), Some(0), "{v:?}");
+    let human = ok(ursula(url, &["stat", "logs/quiet"], b""));
+    assert!(human.contains("producers     none\n"), "{human}");
+    // The compat surface has no sub-resources: no producers to show.
+    ok(ursula(
+        url,
+        &["create", "/v1/stream/plain", "-t", "text"],
+        b"",
+    ));
+    let v = json(&ok(ursula(
+        url,
+        &["stat", "/v1/stream/plain", "--json"],
+        b"",
+    )));
+    assert!(v["producers"].is_null(), "{v:?}");
+
+    // The route itself: read-only, and refused for what does not exist.
+    let r = expect(&s, "GET", "/logs/app/producers", &[], b"", 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(json(&r.body_str())["producer_count"].as_u64(), Some(2));
+    expect(&s, "POST", "/logs/app/producers", &[], b"", 405);
+    let r = expect(&s, "GET", "/logs/nope/producers", &[], b"", 404);
+    assert!(r.body_str().starts_with("stream_not_found"), "{r:?}");
+}
+
+#[test]
+fn snapshots_are_published_and_read_and_retention_moves_up_to_them() {
+    let (_dir, s) = server_with_stream("ursula-cli-snapshot", "logs/app", "json");
+    let url = s.base_url.as_str();
+    // Three records of 8 bytes each ({"n":1} and its line feed): 0, 8, 16; the tail at 24.
+    ok(ursula(
+        url,
+        &["append", "logs/app"],
+        b"{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n",
+    ));
+
+    let err = fails(ursula(url, &["snapshot", "get", "logs/app"], b""));
+    assert!(
+        err.contains("the snapshot of stream logs/app not found (404 "),
+        "{err}"
+    );
+    // Retention needs a snapshot to cover what it drops.
+    let err = fails(ursula(url, &["retain", "logs/app", "--record", "1"], b""));
+    assert!(err.contains("stream logs/app: 409 "), "{err}");
+
+    let out = ok(ursula(
+        url,
+        &["snapshot", "put", "logs/app", "--record", "2", "-t", "json"],
+        br#"{"sum":3}"#,
+    ));
+    let want = format!(
+        "published a snapshot of logs/app at offset {} (9 bytes, digest ",
+        offset_token(16)
+    );
+    assert!(out.starts_with(&want), "{out}");
+    let head = expect(&s, "HEAD", "/logs/app", &[], b"", 200);
+    assert_eq!(
+        head.header("stream-snapshot-offset"),
+        Some(offset_token(16).as_str())
+    );
+    let digest = head
+        .header("stream-snapshot-digest")
+        .expect("digest")
+        .to_string();
+    assert!(out.contains(&digest), "{out}");
+
+    assert_eq!(
+        ok(ursula(url, &["snapshot", "get", "logs/app"], b"")),
+        r#"{"sum":3}"#
+    );
+    let v = json(&ok(ursula(
+        url,
+        &["snapshot", "get", "logs/app", "--json"],
+        b"",
+    )));
+    assert_eq!(v["offset"].as_str(), Some(offset_token(16).as_str()));
+    assert_eq!(v["digest"].as_str(), Some(digest.as_str()));
+    assert_eq!(v["content_type"].as_str(), Some("application/json"));
+    assert_eq!(v["base64"].as_str(), Some("eyJzdW0iOjN9"));
+
+    // Replacing it only if it is still the one read; an offset given as its number.
+    let wrong = [
+        "snapshot", "put", "logs/app", "--offset", "24", "--match", "00",
+    ];
+    let err = fails(ursula(url, &wrong, b"six"));
+    assert!(err.contains("stream logs/app: 409 "), "{err}");
+    let put = [
+        "snapshot", "put", "logs/app", "--offset", "24", "--match", &digest, "--json",
+    ];
+    let v = json(&ok(ursula(url, &put, b"binary")));
+    assert_eq!(v["offset"].as_str(), Some(offset_token(24).as_str()));
+    assert_eq!(v["bytes"].as_u64(), Some(6));
+    assert_ne!(v["digest"].as_str(), Some(digest.as_str()));
+    assert_eq!(
+        ok(ursula(url, &["snapshot", "get", "logs/app"], b"")),
+        "binary"
+    );
+    // An older point than the visible snapshot's is stale.
+    let err = fails(ursula(
+        url,
+        &["snapshot", "put", "logs/app", "--record", "1"],
+        b"old",
+    ));
+    assert!(err.contains("stream logs/app: 409 "), "{err}");
+
+    assert_eq!(
+        ok(ursula(url, &["retain", "logs/app", "--record", "2"], b"")),
+        format!(
+            "logs/app now starts at offset {}, record 2\n",
+            offset_token(16)
+        )
+    );
+    let v = json(&ok(ursula(
+        url,
+        &[
+            "retain",
+            "logs/app",
+            "--offset",
+            &offset_token(24),
+            "--json",
+        ],
+        b"",
+    )));
+    assert_eq!(
+        v["retained_offset"].as_str(),
+        Some(offset_token(24).as_str())
+    );
+    assert_eq!(v["record_first"].as_u64(), Some(3));
+    let head = expect(&s, "HEAD", "/logs/app", &[], b"", 200);
+    assert_eq!(
+        head.header("stream-retained-offset"),
+        Some(offset_token(24).as_str())
+    );
+    // Retention never moves back; a record it dropped is gone.
+    let err = fails(ursula(url, &["retain", "logs/app", "--offset", "16"], b""));
+    assert!(err.contains("stream logs/app: 409 "), "{err}");
+    let err = fails(ursula(url, &["retain", "logs/app", "--record", "2"], b""));
+    assert!(err.contains("stream logs/app: 410 "), "{err}");
+
+    // Points that are not fixed, streams without snapshots, and no point at all.
+    let err = fails(ursula(url, &["retain", "logs/app", "--offset", "now"], b""));
+    assert!(
+        err.contains("--offset now: give the offset itself"),
+        "{err}"
+    );
+    ok(ursula(url, &["create", "/v1/stream/plain"], b""));
+    let err = fails(ursula(url, &["snapshot", "get", "/v1/stream/plain"], b""));
+    assert!(err.contains("only streams in a bucket"), "{err}");
+    let out = ursula(url, &["retain", "logs/app"], b"");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn text_lines_and_compat_streams_read_back_as_written() {
+    let (_dir, s) = server_with_stream("ursula-cli-text", "logs/notes", "text");
+    let url = s.base_url.as_str();
     // append-batch: one message per line, line end included, so cat gives the input back.
     let input = b"hello\nworld\n\nno newline at the end";
     let out = ok(ursula(url, &["append", "logs/notes"], input));
@@ -624,6 +839,10 @@ fn tokens_are_sent_and_refusals_explained() {
         ok(ursula_with(&["cat", "logs/app"], &as_reader, b"")),
         "x\n"
     );
+    // The producer listing is a read: a read token sees it, no token does not.
+    let human = ok(ursula_with(&["stat", "logs/app"], &as_reader, b""));
+    assert!(human.contains("producers     none\n"), "{human}");
+    expect(&s, "GET", "/logs/app/producers", &[], b"", 401);
 }
 
 /// A self-signed certificate for 127.0.0.1 and localhost, as PEM files.

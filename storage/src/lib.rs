@@ -40,7 +40,7 @@ pub use shard::{
     RecoveryReport, S3WalSettings, S3WalStats, Shard, ShardConfig, ShardStats, COLD_MARKER,
     S3_PUT_SECONDS_BUCKETS,
 };
-pub use stream::{Chunk, DiskLoc, Piece, Producer, Receipt, Stream, StreamId};
+pub use stream::{Chunk, DiskLoc, Piece, Producer, ProducerState, Receipt, Stream, StreamId};
 pub use view::{StreamHead, StreamView};
 pub use waiters::{WaiterIds, WaiterSet};
 

@@ -206,6 +206,18 @@ impl Producer {
     }
 }
 
+/// A producer as a reader may see it: its newest durable append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerState<'a> {
+    pub id: &'a str,
+    pub epoch: u64,
+    /// The sequence number of its newest durable append.
+    pub seq: u64,
+    /// Where that append starts and ends in the stream.
+    pub start: Offset,
+    pub next: Offset,
+}
+
 pub struct Stream {
     pub id: StreamId,
     /// Identity and configuration; `ext` (attributes, fork linkage) is durable state the
@@ -614,6 +626,36 @@ impl Stream {
             }
         }
         receipt
+    }
+
+    /// Every producer as of the visible end, sorted by id: each one's newest receipt that
+    /// is durable. A producer whose receipts are all still queued (its first append, or the
+    /// first of a new epoch, which cleared the older ones) is left out until one is durable.
+    pub(crate) fn visible_producers(&self) -> Vec<ProducerState<'_>> {
+        let mut out: Vec<ProducerState<'_>> = self
+            .producers
+            .iter()
+            .filter_map(|(id, p)| {
+                let r = p.receipts.iter().rev().find(|r| self.is_visible(r))?;
+                Some(ProducerState {
+                    id,
+                    epoch: p.epoch,
+                    seq: r.seq,
+                    start: r.start,
+                    next: r.next,
+                })
+            })
+            .collect();
+        out.sort_unstable_by(|a, b| a.id.cmp(b.id));
+        out
+    }
+
+    /// Whether an accepted append is durable. Appends are visible in order, so one that ends
+    /// at or before the visible tail is; the exception is an empty append at the tail, which
+    /// only a close can be: it is durable once the closure is.
+    fn is_visible(&self, r: &Receipt) -> bool {
+        r.next < self.visible_tail
+            || (r.next == self.visible_tail && (r.start < r.next || self.visible_closed))
     }
 
     /// Make everything up to `tail` (and the closure, if set) readable and wake readers.
@@ -1171,6 +1213,33 @@ mod tests {
         append(&mut s, &["y\n"], Some((1, 0)));
         let p = &s.producers["p"];
         assert_eq!((p.epoch, p.receipts.len()), (1, 1));
+    }
+
+    #[test]
+    fn readers_see_a_producer_as_of_its_newest_durable_append() {
+        let mut s = stream();
+        append(&mut s, &["x\n"], Some((0, 0)));
+        assert_eq!(s.visible_producers(), [], "nothing durable yet");
+        s.make_visible(s.tail, false);
+        append(&mut s, &["x\n"], Some((0, 1)));
+        let seen = s.visible_producers();
+        assert_eq!(
+            seen.iter()
+                .map(|p| (p.id, p.epoch, p.seq, p.start, p.next))
+                .collect::<Vec<_>>(),
+            [("p", 0, 0, off(0), off(2))]
+        );
+        s.make_visible(s.tail, false);
+        assert_eq!(s.visible_producers()[0].seq, 1);
+        // A new epoch clears the old receipts: until its first append is durable, the
+        // producer is not shown rather than shown with state it no longer has.
+        append(&mut s, &["y\n"], Some((1, 0)));
+        assert_eq!(s.visible_producers(), []);
+        s.make_visible(s.tail, false);
+        assert_eq!(
+            s.visible_producers().first().map(|p| (p.epoch, p.seq)),
+            Some((1, 0))
+        );
     }
 }
 

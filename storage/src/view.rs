@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use crate::position::{Offset, RecordNo};
 use crate::record::{Lifetime, SnapshotMeta};
-use crate::stream::{Chunk, Producer, Stream, StreamId};
+use crate::stream::{Chunk, Producer, ProducerState, Stream, StreamId};
 
 /// A reader's view of a stream: its durable, visible state.
 pub struct StreamView<'a>(Ref<'a, Stream>);
@@ -82,6 +82,12 @@ impl<'a> StreamView<'a> {
 
     pub fn snapshot(&self) -> Option<&SnapshotMeta> {
         self.0.snapshot.as_ref()
+    }
+
+    /// The idempotent producers that have written to the stream, each as of its newest
+    /// durable append, sorted by id.
+    pub fn producers(&self) -> Vec<ProducerState<'_>> {
+        self.0.visible_producers()
     }
 
     /// Last access, for sliding TTLs.

@@ -32,4 +32,6 @@ pub mod read;
 
 pub mod attrs;
 
+pub mod producers;
+
 pub mod snapshots;

@@ -1,8 +1,8 @@
 //! Test support: spawn the `ursula` binary and talk HTTP/1.1 to it.
 //!
-//! Deliberately tiny and dependency-free (std + libc): a blocking client over
-//! `std::net::TcpStream` with `Content-Length` (and chunked) response framing and
-//! optional keep-alive, plus helpers to start the server, read its
+//! Deliberately small: a blocking client over `std::net::TcpStream` with optional
+//! keep-alive, whose responses are read by the command-line tool's reader
+//! (`ursula_cli::wire`), plus helpers to start the server, read its
 //! `ursula listening on http://…` line, and stop it with SIGKILL or SIGTERM.
 #![allow(dead_code)]
 
@@ -16,6 +16,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+use ursula_cli::wire;
 
 /// Path of the server binary built by cargo for this test run.
 pub const URSULA_BIN: &str = env!("CARGO_BIN_EXE_ursula");
@@ -318,6 +320,16 @@ impl Response {
     }
 }
 
+impl From<wire::Response> for Response {
+    fn from(resp: wire::Response) -> Response {
+        Response {
+            status: resp.status,
+            headers: resp.headers().to_vec(),
+            body: resp.body,
+        }
+    }
+}
+
 /// Blocking HTTP/1.1 client with optional keep-alive on one connection.
 pub struct Client {
     addr: String,
@@ -439,146 +451,8 @@ impl Client {
 /// Read one response from `r`. Returns the response and whether the connection can be
 /// reused.
 pub fn read_response<R: BufRead>(r: &mut R, head_request: bool) -> io::Result<(Response, bool)> {
-    loop {
-        let (status, headers, version_11) = read_head(r)?;
-        // Skip interim 1xx responses (e.g. 100 Continue).
-        if (100..200).contains(&status) && status != 101 {
-            continue;
-        }
-        let find = |n: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(n))
-                .map(|(_, v)| v.clone())
-        };
-        let conn_close = find("connection")
-            .map(|v| v.to_ascii_lowercase().contains("close"))
-            .unwrap_or(!version_11);
-        let chunked = find("transfer-encoding")
-            .map(|v| v.to_ascii_lowercase().contains("chunked"))
-            .unwrap_or(false);
-        let len = find("content-length")
-            .map(|v| {
-                v.trim().parse::<usize>().map_err(|_| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("bad content-length {v:?}"),
-                    )
-                })
-            })
-            .transpose()?;
-
-        let no_body = head_request || status == 204 || status == 304;
-        let mut body = Vec::new();
-        let mut reusable = !conn_close;
-        if no_body {
-            // nothing to read
-        } else if chunked {
-            read_chunked(r, &mut body)?;
-        } else if let Some(n) = len {
-            body.resize(n, 0);
-            r.read_exact(&mut body)?;
-        } else {
-            r.read_to_end(&mut body)?;
-            reusable = false;
-        }
-        return Ok((
-            Response {
-                status,
-                headers,
-                body,
-            },
-            reusable,
-        ));
-    }
-}
-
-fn read_line_crlf<R: BufRead>(r: &mut R) -> io::Result<String> {
-    let mut buf = Vec::new();
-    let n = r.read_until(b'\n', &mut buf)?;
-    if n == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed before a complete response",
-        ));
-    }
-    if buf.last() != Some(&b'\n') {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed mid-line",
-        ));
-    }
-    while matches!(buf.last(), Some(b'\n' | b'\r')) {
-        buf.pop();
-    }
-    String::from_utf8(buf)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "non-UTF-8 header"))
-}
-
-type Head = (u16, Vec<(String, String)>, bool);
-
-fn read_head<R: BufRead>(r: &mut R) -> io::Result<Head> {
-    let status_line = read_line_crlf(r)?;
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().unwrap_or("");
-    let status = parts
-        .next()
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("bad status line {status_line:?}"),
-            )
-        })?;
-    if !version.starts_with("HTTP/1.") {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad status line {status_line:?}"),
-        ));
-    }
-    let mut headers = Vec::new();
-    loop {
-        let line = read_line_crlf(r)?;
-        if line.is_empty() {
-            break;
-        }
-        let (k, v) = line.split_once(':').ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("bad header {line:?}"))
-        })?;
-        headers.push((k.trim().to_string(), v.trim().to_string()));
-    }
-    Ok((status, headers, version == "HTTP/1.1"))
-}
-
-fn read_chunked<R: BufRead>(r: &mut R, body: &mut Vec<u8>) -> io::Result<()> {
-    loop {
-        let line = read_line_crlf(r)?;
-        let size_str = line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_str, 16).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("bad chunk size {line:?}"),
-            )
-        })?;
-        if size == 0 {
-            // trailers until empty line
-            loop {
-                if read_line_crlf(r)?.is_empty() {
-                    return Ok(());
-                }
-            }
-        }
-        let start = body.len();
-        body.resize(start + size, 0);
-        r.read_exact(&mut body[start..])?;
-        let end = read_line_crlf(r)?;
-        if !end.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "missing CRLF after chunk",
-            ));
-        }
-    }
+    let (resp, reusable) = wire::read_response(r, head_request)?;
+    Ok((Response::from(resp), reusable))
 }
 
 /// One-shot request on a fresh connection (`Connection: close`).
@@ -710,7 +584,7 @@ impl Raw {
     /// Read exactly one response head, including interim 1xx ones (returns status and
     /// headers; reads no body).
     pub fn head_only(&mut self) -> io::Result<(u16, Vec<(String, String)>)> {
-        read_head(&mut self.r).map(|(s, h, _)| (s, h))
+        Ok(wire::read_head(&mut self.r)?)
     }
 
     /// Whether the server has closed the connection: `Ok(true)` on EOF or reset, `Ok(false)`
