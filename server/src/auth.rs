@@ -64,6 +64,7 @@ fn outside(scope: &BucketScope, path: &str) -> Result<(), ApiError> {
         Route::Stream { key, .. }
         | Route::AppendBatch(key)
         | Route::Attrs(key)
+        | Route::Producers(key)
         | Route::Resource { key, .. } => match bucket_of(&key) {
             Some(b) => b.to_string(),
             None => return Err(ApiError::StreamNotFound),
