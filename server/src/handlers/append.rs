@@ -17,7 +17,7 @@ use ursula_protocol::headers::{
 };
 use ursula_protocol::offset::format_offset;
 use ursula_storage::{
-    AppendRec, Lifetime, NewStream, Offset, ProducerStamp, Receipt, RecordNo, StreamId, StreamMeta,
+    AppendRec, Lifetime, NewStream, Offset, ProducerStamp, Receipt, RecordNo, StreamId,
 };
 
 use crate::bucket_settings::AutoCreate;
@@ -414,18 +414,11 @@ fn create(
     if let Some(id) = expired {
         removal::remove_expired(core, id);
     }
-    let now = ursula_storage::now_ms();
+    let lifetime = settings
+        .ttl_seconds
+        .map_or(Lifetime::Forever, Lifetime::TtlSeconds);
     let spec = NewStream {
-        meta: StreamMeta {
-            key: key.into(),
-            incarnation: core.shard.next_incarnation(now),
-            created_ms: now,
-            content_type: settings.content_type.as_str().into(),
-            lifetime: settings
-                .ttl_seconds
-                .map_or(Lifetime::Forever, Lifetime::TtlSeconds),
-            ext: Bytes::new(),
-        },
+        meta: super::create::new_meta(core, key, &settings.content_type, lifetime, Bytes::new()),
         initial: first,
     };
     let (id, commit) = core.shard.create(spec)?;

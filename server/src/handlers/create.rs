@@ -132,20 +132,18 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
     let content_type = content_type.unwrap_or_else(|| "application/octet-stream".into());
     let body =
         PayloadKind::of(&content_type).and_then(|kind| payload(kind, req.body.clone(), true))?;
-    let now = ursula_storage::now_ms();
+    let ext = Ext {
+        attrs,
+        ..Default::default()
+    };
     let spec = NewStream {
-        meta: StreamMeta {
-            key: key.into(),
-            incarnation: core.shard.next_incarnation(now),
-            created_ms: now,
-            content_type: content_type.into(),
-            lifetime: lifetime.unwrap_or_default(),
-            ext: Ext {
-                attrs,
-                ..Default::default()
-            }
-            .encode(),
-        },
+        meta: new_meta(
+            core,
+            key,
+            &content_type,
+            lifetime.unwrap_or_default(),
+            ext.encode(),
+        ),
         initial: AppendRec {
             append_lens: if body.data.is_empty() {
                 vec![]
@@ -170,5 +168,24 @@ fn attrs_header(surface: Surface, req: &Request) -> Result<Option<Attrs>, ApiErr
             crate::attrs::parse(v.as_bytes()).map_err(ApiError::InvalidHeader)
         }
         _ => Ok(None),
+    }
+}
+
+/// The identity of a stream created now on `core`: a fresh incarnation, created now.
+pub(super) fn new_meta(
+    core: &Core,
+    key: &str,
+    content_type: &str,
+    lifetime: Lifetime,
+    ext: bytes::Bytes,
+) -> StreamMeta {
+    let now = ursula_storage::now_ms();
+    StreamMeta {
+        key: key.into(),
+        incarnation: core.shard.next_incarnation(now),
+        created_ms: now,
+        content_type: content_type.into(),
+        lifetime,
+        ext,
     }
 }

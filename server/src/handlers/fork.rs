@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use ursula_protocol::content_type::{is_json, same_media_type};
 use ursula_protocol::headers::parse_fork_sub_offset;
 use ursula_protocol::offset::parse_fork_offset;
-use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, RecordNo, StreamMeta};
+use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, RecordNo};
 
 use crate::core::Core;
 use crate::ext::{Ext, ForkLink};
@@ -163,20 +163,18 @@ async fn build(
         append_lens.push(own.data.len() as u32);
         msg_lens.extend_from_slice(&own.msg_lens);
     }
-    let now = ursula_storage::now_ms();
     let ext = Ext {
         fork: Some(link),
         ..Default::default()
     };
     let spec = NewStream {
-        meta: StreamMeta {
-            key: key.into(),
-            incarnation: core.shard.next_incarnation(now),
-            created_ms: now,
-            content_type: inherited.content_type.clone().into(),
-            lifetime: lifetime.unwrap_or(inherited.lifetime),
-            ext: ext.encode(),
-        },
+        meta: super::create::new_meta(
+            core,
+            key,
+            &inherited.content_type,
+            lifetime.unwrap_or(inherited.lifetime),
+            ext.encode(),
+        ),
         initial: AppendRec {
             append_lens,
             msg_lens,
