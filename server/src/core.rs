@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ursula_storage::{Shard, WaiterIds, WaiterSet};
+use ursula_storage::{Lifetime, Shard, StreamMeta, WaiterIds, WaiterSet};
 
 use crate::config::Config;
 use crate::hop::Mailbox;
@@ -168,6 +168,26 @@ impl Core {
     /// Post `letter` to core `core`'s mailbox. Gives it back when that core is stopping.
     pub fn post(&self, core: usize, letter: Letter) -> Result<(), Letter> {
         self.peers[core].post(letter)
+    }
+
+    /// The identity of a stream created now on this core: a fresh incarnation, created now.
+    /// Create, fork and create-on-first-append all take it from here.
+    pub fn new_stream_meta(
+        &self,
+        key: &str,
+        content_type: &str,
+        lifetime: Lifetime,
+        ext: bytes::Bytes,
+    ) -> StreamMeta {
+        let now = ursula_storage::now_ms();
+        StreamMeta {
+            key: key.into(),
+            incarnation: self.shard.next_incarnation(now),
+            created_ms: now,
+            content_type: content_type.into(),
+            lifetime,
+            ext,
+        }
     }
 
     /// A cheap per-core pseudo-random number (cursor jitter); not for secrets.

@@ -418,7 +418,7 @@ fn create(
         .ttl_seconds
         .map_or(Lifetime::Forever, Lifetime::TtlSeconds);
     let spec = NewStream {
-        meta: super::create::new_meta(core, key, &settings.content_type, lifetime, Bytes::new()),
+        meta: core.new_stream_meta(key, &settings.content_type, lifetime, Bytes::new()),
         initial: first,
     };
     let (id, commit) = core.shard.create(spec)?;

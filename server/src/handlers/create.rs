@@ -5,7 +5,7 @@ use std::rc::Rc;
 use ursula_protocol::content_type::{normalize, same_media_type};
 use ursula_protocol::headers::{is_closed_true, parse_expires_at, parse_ttl};
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{AppendRec, Lifetime, NewStream, RecordNo, StreamId, StreamMeta};
+use ursula_storage::{AppendRec, Lifetime, NewStream, RecordNo, StreamId};
 
 use crate::attrs::Attrs;
 use crate::core::Core;
@@ -137,8 +137,7 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
         ..Default::default()
     };
     let spec = NewStream {
-        meta: new_meta(
-            core,
+        meta: core.new_stream_meta(
             key,
             &content_type,
             lifetime.unwrap_or_default(),
@@ -168,24 +167,5 @@ fn attrs_header(surface: Surface, req: &Request) -> Result<Option<Attrs>, ApiErr
             crate::attrs::parse(v.as_bytes()).map_err(ApiError::InvalidHeader)
         }
         _ => Ok(None),
-    }
-}
-
-/// The identity of a stream created now on `core`: a fresh incarnation, created now.
-pub(super) fn new_meta(
-    core: &Core,
-    key: &str,
-    content_type: &str,
-    lifetime: Lifetime,
-    ext: bytes::Bytes,
-) -> StreamMeta {
-    let now = ursula_storage::now_ms();
-    StreamMeta {
-        key: key.into(),
-        incarnation: core.shard.next_incarnation(now),
-        created_ms: now,
-        content_type: content_type.into(),
-        lifetime,
-        ext,
     }
 }

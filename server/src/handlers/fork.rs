@@ -168,8 +168,7 @@ async fn build(
         ..Default::default()
     };
     let spec = NewStream {
-        meta: super::create::new_meta(
-            core,
+        meta: core.new_stream_meta(
             key,
             &inherited.content_type,
             lifetime.unwrap_or(inherited.lifetime),
