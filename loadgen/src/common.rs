@@ -69,6 +69,12 @@ pub struct Common {
     #[arg(long)]
     #[serde(skip)]
     pub svg: Option<std::path::PathBuf>,
+    /// Create the empty files PATH.start when the measured window begins (after set-up and
+    /// warm-up) and PATH.end when it ends, so that a script can sample the server over
+    /// exactly the window.
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip)]
+    pub window_marks: Option<std::path::PathBuf>,
 }
 
 fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -403,6 +409,7 @@ impl Ctx {
         let start = self.start.get_or_init(|| {
             let window = Window::starting_at(Instant::now(), warmup, duration);
             cpu::sample_over(window);
+            mark_window(window);
             window
         });
         Window::starting_at(start.start, warmup, duration)
@@ -416,6 +423,35 @@ impl Ctx {
 
 /// The CPUs given with `--cpus`, set once by `main` before any core starts.
 pub static PIN_TO: OnceLock<Vec<usize>> = OnceLock::new();
+
+/// The path given with `--window-marks`, set once by `main` before any core starts.
+pub static WINDOW_MARKS: OnceLock<std::path::PathBuf> = OnceLock::new();
+
+/// Creates `PATH.start` and `PATH.end` at the window's edges, from a thread of its own (a
+/// core may be busy at the instant). A file that cannot be created is reported, not fatal:
+/// the run's own figures do not depend on it.
+fn mark_window(window: Window) {
+    let Some(path) = WINDOW_MARKS.get().cloned() else {
+        return;
+    };
+    let marker = move || {
+        for (at, suffix) in [(window.warm_end, "start"), (window.end, "end")] {
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            let mut name = path.clone().into_os_string();
+            name.push(".");
+            name.push(suffix);
+            if let Err(e) = std::fs::File::create(&name) {
+                eprintln!("--window-marks: cannot create {}: {e}", name.to_string_lossy());
+            }
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("loadgen-marks".into())
+        .spawn(marker)
+    {
+        eprintln!("--window-marks: no thread for the marks: {e}");
+    }
+}
 
 pub fn available_cores() -> usize {
     std::thread::available_parallelism()
@@ -603,6 +639,7 @@ mod tests {
             run_id: None,
             json: None,
             svg: None,
+            window_marks: None,
         };
         let t = Target::from_common(&c).unwrap();
         assert_eq!(t.stream_path("s"), "/bench/s");

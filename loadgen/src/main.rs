@@ -121,6 +121,9 @@ fn run(scenario: Scenario) -> Result<bool, String> {
     };
     let target = Target::from_common(&common)?;
     let _ = common::PIN_TO.set(common.cpus.clone());
+    if let Some(path) = &common.window_marks {
+        let _ = common::WINDOW_MARKS.set(path.clone());
+    }
     let default_cores = match common.cpus.len() {
         0 => available_cores(),
         n => n,
