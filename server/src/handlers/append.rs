@@ -314,17 +314,18 @@ fn check_against_head(
     request_type: Option<&str>,
     close_only: bool,
 ) -> Result<(), Refusal> {
-    let tail = format_offset(head.tail.get());
+    // Formatted only for a refusal: an accepted append, the usual case, never needs it.
+    let tail = || format_offset(head.tail.get());
     if head.closed {
         return Err(ApiError::StreamClosed
             .header("stream-closed", "true")
-            .header("stream-next-offset", tail));
+            .header("stream-next-offset", tail()));
     }
     if let Some(ct) = request_type {
         if !same_media_type(ct, &head.content_type) {
             return Err(
                 ApiError::ContentTypeMismatch("Content-Type differs from the stream's")
-                    .header("stream-next-offset", tail),
+                    .header("stream-next-offset", tail()),
             );
         }
     }
@@ -334,12 +335,12 @@ fn check_against_head(
             return Err(ApiError::RecordPreconditionFailed
                 .header("stream-extensions", records::EXTENSIONS)
                 .header("stream-record-next", head.record_next.to_string())
-                .header("stream-next-offset", tail));
+                .header("stream-next-offset", tail()));
         }
     }
     if let (Some(seq), Some(last)) = (&headers.stream_seq, &head.last_seq) {
         if seq[..] <= last[..] {
-            return Err(ApiError::StreamSeqConflict.header("stream-next-offset", tail));
+            return Err(ApiError::StreamSeqConflict.header("stream-next-offset", tail()));
         }
     }
     Ok(())

@@ -53,7 +53,9 @@ impl Shard {
 
     /// Stream `id` to change, woken if it is dormant; None if there is no such stream.
     pub(super) fn state_mut(&self, id: StreamId) -> Option<RefMut<'_, Stream>> {
-        if !self.wake(id) {
+        // Resident is the usual case: one lookup, and the dormant table is not asked.
+        let resident = self.inner.catalog.borrow().get(id).is_some();
+        if !resident && !self.wake(id) {
             return None;
         }
         let s = RefMut::filter_map(self.inner.catalog.borrow_mut(), |c| c.get_mut(id)).ok()?;
