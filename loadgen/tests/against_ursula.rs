@@ -781,3 +781,47 @@ fn client_threads_pin_to_the_cpus_given() {
         "one client thread per CPU given"
     );
 }
+
+/// `--window-marks` creates PATH.start when the measured window begins and PATH.end when
+/// it ends: after the warm-up, and a window's length apart.
+#[test]
+fn window_marks_are_created_at_the_windows_edges() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marks = dir.path().join("run");
+    let launched = std::time::SystemTime::now();
+    let marks_arg = marks.to_string_lossy().into_owned();
+    let (code, r) = loadgen(
+        dir.path(),
+        "write-marks",
+        &[
+            "write",
+            "--target",
+            &server.base,
+            "--streams",
+            "4",
+            "--duration",
+            "1s",
+            "--warmup",
+            "500ms",
+            "--window-marks",
+            &marks_arg,
+        ],
+    );
+    assert_eq!(code, 0);
+    assert!(is_true(&r, "ok"));
+    let created = |suffix: &str| {
+        let path = dir.path().join(format!("run.{suffix}"));
+        std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let (start, end) = (created("start"), created("end"));
+    let warm = start.duration_since(launched).expect("start after launch");
+    let window = end.duration_since(start).expect("end after start");
+    assert!(warm >= Duration::from_millis(500), "window began {warm:?} after launch");
+    assert!(
+        window >= Duration::from_millis(950) && window < Duration::from_secs(3),
+        "window {window:?} long"
+    );
+}
