@@ -4,12 +4,16 @@
 #   2. the official TypeScript client @durable-streams/client
 #   3. the Python client durable-streams (PyPI)
 #   4. an OpenTelemetry OTLP/HTTP JSON trace exporter + an indexer match=overlap query
+#   5. log shippers: the OpenTelemetry JS and Python OTLP JSON exporters, compressed, into
+#      daily streams their bucket creates on first append; syslog-ng's http() destination
+#      posting NDJSON batches; Vector's and Fluent Bit's HTTP framings sent as they send them
 #
 # It builds nothing: it uses $CARGO_TARGET_DIR/release/{ursula,ursula-indexer}
 # (CARGO_TARGET_DIR defaults to $HOME/.cache/ursula-target). It installs what it needs:
-# Debian's chromium (apt-get, as root or through sudo) when /usr/bin/chromium is missing,
-# the npm packages of tests/clients/package-lock.json (npm ci), and the pinned Python
-# client in a venv under $URSULA_CLIENT_CACHE (default $HOME/.cache/ursula-clients).
+# Debian's chromium, syslog-ng-core and syslog-ng-mod-http (apt-get, as root or through
+# sudo) when missing, the npm packages of tests/clients/package-lock.json (npm ci), and the
+# pinned Python clients in a venv under $URSULA_CLIENT_CACHE (default
+# $HOME/.cache/ursula-clients).
 # Everything listens on 127.0.0.1 ports chosen by the kernel; all processes it starts are
 # stopped on exit. The screenshot is kept in $URSULA_ARTIFACT_DIR (default
 # $CARGO_TARGET_DIR/client-test-artifacts).
@@ -68,20 +72,29 @@ command -v python3 >/dev/null || die "python3 is not installed"
 
 # ---------------------------------------------------------------------------------------
 step "dependencies"
-if [[ ! -x "$CHROMIUM" ]]; then
-    echo "installing Debian chromium"
+# Debian packages: chromium for the browser test, syslog-ng with its http() module.
+SYSLOG_NG=/usr/sbin/syslog-ng
+APT=()
+[[ -x "$CHROMIUM" ]] || APT+=(chromium)
+if [[ ! -x "$SYSLOG_NG" ]] || ! dpkg -s syslog-ng-mod-http >/dev/null 2>&1; then
+    APT+=(syslog-ng-core syslog-ng-mod-http)
+fi
+if [[ ${#APT[@]} -gt 0 ]]; then
+    echo "installing Debian ${APT[*]}"
     if [[ $(id -u) -eq 0 ]]; then
         SUDO=()
     elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
         SUDO=(sudo -n)
     else
-        die "$CHROMIUM is missing and this user can neither run apt-get as root nor sudo without a password"
+        die "${APT[*]} missing, and this user can neither run apt-get as root nor sudo without a password"
     fi
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${APT[@]}" >/dev/null
     [[ -x "$CHROMIUM" ]] || die "apt-get install chromium did not provide $CHROMIUM"
+    [[ -x "$SYSLOG_NG" ]] || die "apt-get install syslog-ng-core did not provide $SYSLOG_NG"
 fi
 echo "$("$CHROMIUM" --version 2>/dev/null || echo "chromium at $CHROMIUM")"
+"$SYSLOG_NG" --version | head -n1
 
 LOCK_HASH="$(sha256sum "$CLIENTS/package-lock.json" | cut -d' ' -f1)"
 STAMP="$CLIENTS/node_modules/.ursula-lock-sha256"
@@ -165,6 +178,58 @@ step_ok "Python client"
 step "OpenTelemetry OTLP/JSON exporter + indexer match=overlap"
 (cd "$CLIENTS" && timeout 120 node otel.test.mjs) || die "OpenTelemetry test failed"
 step_ok "OpenTelemetry"
+
+# ---------------------------------------------------------------------------------------
+step "OpenTelemetry JS exporters (gzip) into daily streams created on first append"
+(cd "$CLIENTS" && timeout 60 node otel-daily.test.mjs) || die "OpenTelemetry daily-stream test failed"
+step_ok "OpenTelemetry JS daily streams"
+
+step "Python OTLP JSON exporters (gzip, deflate) into daily streams created on first append"
+(cd "$CLIENTS" && timeout 60 "$VENV/bin/python" otel_json_test.py) || die "Python OTLP JSON exporter test failed"
+step_ok "Python OTLP JSON exporters"
+
+step "syslog-ng http() destination posting NDJSON batches"
+curl -sf -X PUT "$URSULA_URL/syslog" -H 'content-type: application/json' \
+    -d '{"auto_create":{"content_type":"application/json"}}' >/dev/null || die "PUT /syslog"
+SYSLOG_LINES=600
+# Lines its JSON template must escape: quotes, a backslash, a tab, non-ASCII.
+for i in $(seq 0 $((SYSLOG_LINES - 1))); do
+    printf 'event %04d user="ana\\%d"\tpath=/cart/%d caf\xc3\xa9\n' "$i" "$((i % 7))" "$i"
+done >"$TMP/syslog-in.log"
+APPENDS_BEFORE="$(curl -sf "$URSULA_URL/__ursula/metrics" |
+    awk '/^ursula_http_requests_total\{/ && /route="stream"/ && /method="POST"/ { n += $NF } END { print n + 0 }')"
+cat >"$TMP/syslog-ng.conf" <<CONF
+@version: 3.38
+options { stats-freq(0); };
+source s_file { file("$TMP/syslog-in.log" follow-freq(0.1) flags(no-parse)); };
+destination d_ursula {
+    http(
+        url("$URSULA_URL/syslog/app")
+        method("POST")
+        headers("Content-Type: application/x-ndjson")
+        body("\$(format-json --scope none message=\$MSG program=shipper)")
+        delimiter("\n")
+        batch-lines(100)
+        batch-timeout(200)
+        workers(1)
+    );
+};
+log { source(s_file); destination(d_ursula); };
+CONF
+"$SYSLOG_NG" -F --no-caps -f "$TMP/syslog-ng.conf" -R "$TMP/syslog-ng.persist" -p "$TMP/syslog-ng.pid" \
+    -c "$TMP/syslog-ng.ctl" >"$TMP/syslog-ng.out" 2>"$TMP/syslog-ng.err" &
+SYSLOG_PID=$!
+PIDS+=("$SYSLOG_PID")
+(cd "$CLIENTS" && STREAM_URL="$URSULA_URL/syslog/app" INPUT_FILE="$TMP/syslog-in.log" LINES="$SYSLOG_LINES" \
+    APPENDS_BEFORE="$APPENDS_BEFORE" timeout 60 node syslog-ng.test.mjs) || die "syslog-ng test failed"
+kill -TERM "$SYSLOG_PID"
+wait "$SYSLOG_PID" || die "syslog-ng did not stop cleanly: $(tail -n 5 "$TMP/syslog-ng.err")"
+unset 'PIDS[-1]'
+step_ok "syslog-ng"
+
+step "Vector's and Fluent Bit's HTTP framings"
+"$ROOT/tests/clients/shipper-framings.sh" "$URSULA_URL" || die "shipper framing test failed"
+step_ok "shipper framings"
 
 # The services must still be alive after all of that, and stop cleanly.
 for pid in "${PIDS[@]}"; do

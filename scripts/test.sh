@@ -12,7 +12,8 @@
 #      Durable Streams conformance suite against it
 #   6. SIGTERM the server; it must exit 0 within 10 s
 #      then scripts/client-tests.sh: the browser telemetry example in headless
-#      Chromium, the official TypeScript and Python clients, an OTLP/JSON exporter
+#      Chromium, the official TypeScript and Python clients, OTLP/JSON exporters, and
+#      log shippers (syslog-ng's http(), Vector's and Fluent Bit's framings)
 #   7. crash test: kill -9 / restart cycles (URSULA_CRASH_CYCLES, default 20), then the
 #      long-mode crash test: many streams, every write kind, deletes/recreates
 #      (URSULA_CRASH_LONG_CYCLES, default 20), then the power-loss test: crash points
@@ -168,9 +169,9 @@ echo "server exited 0"
 stage_done "shutdown"
 
 # ---------------------------------------------------------------------------
-banner "client tests: the browser example in headless Chromium, TS/Python clients, OTel"
-# Needs the release ursula and ursula-indexer from stage 1; installs Debian chromium,
-# npm ci (tests/clients) and a pinned Python client venv when missing.
+banner "client tests: the browser example in headless Chromium, TS/Python clients, OTel, shippers"
+# Needs the release ursula and ursula-indexer from stage 1; installs Debian chromium and
+# syslog-ng, npm ci (tests/clients) and a pinned Python venv when missing.
 "$ROOT/scripts/client-tests.sh"
 stage_done "client tests"
 

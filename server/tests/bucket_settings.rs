@@ -138,6 +138,200 @@ fn concurrent_first_appends_create_one_stream_with_every_record() {
     assert!(listing.contains(r#""stream_count":8"#), "{listing}");
 }
 
+/// An append-batch body: one `[u32 BE len][bytes]` per frame.
+fn frames(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in parts {
+        out.extend_from_slice(&(p.len() as u32).to_be_bytes());
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).expect("in memory");
+    e.finish().expect("in memory")
+}
+
+#[test]
+fn an_append_batch_creates_a_missing_stream_as_a_post_does() {
+    let dir = temp_dir("ursula-auto-create-batch");
+    let s = start("memory", &dir.path().join("data"));
+    expect(&s, "PUT", "/otel", &[JSON], DAILY.as_bytes(), 201);
+
+    // The first frame creates the stream with the bucket's type and TTL; the others
+    // append to it, each acknowledged as its own append.
+    let path = "/otel/traces-2026-12-06";
+    let body = frames(&[br#"[{"n":0},{"n":1}]"#, br#"{"n":2}"#, br#"{"n":3}"#]);
+    let r = expect(
+        &s,
+        "POST",
+        &format!("{path}/append-batch"),
+        &[JSON],
+        &body,
+        200,
+    );
+    assert_eq!(
+        r.body_str(),
+        concat!(
+            r#"[{"status":204,"stream_next_offset":"00000000000000000016","stream_record_start":0,"stream_record_next":2},"#,
+            r#"{"status":204,"stream_next_offset":"00000000000000000024","stream_record_start":2,"stream_record_next":3},"#,
+            r#"{"status":204,"stream_next_offset":"00000000000000000032","stream_record_start":3,"stream_record_next":4}]"#
+        )
+    );
+    assert_eq!(r.header("stream-next-offset"), Some("00000000000000000032"));
+    let h = expect(&s, "HEAD", path, &[], b"", 200);
+    assert_eq!(h.header("content-type"), Some("application/json"));
+    assert_eq!(h.header("stream-ttl"), Some("259200"));
+    assert_eq!(h.header("stream-record-next"), Some("4"));
+    let body = expect(&s, "GET", &format!("{path}?offset=-1"), &[], b"", 200).body;
+    assert_eq!(
+        lines(&body),
+        [r#"{"n":0}"#, r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":3}"#]
+    );
+    // Later batches and POSTs go to it as to any stream.
+    expect(&s, "POST", path, &[JSON], br#"{"n":4}"#, 204);
+    let r = expect(
+        &s,
+        "POST",
+        &format!("{path}/append-batch"),
+        &[JSON],
+        &frames(&[br#"{"n":5}"#]),
+        200,
+    );
+    assert!(
+        r.body_str()
+            .contains(r#""stream_record_start":5,"stream_record_next":6"#),
+        "{}",
+        r.body_str()
+    );
+
+    // A gzip-compressed batch of NDJSON frames, as a shipper sends it, may be the first
+    // write too.
+    let nd = "/otel/logs-2026-12-06";
+    let body = gzip(&frames(&[b"{\"a\":1}\n{\"a\":2}\n", b"{\"a\":3}\n"]));
+    let r = expect(
+        &s,
+        "POST",
+        &format!("{nd}/append-batch"),
+        &[NDJSON, ("content-encoding", "gzip")],
+        &body,
+        200,
+    );
+    assert!(
+        r.body_str()
+            .contains(r#""stream_record_start":2,"stream_record_next":3"#),
+        "{}",
+        r.body_str()
+    );
+    let h = expect(&s, "HEAD", nd, &[], b"", 200);
+    assert_eq!(h.header("content-type"), Some("application/json"));
+    assert_eq!(h.header("stream-record-next"), Some("3"));
+
+    // A refused batch creates nothing: a bad frame refuses the request, and frames of
+    // another type are each refused as a POST of theirs would be.
+    let missing = "/otel/refused";
+    let r = req(
+        &s,
+        "POST",
+        &format!("{missing}/append-batch"),
+        &[JSON],
+        &frames(&[br#"{"ok":1}"#, b"{oops"]),
+    );
+    assert_eq!(r.status, 400, "{}", r.body_str());
+    expect(&s, "HEAD", missing, &[], b"", 404);
+    let r = expect(
+        &s,
+        "POST",
+        &format!("{missing}/append-batch"),
+        &[TEXT],
+        &frames(&[b"one", b"two"]),
+        200,
+    );
+    let mismatch = r#"{"status":409,"error_code":"content_type_mismatch","error":"Content-Type differs from the stream's","stream_next_offset":"00000000000000000000"}"#;
+    assert_eq!(r.body_str(), format!("[{mismatch},{mismatch}]"));
+    expect(&s, "HEAD", missing, &[], b"", 404);
+    // The bucket holds the two streams made, nothing more.
+    let listing = expect(&s, "GET", "/otel/streams", &[], b"", 200).body_str();
+    assert!(listing.contains(r#""stream_count":2"#), "{listing}");
+
+    // Without auto_create, and on a bucket that does not exist, still 404.
+    expect(&s, "PUT", "/plain", &[], b"", 201);
+    let one = frames(&[b"{}"]);
+    expect(
+        &s,
+        "POST",
+        "/plain/missing/append-batch",
+        &[JSON],
+        &one,
+        404,
+    );
+    expect(
+        &s,
+        "POST",
+        "/nobucket/missing/append-batch",
+        &[JSON],
+        &one,
+        404,
+    );
+}
+
+#[test]
+fn concurrent_first_batches_and_posts_create_one_stream() {
+    let dir = temp_dir("ursula-auto-create-batch-race");
+    let s = Arc::new(start("disk", &dir.path().join("data")));
+    expect(&s, "PUT", "/race", &[JSON], DAILY.as_bytes(), 201);
+    let rounds = 6;
+    for round in 0..rounds {
+        let path = format!("/race/day-{round}");
+        let barrier = Arc::new(std::sync::Barrier::new(16));
+        // Half the writers send a two-frame append-batch, half a POST.
+        let writers: Vec<_> = (0..16)
+            .map(|i| {
+                let (s, path, barrier) = (s.clone(), path.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let first = format!(r#"{{"writer":{i},"frame":0}}"#);
+                    let (target, body, status) = if i % 2 == 0 {
+                        let second = format!(r#"{{"writer":{i},"frame":1}}"#);
+                        let body = frames(&[first.as_bytes(), second.as_bytes()]);
+                        (format!("{path}/append-batch"), body, 200)
+                    } else {
+                        (path.clone(), first.into_bytes(), 204)
+                    };
+                    barrier.wait();
+                    request(&s.addr, "POST", &target, &[JSON], &body)
+                        .map(|r| (r.status == status, r.status, r.body_str()))
+                })
+            })
+            .collect();
+        for w in writers {
+            let (ok, status, body) = w.join().expect("writer").expect("request");
+            assert!(ok, "{path}: {status} {body}");
+            assert!(!body.contains("\"status\":4"), "{path}: {body}");
+        }
+        let h = expect(&s, "HEAD", &path, &[], b"", 200);
+        assert_eq!(h.header("stream-record-next"), Some("24"), "{path}");
+        let body = expect(&s, "GET", &format!("{path}?offset=-1"), &[], b"", 200).body;
+        let mut got = lines(&body);
+        got.sort();
+        let mut want: Vec<String> = (0..16)
+            .flat_map(|i| {
+                let frames = if i % 2 == 0 { 2 } else { 1 };
+                (0..frames).map(move |f| format!(r#"{{"writer":{i},"frame":{f}}}"#))
+            })
+            .collect();
+        want.sort();
+        assert_eq!(got, want, "{path}");
+    }
+    let listing = expect(&s, "GET", "/race/streams", &[], b"", 200).body_str();
+    assert!(
+        listing.contains(&format!(r#""stream_count":{rounds}"#)),
+        "{listing}"
+    );
+}
+
 #[test]
 fn a_bucket_without_auto_create_still_answers_404() {
     let dir = temp_dir("ursula-auto-create-off");

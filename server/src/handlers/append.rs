@@ -17,7 +17,8 @@ use ursula_protocol::headers::{
 };
 use ursula_protocol::offset::format_offset;
 use ursula_storage::{
-    AppendRec, Lifetime, NewStream, Offset, ProducerStamp, Receipt, RecordNo, StreamId,
+    AppendRec, Lifetime, NewStream, Offset, ProducerStamp, Receipt, RecordNo, StorageError,
+    StreamId,
 };
 
 use crate::bucket_settings::AutoCreate;
@@ -274,7 +275,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
 }
 
 /// The stream an append goes to.
-enum Target {
+pub(super) enum Target {
     Live(StreamId),
     /// None yet: the bucket's `auto_create` settings create it with this append, after
     /// removing the expired stream that still holds its key, if any.
@@ -285,7 +286,7 @@ enum Target {
 }
 
 /// Step 3: the stream `key` names, or the one its bucket would create, or the 404.
-fn target(
+pub(super) fn target(
     core: &Rc<Core>,
     surface: Surface,
     key: &str,
@@ -379,7 +380,10 @@ async fn commit(
     };
     let (receipt, commit) = match target {
         Target::Live(id) => core.shard.append(id, rec)?,
-        Target::New { settings, expired } => create(core, key, &settings, expired, rec)?,
+        Target::New { settings, expired } => {
+            let (_, receipt, commit) = create(core, key, &settings, expired, rec)?;
+            (receipt, commit)
+        }
     };
     commit.durable().await?;
     let status = if producer.is_some() && !close_only {
@@ -404,14 +408,15 @@ async fn commit(
 }
 
 /// Create the stream `key` as `settings` say, with `first` as its first write: one log
-/// record, so the stream never exists without it.
-fn create(
+/// record, so the stream never exists without it. Also what an append-batch to a missing
+/// stream does with its first frame.
+pub(super) fn create(
     core: &Rc<Core>,
     key: &str,
     settings: &AutoCreate,
     expired: Option<StreamId>,
     first: AppendRec,
-) -> Result<(Receipt, ursula_storage::Commit), Refusal> {
+) -> Result<(StreamId, Receipt, ursula_storage::Commit), StorageError> {
     if let Some(id) = expired {
         removal::remove_expired(core, id);
     }
@@ -426,7 +431,7 @@ fn create(
     let s = core
         .shard
         .head(id)
-        .ok_or_else(ApiError::owner_unavailable)?;
+        .ok_or(StorageError::Internal("a stream just created has no head"))?;
     let receipt = Receipt {
         seq: 0,
         start: Offset::ZERO,
@@ -434,7 +439,7 @@ fn create(
         record_start: RecordNo::ZERO,
         record_next: s.message_count(),
     };
-    Ok((receipt, commit))
+    Ok((id, receipt, commit))
 }
 
 /// A retried producer append (P§7.3): the original outcome, once it is durable.

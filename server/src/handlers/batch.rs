@@ -7,6 +7,7 @@
 //! stream interleaves), and only the last commit's durability is awaited: commits are
 //! durable in LSN order, so that covers every frame of the request.
 
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::rc::Rc;
 
@@ -18,10 +19,10 @@ use ursula_protocol::offset::format_offset;
 use ursula_storage::{AppendRec, Offset, Receipt, RecordNo, StorageError};
 
 use crate::core::Core;
+use crate::handlers::append::{self, Target};
 use crate::handlers::buckets::{self, require_bucket};
 use crate::http::{ApiError, Handled, Request, Response};
 use crate::limits::BODY_BYTES_MAX;
-use crate::lookup;
 use crate::payload::{payload, Payload, PayloadKind};
 use crate::records;
 use crate::surface::Surface;
@@ -233,20 +234,25 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
         Some(Err(_)) => return Err(ApiError::InvalidHeader("invalid Content-Type").into()),
         None => None,
     };
-    // 3. existence
+    // 3. existence: the stream, or the one the bucket's `auto_create` makes of the first
+    // frame. No `.await` from here to the commit, so concurrent first writes create it once.
     require_bucket(core, key).await?;
-    let id = lookup::live(core, key)?;
+    let target = append::target(core, Surface::Bucketed, key, false)?;
     // 4. body: framing, Content-Type, then every frame's JSON before anything commits
     let request_type = request_type.ok_or(ApiError::MissingContentType)?;
     let frames = frames.map_err(frame_error)?;
-    let (type_ok, coords, json) = match core.shard.stream(id) {
-        Some(s) => (
-            same_media_type(&request_type, s.content_type()),
-            records::active(Surface::Bucketed, s.content_type()),
-            is_json(s.content_type()),
-        ),
-        None => return Err(ApiError::owner_unavailable().into()),
+    let stream_type = match &target {
+        Target::Live(id) => match core.shard.stream(*id) {
+            Some(s) => s.content_type().to_owned(),
+            None => return Err(ApiError::owner_unavailable().into()),
+        },
+        Target::New { settings, .. } => settings.content_type.clone(),
     };
+    let (type_ok, coords, json) = (
+        same_media_type(&request_type, &stream_type),
+        records::active(Surface::Bucketed, &stream_type),
+        is_json(&stream_type),
+    );
     // NDJSON frames to a JSON stream: each frame's lines are its messages.
     let (kind, lines) = PayloadKind::of_append(Surface::Bucketed, &request_type, || Some(json))?;
     let payloads = frames
@@ -258,14 +264,34 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     let bytes = payloads.iter().map(|p| p.data.len() as u64).sum();
     buckets::throttle(core, key, payloads.len() as u64, bytes)?;
     let type_ok = type_ok || lines;
-    // 5. commit: one group commit for the whole request (no `.await` until `durable`)
+    // 5. commit: one group commit for the whole request (no `.await` until `durable`). A
+    // stream still to be created is the empty open stream its settings describe until the
+    // first frame that commits creates it.
+    let (mut live, mut create) = match target {
+        Target::Live(id) => (Some(id), None),
+        Target::New { settings, expired } => (None, Some((settings, expired))),
+    };
+    let id = Cell::new(live);
     let (acks, last) = append_frames(
         payloads,
         type_ok,
         coords,
-        || core.shard.head(id).map(|s| (s.tail(), s.closed())),
-        |rec| core.shard.append(id, rec),
+        || match id.get() {
+            Some(id) => core.shard.head(id).map(|s| (s.tail(), s.closed())),
+            None => Some((Offset::ZERO, false)),
+        },
+        |rec| match (id.get(), &mut create) {
+            (Some(id), _) => core.shard.append(id, rec),
+            (None, Some((settings, expired))) => {
+                let (new, receipt, commit) =
+                    append::create(core, key, settings, expired.take(), rec)?;
+                id.set(Some(new));
+                Ok((receipt, commit))
+            }
+            (None, None) => Err(StorageError::Internal("append-batch without a stream")),
+        },
     );
+    live = id.get();
     if let Some(commit) = last {
         commit.durable().await?;
     }
@@ -276,7 +302,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
             Ack::Committed { next, .. } => Some(*next),
             _ => None,
         })
-        .or_else(|| core.shard.stream(id).map(|s| s.next_offset()))
+        .or_else(|| live.and_then(|id| core.shard.stream(id).map(|s| s.next_offset())))
         .unwrap_or(Offset::ZERO);
     let all_ok = acks.iter().all(|a| matches!(a, Ack::Committed { .. }));
     let mut resp = Response::new(200)
