@@ -441,7 +441,10 @@ fn mark_window(window: Window) {
             name.push(".");
             name.push(suffix);
             if let Err(e) = std::fs::File::create(&name) {
-                eprintln!("--window-marks: cannot create {}: {e}", name.to_string_lossy());
+                eprintln!(
+                    "--window-marks: cannot create {}: {e}",
+                    name.to_string_lossy()
+                );
             }
         }
     };

@@ -819,7 +819,10 @@ fn window_marks_are_created_at_the_windows_edges() {
     let (start, end) = (created("start"), created("end"));
     let warm = start.duration_since(launched).expect("start after launch");
     let window = end.duration_since(start).expect("end after start");
-    assert!(warm >= Duration::from_millis(500), "window began {warm:?} after launch");
+    assert!(
+        warm >= Duration::from_millis(500),
+        "window began {warm:?} after launch"
+    );
     assert!(
         window >= Duration::from_millis(950) && window < Duration::from_secs(3),
         "window {window:?} long"

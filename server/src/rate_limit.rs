@@ -248,13 +248,16 @@ pub struct LocalLimits {
 type LimiterCache = HashMap<Box<str>, Option<Arc<Limiter>>, foldhash::fast::RandomState>;
 
 impl LocalLimits {
-    /// The limiter of `bucket`, asking `settings` for the bucket's rate limit on a miss.
-    pub fn get(
+    /// Runs `f` on the limiter of `bucket`, asking `settings` for the bucket's rate limit
+    /// on a miss; None for a bucket without limits. The limiter is lent, not cloned: a
+    /// clone of its `Arc` would add two writes to the reference count every core shares.
+    pub fn with<R>(
         &self,
         shared: &BucketLimits,
         bucket: &str,
         settings: impl FnOnce() -> Option<RateLimit>,
-    ) -> Option<Arc<Limiter>> {
+        f: impl FnOnce(&Limiter) -> R,
+    ) -> Option<R> {
         let mut cache = self.cache.borrow_mut();
         let generation = shared.generation.load(Ordering::Acquire);
         if cache.0 != generation {
@@ -262,11 +265,12 @@ impl LocalLimits {
             cache.0 = generation;
         }
         if let Some(hit) = cache.1.get(bucket) {
-            return hit.clone();
+            return hit.as_deref().map(f);
         }
         let limiter = settings().map(|rate| shared.get_or_insert(bucket, rate));
-        cache.1.insert(bucket.into(), limiter.clone());
-        limiter
+        let result = limiter.as_deref().map(f);
+        cache.1.insert(bucket.into(), limiter);
+        result
     }
 }
 
@@ -335,22 +339,30 @@ mod tests {
     fn settings_changes_reach_every_cache() {
         let shared = BucketLimits::default();
         let local = LocalLimits::default();
-        assert!(local.get(&shared, "logs", || None).is_none());
+        let admit = |l: &Limiter| l.admit(1, 0);
+        assert!(local.with(&shared, "logs", || None, admit).is_none());
         // Cached: the settings are not read again.
         assert!(local
-            .get(&shared, "logs", || unreachable!("cached"))
+            .with(&shared, "logs", || unreachable!("cached"), admit)
             .is_none());
         let one = rate(Some(1), None, None);
         shared.set("logs", Some(one));
-        let l = local.get(&shared, "logs", || Some(one)).expect("limited");
-        assert_eq!(l.admit(1, 0), Ok(()));
-        assert!(l.admit(1, 0).is_err());
+        assert_eq!(
+            local.with(&shared, "logs", || Some(one), admit),
+            Some(Ok(()))
+        );
+        assert!(matches!(
+            local.with(&shared, "logs", || Some(one), admit),
+            Some(Err(_))
+        ));
         // A core whose copy of the settings is behind still gets the limiter in use.
         shared.set("logs", Some(rate(Some(1000), None, None)));
-        let l = local.get(&shared, "logs", || Some(one)).expect("limited");
-        assert_eq!(l.admit(1, 0), Ok(()));
+        assert_eq!(
+            local.with(&shared, "logs", || Some(one), admit),
+            Some(Ok(()))
+        );
         assert_eq!(shared.throttled(), vec![("logs".to_string(), [1, 0])]);
         shared.set("logs", None);
-        assert!(local.get(&shared, "logs", || None).is_none());
+        assert!(local.with(&shared, "logs", || None, admit).is_none());
     }
 }

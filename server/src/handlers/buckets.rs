@@ -24,7 +24,6 @@ use crate::core::Core;
 use crate::http::{ApiError, Handled, Request, Response};
 use crate::limits::LIST_PAGE_MAX;
 use crate::lookup::{find, Found};
-use crate::rate_limit::Limiter;
 use crate::surface::{bucket_key, bucket_of};
 use crate::tokens::BucketScope;
 
@@ -90,25 +89,25 @@ pub fn settings(core: &Core, bucket: &str) -> BucketSettings {
         .unwrap_or_default()
 }
 
-/// The limiter of `bucket` if its settings limit it, from this core's cache.
-pub fn limiter(core: &Core, bucket: &str) -> Option<Arc<Limiter>> {
-    core.limits.get(&core.bucket_limits, bucket, || {
-        settings(core, bucket).rate_limit
-    })
-}
-
 /// Take `appends` appends of `bytes` bytes from the rate limit of the bucket of stream
-/// `key`, or refuse them with the 429.
+/// `key` (this core's cache of the bucket's limiter), or refuse them with the 429.
 pub fn throttle(core: &Core, key: &str, appends: u64, bytes: u64) -> Result<(), ApiError> {
-    let Some(limiter) = bucket_of(key).and_then(|b| limiter(core, b)) else {
+    let Some(bucket) = bucket_of(key) else {
         return Ok(());
     };
-    limiter
-        .admit(appends, bytes)
-        .map_err(|t| ApiError::TooManyRequests {
+    let settings = || settings(core, bucket).rate_limit;
+    let admitted = core
+        .limits
+        .with(&core.bucket_limits, bucket, settings, |limiter| {
+            limiter.admit(appends, bytes)
+        });
+    match admitted {
+        None | Some(Ok(())) => Ok(()),
+        Some(Err(t)) => Err(ApiError::TooManyRequests {
             limit: t.limit.label(),
             retry_after_secs: t.retry_after_secs,
-        })
+        }),
+    }
 }
 
 fn exists_locally(core: &Core, bucket: &str) -> bool {
