@@ -35,3 +35,14 @@ export async function eventually(probe, what, describe, timeoutMs = 10_000) {
     await new Promise((r) => setTimeout(r, 50));
   }
 }
+
+// One HTTP request; the body read as text. With `status` (one or a list), any other status
+// throws with the server's answer.
+export async function http(method, url, { body, headers = {}, status } = {}) {
+  const r = await fetch(url, { method, body, headers });
+  const text = await r.text();
+  if (status !== undefined && !(Array.isArray(status) ? status : [status]).includes(r.status)) {
+    throw new Error(`${method} ${url}: expected ${status}, got ${r.status} ${text}`);
+  }
+  return { status: r.status, headers: r.headers, text };
+}

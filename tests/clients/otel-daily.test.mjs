@@ -8,20 +8,11 @@ import { BasicTracerProvider, BatchSpanProcessor } from "@opentelemetry/sdk-trac
 import { resourceFromAttributes } from "@opentelemetry/resources";
 import { OTLPLogExporter } from "@opentelemetry/exporter-logs-otlp-http";
 import { BatchLogRecordProcessor, LoggerProvider } from "@opentelemetry/sdk-logs";
-import { check, env, equal } from "./lib.mjs";
+import { check, env, equal, http } from "./lib.mjs";
 
 const URSULA = env("URSULA_URL");
 const BUCKET = "otel-daily-js";
 const TTL = "259200";
-
-async function http(method, url, { body, headers = {}, status } = {}) {
-  const r = await fetch(url, { method, body, headers });
-  const text = await r.text();
-  if (status !== undefined && !(Array.isArray(status) ? status : [status]).includes(r.status)) {
-    throw new Error(`${method} ${url}: expected ${status}, got ${r.status} ${text}`);
-  }
-  return { status: r.status, headers: r.headers, text };
-}
 
 // Records what the exporter itself concluded about each export (0 = SUCCESS).
 function recorded(exporter, results) {

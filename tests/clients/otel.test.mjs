@@ -9,19 +9,10 @@ import { BasicTracerProvider, BatchSpanProcessor } from "@opentelemetry/sdk-trac
 import { resourceFromAttributes } from "@opentelemetry/resources";
 import { OTLPLogExporter } from "@opentelemetry/exporter-logs-otlp-http";
 import { LoggerProvider, SimpleLogRecordProcessor } from "@opentelemetry/sdk-logs";
-import { check, env, equal, eventually } from "./lib.mjs";
+import { check, env, equal, eventually, http } from "./lib.mjs";
 
 const URSULA = env("URSULA_URL");
 const INDEXER = env("INDEXER_URL");
-
-async function http(method, url, { body, headers = {}, status } = {}) {
-  const r = await fetch(url, { method, body, headers });
-  const text = await r.text();
-  if (status !== undefined && !(Array.isArray(status) ? status : [status]).includes(r.status)) {
-    throw new Error(`${method} ${url}: expected ${status}, got ${r.status} ${text}`);
-  }
-  return { status: r.status, headers: r.headers, text };
-}
 
 // Spans at fixed offsets from t0 so the windows below have known answers.
 const t0 = Math.floor(Date.now() / 1000) * 1000 - 60_000;
