@@ -816,15 +816,18 @@ fn window_marks_are_created_at_the_windows_edges() {
             .and_then(|m| m.modified())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     };
+    // File times come from the kernel's coarse clock, up to a tick (a few ms) behind the
+    // fine one `launched` was read from: allow a margin well above a tick.
+    let tick = Duration::from_millis(50);
     let (start, end) = (created("start"), created("end"));
-    let warm = start.duration_since(launched).expect("start after launch");
+    let warm = start.duration_since(launched).unwrap_or(Duration::ZERO);
     let window = end.duration_since(start).expect("end after start");
     assert!(
-        warm >= Duration::from_millis(500),
+        warm + tick >= Duration::from_millis(500),
         "window began {warm:?} after launch"
     );
     assert!(
-        window >= Duration::from_millis(950) && window < Duration::from_secs(3),
+        window + tick >= Duration::from_secs(1) && window < Duration::from_secs(3),
         "window {window:?} long"
     );
 }
