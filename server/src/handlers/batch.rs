@@ -241,18 +241,20 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     // 4. body: framing, Content-Type, then every frame's JSON before anything commits
     let request_type = request_type.ok_or(ApiError::MissingContentType)?;
     let frames = frames.map_err(frame_error)?;
-    let stream_type = match &target {
+    let of_type = |stream_type: &str| {
+        (
+            same_media_type(&request_type, stream_type),
+            records::active(Surface::Bucketed, stream_type),
+            is_json(stream_type),
+        )
+    };
+    let (type_ok, coords, json) = match &target {
         Target::Live(id) => match core.shard.stream(*id) {
-            Some(s) => s.content_type().to_owned(),
+            Some(s) => of_type(s.content_type()),
             None => return Err(ApiError::owner_unavailable().into()),
         },
-        Target::New { settings, .. } => settings.content_type.clone(),
+        Target::New { settings, .. } => of_type(&settings.content_type),
     };
-    let (type_ok, coords, json) = (
-        same_media_type(&request_type, &stream_type),
-        records::active(Surface::Bucketed, &stream_type),
-        is_json(&stream_type),
-    );
     // NDJSON frames to a JSON stream: each frame's lines are its messages.
     let (kind, lines) = PayloadKind::of_append(Surface::Bucketed, &request_type, || Some(json))?;
     let payloads = frames
@@ -267,7 +269,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     // 5. commit: one group commit for the whole request (no `.await` until `durable`). A
     // stream still to be created is the empty open stream its settings describe until the
     // first frame that commits creates it.
-    let (mut live, mut create) = match target {
+    let (live, mut create) = match target {
         Target::Live(id) => (Some(id), None),
         Target::New { settings, expired } => (None, Some((settings, expired))),
     };
@@ -291,7 +293,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
             (None, None) => Err(StorageError::Internal("append-batch without a stream")),
         },
     );
-    live = id.get();
+    let live = id.get();
     if let Some(commit) = last {
         commit.durable().await?;
     }
