@@ -5,9 +5,11 @@
 //! under that object's lock. Stock s3s-fs checks `If-Match` / `If-None-Match`, writes a
 //! temp file and renames it with no lock across those steps, so two racing
 //! compare-and-swap writers can both win; the indexer's manifest CAS needs exactly one
-//! winner. The locks are striped by key, so writes of different objects go side by side
-//! as on S3 (one lock for everything held every small PUT behind a large upload for its
-//! whole transfer); calls that change several objects or a bucket take every stripe.
+//! winner. There is one lock per key, so writes of different objects go side by side as on
+//! S3: a lock shared by several keys held a small PUT behind a large upload of another key
+//! for the whole transfer (one lock for everything did that to every PUT; 64 stripes still
+//! held one WAL PUT in a few hundred behind an archive upload for over a second). Calls
+//! that change several objects or a bucket exclude all of them.
 //! Reads are not locked (a rename is atomic, so a reader sees the old or the new object).
 //!
 //! `--put-delay-ms` and `--get-delay-ms` hold each request that long before it is served
@@ -16,6 +18,7 @@
 //!
 //! Prints `ursula-test-s3 listening on http://ADDR` on stdout once it accepts connections.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,7 +123,7 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
     }
     let locked = Locked {
         fs,
-        stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        keys: KeyLocks::default(),
         all: tokio::sync::RwLock::new(()),
         counts,
         put_delay: Duration::from_millis(opt.put_delay_ms),
@@ -151,15 +154,12 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// Lock stripes: writes of keys that hash apart run side by side.
-const STRIPES: usize = 64;
-
 /// s3s-fs with a lock around every call that changes an object, and the configured
 /// latencies.
 struct Locked {
     fs: FileSystem,
-    /// One of these per key (by hash), held across a conditional write's check and rename.
-    stripes: Vec<Mutex<()>>,
+    /// Each key's lock, held across a conditional write's check and rename.
+    keys: KeyLocks,
     /// Held shared by a one-key write, exclusively by a call that changes several keys or a
     /// bucket.
     all: tokio::sync::RwLock<()>,
@@ -176,12 +176,9 @@ impl Locked {
         key: &str,
         write: impl std::future::Future<Output = T>,
     ) -> T {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (bucket, key).hash(&mut h);
-        let stripe = &self.stripes[(h.finish() as usize) % STRIPES];
+        let held = self.keys.get(format!("{bucket}/{key}"));
         let _shared = self.all.read().await;
-        let _key = stripe.lock().await;
+        let _key = held.lock.lock().await;
         write.await
     }
 
@@ -189,6 +186,44 @@ impl Locked {
     async fn every<T>(&self, write: impl std::future::Future<Output = T>) -> T {
         let _all = self.all.write().await;
         write.await
+    }
+}
+
+/// The locks of the keys being written now: an entry lives while a writer holds or waits
+/// for it, so the table stays as small as the writes in progress.
+#[derive(Default)]
+struct KeyLocks {
+    table: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+/// One writer's hold on a key's lock entry; dropping it (the write ended or was cancelled)
+/// removes the entry once no other writer holds it.
+struct HeldKey<'a> {
+    locks: &'a KeyLocks,
+    key: String,
+    lock: Arc<Mutex<()>>,
+}
+
+impl KeyLocks {
+    fn get(&self, key: String) -> HeldKey<'_> {
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = table.entry(key.clone()).or_default().clone();
+        HeldKey {
+            locks: self,
+            key,
+            lock,
+        }
+    }
+}
+
+impl Drop for HeldKey<'_> {
+    fn drop(&mut self) {
+        let mut table = self.locks.table.lock().unwrap_or_else(|p| p.into_inner());
+        // The table's reference and this one: no other writer holds or awaits the lock,
+        // and none can take it without the table's mutex, held here.
+        if Arc::strong_count(&self.lock) == 2 {
+            table.remove(&self.key);
+        }
     }
 }
 
