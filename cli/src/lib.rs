@@ -103,7 +103,8 @@ pub struct Connection {
     /// Bearer token [env: URSULA_TOKEN]
     #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
     pub token: Option<String>,
-    /// File whose first line is the bearer token [env: URSULA_TOKEN_FILE]
+    /// File holding the bearer token: its first line that is not blank or a `#` comment
+    /// [env: URSULA_TOKEN_FILE]
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// PEM certificates to trust instead of the system's roots: a private CA, or a
@@ -241,8 +242,9 @@ pub enum SnapshotAction {
 #[derive(Args, Debug, Clone)]
 #[group(required = true, multiple = false)]
 pub struct PointArgs {
-    /// At this offset: a `Stream-Next-Offset` value, or its number.
-    #[arg(long, value_name = "OFFSET")]
+    /// At this offset: a `Stream-Next-Offset` value, or its number. (`-1` is let through
+    /// to be refused with the reason, as `now` is.)
+    #[arg(long, value_name = "OFFSET", allow_hyphen_values = true)]
     pub offset: Option<String>,
     /// At the start of this record (JSON streams); the record tail means the end.
     #[arg(long, value_name = "N")]

@@ -44,6 +44,7 @@ pub struct Metrics {
     registry: Registry,
     pub lag_bytes: Family<IndexLabel, Gauge>,
     pub lag_seconds: Family<IndexLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub blocked: Family<IndexLabel, Gauge>,
     pub events: Family<IndexLabel, Counter>,
     pub skipped: Family<SkipLabel, Counter>,
     pub commits: Family<IndexLabel, Counter>,
@@ -71,6 +72,11 @@ impl Metrics {
                 &mut r,
                 "ingest_lag_seconds",
                 "Seconds since the index last reached the source's tail, 0 when at the tail (owner only)",
+            ),
+            blocked: family(
+                &mut r,
+                "index_blocked",
+                "1 while the index is blocked (two workers extracted different entries from the same source bytes) until POST /v1/indexes/{id}/status/resume, else 0 (every worker that has the index open)",
             ),
             events: family(&mut r, "events_indexed", "Messages that produced an index entry"),
             skipped: family(&mut r, "events_skipped", "Messages skipped, by reason"),
@@ -101,6 +107,7 @@ impl Metrics {
         let l = IndexLabel::of(index);
         self.lag_bytes.remove(&l);
         self.lag_seconds.remove(&l);
+        self.blocked.remove(&l);
     }
 }
 

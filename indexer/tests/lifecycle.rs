@@ -172,6 +172,11 @@ fn disagreement_blocks_until_resume() {
         &all_entries(&c.addr, "d", T0 - 1, T0 + 100_000, 1000, "")[..]
     );
     assert!(reference.iter().all(|e| now.contains(e)));
+    assert_eq!(
+        blocked_gauge(&c.addr, "d"),
+        Some(1),
+        "a blocked index shows in the metrics"
+    );
     c.kill();
 
     // Repaired worker + resume: ingest continues.
@@ -196,6 +201,16 @@ fn disagreement_blocks_until_resume() {
     );
     wait_durable(&a.addr, "d", &ua, "/demo/d");
     assert_eq!(count(&a.addr, "d"), 25);
+    assert_eq!(blocked_gauge(&a.addr, "d"), Some(0));
+}
+
+/// `ursula_indexer_index_blocked{index="ID"}` on the worker at `ia`.
+fn blocked_gauge(ia: &str, id: &str) -> Option<i64> {
+    let text = expect(ia, "GET", "/metrics", &[], b"", 200).text();
+    let series = format!("ursula_indexer_index_blocked{{index=\"{id}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The one index's manifest slot in the manifest shards (`shards/NN.json`): its namespace

@@ -549,6 +549,12 @@ fn snapshots_are_published_and_read_and_retention_moves_up_to_them() {
         err.contains("--offset now: give the offset itself"),
         "{err}"
     );
+    let err = fails(ursula(
+        url,
+        &["snapshot", "put", "logs/app", "--offset", "-1"],
+        b"x",
+    ));
+    assert!(err.contains("--offset -1: give the offset itself"), "{err}");
     ok(ursula(url, &["create", "/v1/stream/plain"], b""));
     let err = fails(ursula(url, &["snapshot", "get", "/v1/stream/plain"], b""));
     assert!(err.contains("only streams in a bucket"), "{err}");

@@ -35,8 +35,8 @@ use crate::cache::PartCache;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::extract::Extractor;
-use crate::manifest::{self, Manifest, Registration, Skipped, Versioned};
-use crate::metrics::{Counting, Metrics};
+use crate::manifest::{self, Manifest, Registration, Skipped, Status, Versioned};
+use crate::metrics::{Counting, IndexLabel, Metrics};
 use crate::part::Entry;
 use crate::source::SourceClient;
 use crate::store::DynStore;
@@ -196,7 +196,7 @@ impl Index {
                 ..Tail::default()
             }),
         };
-        Ok(Arc::new(Index {
+        let index = Arc::new(Index {
             reg,
             ns,
             extractor,
@@ -205,7 +205,9 @@ impl Index {
             stop: AtomicBool::new(false),
             stop_signal: tokio::sync::Notify::new(),
             orphans_possible: AtomicBool::new(orphans_possible),
-        }))
+        });
+        index.report_status(&index.view().manifest);
+        Ok(index)
     }
 
     pub fn view(&self) -> Arc<View> {
@@ -213,7 +215,19 @@ impl Index {
     }
 
     fn set_view(&self, v: View) {
+        self.report_status(&v.manifest);
         *lock_write(&self.view) = Arc::new(v);
+    }
+
+    /// `ursula_indexer_index_blocked`: every worker that has the index open follows its
+    /// manifest, so an index blocked while no worker owns it still shows.
+    fn report_status(&self, m: &Manifest) {
+        let blocked = matches!(m.status, Status::Blocked { .. });
+        self.shared
+            .metrics
+            .blocked
+            .get_or_create(&IndexLabel::of(&self.reg.id))
+            .set(i64::from(blocked));
     }
 
     pub fn stop(&self) {
