@@ -180,6 +180,9 @@ def indexer_checks(docs, values):
             check(config.get("s3_prefix") == want["s3"]["prefix"],
                   f"indexer s3_prefix {config.get('s3_prefix')} != {want['s3']['prefix']}")
         check("store_dir" not in config, "an indexer pool must not use a local store directory")
+        server_config = config_of(docs, "ursula.toml") or {}
+        check("auth_token_file" not in server_config or "server_token_file" in config,
+              "the server requires tokens and the indexer has no server_token_file")
     (container,) = spec["containers"]
     check(container["command"][0] == "ursula-indexer", "indexer command is not ursula-indexer")
     check("$(POD_NAME)" in container["command"], "indexer worker id is not the pod name")
@@ -189,6 +192,10 @@ def indexer_checks(docs, values):
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     if config:
         check(config.get("cache_dir") in mounts, "indexer cache_dir is not a mounted volume")
+        for path_key in ("tls_cert", "tls_key", "source_ca_file", "server_token_file"):
+            if path_key in config:
+                directory = config[path_key].rsplit("/", 1)[0]
+                check(directory in mounts, f"indexer {path_key} {config[path_key]} is not on a mounted volume")
     probes = {k: container.get(k, {}).get("httpGet", {}).get("path")
               for k in ("startupProbe", "livenessProbe", "readinessProbe")}
     check(probes == {"startupProbe": "/livez", "livenessProbe": "/livez",

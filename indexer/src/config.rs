@@ -78,6 +78,11 @@ pub struct Cli {
     /// platform's).
     #[arg(long)]
     pub source_ca_file: Option<PathBuf>,
+    /// File holding the bearer token sent to the stream server with every request (its
+    /// first line that is not blank or a `#` comment; a `read:` token of the server's
+    /// `auth_token_file`, without the prefix). Read at start and again on SIGHUP.
+    #[arg(long, value_name = "PATH")]
+    pub server_token_file: Option<PathBuf>,
     /// PEM certificate chain (leaf first) for TLS on the listener; needs `--tls-key`.
     #[arg(long)]
     pub tls_cert: Option<PathBuf>,
@@ -105,6 +110,7 @@ pub struct Cli {
 pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     pub source_ca_file: Option<PathBuf>,
+    pub server_token_file: Option<PathBuf>,
     pub store_dir: Option<PathBuf>,
     pub s3_bucket: Option<String>,
     pub s3_prefix: Option<String>,
@@ -151,6 +157,8 @@ pub struct Config {
     pub part_compression: crate::part::PartCompression,
     pub worker_id: String,
     pub source_ca_file: Option<PathBuf>,
+    /// The bearer token for the stream server; `None`: requests carry no token.
+    pub server_token_file: Option<PathBuf>,
     /// Certificate chain and key for TLS on the listener; `None`: plain HTTP.
     pub tls: Option<(PathBuf, PathBuf)>,
     pub debug_time_offset_ms: i64,
@@ -243,6 +251,7 @@ impl Config {
                 .unwrap_or_default(),
             worker_id,
             source_ca_file: cli.source_ca_file.or(file.source_ca_file),
+            server_token_file: cli.server_token_file.or(file.server_token_file),
             debug_time_offset_ms: cli.debug_time_offset_ms.unwrap_or(0),
             debug_reingest: cli.debug_reingest,
             debug_open_delay: Duration::from_millis(cli.debug_open_delay_ms.unwrap_or(0)),

@@ -374,6 +374,8 @@ impl Coordinator {
         let head = match self.shared.source.head(&stream_url).await {
             Ok(HeadResult::Ok(h)) => h,
             Ok(HeadResult::NotFound) => return Err(Error::SourceMissing),
+            // The source answered, and said why: not "did not answer".
+            Err(e @ Error::SourceRefused { .. }) => return Err(e),
             Err(e) => return Err(Error::SourceUnreachable(Box::new(e))),
         };
         if !source::is_indexable_type(&head.content_type) {

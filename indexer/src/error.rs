@@ -66,6 +66,14 @@ pub enum Error {
     SourceTimeout,
     #[error("source {request} answered {status}")]
     SourceStatus { request: &'static str, status: u16 },
+    /// The source answered 401 or 403: no retry gets past it until the token changes
+    /// (`server_token_file`, reloaded on SIGHUP) or the server's token file does.
+    #[error("source {request} answered {status}: {why}")]
+    SourceRefused {
+        request: &'static str,
+        status: u16,
+        why: Refusal,
+    },
     #[error("source body: {0}")]
     SourceBody(#[source] hyper::Error),
     #[error("source body timed out")]
@@ -163,6 +171,16 @@ pub enum Error {
     NoCertificates { path: PathBuf },
     #[error("tls: {0}")]
     Tls(#[source] rustls::Error),
+    /// The token for the source server (`server_token_file`) cannot be read.
+    #[error("server token file {}: {source}", path.display())]
+    TokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file holds no usable token; `reason` never quotes the file.
+    #[error("server token file {}: {reason}", path.display())]
+    BadTokenFile { path: PathBuf, reason: &'static str },
     /// A socket or signal the process needs.
     #[error("{what}: {source}")]
     Io {
@@ -170,6 +188,17 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why the source refused a request (401 or 403), as far as the indexer can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the server requires a token; give the indexer one with server_token_file")]
+    NoToken,
+    #[error("the server does not accept the token of server_token_file")]
+    TokenRejected,
+    #[error("the token of server_token_file may not read this stream")]
+    Forbidden,
 }
 
 impl Error {

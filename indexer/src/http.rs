@@ -200,9 +200,11 @@ pub fn status_for(e: &Error) -> StatusCode {
         | Error::StreamIndexed { .. }
         | Error::NamespaceRetired
         | Error::SourceGone => StatusCode::CONFLICT,
-        Error::SourceMissing | Error::SourceUnreachable(_) | Error::NotIndexable { .. } => {
-            StatusCode::UNPROCESSABLE_ENTITY
-        }
+        // Refused: asking again does not help until the token changes.
+        Error::SourceMissing
+        | Error::SourceUnreachable(_)
+        | Error::NotIndexable { .. }
+        | Error::SourceRefused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         Error::Request { .. }
         | Error::PackUpload { .. }
         | Error::Conflict { .. }
@@ -232,6 +234,8 @@ pub fn status_for(e: &Error) -> StatusCode {
         | Error::CaFile { .. }
         | Error::NoCertificates { .. }
         | Error::Tls(_)
+        | Error::TokenFile { .. }
+        | Error::BadTokenFile { .. }
         | Error::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -67,7 +67,10 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<()> 
         StoreConfig::Dir(_) => None,
         StoreConfig::S3(_) => cfg.cache_dir.clone(),
     };
-    let source = SourceClient::with_roots(cfg.source_ca_file.as_deref())?;
+    let mut source = SourceClient::with_roots(cfg.source_ca_file.as_deref())?;
+    if let Some(path) = &cfg.server_token_file {
+        source = source.with_token_file(path)?;
+    }
     let shared = Shared::new(store, cfg.clone(), disk_cache, source);
     let co = Coordinator::new(shared);
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -84,6 +87,10 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<()> 
     }
     co.open_in_background();
     tokio::spawn(co.clone().run());
+    // Before the listening line: the default action of SIGHUP ends the process, and a
+    // reload may come as soon as a service manager has seen the line.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(io("SIGHUP handler".into()))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("ursula-indexer listening on {scheme}://{addr}");
     tokio::spawn(notify_ready(co.clone()));
@@ -101,6 +108,10 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<()> 
                     continue;
                 }
             },
+            _ = hup.recv() => {
+                reload_token(&co.shared.source);
+                continue;
+            }
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         };
@@ -135,6 +146,16 @@ async fn run(cfg: Config, tls: Option<tokio_rustls::TlsAcceptor>) -> Result<()> 
         tracing::info!("stopped {running} ingest tasks");
     }
     Ok(())
+}
+
+/// SIGHUP (`systemctl reload`): re-read `server_token_file`. A file that cannot be used
+/// keeps the token in force, so a half-written file does not cut the indexer off.
+fn reload_token(source: &SourceClient) {
+    match source.reload_token() {
+        Ok(Some(path)) => tracing::info!("reloaded the server token from {}", path.display()),
+        Ok(None) => tracing::info!("SIGHUP: no server token file to reload"),
+        Err(e) => tracing::error!("kept the server token in force: {e}"),
+    }
 }
 
 /// Tell systemd (`Type=notify`) the indexer is ready: the listener accepts already, so

@@ -45,6 +45,7 @@ pub struct Metrics {
     pub lag_bytes: Family<IndexLabel, Gauge>,
     pub lag_seconds: Family<IndexLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub blocked: Family<IndexLabel, Gauge>,
+    pub source_refused: Family<IndexLabel, Gauge>,
     pub events: Family<IndexLabel, Counter>,
     pub skipped: Family<SkipLabel, Counter>,
     pub commits: Family<IndexLabel, Counter>,
@@ -78,6 +79,11 @@ impl Metrics {
                 "index_blocked",
                 "1 while the index is blocked (two workers extracted different entries from the same source bytes) until POST /v1/indexes/{id}/status/resume, else 0 (every worker that has the index open)",
             ),
+            source_refused: family(
+                &mut r,
+                "source_refused",
+                "1 while the source answers this worker's reads of the index with 401 or 403 (no token, a token the server does not accept, or one that may not read the stream), else 0 (owner only)",
+            ),
             events: family(&mut r, "events_indexed", "Messages that produced an index entry"),
             skipped: family(&mut r, "events_skipped", "Messages skipped, by reason"),
             commits: family(&mut r, "commits", "Manifest generations published by commits"),
@@ -108,6 +114,7 @@ impl Metrics {
         self.lag_bytes.remove(&l);
         self.lag_seconds.remove(&l);
         self.blocked.remove(&l);
+        self.source_refused.remove(&l);
     }
 }
 

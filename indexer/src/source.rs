@@ -1,7 +1,8 @@
 //! The source: a stream on any Durable Streams server, read with ordinary HTTP requests
 //! (HEAD for identity and retention, offset reads with `live=long-poll` for tailing).
 
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,13 +12,59 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 
 pub const RECORD_EXTENSION: &str = "json-record-coordinates-v1";
 
 #[derive(Clone)]
 pub struct SourceClient {
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    /// The bearer token sent to the source server (`server_token_file`), if any.
+    token: Option<Arc<ServerToken>>,
+}
+
+/// The token file and the `Authorization` value read from it last. Kept behind a lock so
+/// SIGHUP can swap in a rotated token while reads are in flight; the value is marked
+/// sensitive so no `Debug` of a request or header map prints it.
+struct ServerToken {
+    path: PathBuf,
+    header: RwLock<http::HeaderValue>,
+}
+
+/// Read the token from `path`: its first line that is neither blank nor a `#` comment,
+/// trimmed (as the `ursula` client's `--token-file` reads it), as an `Authorization`
+/// header value. Errors name the file, never its contents.
+pub fn read_token_file(path: &Path) -> Result<http::HeaderValue> {
+    let bad = |reason| Error::BadTokenFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| Error::TokenFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let token = text
+        .lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty() && !line.starts_with('#'))
+        .ok_or(bad("it holds no token"))?;
+    // A line copied from the server's `auth_token_file` keeps its scope prefix and
+    // `buckets=`; sent as is it would only ever be answered 401.
+    if token.starts_with("read:") || token.starts_with("write:") {
+        return Err(bad(
+            "its token starts with read: or write:, as in the server's token file; \
+             give the token alone",
+        ));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad(
+            "its token has spaces or characters other than printable ASCII",
+        ));
+    }
+    let mut value = http::HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| bad("its token is not a valid header value"))?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 /// What a HEAD says about the stream.
@@ -109,6 +156,33 @@ impl SourceClient {
         Self::with_roots(None)
     }
 
+    /// Send `Authorization: Bearer <token>` with every request, the token read from
+    /// `path` now and again on each [`SourceClient::reload_token`].
+    pub fn with_token_file(mut self, path: &Path) -> Result<SourceClient> {
+        let header = read_token_file(path)?;
+        self.token = Some(Arc::new(ServerToken {
+            path: path.to_path_buf(),
+            header: RwLock::new(header),
+        }));
+        Ok(self)
+    }
+
+    /// Re-read the token file (SIGHUP). `Ok(None)`: no token file is configured. A file
+    /// that cannot be used leaves the token in force.
+    pub fn reload_token(&self) -> Result<Option<&Path>> {
+        let Some(t) = &self.token else {
+            return Ok(None);
+        };
+        let header = read_token_file(&t.path)?;
+        *t.header.write().unwrap_or_else(|p| p.into_inner()) = header;
+        Ok(Some(&t.path))
+    }
+
+    /// Whether requests carry a token.
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
     /// Like [`SourceClient::new`], also trusting the PEM certificates in `ca_file`.
     pub fn with_roots(ca_file: Option<&std::path::Path>) -> Result<SourceClient> {
         use rustls::pki_types::pem::PemObject;
@@ -156,7 +230,10 @@ impl SourceClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(https);
-        Ok(SourceClient { client })
+        Ok(SourceClient {
+            client,
+            token: None,
+        })
     }
 
     async fn send(
@@ -165,15 +242,32 @@ impl SourceClient {
         url: &str,
         timeout: Duration,
     ) -> Result<http::Response<hyper::body::Incoming>> {
-        let req = http::Request::builder()
+        let mut req = http::Request::builder()
             .method(method)
             .uri(url)
             .body(Empty::new())
             .map_err(Error::SourceUrl)?;
+        if let Some(t) = &self.token {
+            let value = t.header.read().unwrap_or_else(|p| p.into_inner()).clone();
+            req.headers_mut().insert(http::header::AUTHORIZATION, value);
+        }
         match tokio::time::timeout(timeout, self.client.request(req)).await {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => Err(Error::SourceRequest(e)),
             Err(_) => Err(Error::SourceTimeout),
+        }
+    }
+
+    /// The source answered `status` (401 or 403): it wants a token, or another one.
+    fn refused(&self, request: &'static str, status: u16) -> Error {
+        Error::SourceRefused {
+            request,
+            status,
+            why: match (status, self.has_token()) {
+                (403, _) => Refusal::Forbidden,
+                (_, true) => Refusal::TokenRejected,
+                (_, false) => Refusal::NoToken,
+            },
         }
     }
 
@@ -184,6 +278,9 @@ impl SourceClient {
         let status = resp.status().as_u16();
         if status == 404 || status == 410 {
             return Ok(HeadResult::NotFound);
+        }
+        if status == 401 || status == 403 {
+            return Err(self.refused("HEAD", status));
         }
         if !(200..300).contains(&status) {
             return Err(Error::SourceStatus {
@@ -233,6 +330,7 @@ impl SourceClient {
             }
             404 => return Ok(ReadResult::NotFound),
             410 => return Ok(ReadResult::Gone),
+            401 | 403 => return Err(self.refused("read", status)),
             200 => {}
             status => {
                 return Err(Error::SourceStatus {

@@ -260,7 +260,8 @@ mod tests {
     #[test]
     fn patch_replaces_removes_and_keeps() {
         let s = BucketSettings::parse(
-            br#"{"auto_create":{"content_type":"text/plain"},"rate_limit":{"appends_per_sec":5}}"#,
+            br#"{"auto_create":{"content_type":"text/plain"},
+                 "rate_limit":{"appends_per_sec":5,"bytes_per_sec":1000}}"#,
         )
         .expect("valid");
         let p = s
@@ -268,6 +269,8 @@ mod tests {
             .expect("patch");
         assert_eq!(p.auto_create, s.auto_create);
         assert_eq!(p.rate_limit.and_then(|r| r.appends_per_sec), Some(9));
+        // A part is replaced whole, as docs/api.md says: not merged member by member.
+        assert_eq!(p.rate_limit.and_then(|r| r.bytes_per_sec), None);
         let p = p.patched(br#"{"auto_create":null}"#).expect("patch");
         assert_eq!(p.auto_create, None);
         assert!(p.rate_limit.is_some());

@@ -32,6 +32,10 @@ type PendingRead =
 const IDLE_HEAD_INTERVAL: Duration = Duration::from_secs(30);
 /// While reads return data (and while the source is gone or failing): once a second.
 const ACTIVE_HEAD_INTERVAL: Duration = Duration::from_secs(1);
+/// How often an owner whose source refuses its token (401, 403) asks again, with a HEAD
+/// and no reads: a refusal lasts until someone changes a token file, and the HEAD notices
+/// that without a request per index every 200 ms in the meantime.
+const REFUSED_HEAD_INTERVAL: Duration = Duration::from_secs(10);
 /// Client-side bound on one long-poll. The source ends a long-poll itself after its own
 /// timeout (ursula: `--long-poll-timeout-ms`, 1 s by default); this only guards against
 /// one that never answers.
@@ -76,6 +80,8 @@ struct Ownership {
     caught_up: Instant,
     label: IndexLabel,
     source_gone: bool,
+    /// The source answered 401 or 403: no reads until a HEAD gets through again.
+    refused: bool,
 }
 
 impl Index {
@@ -159,7 +165,10 @@ impl Index {
             match self.turn(&mut st, next_gc).await {
                 Turn::Next => {}
                 Turn::Leave(exit) => break exit,
-                Turn::Abandon => return OwnerExit::Yield,
+                Turn::Abandon => {
+                    self.set_refused(&mut st, None);
+                    return OwnerExit::Yield;
+                }
             }
         };
         // Leaving: publish what we have (best effort) and hand the claim back.
@@ -167,6 +176,8 @@ impl Index {
             let _ = self.commit(&mut st.ing).await;
         }
         let _ = self.renew_claim(&st.claim, true).await;
+        // The refusal was this owner's; whoever owns the index next reports its own.
+        self.set_refused(&mut st, None);
         exit
     }
 
@@ -185,6 +196,13 @@ impl Index {
             let _ = self.renew_claim(&claim, true).await;
             return None;
         }
+        // A series for every owned index, so "not refused" is a 0 rather than no data.
+        let label = IndexLabel::of(&self.reg.id);
+        self.shared
+            .metrics
+            .source_refused
+            .get_or_create(&label)
+            .set(0);
         let ing = Ingest::start(
             &view.manifest,
             &self.reg,
@@ -200,8 +218,9 @@ impl Index {
             poll: None,
             source_tail: 0,
             caught_up: Instant::now(),
-            label: IndexLabel::of(&self.reg.id),
+            label,
             source_gone: matches!(view.manifest.status, Status::SourceGone),
+            refused: false,
         })
     }
 
@@ -280,11 +299,16 @@ impl Index {
                 self.nap(cfg.poll_interval).await;
                 return Some(Turn::Next);
             }
+            Err(e @ Error::SourceRefused { .. }) => {
+                self.set_refused(st, Some(&e));
+                return None;
+            }
             Err(e) => {
                 tracing::debug!(index = %self.reg.id, "HEAD: {e}");
                 return None;
             }
         };
+        self.set_refused(st, None);
         if let (Some(a), Some(b)) = (&head.incarnation, &self.reg.incarnation) {
             if a != b {
                 return Some(match self.restart(&head).await {
@@ -340,6 +364,14 @@ impl Index {
             .min(st.last_head.map_or(now, |t| t + st.head_every))
             // A deadline already past must not spin the loop.
             .max(now + Duration::from_millis(20));
+        if st.refused {
+            // No reads while refused: only the next HEAD asks again.
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline.into()) => {}
+                _ = self.stop_signal.notified() => {}
+            }
+            return None;
+        }
         let pos = st.ing.pos;
         let read = st.poll.get_or_insert_with(|| {
             let (source, url) = (self.shared.source.clone(), self.reg.stream_url.clone());
@@ -400,6 +432,7 @@ impl Index {
                 }
             }
             Ok(ReadResult::Gone) | Ok(ReadResult::NotFound) => st.last_head = None,
+            Err(e @ Error::SourceRefused { .. }) => self.set_refused(st, Some(&e)),
             Err(e) => {
                 // E.g. 400 offset beyond the tail of a recreated stream, or a source
                 // that is down: HEAD within a second, retry the read after a pause.
@@ -409,6 +442,36 @@ impl Index {
             }
         }
         Turn::Next
+    }
+
+    /// Enter (`Some`: the source refused a request) or leave (`None`) the refused state:
+    /// an error in the log and `ursula_indexer_source_refused` 1 on entering, once, and
+    /// HEADs every [`REFUSED_HEAD_INTERVAL`] with no reads until one gets through.
+    fn set_refused(&self, st: &mut Ownership, refusal: Option<&Error>) {
+        match refusal {
+            Some(e) => {
+                st.head_every = REFUSED_HEAD_INTERVAL;
+                st.poll = None;
+                if !st.refused {
+                    tracing::error!(
+                        index = %self.reg.id,
+                        "{e}; not indexing until the source accepts the token (asking again every {}s)",
+                        REFUSED_HEAD_INTERVAL.as_secs()
+                    );
+                }
+            }
+            None if st.refused => {
+                st.head_every = ACTIVE_HEAD_INTERVAL;
+                tracing::info!(index = %self.reg.id, "the source accepts the token again");
+            }
+            None => return,
+        }
+        st.refused = refusal.is_some();
+        self.shared
+            .metrics
+            .source_refused
+            .get_or_create(&st.label)
+            .set(i64::from(st.refused));
     }
 
     fn record_ingest(&self, ing: &Ingest, entries0: usize, msgs0: usize) {
