@@ -2,7 +2,8 @@
 # The whole Ursula test suite, from a fresh clone:
 #   0. scripts/check-layers: the server's modules use only modules below them (<1 s)
 #   1. cargo build --release --workspace
-#   2. cargo test --workspace --release        (unit + integration tests)
+#   2. cargo test --workspace --release        (unit + integration tests; installs Debian's
+#      haproxy for the lane-routing test when it is missing)
 #   3. scripts/check-deploy: the Helm chart, container image definition, alert rules and
 #      dashboard linted and validated offline, then the release ursula and ursula-indexer
 #      run on the chart's rendered configs and must export every metric the dashboard
@@ -82,6 +83,20 @@ stage_done "build"
 
 # ---------------------------------------------------------------------------
 banner "2/9 cargo test --workspace --release"
+# server/tests/haproxy.rs routes through Debian's HAProxy.
+if [[ -z "${HAPROXY:-}" ]] && ! command -v haproxy >/dev/null 2>&1 && [[ ! -x /usr/sbin/haproxy ]]; then
+    echo "installing Debian haproxy"
+    if [[ $(id -u) -eq 0 ]]; then
+        SUDO=()
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        SUDO=(sudo -n)
+    else
+        die "haproxy missing, and this user can neither run apt-get as root nor sudo without a password"
+    fi
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+    [[ -x /usr/sbin/haproxy ]] || die "apt-get install haproxy did not provide /usr/sbin/haproxy"
+fi
 cargo test --workspace --release
 stage_done "cargo test"
 

@@ -75,15 +75,23 @@ pub enum Error {
         #[source]
         source: sonic_rs::Error,
     },
-    /// The archive holds a data dir of another shard count: a configuration error.
+    /// The archive holds a data dir placed otherwise: a configuration error.
     #[error(
-        "{store} holds a data dir of {archived} shards; this server has {ours} (start it with \
-         --cores {archived})"
+        "{store} holds a data dir of {}; this server's has {} (start it with --cores {}{})",
+        describe(archived), describe(ours), archived.shards,
+        archived.lanes.map_or(String::new(), |l| format!(" --lanes {l}"))
     )]
     LayoutMismatch {
         store: String,
-        archived: u32,
-        ours: u32,
+        archived: crate::manifest::Layout,
+        ours: crate::manifest::Layout,
+    },
+    /// The layout object names no placement a data dir can have.
+    #[error("{key} names {shards} shards and {lanes:?} lanes, which no data dir can have")]
+    UnusableLayout {
+        key: String,
+        shards: u32,
+        lanes: Option<u32>,
     },
     /// The layout object was created by someone and gone again before it could be read.
     #[error("{key} vanished while being created")]
@@ -166,5 +174,16 @@ impl Error {
     pub(crate) fn request(key: impl Into<String>) -> impl FnOnce(StoreError) -> Error {
         let key = key.into();
         move |source| Error::Request { key, source }
+    }
+}
+
+/// A layout in words, for the mismatch message.
+fn describe(layout: &crate::manifest::Layout) -> String {
+    match layout.placement() {
+        Some(p) => p.to_string(),
+        None => format!(
+            "{} shards and {:?} lanes (unusable)",
+            layout.shards, layout.lanes
+        ),
     }
 }

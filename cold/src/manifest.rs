@@ -1,7 +1,7 @@
 //! What a shard's archive in the object store is: its manifest and the names of its objects.
 //!
 //! ```text
-//! layout.json                                   {"shards": N}: created once, never changed
+//! layout.json                                   {"shards": N, "lanes": L}: created once, never changed
 //! shard-<c>/manifest.json                       the manifest (CAS: If-Match / If-None-Match: *)
 //! shard-<c>/e<epoch>/<seg>.seg                  a sealed segment, up to its records' end
 //! shard-<c>/e<epoch>/<seg>.seg.<start>-<end>    a slice of the segment being written
@@ -19,16 +19,41 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use ursula_s3::{DynStore, PutMode, StoreError};
+use ursula_storage::placement::Placement;
 
 use crate::error::{Error, Result};
 
 pub const LAYOUT_KEY: &str = "layout.json";
 pub const VERSION: u32 = 1;
 
-/// The prefix-level object: how many shards the archived data dir has.
+/// The prefix-level object: how the archived data dir places streams on its shards
+/// (`lanes` absent: by the hash data dirs used before lanes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layout {
     pub shards: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lanes: Option<u32>,
+}
+
+impl Layout {
+    pub fn of(placement: Placement) -> Layout {
+        Layout {
+            shards: placement.shards(),
+            lanes: placement.lanes(),
+        }
+    }
+
+    /// The placement this layout describes; `None` if it describes none (zero shards,
+    /// fewer lanes than shards).
+    pub fn placement(&self) -> Option<Placement> {
+        match self.lanes {
+            None if self.shards > 0 => Some(Placement::Hashed {
+                shards: self.shards,
+            }),
+            None => None,
+            Some(lanes) => Placement::with_lanes(self.shards, lanes).ok(),
+        }
+    }
 }
 
 /// A position in the shard's log: segment, byte position in it, and the LSN of the last
@@ -367,23 +392,24 @@ pub async fn load_layout(store: &DynStore) -> Result<Option<Layout>> {
     }
 }
 
-/// Create the layout, or check that the existing one has `shards` shards.
-pub async fn ensure_layout(store: &DynStore, shards: u32) -> Result<()> {
+/// Create the layout, or check that the existing one places streams as `placement` does.
+pub async fn ensure_layout(store: &DynStore, placement: Placement) -> Result<()> {
+    let ours = Layout::of(placement);
     let check = |l: Layout| {
-        if l.shards == shards {
+        if l == ours {
             Ok(())
         } else {
             Err(Error::LayoutMismatch {
                 store: store.describe(),
-                archived: l.shards,
-                ours: shards,
+                archived: l,
+                ours: ours.clone(),
             })
         }
     };
     if let Some(l) = load_layout(store).await? {
         return check(l);
     }
-    let bytes = sonic_rs::to_vec(&Layout { shards }).map_err(|source| Error::Encode {
+    let bytes = sonic_rs::to_vec(&ours).map_err(|source| Error::Encode {
         what: "layout",
         source,
     })?;
@@ -538,9 +564,11 @@ mod tests {
     fn the_layout_is_created_once_and_checked() {
         let (_dir, store) = local();
         run(async {
-            ensure_layout(&store, 4).await.expect("create");
-            ensure_layout(&store, 4).await.expect("same count");
-            let err = ensure_layout(&store, 2)
+            let four = Placement::with_lanes(4, 64).expect("placement");
+            ensure_layout(&store, four).await.expect("create");
+            ensure_layout(&store, four).await.expect("same placement");
+            let two = Placement::with_lanes(2, 64).expect("placement");
+            let err = ensure_layout(&store, two)
                 .await
                 .expect_err("other count")
                 .to_string();
@@ -548,6 +576,21 @@ mod tests {
                 err.contains("4 shards") && err.contains("--cores 4"),
                 "{err}"
             );
+            let older = Placement::Hashed { shards: 4 };
+            let err = ensure_layout(&store, older)
+                .await
+                .expect_err("other placement")
+                .to_string();
+            assert!(err.contains("64 lanes"), "{err}");
         });
+    }
+
+    #[test]
+    fn layouts_from_before_lanes_still_read() {
+        let layout: Layout = sonic_rs::from_slice(br#"{"shards":2}"#).expect("parse");
+        assert_eq!(layout.placement(), Some(Placement::Hashed { shards: 2 }));
+        let lanes = Layout::of(Placement::with_lanes(2, 64).expect("placement"));
+        let text = sonic_rs::to_string(&lanes).expect("encode");
+        assert_eq!(text, r#"{"shards":2,"lanes":64}"#);
     }
 }

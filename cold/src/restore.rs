@@ -68,6 +68,11 @@ pub async fn restore(
             store: at.clone(),
             key: manifest::LAYOUT_KEY,
         })?;
+    let placement = layout.placement().ok_or_else(|| Error::UnusableLayout {
+        key: manifest::LAYOUT_KEY.to_string(),
+        shards: layout.shards,
+        lanes: layout.lanes,
+    })?;
     segment::create_dir_durable(data_dir).map_err(Error::io(data_dir))?;
     let mut report = Report {
         shards: layout.shards,
@@ -96,7 +101,7 @@ pub async fn restore(
     // The layout last: a data dir with one was restored completely.
     write_file(
         &data_dir.join("ursula.layout"),
-        format!("shards={}\n", layout.shards).as_bytes(),
+        placement.to_layout_text().as_bytes(),
     )?;
     segment::sync_dir(data_dir).map_err(Error::io(data_dir))?;
     report.elapsed = started.elapsed();

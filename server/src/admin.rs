@@ -169,6 +169,7 @@ struct CoreSnapshot {
     read_bytes: u64,
     sse_open: u64,
     moved_out: u64,
+    handed_over: u64,
     loop_lag: LoopLag,
     append_times: AppendTimes,
     waiting_readers: usize,
@@ -200,6 +201,7 @@ fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
         read_bytes: m.read_bytes.get(),
         sse_open: m.sse_open.get(),
         moved_out: m.moved_out.get(),
+        handed_over: m.handed_over.get(),
         loop_lag: *m.loop_lag.borrow(),
         append_times: *m.append_times.borrow(),
         waiting_readers,
@@ -538,6 +540,14 @@ fn encode_cores(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<(),
         "Keep-alive connections this core handed to the core owning their stream",
         "core",
         c().map(|s| (s.core, counter(s.moved_out))),
+    )?;
+    per_core(
+        e,
+        "ursula_requests_handed_over",
+        "Requests this core handed to the core owning their stream (a proxy routing by \
+         lane to each core's port keeps this at zero)",
+        "core",
+        c().map(|s| (s.core, counter(s.handed_over))),
     )?;
     per_core(
         e,

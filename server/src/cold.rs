@@ -7,13 +7,13 @@ use ursula_cold::Archive;
 
 static ARCHIVE: OnceLock<Arc<Archive>> = OnceLock::new();
 
-/// Start the archiver for `shards` shards of `data_dir` and keep it for the process.
+/// Start the archiver for the shards of `data_dir` and keep it for the process.
 pub fn start(
     tier: &crate::config::ColdTier,
     data_dir: &std::path::Path,
-    shards: usize,
+    placement: ursula_storage::placement::Placement,
 ) -> Result<(), ursula_cold::Error> {
-    let archive = ursula_cold::start(tier.settings.clone(), data_dir, shards as u32)?;
+    let archive = ursula_cold::start(tier.settings.clone(), data_dir, placement)?;
     let _ = ARCHIVE.set(archive);
     Ok(())
 }

@@ -112,6 +112,16 @@ pub struct ServerArgs {
     /// Number of cores (event loops and shards); default: all available.
     #[arg(long)]
     pub cores: Option<usize>,
+    /// Lanes a new data dir divides its streams into (lane = CRC32C of the stream's key mod
+    /// lanes, each lane on core `lane mod cores`); fixed once the data dir exists.
+    /// Default 64.
+    #[arg(long)]
+    pub lanes: Option<u32>,
+    /// Also give every core a port of its own, from this address's port upward (core N on
+    /// port + N): a proxy that computes a stream's lane sends its requests straight to
+    /// the core that owns it.
+    #[arg(long)]
+    pub core_listen: Option<SocketAddr>,
     #[arg(long, value_enum)]
     pub storage: Option<StorageMode>,
     /// When appends are acknowledged: `local` (durable on this disk) or `s3` (also in S3;
@@ -223,6 +233,8 @@ pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     pub data_dir: Option<PathBuf>,
     pub cores: Option<usize>,
+    pub lanes: Option<u32>,
+    pub core_listen: Option<SocketAddr>,
     pub storage: Option<StorageMode>,
     pub durability: Option<DurabilityMode>,
     pub long_poll_timeout_ms: Option<u64>,
@@ -263,6 +275,11 @@ pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub cores: usize,
+    /// Lanes asked for on the command line or in the file (`None`: the data dir's, or
+    /// `DEFAULT_LANES` for a new one).
+    pub lanes: Option<u32>,
+    /// The first per-core port (core N listens on its port + N), if any.
+    pub core_listen: Option<SocketAddr>,
     pub storage: StorageMode,
     pub long_poll_timeout: Duration,
     pub sse_keepalive: Duration,
@@ -354,6 +371,10 @@ pub enum ConfigError {
     },
     #[error("cores must be between 1 and 1024, got {0}")]
     Cores(usize),
+    #[error(transparent)]
+    Lanes(#[from] ursula_storage::placement::PlacementError),
+    #[error("core_listen {0} needs {1} consecutive ports from a fixed (non-zero) port")]
+    CorePorts(SocketAddr, usize),
     #[error("max_connections must be at least 1")]
     NoConnections,
     #[error("tls_cert and tls_key must be given together")]
@@ -396,6 +417,16 @@ impl Config {
         let cores = args.cores.or(file.cores).unwrap_or(default_cores);
         if cores == 0 || cores > 1024 {
             return Err(ConfigError::Cores(cores));
+        }
+        let lanes = args.lanes.or(file.lanes);
+        if let Some(lanes) = lanes {
+            ursula_storage::placement::Placement::with_lanes(cores as u32, lanes)?;
+        }
+        let core_listen = args.core_listen.or(file.core_listen);
+        if let Some(a) = core_listen {
+            if a.port() == 0 || usize::from(a.port()) + cores > usize::from(u16::MAX) + 1 {
+                return Err(ConfigError::CorePorts(a, cores));
+            }
         }
         let ms = Duration::from_millis;
         let max_connections = args
@@ -483,6 +514,8 @@ impl Config {
                 .or(file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./data")),
             cores,
+            lanes,
+            core_listen,
             storage,
             long_poll_timeout: ms(args
                 .long_poll_timeout_ms
@@ -590,6 +623,8 @@ mod tests {
                 Some(kv)
                     if kv.contains(" = ")
                         && !kv.starts_with("cores ")
+                        && !kv.starts_with("lanes ")
+                        && !kv.starts_with("core_listen ")
                         && !kv.starts_with("metrics_listen ")
                         && !kv.starts_with("log_level ")
                         && !kv.starts_with("tls_")
@@ -617,6 +652,29 @@ mod tests {
         })
         .expect("defaults");
         assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
+    }
+
+    #[test]
+    fn core_ports_need_a_fixed_range_and_lanes_at_least_the_cores() {
+        let args = |core_listen: &str, cores: usize, lanes: Option<u32>| ServerArgs {
+            core_listen: Some(core_listen.parse().expect("addr")),
+            cores: Some(cores),
+            lanes,
+            ..Default::default()
+        };
+        let cfg = Config::resolve(args("127.0.0.1:4440", 2, Some(2))).expect("resolve");
+        assert_eq!(cfg.core_listen.map(|a| a.port()), Some(4440));
+        assert_eq!(cfg.lanes, Some(2));
+        for (addr, cores) in [("127.0.0.1:0", 1), ("127.0.0.1:65535", 2)] {
+            let err = Config::resolve(args(addr, cores, None)).expect_err(addr);
+            assert!(matches!(err, ConfigError::CorePorts(..)), "{err}");
+        }
+        assert!(Config::resolve(args("127.0.0.1:65535", 1, None)).is_ok());
+        let err = Config::resolve(args("127.0.0.1:4440", 4, Some(2))).expect_err("lanes");
+        assert_eq!(
+            err.to_string(),
+            "2 lanes cannot spread over 4 shards (need 1 <= shards <= lanes <= 65536)"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ursula_storage::placement::Placement;
 use ursula_storage::{Lifetime, Shard, StreamMeta, WaiterIds, WaiterSet};
 
 use crate::config::Config;
@@ -39,6 +40,8 @@ pub struct Core {
     pub peers: Mailboxes,
     /// Every bucket's rate limiter, shared by all cores.
     pub bucket_limits: Arc<BucketLimits>,
+    /// Which core owns which key, as the data dir was created.
+    pub placement: Placement,
     /// This core's cache of `bucket_limits`.
     pub limits: LocalLimits,
     /// The tokens this core last read from `config.auth`, with their generation.
@@ -55,6 +58,8 @@ pub struct Core {
     pub body_bytes: Cell<usize>,
     /// The listening socket, shut down to end the accept loop.
     pub listener_fd: Cell<Option<std::os::unix::io::RawFd>>,
+    /// This core's own port (`core_listen`), shut down with the shared one.
+    pub own_listener_fd: Cell<Option<std::os::unix::io::RawFd>>,
     /// The admin (metrics) listener, on core 0 only.
     pub admin_fd: Cell<Option<std::os::unix::io::RawFd>>,
     /// Request counters, read by `/metrics` through a job on this core.
@@ -75,6 +80,7 @@ pub struct CoreParts {
     pub config: Arc<Config>,
     pub peers: Mailboxes,
     pub bucket_limits: Arc<BucketLimits>,
+    pub placement: Placement,
     pub shutdown: Arc<AtomicBool>,
     pub draining: Arc<AtomicUsize>,
 }
@@ -92,6 +98,7 @@ impl Core {
             config: parts.config,
             peers: parts.peers,
             bucket_limits: parts.bucket_limits,
+            placement: parts.placement,
             limits: LocalLimits::default(),
             tokens: RefCell::new(None),
             shutdown: parts.shutdown,
@@ -100,6 +107,7 @@ impl Core {
             connections: Cell::new(0),
             body_bytes: Cell::new(0),
             listener_fd: Cell::new(None),
+            own_listener_fd: Cell::new(None),
             admin_fd: Cell::new(None),
             metrics: CoreMetrics::default(),
             access_window: Cell::new((0, 0, 0)),
@@ -130,9 +138,9 @@ impl Core {
         self.peers.len()
     }
 
-    /// The core owning `key`. Stable for a given core count (FNV-1a).
+    /// The core owning `key`, by the data dir's placement (lane, or the older hash).
     pub fn owner_of(&self, key: &str) -> usize {
-        owner_of(key, self.peers.len())
+        self.placement.shard_of(key)
     }
 
     /// Run `f` on core `core` and return its result here.
@@ -252,9 +260,13 @@ impl Core {
     /// `accept` fail so the accept loop ends; no connection is lost.
     pub fn stop_accepting(&self) {
         self.shutdown_waiters.wake_all();
-        for fd in [self.listener_fd.take(), self.admin_fd.take()]
-            .into_iter()
-            .flatten()
+        for fd in [
+            self.listener_fd.take(),
+            self.own_listener_fd.take(),
+            self.admin_fd.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             // SAFETY: fd is one of this core's listening sockets, still open (each listener is
             // owned by its accept loop, which only closes it after it has observed this
@@ -294,14 +306,4 @@ impl Drop for WaiterSlot<'_> {
     fn drop(&mut self) {
         self.core.shutdown_waiters.unregister(self.id);
     }
-}
-
-/// The owner core of `key` among `cores`: FNV-1a, stable for a given core count.
-pub fn owner_of(key: &str, cores: usize) -> usize {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.as_bytes() {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (h % cores as u64) as usize
 }

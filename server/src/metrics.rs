@@ -55,6 +55,8 @@ pub struct CoreMetrics {
     pub read_bytes: Cell<u64>,
     pub sse_open: Cell<u64>,
     pub moved_out: Cell<u64>,
+    /// Stream requests handed to the core owning their stream.
+    pub handed_over: Cell<u64>,
     pub loop_lag: RefCell<LoopLag>,
     /// Appends seen, to pick the ones to time, and the times taken by those.
     pub appends_seen: Cell<u64>,
@@ -135,6 +137,11 @@ impl CoreMetrics {
     /// A connection was handed to the core owning its stream (see `conn`).
     pub fn connection_moved(&self) {
         self.moved_out.set(self.moved_out.get() + 1);
+    }
+
+    /// A stream request was handed to the core owning its stream (`router`).
+    pub fn request_handed_over(&self) {
+        self.handed_over.set(self.handed_over.get() + 1);
     }
 
     /// An append arrived: whether to time it (one in [`APPEND_TIMING_SAMPLE`]).

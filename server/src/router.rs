@@ -57,7 +57,7 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
     }
     let (key, on_owner) = match route(&req.path) {
         Route::Stream { surface, key } => {
-            let owner = core.owner_of(&key);
+            let owner = owner_for_request(core, &key);
             let mut req = req;
             let call = if req.method == Method::Post {
                 StreamCall::Append(append::AppendRequest::read(surface, &mut req))
@@ -89,7 +89,7 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
         Route::Invalid(why) => return (ApiError::InvalidStreamId(why).response().into(), None),
         Route::InvalidBucket => return (ApiError::InvalidBucketId.response().into(), None),
     };
-    let owner = core.owner_of(&key);
+    let owner = owner_for_request(core, &key);
     let resp = core
         .on(owner, move |c| async move {
             match on_owner {
@@ -104,6 +104,15 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
         .await
         .unwrap_or_else(|_| Err(ApiError::owner_unavailable().into()));
     (resp.into(), Some(owner))
+}
+
+/// The core owning `key`, counting the requests that must be handed over to it.
+fn owner_for_request(core: &Core, key: &str) -> usize {
+    let owner = core.owner_of(key);
+    if owner != core.index {
+        core.metrics.request_handed_over();
+    }
+    owner
 }
 
 /// A request for a bucketed stream's sub-resource, run on the stream's owner.

@@ -420,6 +420,90 @@ fn different_cores_than_data_dir_fails_clearly() {
     assert_eq!(get(&s, "/v1/stream/c?offset=-1").body, b"x");
 }
 
+/// Start a server that must refuse to start; its stderr.
+fn refused(data: &Path, extra: &[&str]) -> String {
+    let args = support::server_args(data, "disk", CORES, extra);
+    let mut child = Command::new(URSULA_BIN)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let Some(st) = wait_timeout(&mut child, Duration::from_secs(20)) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("server started with {extra:?} on {}", data.display());
+    };
+    assert!(!st.success(), "exit status {st:?}");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    err
+}
+
+/// Create `n` streams, then read each back after a restart (a stream looked for on
+/// another core than the one that wrote it would be missing).
+fn streams_survive_a_restart(data: &Path, extra: &[&str], n: usize) {
+    let s = Server::spawn_standard(data, "disk", CORES, extra, None);
+    for i in 0..n {
+        ok(
+            request(
+                &s.addr,
+                "PUT",
+                &format!("/v1/stream/placed-{i}"),
+                &[("Content-Type", "text/plain")],
+                format!("body {i}").as_bytes(),
+            ),
+            201,
+            "create",
+        );
+    }
+    assert!(s.sigterm(Duration::from_secs(10)).expect("exit").success());
+    let s = Server::spawn_standard(data, "disk", CORES, &[], None);
+    for i in 0..n {
+        let r = get(&s, &format!("/v1/stream/placed-{i}?offset=-1"));
+        assert_eq!(r.status, 200, "stream {i} after restart");
+        assert_eq!(r.body, format!("body {i}").as_bytes());
+    }
+}
+
+#[test]
+fn the_data_dir_fixes_its_lanes() {
+    let dir = temp_dir("ursula-lanes");
+
+    // A new data dir records the lanes it was created with, and keeps them.
+    let data = dir.path().join("new");
+    streams_survive_a_restart(&data, &["--lanes", "16"], 40);
+    let layout = std::fs::read_to_string(data.join("ursula.layout")).unwrap();
+    assert_eq!(layout, "shards=2\nlanes=16\n");
+    let err = refused(&data, &["--lanes", "64"]);
+    assert!(
+        err.contains("16 lanes") && err.contains("--lanes 16"),
+        "{err}"
+    );
+
+    // A data dir from before lanes keeps the older placement, and cannot be given lanes.
+    let data = dir.path().join("older");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("ursula.layout"), "shards=2\n").unwrap();
+    streams_survive_a_restart(&data, &[], 40);
+    let layout = std::fs::read_to_string(data.join("ursula.layout")).unwrap();
+    assert_eq!(layout, "shards=2\n");
+    let err = refused(&data, &["--lanes", "64"]);
+    assert!(err.contains("before lanes"), "{err}");
+
+    // Fewer lanes than cores is refused before anything is written.
+    let data = dir.path().join("uneven");
+    let err = refused(&data, &["--lanes", "1"]);
+    assert!(err.contains("1 lanes cannot spread over 2 shards"), "{err}");
+    assert!(!data.join("ursula.layout").exists());
+}
+
 #[test]
 fn sigterm_answers_waiting_long_poll_and_exits_zero() {
     let dir = temp_dir("ursula-shutdown");

@@ -15,6 +15,7 @@ mod fault;
 mod index;
 pub mod limits;
 mod packed;
+pub mod placement;
 mod position;
 mod readback;
 pub mod record;

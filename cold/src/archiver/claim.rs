@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use ursula_s3::DynStore;
+use ursula_storage::placement::Placement;
 use ursula_storage::segment;
 
 use ursula_storage::cold::DurableEnd;
@@ -29,7 +30,7 @@ pub(super) struct Claimed {
 pub(super) async fn claim(
     store: &DynStore,
     settings: &Settings,
-    shards: u32,
+    placement: Placement,
     owner: &str,
     restored: &Option<Vec<u64>>,
 ) -> Result<Vec<Claimed>> {
@@ -38,7 +39,8 @@ pub(super) async fn claim(
         store: at.clone(),
         source: Box::new(e),
     };
-    manifest::ensure_layout(store, shards)
+    let shards = placement.shards();
+    manifest::ensure_layout(store, placement)
         .await
         .map_err(claiming)?;
     let interval_ms = settings.archive_interval.as_millis() as u64;

@@ -58,6 +58,7 @@ use std::time::{Duration, Instant};
 
 use ursula_s3::DynStore;
 use ursula_storage::cold::DurableEnd;
+use ursula_storage::placement::Placement;
 
 use crate::error::{Error, Result};
 use crate::manifest::{End, Manifest};
@@ -128,7 +129,8 @@ pub const RESTORED_FILE: &str = "cold-restored";
 
 /// Start the archiver thread for a data dir of `shards` shards: claim every shard's
 /// manifest (the next owner epoch) and return once that is done, or why it was refused.
-pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Archive>> {
+pub fn start(settings: Settings, data_dir: &Path, placement: Placement) -> Result<Arc<Archive>> {
+    let shards = placement.shards();
     let owner = owner_identity(data_dir)?;
     let restored = read_restored(data_dir)?;
     let wal = wal_puts::WalThread::start(&settings.s3)?;
@@ -146,7 +148,7 @@ pub fn start(settings: Settings, data_dir: &Path, shards: u32) -> Result<Arc<Arc
             };
             runtime.block_on(async move {
                 let store: DynStore = Arc::new(ursula_s3::S3Store::connect(&settings.s3).await);
-                let claimed = claim(&store, &settings, shards, &owner, &restored).await;
+                let claimed = claim(&store, &settings, placement, &owner, &restored).await;
                 let claimed = match claimed {
                     Ok(c) => c,
                     Err(e) => {

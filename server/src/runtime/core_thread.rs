@@ -7,6 +7,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use monoio::time::TimeDriver;
+use ursula_storage::placement::Placement;
 use ursula_storage::{Durability, ShardConfig};
 
 use crate::admin::Listener;
@@ -23,7 +24,7 @@ pub fn run(
     index: usize,
     config: Arc<Config>,
     listeners: Listeners,
-    (peers, bucket_limits): (Mailboxes, Arc<BucketLimits>),
+    (peers, bucket_limits, placement): (Mailboxes, Arc<BucketLimits>, Placement),
     (shutdown, draining): (Arc<AtomicBool>, Arc<AtomicUsize>),
     ready: mpsc::Sender<Result<(), StartError>>,
 ) {
@@ -99,6 +100,18 @@ pub fn run(
             }
         };
         let listener_fd = std::os::unix::io::AsRawFd::as_raw_fd(&listener);
+        let own = match listeners.own.map(monoio::net::TcpListener::from_std) {
+            None => None,
+            Some(Ok(l)) => Some(l),
+            Some(Err(e)) => {
+                let _ = ready.send(Err(StartError::Core {
+                    core: index,
+                    what: "core port listener",
+                    source: e,
+                }));
+                return;
+            }
+        };
         let admin = match listeners.admin.map(monoio::net::TcpListener::from_std) {
             None => None,
             Some(Ok(l)) => Some(l),
@@ -117,18 +130,21 @@ pub fn run(
             config,
             peers,
             bucket_limits,
+            placement,
             shutdown,
             draining,
         }));
         core.admin_fd
             .set(admin.as_ref().map(std::os::unix::io::AsRawFd::as_raw_fd));
         core.listener_fd.set(Some(listener_fd));
+        core.own_listener_fd
+            .set(own.as_ref().map(std::os::unix::io::AsRawFd::as_raw_fd));
         let _ = ready.send(Ok(()));
         let admin = admin.map(|l| {
             let core = core.clone();
             monoio::spawn(async move { serve_admin(core, l).await })
         });
-        serve(core, listener).await;
+        serve(core, listener, own).await;
         if let Some(admin) = admin {
             admin.await;
         }
@@ -159,7 +175,11 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
-async fn serve(core: Rc<Core>, listener: monoio::net::TcpListener) {
+async fn serve(
+    core: Rc<Core>,
+    listener: monoio::net::TcpListener,
+    own: Option<monoio::net::TcpListener>,
+) {
     let letters = {
         let core = core.clone();
         monoio::spawn(async move { read_letters(core).await })
@@ -172,6 +192,40 @@ async fn serve(core: Rc<Core>, listener: monoio::net::TcpListener) {
         let core = core.clone();
         monoio::spawn(async move { heartbeat(core).await })
     };
+    let own = own.map(|l| {
+        let core = core.clone();
+        monoio::spawn(async move { accept_all(&core, l).await })
+    });
+    accept_all(&core, listener).await;
+    if let Some(own) = own {
+        own.await;
+    }
+    // Finish what is in flight (live readers are woken by the shutdown and end at once).
+    let deadline = std::time::Instant::now() + SHUTDOWN_DRAIN;
+    while core.inflight.get() > 0 && std::time::Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another core's requests may still need this one (a request handed to the stream's
+    // owner, an SSE session stepping there), so keep running jobs until every core is
+    // done. A job queued to a core that had stopped polling would never answer, and its
+    // caller would hold its core for the whole deadline.
+    core.draining.fetch_sub(1, Ordering::SeqCst);
+    while core.draining.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // From here a letter sent to this core fails at once, and one already queued is dropped
+    // with its reply channel, so its caller gets an error rather than no answer.
+    drop(core.peers[core.index].close());
+    if let Err(e) = core.shard.shutdown().await {
+        tracing::error!(core = core.index, "final flush failed: {e}");
+    }
+    drop(letters);
+    drop(sweeper);
+    drop(heartbeat);
+}
+
+/// Accept connections on `listener` and serve each, until shutdown stops accepting.
+async fn accept_all(core: &Rc<Core>, listener: monoio::net::TcpListener) {
     // One accept is always pending and never cancelled: dropping an io_uring accept that
     // already completed would lose that connection. Shutdown ends it via stop_accepting().
     loop {
@@ -219,29 +273,6 @@ async fn serve(core: Rc<Core>, listener: monoio::net::TcpListener) {
             }
         }
     }
-    drop(listener);
-    // Finish what is in flight (live readers are woken by the shutdown and end at once).
-    let deadline = std::time::Instant::now() + SHUTDOWN_DRAIN;
-    while core.inflight.get() > 0 && std::time::Instant::now() < deadline {
-        monoio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Another core's requests may still need this one (a request handed to the stream's
-    // owner, an SSE session stepping there), so keep running jobs until every core is
-    // done. A job queued to a core that had stopped polling would never answer, and its
-    // caller would hold its core for the whole deadline.
-    core.draining.fetch_sub(1, Ordering::SeqCst);
-    while core.draining.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
-        monoio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // From here a letter sent to this core fails at once, and one already queued is dropped
-    // with its reply channel, so its caller gets an error rather than no answer.
-    drop(core.peers[core.index].close());
-    if let Err(e) = core.shard.shutdown().await {
-        tracing::error!(core = core.index, "final flush failed: {e}");
-    }
-    drop(letters);
-    drop(sweeper);
-    drop(heartbeat);
 }
 
 /// Runs every letter other cores post to this core, a whole mailbox at a time, until the

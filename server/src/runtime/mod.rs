@@ -15,6 +15,7 @@ use crate::core::Mailboxes;
 use crate::hop::Mailbox;
 use crate::limits::{BIND_RETRY, LISTEN_BACKLOG};
 pub use start_error::StartError;
+use ursula_storage::placement::{Placement, DEFAULT_LANES};
 
 /// Start every core, print the listening line once all have recovered and are accepting,
 /// and return when a shutdown signal has been handled.
@@ -25,14 +26,17 @@ pub fn run(config: Config) -> Result<(), StartError> {
         StorageMode::Disk => Some(lock_data_dir(&config)?),
         StorageMode::Memory => None,
     };
-    if config.storage == StorageMode::Disk {
-        check_layout(&config)?;
-    }
+    let placement = check_layout(&config)?;
     // Claims the archive (or refuses to start) before any core opens its shard.
     if let Some(tier) = &config.cold {
-        crate::cold::start(tier, &config.data_dir, config.cores)?;
+        crate::cold::start(tier, &config.data_dir, placement)?;
     }
     let listeners = bind_listeners(config.listen, config.cores)?;
+    let mut core_ports = match config.core_listen {
+        Some(first) => bind_core_ports(first, config.cores)?,
+        None => Vec::new(),
+    }
+    .into_iter();
     let addr = listeners[0]
         .local_addr()
         .map_err(StartError::os("listener address"))?;
@@ -58,6 +62,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
         let ready = ready_tx.clone();
         let listener = Listeners {
             main: listener,
+            own: core_ports.next(),
             admin: if index == 0 { admin.take() } else { None },
         };
         let thread = std::thread::Builder::new()
@@ -67,7 +72,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
                     index,
                     config,
                     listener,
-                    (peers, bucket_limits),
+                    (peers, bucket_limits, placement),
                     stopping,
                     ready,
                 );
@@ -131,9 +136,11 @@ fn bind_admin(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {
     Ok(l)
 }
 
-/// A core's listening sockets: the shared stream port, and on core 0 the admin port.
+/// A core's listening sockets: the shared stream port, the core's own port (with
+/// `core_listen`), and on core 0 the admin port.
 pub struct Listeners {
     pub main: std::net::TcpListener,
+    pub own: Option<std::net::TcpListener>,
     pub admin: Option<std::net::TcpListener>,
 }
 
@@ -161,9 +168,19 @@ const STOP_AND_RELOAD: [i32; 3] = [
     signal_hook::consts::SIGHUP,
 ];
 
-/// The data directory remembers how many shards it was created with; streams are placed by
-/// hashing over that count, so starting with a different one would hide data.
-fn check_layout(config: &Config) -> Result<(), StartError> {
+/// How streams are placed on the cores. A data directory remembers the placement it was
+/// created with (`ursula.layout`, see `ursula_storage::placement`): a different core or
+/// lane count would look for existing streams on the wrong shard and hide them.
+fn check_layout(config: &Config) -> Result<Placement, StartError> {
+    let wanted = || {
+        let lanes = config
+            .lanes
+            .unwrap_or(DEFAULT_LANES.max(config.cores as u32));
+        Placement::with_lanes(config.cores as u32, lanes).map_err(StartError::Lanes)
+    };
+    if config.storage == StorageMode::Memory {
+        return wanted();
+    }
     let dir = &config.data_dir;
     ursula_storage::segment::create_dir_durable(dir).map_err(|source| StartError::DataDir {
         dir: dir.clone(),
@@ -172,22 +189,27 @@ fn check_layout(config: &Config) -> Result<(), StartError> {
     let meta = dir.join("ursula.layout");
     match std::fs::read_to_string(&meta) {
         Ok(text) => {
-            let created: usize = text
-                .trim()
-                .strip_prefix("shards=")
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| StartError::LayoutMalformed(meta.clone()))?;
+            let placement = Placement::from_layout_text(&text)
+                .map_err(|_| StartError::LayoutMalformed(meta.clone()))?;
+            let created = placement.shards() as usize;
             if created != config.cores {
                 return Err(StartError::CoresChanged {
                     dir: dir.clone(),
                     created,
                 });
             }
-            Ok(())
+            if config.lanes.is_some() && config.lanes != placement.lanes() {
+                return Err(StartError::LanesChanged {
+                    dir: dir.clone(),
+                    created: placement.lanes(),
+                });
+            }
+            Ok(placement)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let placement = wanted()?;
             let tmp = dir.join("ursula.layout.tmp");
-            std::fs::write(&tmp, format!("shards={}\n", config.cores))
+            std::fs::write(&tmp, placement.to_layout_text())
                 .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
                 .and_then(|()| std::fs::rename(&tmp, &meta))
                 .and_then(|()| ursula_storage::segment::sync_dir(dir))
@@ -195,7 +217,8 @@ fn check_layout(config: &Config) -> Result<(), StartError> {
                     what: "write",
                     path: meta,
                     source,
-                })
+                })?;
+            Ok(placement)
         }
         Err(source) => Err(StartError::File {
             what: "read",
@@ -263,11 +286,26 @@ fn bind_exclusive(addr: SocketAddr) -> Result<std::net::TcpListener, StartError>
     }
 }
 
+/// One port per core from `first` upward, each bound by that core alone (no
+/// `SO_REUSEPORT`): a connection there is always accepted by the core the port names.
+fn bind_core_ports(
+    first: SocketAddr,
+    cores: usize,
+) -> Result<Vec<std::net::TcpListener>, StartError> {
+    (0..cores)
+        .map(|index| {
+            let mut addr = first;
+            // Config checked that `cores` ports from `first` fit below 65536.
+            addr.set_port(first.port() + index as u16);
+            listen_on(addr, false)
+        })
+        .collect()
+}
+
 fn bind_listeners(
     addr: SocketAddr,
     cores: usize,
 ) -> Result<Vec<std::net::TcpListener>, StartError> {
-    use socket2::{Domain, Protocol, Socket, Type};
     // Our per-core listeners share the port through SO_REUSEPORT, which would also let us
     // join a port another server holds and silently split its traffic. A plain bind first
     // proves the port is free.
@@ -277,23 +315,7 @@ fn bind_listeners(
     let mut out = Vec::with_capacity(cores);
     let mut addr = addr;
     for _ in 0..cores {
-        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-            .map_err(StartError::os("socket"))?;
-        socket
-            .set_reuse_address(true)
-            .and_then(|()| socket.set_reuse_port(true))
-            .and_then(|()| socket.set_nodelay(true))
-            .map_err(StartError::os("socket options"))?;
-        socket
-            .bind(&addr.into())
-            .map_err(|source| StartError::Bind { addr, source })?;
-        socket
-            .listen(LISTEN_BACKLOG)
-            .map_err(StartError::os("listen"))?;
-        socket
-            .set_nonblocking(true)
-            .map_err(StartError::os("nonblocking"))?;
-        let listener: std::net::TcpListener = socket.into();
+        let listener = listen_on(addr, true)?;
         // Every further core binds the port the first one got (matters for port 0).
         addr = listener
             .local_addr()
@@ -301,4 +323,27 @@ fn bind_listeners(
         out.push(listener);
     }
     Ok(out)
+}
+
+/// A non-blocking listening socket on `addr` with Nagle off for the connections it accepts;
+/// `shared` lets every core bind the same address (`SO_REUSEPORT`).
+fn listen_on(addr: SocketAddr, shared: bool) -> Result<std::net::TcpListener, StartError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .map_err(StartError::os("socket"))?;
+    socket
+        .set_reuse_address(true)
+        .and_then(|()| socket.set_reuse_port(shared))
+        .and_then(|()| socket.set_nodelay(true))
+        .map_err(StartError::os("socket options"))?;
+    socket
+        .bind(&addr.into())
+        .map_err(|source| StartError::Bind { addr, source })?;
+    socket
+        .listen(LISTEN_BACKLOG)
+        .map_err(StartError::os("listen"))?;
+    socket
+        .set_nonblocking(true)
+        .map_err(StartError::os("nonblocking"))?;
+    Ok(socket.into())
 }

@@ -25,6 +25,13 @@ pub enum StartError {
     LayoutMalformed(PathBuf),
     #[error("data dir {} was created with {created} cores; start with --cores {created}", dir.display())]
     CoresChanged { dir: PathBuf, created: usize },
+    #[error("data dir {} was created {}; a data dir's lane count cannot change", dir.display(), match created {
+        Some(l) => format!("with {l} lanes; start with --lanes {l} or without --lanes"),
+        None => "before lanes (its streams are placed by the older hash); start without --lanes".to_string(),
+    })]
+    LanesChanged { dir: PathBuf, created: Option<u32> },
+    #[error("{0}")]
+    Lanes(ursula_storage::placement::PlacementError),
     #[error("bind {addr}: {source}")]
     Bind {
         addr: SocketAddr,
