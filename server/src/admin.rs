@@ -1,4 +1,4 @@
-//! Operational endpoints: liveness, readiness and Prometheus metrics.
+//! Operational endpoints: liveness, readiness, Prometheus metrics, and the lane map.
 //!
 //! They live under `/__ursula/` on the main listener, because a first path segment that
 //! starts with `__` can never be a bucket (protocol.md D21), whereas `/healthz` or
@@ -55,6 +55,7 @@ pub enum Endpoint {
     Health,
     Ready,
     Metrics,
+    Lanes,
 }
 
 /// `Some` when the request is for an operational endpoint on this listener (or, on the
@@ -64,6 +65,7 @@ pub fn endpoint(listener: Listener, path: &str) -> Option<Option<Endpoint>> {
         "healthz" => Some(Endpoint::Health),
         "readyz" => Some(Endpoint::Ready),
         "metrics" => Some(Endpoint::Metrics),
+        "lanes" => Some(Endpoint::Lanes),
         _ => None,
     };
     match listener {
@@ -100,7 +102,52 @@ pub async fn handle(
             ApiError::NotFound("metrics are served on the admin listener").response()
         }
         Endpoint::Metrics => metrics(core).await,
+        Endpoint::Lanes => lanes(core),
     }
+}
+
+/// Where each lane lives: its core, and the core's own port when `core_listen` is set.
+/// A proxy's lane map is built from this (`deploy/haproxy/`).
+fn lanes(core: &Core) -> Response {
+    use std::fmt::Write;
+    let placement = core.placement;
+    let port = |c: usize| {
+        core.config.core_listen.map_or("null".to_string(), |a| {
+            (usize::from(a.port()) + c).to_string()
+        })
+    };
+    let mut out = String::with_capacity(64 + 40 * placement.lanes().unwrap_or(0) as usize);
+    let kind = if placement.lanes().is_some() {
+        "crc32c"
+    } else {
+        "fnv1a"
+    };
+    let _ = write!(
+        out,
+        "{{\"placement\":\"{kind}\",\"cores\":{},\"lane_count\":{},\"core_ports\":[",
+        placement.shards(),
+        placement
+            .lanes()
+            .map_or("null".to_string(), |l| l.to_string()),
+    );
+    for c in 0..placement.shards() as usize {
+        let _ = write!(out, "{}{}", if c > 0 { "," } else { "" }, port(c));
+    }
+    out.push_str("],\"lanes\":[");
+    for lane in 0..placement.lanes().unwrap_or(0) {
+        let c = placement.shard_of_lane(lane).unwrap_or(0);
+        let _ = write!(
+            out,
+            "{}{{\"lane\":{lane},\"core\":{c},\"port\":{}}}",
+            if lane > 0 { "," } else { "" },
+            port(c)
+        );
+    }
+    out.push_str("]}\n");
+    Response::new(200)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-store")
+        .with_body(vec![Bytes::from(out)])
 }
 
 fn text(status: u16, body: &str) -> Response {

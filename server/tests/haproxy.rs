@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 use support::{temp_dir, Client, Server};
 
 const CORES: usize = 2;
@@ -192,6 +193,28 @@ fn haproxy_routes_each_stream_to_its_core() {
         .next()
         .and_then(|p| p.parse().ok())
         .expect("server port");
+    // The server's own account of its lanes, which the proxy's map must match.
+    let r = Client::new(&server.addr)
+        .request("GET", "/__ursula/lanes", &[], b"")
+        .expect("lanes");
+    assert_eq!(r.status, 200);
+    let lanes: Value = sonic_rs::from_slice(&r.body).expect("lanes JSON");
+    assert_eq!(lanes["placement"].as_str(), Some("crc32c"));
+    assert_eq!(lanes["lane_count"].as_u64(), Some(u64::from(LANES)));
+    assert_eq!(
+        lanes["core_ports"][1].as_u64(),
+        Some(u64::from(core_port) + 1)
+    );
+    assert_eq!(
+        lanes["lanes"].as_array().map(|a| a.len()),
+        Some(LANES as usize)
+    );
+    assert_eq!(lanes["lanes"][5]["core"].as_u64(), Some(1));
+    assert_eq!(
+        lanes["lanes"][5]["port"].as_u64(),
+        Some(u64::from(core_port) + 1)
+    );
+
     let hap = start_haproxy(&dir.path().join("haproxy"), server_port, core_port);
 
     let handed = counter(&server, "ursula_requests_handed_over_total");
