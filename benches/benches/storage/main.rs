@@ -8,7 +8,8 @@
 //!
 //! Sections: `append` (engine, durable acks), `layout` (engine vs one file per stream),
 //! `prealloc` (extend vs fallocate vs zero-filled, plain O_DIRECT), `recovery`, `read`,
-//! `cold` (appends with and without eviction to a stand-in cold tier, and cold reads).
+//! `cold` (appends with and without eviction to a stand-in cold tier, and cold reads),
+//! `logs` (one core's streams over 1 to 64 logs).
 //! Everything runs in temp dirs under the system temp dir, which must be on the real disk
 //! (not tmpfs): the bench refuses to run on tmpfs.
 
@@ -27,6 +28,7 @@ use ursula_storage::{
 mod append;
 mod cold;
 mod layout;
+mod logs;
 mod prealloc;
 mod read;
 mod recovery;
@@ -83,7 +85,9 @@ const FULL: Scale = Scale {
     cold_bytes: 3 * GIB,
 };
 
-const SECTIONS: [&str; 6] = ["append", "layout", "prealloc", "recovery", "read", "cold"];
+const SECTIONS: [&str; 7] = [
+    "append", "layout", "prealloc", "recovery", "read", "cold", "logs",
+];
 
 struct Args {
     scale: &'static Scale,
@@ -92,7 +96,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: storage [--quick | --full] [--json FILE] [--only append,layout,prealloc,recovery,read,cold]";
+    "usage: storage [--quick | --full] [--json FILE] [--only append,layout,prealloc,recovery,read,cold,logs]";
 
 fn parse_args() -> Result<Args, BoxError> {
     let mut args = Args {
@@ -408,13 +412,14 @@ fn main() -> Result<(), BoxError> {
     );
     let started = Instant::now();
     let mut tables = Vec::new();
-    let sections: [(&str, Section); 6] = [
+    let sections: [(&str, Section); 7] = [
         ("append", append::section_append),
         ("layout", layout::section_layout),
         ("prealloc", prealloc::section_prealloc),
         ("recovery", recovery::section_recovery),
         ("read", read::section_read),
         ("cold", cold::section_cold),
+        ("logs", logs::section_logs),
     ];
     for (name, run) in sections {
         if !args.only.iter().any(|s| s == name) {
