@@ -1,5 +1,5 @@
-//! 7. Several logs on one core: what a core pays for splitting its streams over more
-//! shards (one log each), as it would if each lane of a cluster were a log of its own.
+//! Section 7, several logs on one core: what a core pays for splitting its streams over
+//! more shards (one log each), as it would if each lane of a cluster were a log of its own.
 
 use std::cell::{Cell, RefCell};
 use std::path::Path;
