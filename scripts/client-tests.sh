@@ -80,16 +80,7 @@ if [[ ! -x "$SYSLOG_NG" ]] || ! dpkg -s syslog-ng-mod-http >/dev/null 2>&1; then
     APT+=(syslog-ng-core syslog-ng-mod-http)
 fi
 if [[ ${#APT[@]} -gt 0 ]]; then
-    echo "installing Debian ${APT[*]}"
-    if [[ $(id -u) -eq 0 ]]; then
-        SUDO=()
-    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        SUDO=(sudo -n)
-    else
-        die "${APT[*]} missing, and this user can neither run apt-get as root nor sudo without a password"
-    fi
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${APT[@]}" >/dev/null
+    "$ROOT/scripts/apt-install" "${APT[@]}" || die "could not install ${APT[*]}"
     [[ -x "$CHROMIUM" ]] || die "apt-get install chromium did not provide $CHROMIUM"
     [[ -x "$SYSLOG_NG" ]] || die "apt-get install syslog-ng-core did not provide $SYSLOG_NG"
 fi

@@ -85,16 +85,7 @@ stage_done "build"
 banner "2/9 cargo test --workspace --release"
 # server/tests/haproxy.rs routes through Debian's HAProxy.
 if [[ -z "${HAPROXY:-}" ]] && ! command -v haproxy >/dev/null 2>&1 && [[ ! -x /usr/sbin/haproxy ]]; then
-    echo "installing Debian haproxy"
-    if [[ $(id -u) -eq 0 ]]; then
-        SUDO=()
-    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        SUDO=(sudo -n)
-    else
-        die "haproxy missing, and this user can neither run apt-get as root nor sudo without a password"
-    fi
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+    "$ROOT/scripts/apt-install" haproxy || die "could not install haproxy"
     [[ -x /usr/sbin/haproxy ]] || die "apt-get install haproxy did not provide /usr/sbin/haproxy"
 fi
 cargo test --workspace --release

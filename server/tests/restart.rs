@@ -368,48 +368,7 @@ fn different_cores_than_data_dir_fails_clearly() {
     let st = s.sigterm(Duration::from_secs(10)).expect("exit");
     assert!(st.success());
 
-    let mut child = Command::new(URSULA_BIN)
-        .args([
-            "server",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--storage",
-            "disk",
-            "--cores",
-            "1",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let st = wait_timeout(&mut child, Duration::from_secs(20));
-    let Some(st) = st else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("server started on a data dir created with {CORES} cores using --cores 1");
-    };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    assert!(!st.success(), "exit status {st:?}");
-    assert!(
-        !out.contains("listening"),
-        "must not announce listening: {out:?}"
-    );
+    let err = refused(&data, 1, &[]);
     assert!(
         err.contains("cores") && err.contains(&CORES.to_string()),
         "stderr should explain the cores mismatch: {err:?}"
@@ -420,29 +379,43 @@ fn different_cores_than_data_dir_fails_clearly() {
     assert_eq!(get(&s, "/v1/stream/c?offset=-1").body, b"x");
 }
 
-/// Start a server that must refuse to start; its stderr.
-fn refused(data: &Path, extra: &[&str]) -> String {
-    let args = support::server_args(data, "disk", CORES, extra);
+/// Start a server on `data` with `cores` cores that must refuse to start without
+/// announcing that it listens; its stderr.
+fn refused(data: &Path, cores: usize, extra: &[&str]) -> String {
+    let args = support::server_args(data, "disk", cores, extra);
     let mut child = Command::new(URSULA_BIN)
         .args(&args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let Some(st) = wait_timeout(&mut child, Duration::from_secs(20)) else {
         let _ = child.kill();
         let _ = child.wait();
-        panic!("server started with {extra:?} on {}", data.display());
+        panic!(
+            "server started with {cores} cores and {extra:?} on {}",
+            data.display()
+        );
     };
     assert!(!st.success(), "exit status {st:?}");
-    let mut err = String::new();
+    let (mut out, mut err) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     child
         .stderr
         .take()
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
+    assert!(
+        !out.contains("listening"),
+        "must not announce listening: {out:?}"
+    );
     err
 }
 
@@ -481,7 +454,7 @@ fn the_data_dir_fixes_its_lanes() {
     streams_survive_a_restart(&data, &["--lanes", "16"], 40);
     let layout = std::fs::read_to_string(data.join("ursula.layout")).unwrap();
     assert_eq!(layout, "shards=2\nlanes=16\n");
-    let err = refused(&data, &["--lanes", "64"]);
+    let err = refused(&data, CORES, &["--lanes", "64"]);
     assert!(
         err.contains("16 lanes") && err.contains("--lanes 16"),
         "{err}"
@@ -494,12 +467,12 @@ fn the_data_dir_fixes_its_lanes() {
     streams_survive_a_restart(&data, &[], 40);
     let layout = std::fs::read_to_string(data.join("ursula.layout")).unwrap();
     assert_eq!(layout, "shards=2\n");
-    let err = refused(&data, &["--lanes", "64"]);
+    let err = refused(&data, CORES, &["--lanes", "64"]);
     assert!(err.contains("before lanes"), "{err}");
 
     // Fewer lanes than cores is refused before anything is written.
     let data = dir.path().join("uneven");
-    let err = refused(&data, &["--lanes", "1"]);
+    let err = refused(&data, CORES, &["--lanes", "1"]);
     assert!(err.contains("1 lanes cannot spread over 2 shards"), "{err}");
     assert!(!data.join("ursula.layout").exists());
 }

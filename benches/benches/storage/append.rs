@@ -5,8 +5,9 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use hdrhistogram::Histogram;
-use ursula_storage::{Shard, StorageError};
+use ursula_storage::{Shard, StorageError, StreamId};
 
 use crate::{
     block_on, create_streams, data_rec, disk_config, histogram, mb_per_s, ms, payload, size_label,
@@ -30,9 +31,7 @@ impl AppendResult {
     }
 }
 
-/// `writers` closed-loop writers, one stream each; every append waits for `durable()`. An
-/// append refused because the write budget is full is tried again after 1 ms, as a client
-/// does after a 503.
+/// `writers` closed-loop writers, one stream each, on one shard.
 pub(crate) async fn engine_appends(
     dir: &Path,
     writers: usize,
@@ -41,17 +40,53 @@ pub(crate) async fn engine_appends(
 ) -> Result<AppendResult, BoxError> {
     let (shard, _) = Shard::open(disk_config(dir, 64 << 20)).await?;
     let ids = create_streams(&shard, "w", writers).await?;
-    let data = payload(size, 7);
+    let before = shard.stats();
+    let started = Instant::now();
+    let writers = ids.into_iter().map(|id| (shard.clone(), id)).collect();
+    let tally = closed_loop(
+        writers,
+        payload(size, 7),
+        started + Duration::from_secs_f64(secs),
+    )
+    .await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let after = shard.stats();
+    shard.shutdown().await?;
+    Ok(AppendResult {
+        ops: tally.ops,
+        bytes: tally.ops * size as u64,
+        secs: elapsed,
+        hist: tally.hist,
+        flushes: after.flushes - before.flushes,
+        records: after.records_flushed - before.records_flushed,
+        busy: tally.busy,
+    })
+}
+
+/// What a run of closed-loop writers did together.
+pub(crate) struct Tally {
+    /// Acknowledgement latency of every durable append, in microseconds.
+    pub(crate) hist: Histogram<u64>,
+    /// Appends acknowledged durable.
+    pub(crate) ops: u64,
+    /// Appends refused with `Busy` (the write budget was full) and tried again.
+    pub(crate) busy: u64,
+}
+
+/// One closed-loop writer per (shard, stream) until `deadline`, each append of `data`
+/// waiting for `durable()`. An append refused because the write budget is full is tried
+/// again after 1 ms, as a client does after a 503.
+pub(crate) async fn closed_loop(
+    writers: Vec<(Shard, StreamId)>,
+    data: Bytes,
+    deadline: Instant,
+) -> Result<Tally, StorageError> {
     let hist = Rc::new(RefCell::new(histogram()));
     let ops = Rc::new(Cell::new(0u64));
     let busy = Rc::new(Cell::new(0u64));
-    let before = shard.stats();
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(secs);
-    let mut tasks = Vec::with_capacity(writers);
-    for id in ids {
-        let (shard, data, hist, ops) = (shard.clone(), data.clone(), hist.clone(), ops.clone());
-        let busy = busy.clone();
+    let mut tasks = Vec::with_capacity(writers.len());
+    for (shard, id) in writers {
+        let (data, hist, ops, busy) = (data.clone(), hist.clone(), ops.clone(), busy.clone());
         tasks.push(monoio::spawn(async move {
             while Instant::now() < deadline {
                 let t = Instant::now();
@@ -76,17 +111,10 @@ pub(crate) async fn engine_appends(
     for t in tasks {
         t.await?;
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let after = shard.stats();
-    shard.shutdown().await?;
     let hist = hist.borrow().clone();
-    Ok(AppendResult {
-        ops: ops.get(),
-        bytes: ops.get() * size as u64,
-        secs: elapsed,
+    Ok(Tally {
         hist,
-        flushes: after.flushes - before.flushes,
-        records: after.records_flushed - before.records_flushed,
+        ops: ops.get(),
         busy: busy.get(),
     })
 }

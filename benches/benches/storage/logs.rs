@@ -1,16 +1,13 @@
 //! Section 7, several logs on one core: what a core pays for splitting its streams over
 //! more shards (one log each), as it would if each lane of a cluster were a log of its own.
 
-use std::cell::{Cell, RefCell};
 use std::path::Path;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use ursula_storage::{Durability, Shard, ShardConfig, StorageError};
+use ursula_storage::{Durability, Shard, ShardConfig};
 
-use crate::{
-    block_on, create_streams, data_rec, histogram, ms, payload, BoxError, Scale, Table, Val, MIB,
-};
+use crate::append::closed_loop;
+use crate::{block_on, create_streams, ms, payload, BoxError, Scale, Table, Val, MIB};
 
 /// Writers (one stream each), spread round-robin over the logs.
 const WRITERS: usize = 256;
@@ -105,38 +102,10 @@ async fn many_logs(dir: &Path, logs: usize, secs: f64) -> Result<LogsResult, Box
             writers.push((shard.clone(), id));
         }
     }
-    let data = payload(PAYLOAD, 7);
-    let hist = Rc::new(RefCell::new(histogram()));
-    let ops = Rc::new(Cell::new(0u64));
     let before: Vec<_> = shards.iter().map(Shard::stats).collect();
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(secs);
-    let mut tasks = Vec::with_capacity(writers.len());
-    for (shard, id) in writers {
-        let (data, hist, ops) = (data.clone(), hist.clone(), ops.clone());
-        tasks.push(monoio::spawn(async move {
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                let commit = match shard.append(id, data_rec(data.clone())) {
-                    Ok((_, commit)) => commit,
-                    Err(StorageError::Busy) => {
-                        monoio::time::sleep(Duration::from_millis(1)).await;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                commit.durable().await?;
-                let _ = hist
-                    .borrow_mut()
-                    .record(t.elapsed().as_micros().max(1) as u64);
-                ops.set(ops.get() + 1);
-            }
-            Ok::<(), StorageError>(())
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
+    let tally = closed_loop(writers, payload(PAYLOAD, 7), deadline).await?;
     let elapsed = started.elapsed().as_secs_f64();
     let (mut commits, mut records) = (0, 0);
     let (mut write_buffers, mut index_cache, mut other_heap) = (0, 0, 0);
@@ -157,11 +126,10 @@ async fn many_logs(dir: &Path, logs: usize, secs: f64) -> Result<LogsResult, Box
     for shard in shards {
         shard.shutdown().await?;
     }
-    let hist = hist.borrow().clone();
     Ok(LogsResult {
-        ops: ops.get(),
+        ops: tally.ops,
         secs: elapsed,
-        hist,
+        hist: tally.hist,
         commits,
         records,
         write_buffers,
