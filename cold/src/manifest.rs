@@ -46,13 +46,7 @@ impl Layout {
     /// The placement this layout describes; `None` if it describes none (zero shards,
     /// fewer lanes than shards).
     pub fn placement(&self) -> Option<Placement> {
-        match self.lanes {
-            None if self.shards > 0 => Some(Placement::Hashed {
-                shards: self.shards,
-            }),
-            None => None,
-            Some(lanes) => Placement::with_lanes(self.shards, lanes).ok(),
-        }
+        Placement::from_parts(self.shards, self.lanes).ok()
     }
 }
 

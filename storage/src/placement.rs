@@ -48,6 +48,15 @@ impl Placement {
         Ok(Placement::Lanes { shards, lanes })
     }
 
+    /// The placement of `shards` shards and, if any, `lanes` lanes (`None`: the older hash).
+    pub fn from_parts(shards: u32, lanes: Option<u32>) -> Result<Placement, PlacementError> {
+        match lanes {
+            None if shards > 0 => Ok(Placement::Hashed { shards }),
+            None => Err(PlacementError::Malformed),
+            Some(lanes) => Placement::with_lanes(shards, lanes),
+        }
+    }
+
     pub fn shards(&self) -> u32 {
         match *self {
             Placement::Hashed { shards } | Placement::Lanes { shards, .. } => shards,
@@ -113,11 +122,7 @@ impl Placement {
         if lines.next().is_some() {
             return Err(PlacementError::Malformed);
         }
-        match lanes {
-            None if shards > 0 => Ok(Placement::Hashed { shards }),
-            None => Err(PlacementError::Malformed),
-            Some(lanes) => Placement::with_lanes(shards, lanes),
-        }
+        Placement::from_parts(shards, lanes)
     }
 }
 

@@ -88,42 +88,26 @@ pub fn run(
                 return;
             }
         };
-        let listener = match monoio::net::TcpListener::from_std(listeners.main) {
-            Ok(l) => l,
+        let adopt = |l: std::net::TcpListener, what: &'static str| {
+            monoio::net::TcpListener::from_std(l).map_err(|source| StartError::Core {
+                core: index,
+                what,
+                source,
+            })
+        };
+        let adopted = adopt(listeners.main, "listener").and_then(|main| {
+            let own = listeners.own.map(|l| adopt(l, "core port listener"));
+            let admin = listeners.admin.map(|l| adopt(l, "admin listener"));
+            Ok((main, own.transpose()?, admin.transpose()?))
+        });
+        let (listener, own, admin) = match adopted {
+            Ok(listeners) => listeners,
             Err(e) => {
-                let _ = ready.send(Err(StartError::Core {
-                    core: index,
-                    what: "listener",
-                    source: e,
-                }));
+                let _ = ready.send(Err(e));
                 return;
             }
         };
         let listener_fd = std::os::unix::io::AsRawFd::as_raw_fd(&listener);
-        let own = match listeners.own.map(monoio::net::TcpListener::from_std) {
-            None => None,
-            Some(Ok(l)) => Some(l),
-            Some(Err(e)) => {
-                let _ = ready.send(Err(StartError::Core {
-                    core: index,
-                    what: "core port listener",
-                    source: e,
-                }));
-                return;
-            }
-        };
-        let admin = match listeners.admin.map(monoio::net::TcpListener::from_std) {
-            None => None,
-            Some(Ok(l)) => Some(l),
-            Some(Err(e)) => {
-                let _ = ready.send(Err(StartError::Core {
-                    core: index,
-                    what: "admin listener",
-                    source: e,
-                }));
-                return;
-            }
-        };
         let core = Rc::new(Core::new(CoreParts {
             index,
             shard,
