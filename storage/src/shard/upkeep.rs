@@ -20,9 +20,7 @@ impl Shard {
             if self.inner.stopping.get() || self.failure().is_some() {
                 continue;
             }
-            if let Some(cold) = &self.inner.cfg.cold {
-                cold.durable(self.inner.cfg.shard, self.durable_end());
-            }
+            self.publish_durable_end();
             self.collect_dead_blobs();
             if let Err(e) = self.clean().await {
                 tracing::warn!(shard = self.inner.cfg.shard, "log cleaning failed: {e}");
@@ -41,6 +39,16 @@ impl Shard {
             if let Err(e) = self.evict_archived().await {
                 tracing::warn!(shard = self.inner.cfg.shard, "eviction failed: {e}");
             }
+            // Again after the jobs: a checkpoint of a large log can take seconds, and the
+            // archive only copies up to the end it was last told.
+            self.publish_durable_end();
+        }
+    }
+
+    /// Tell the cold tier, if any, how far the log is durable.
+    fn publish_durable_end(&self) {
+        if let Some(cold) = &self.inner.cfg.cold {
+            cold.durable(self.inner.cfg.shard, self.durable_end());
         }
     }
 
