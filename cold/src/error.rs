@@ -77,9 +77,10 @@ pub enum Error {
     },
     /// The archive holds a data dir placed otherwise: a configuration error.
     #[error(
-        "{store} holds a data dir of {}; this server's has {} (start it with --cores {}{})",
-        describe(archived), describe(ours), archived.shards,
-        archived.lanes.map_or(String::new(), |l| format!(" --lanes {l}"))
+        "{store} holds a data dir of {}; this server's has {} (start it with {})",
+        describe(archived),
+        describe(ours),
+        start_flags(archived)
     )]
     LayoutMismatch {
         store: String,
@@ -178,6 +179,15 @@ impl Error {
 }
 
 /// A layout in words, for the mismatch message.
+/// The `ursula` flags that create a data dir of `layout`.
+fn start_flags(layout: &crate::manifest::Layout) -> String {
+    match (layout.logs.as_deref(), layout.lanes) {
+        (Some(_), Some(lanes)) => format!("--logs lane --lanes {lanes}"),
+        (_, Some(lanes)) => format!("--cores {} --lanes {lanes}", layout.shards),
+        (_, None) => format!("--cores {}", layout.shards),
+    }
+}
+
 fn describe(layout: &crate::manifest::Layout) -> String {
     match layout.placement() {
         Some(p) => p.to_string(),

@@ -1,7 +1,7 @@
 //! What a shard's archive in the object store is: its manifest and the names of its objects.
 //!
 //! ```text
-//! layout.json                                   {"shards": N, "lanes": L}: created once, never changed
+//! layout.json                                   {"shards": N, "lanes": L} (and "logs": "lane"): created once, never changed
 //! shard-<c>/manifest.json                       the manifest (CAS: If-Match / If-None-Match: *)
 //! shard-<c>/e<epoch>/<seg>.seg                  a sealed segment, up to its records' end
 //! shard-<c>/e<epoch>/<seg>.seg.<start>-<end>    a slice of the segment being written
@@ -27,12 +27,16 @@ pub const LAYOUT_KEY: &str = "layout.json";
 pub const VERSION: u32 = 1;
 
 /// The prefix-level object: how the archived data dir places streams on its shards
-/// (`lanes` absent: by the hash data dirs used before lanes).
+/// (`lanes` absent: by the hash data dirs used before lanes; `logs` absent: a log per
+/// core).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layout {
     pub shards: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lanes: Option<u32>,
+    /// `"lane"` when every lane is a log of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<String>,
 }
 
 impl Layout {
@@ -40,13 +44,19 @@ impl Layout {
         Layout {
             shards: placement.shards(),
             lanes: placement.lanes(),
+            logs: placement.log_per_lane().then(|| "lane".to_string()),
         }
     }
 
     /// The placement this layout describes; `None` if it describes none (zero shards,
-    /// fewer lanes than shards).
+    /// fewer lanes than shards, an unknown kind of log).
     pub fn placement(&self) -> Option<Placement> {
-        Placement::from_parts(self.shards, self.lanes).ok()
+        let log_per_lane = match self.logs.as_deref() {
+            None => false,
+            Some("lane") => true,
+            Some(_) => return None,
+        };
+        Placement::from_parts(self.shards, self.lanes, log_per_lane).ok()
     }
 }
 
@@ -576,6 +586,23 @@ mod tests {
                 .expect_err("other placement")
                 .to_string();
             assert!(err.contains("64 lanes"), "{err}");
+            let lane_logs = Placement::lane_logs(64).expect("placement");
+            let err = ensure_layout(&store, lane_logs)
+                .await
+                .expect_err("a log per lane")
+                .to_string();
+            assert!(err.contains("--cores 4 --lanes 64"), "{err}");
+        });
+        let (_dir, store) = local();
+        run(async {
+            let lane_logs = Placement::lane_logs(12).expect("placement");
+            ensure_layout(&store, lane_logs).await.expect("create");
+            let per_core = Placement::with_lanes(2, 12).expect("placement");
+            let err = ensure_layout(&store, per_core)
+                .await
+                .expect_err("a log per core")
+                .to_string();
+            assert!(err.contains("--logs lane --lanes 12"), "{err}");
         });
     }
 
@@ -586,5 +613,12 @@ mod tests {
         let lanes = Layout::of(Placement::with_lanes(2, 64).expect("placement"));
         let text = sonic_rs::to_string(&lanes).expect("encode");
         assert_eq!(text, r#"{"shards":2,"lanes":64}"#);
+        let lane_logs = Layout::of(Placement::lane_logs(12).expect("placement"));
+        let text = sonic_rs::to_string(&lane_logs).expect("encode");
+        assert_eq!(text, r#"{"shards":12,"lanes":12,"logs":"lane"}"#);
+        assert_eq!(lane_logs.placement(), Placement::lane_logs(12).ok());
+        let unknown: Layout =
+            sonic_rs::from_slice(br#"{"shards":2,"lanes":2,"logs":"disk"}"#).expect("parse");
+        assert_eq!(unknown.placement(), None);
     }
 }

@@ -149,14 +149,15 @@ impl CheckpointCapture {
 }
 
 impl Catalog {
-    pub(super) fn new() -> Catalog {
+    /// An empty catalog whose first stream gets id `first_id` (at least 1).
+    pub(super) fn new(first_id: StreamId) -> Catalog {
         Catalog {
             resident: FastMap::default(),
             dormant: PartedMap::new(),
             states_in: FastMap::default(),
             keys: HashTable::new(),
             key_hasher: foldhash::fast::RandomState::default(),
-            next_id: 1,
+            next_id: first_id.max(1),
             last_incarnation: 0,
             by_use: BinaryHeap::new(),
             deadlines: BinaryHeap::new(),
@@ -701,7 +702,7 @@ mod tests {
 
     #[test]
     fn only_streams_unused_since_the_cutoff_are_idle_and_each_once() {
-        let mut c = Catalog::new();
+        let mut c = Catalog::new(1);
         c.insert(stream(1, "a", 100), 100);
         c.insert(stream(2, "b", 100), 100);
         c.insert(stream(3, "c", 500), 500);
@@ -721,7 +722,7 @@ mod tests {
     fn a_stream_changed_or_used_after_it_was_saved_stays_resident() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = index_file(dir.path());
-        let mut c = Catalog::new();
+        let mut c = Catalog::new(1);
         c.insert(stream(1, "a", 100), 100);
         let saved = (c.get(1).expect("a").changes, 100);
         c.get_mut(1).expect("a");
@@ -745,7 +746,7 @@ mod tests {
     fn a_checkpoint_gets_the_dormant_streams_as_they_were_when_it_began() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = index_file(dir.path());
-        let mut c = Catalog::new();
+        let mut c = Catalog::new(1);
         for (id, key) in [(1, "a"), (2, "b"), (3, "c")] {
             c.insert_dormant(id, key.into(), dormant(&file), Box::new([file.clone()]));
         }
@@ -801,7 +802,7 @@ mod tests {
     fn states_per_file_follow_every_sleep_wake_and_removal() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = index_file(dir.path());
-        let mut c = Catalog::new();
+        let mut c = Catalog::new(1);
         for id in 1..=50 {
             c.insert_dormant(id, format!("s{id}").into(), dormant(&file), Box::new([]));
         }
@@ -837,7 +838,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_gets_the_resident_streams_as_they_were_when_it_began() {
-        let mut c = Catalog::new();
+        let mut c = Catalog::new(1);
         for (id, key) in [(1, "a"), (2, "b"), (3, "c"), (4, "d")] {
             c.insert(stream(id, key, 0), 0);
         }
@@ -877,7 +878,7 @@ mod tests {
     fn a_key_is_found_whether_its_stream_is_resident_or_dormant() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = index_file(dir.path());
-        let mut c = Catalog::new();
+        let mut c = Catalog::new(1);
         // Enough streams that the key index grows (rehashing from the entries' keys).
         for id in 1..=2000 {
             c.insert(stream(id, &format!("k{id}"), 0), 0);
@@ -906,7 +907,7 @@ mod tests {
     fn removing_a_dormant_stream_frees_its_key() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = index_file(dir.path());
-        let mut c = Catalog::new();
+        let mut c = Catalog::new(1);
         c.insert_dormant(4, "k".into(), dormant(&file), Box::new([]));
         assert_eq!((c.next_id(), c.dormant_count()), (5, 1));
         assert!(c.remove(4).is_none(), "no state in memory to hand back");

@@ -99,6 +99,8 @@ pub enum Durability {
 pub struct ShardConfig {
     pub shard: u32,
     pub durability: Durability,
+    /// The first stream id this shard hands out (see `Placement::first_id`).
+    pub first_id: StreamId,
     /// Size of each preallocated segment file.
     pub segment_bytes: u64,
     /// Producer receipts kept per (stream, producer).
@@ -162,6 +164,7 @@ impl ShardConfig {
         ShardConfig {
             shard,
             durability,
+            first_id: 1,
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             receipt_window: 256,
             cache_bytes: DEFAULT_CACHE_BYTES,
@@ -375,7 +378,7 @@ impl Shard {
         crate::fault::skips();
         let inner = Rc::new(Inner {
             cfg: cfg.clone(),
-            catalog: RefCell::new(Catalog::new()),
+            catalog: RefCell::new(Catalog::new(cfg.first_id)),
             clock_ms: Cell::new(crate::now_ms()),
             log: RefCell::new(None),
             group_commit: RefCell::new(GroupCommit::new((SegmentNo::default(), DATA_START))),

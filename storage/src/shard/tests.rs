@@ -1414,3 +1414,26 @@ fn the_log_writes_through_dsync_handles_only() {
         assert_dsync(&shard, "recovered");
     });
 }
+
+#[test]
+fn ids_start_at_the_first_id_and_continue_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = 5 << crate::placement::SHARD_ID_SHIFT;
+    let mut cfg = config(dir.path());
+    cfg.shard = 5;
+    cfg.first_id = first;
+    block_on(async {
+        let (shard, _) = Shard::open(cfg.clone()).await.expect("open");
+        assert_eq!(create_empty_streams(&shard, 2).await, [first, first + 1]);
+        stop_without_checkpoint(&shard).await;
+    });
+    block_on(async {
+        let (shard, report) = Shard::open(cfg).await.expect("reopen");
+        assert_eq!(report.streams, 2);
+        assert_eq!(shard.lookup("s1"), Some(first + 1));
+        let (id, c) = shard.create(new_stream("s2", b"")).expect("create");
+        c.durable().await.expect("durable");
+        assert_eq!(id, first + 2);
+        shard.shutdown().await.expect("shutdown");
+    });
+}
