@@ -10,7 +10,8 @@
 #      and rules use (installs its tools in $HOME/.cache/ursula-tools when missing)
 #   4. npm ci in conformance/                   (only when needed)
 #   5. start `ursula server` (disk engine, temp data dir, port 0) and run the official
-#      Durable Streams conformance suite against it
+#      Durable Streams conformance suite against it: once with a log per lane (8 lanes on
+#      2 cores), then with the default log per core
 #   6. SIGTERM the server; it must exit 0 within 10 s
 #      then scripts/client-tests.sh: the browser telemetry example in headless
 #      Chromium, the official TypeScript and Python clients, OTLP/JSON exporters, and
@@ -114,43 +115,60 @@ fi
 stage_done "npm ci"
 
 # ---------------------------------------------------------------------------
-banner "5/9 conformance suite against ursula (disk engine)"
-DATA_DIR="$TMP_ROOT/data"
-mkdir -p "$DATA_DIR"
+banner "5/9 conformance suite against ursula (disk engine; a log per core, then per lane)"
 SERVER_OUT="$TMP_ROOT/server.stdout"
 SERVER_ERR="$TMP_ROOT/server.stderr"
-"$URSULA_BIN" server --listen 127.0.0.1:0 --data-dir "$DATA_DIR" --storage disk \
-    --long-poll-timeout-ms 500 >"$SERVER_OUT" 2>"$SERVER_ERR" &
-SERVER_PID=$!
 
-URL=""
-for _ in $(seq 1 600); do # up to 60 s for recovery + bind
-    line="$(head -n 1 "$SERVER_OUT" 2>/dev/null || true)"
-    if [[ "$line" =~ ^ursula\ listening\ on\ (http://[^[:space:]]+)$ ]]; then
-        URL="${BASH_REMATCH[1]%/}"
-        break
-    fi
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-        echo "--- server stderr ---" >&2
+# Start `ursula server` on a new data dir with extra flags; sets SERVER_PID and URL.
+start_server() {
+    local data_dir
+    data_dir="$(mktemp -d "$TMP_ROOT/data.XXXXXX")"
+    "$URSULA_BIN" server --listen 127.0.0.1:0 --data-dir "$data_dir" --storage disk \
+        --long-poll-timeout-ms 500 "$@" >"$SERVER_OUT" 2>"$SERVER_ERR" &
+    SERVER_PID=$!
+    URL=""
+    for _ in $(seq 1 600); do # up to 60 s for recovery + bind
+        line="$(head -n 1 "$SERVER_OUT" 2>/dev/null || true)"
+        if [[ "$line" =~ ^ursula\ listening\ on\ (http://[^[:space:]]+)$ ]]; then
+            URL="${BASH_REMATCH[1]%/}"
+            break
+        fi
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            echo "--- server stderr ---" >&2
+            tail -n 50 "$SERVER_ERR" >&2 || true
+            die "ursula server exited before printing its listening line"
+        fi
+        sleep 0.1
+    done
+    if [[ -z "$URL" ]]; then
         tail -n 50 "$SERVER_ERR" >&2 || true
-        die "ursula server exited before printing its listening line"
+        die "ursula server did not print 'ursula listening on http://…' within 60 s (first line: '${line:-}')"
     fi
-    sleep 0.1
-done
-if [[ -z "$URL" ]]; then
-    tail -n 50 "$SERVER_ERR" >&2 || true
-    die "ursula server did not print 'ursula listening on http://…' within 60 s (first line: '${line:-}')"
-fi
-echo "server pid $SERVER_PID at $URL"
+    echo "server pid $SERVER_PID at $URL ($*)"
+}
 
-conformance_rc=0
-# A healthy run takes about a minute; bound it so a wedged server cannot hang CI.
-(cd "$CONF" && CONFORMANCE_TEST_URL="$URL" timeout 900 npx --no-install vitest run) || conformance_rc=$?
-if [[ $conformance_rc -ne 0 ]]; then
-    echo "--- last server stderr lines ---" >&2
-    tail -n 30 "$SERVER_ERR" >&2 || true
-    die "conformance suite failed (vitest exit $conformance_rc)"
-fi
+run_conformance() {
+    local rc=0
+    # A healthy run takes about a minute; bound it so a wedged server cannot hang CI.
+    (cd "$CONF" && CONFORMANCE_TEST_URL="$URL" timeout 900 npx --no-install vitest run) || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        echo "--- last server stderr lines ---" >&2
+        tail -n 30 "$SERVER_ERR" >&2 || true
+        die "conformance suite failed (vitest exit $rc)"
+    fi
+}
+
+# A log per lane: 8 lanes on 2 cores, so each core runs 4 logs.
+start_server --cores 2 --logs lane --lanes 8
+run_conformance
+kill -TERM "$SERVER_PID"
+server_rc=0
+wait "$SERVER_PID" || server_rc=$?
+SERVER_PID=""
+[[ $server_rc -eq 0 ]] || { tail -n 30 "$SERVER_ERR" >&2 || true; die "ursula server (a log per lane) exited with status $server_rc after SIGTERM"; }
+
+start_server
+run_conformance
 stage_done "conformance"
 
 # ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use ursula_protocol::http1::Method;
+use ursula_storage::placement::Placement;
 use ursula_storage::shard::{COMMIT_BYTES_BUCKETS, COMMIT_WRITE_BUCKETS_US};
 use ursula_storage::{DiskUsage, HeapUsage, ShardStats};
 use ursula_storage::{S3WalStats, S3_PUT_SECONDS_BUCKETS};
@@ -122,23 +123,29 @@ fn lanes(core: &Core) -> Response {
     } else {
         "fnv1a"
     };
+    let logs = if placement.log_per_lane() {
+        "lane"
+    } else {
+        "core"
+    };
     let _ = write!(
         out,
-        "{{\"placement\":\"{kind}\",\"cores\":{},\"lane_count\":{},\"core_ports\":[",
-        placement.shards(),
+        "{{\"placement\":\"{kind}\",\"logs\":\"{logs}\",\"cores\":{},\"lane_count\":{},\"core_ports\":[",
+        core.cores(),
         placement
             .lanes()
             .map_or("null".to_string(), |l| l.to_string()),
     );
-    for c in 0..placement.shards() as usize {
+    for c in 0..core.cores() {
         let _ = write!(out, "{}{}", if c > 0 { "," } else { "" }, port(c));
     }
     out.push_str("],\"lanes\":[");
     for lane in 0..placement.lanes().unwrap_or(0) {
-        let c = placement.shard_of_lane(lane).unwrap_or(0);
+        let shard = placement.shard_of_lane(lane).unwrap_or(0);
+        let c = Placement::core_of_shard(shard, core.cores());
         let _ = write!(
             out,
-            "{}{{\"lane\":{lane},\"core\":{c},\"port\":{}}}",
+            "{}{{\"lane\":{lane},\"shard\":{shard},\"core\":{c},\"port\":{}}}",
             if lane > 0 { "," } else { "" },
             port(c)
         );
@@ -170,9 +177,14 @@ async fn ready(core: &Rc<Core>) -> Response {
         return text(503, &format!("cold tier archiving stopped: {why}\n"));
     }
     for index in 0..core.cores() {
-        match core.on(index, |c| async move { c.shard.failure() }).await {
+        let failed = |c: Rc<Core>| async move {
+            c.shards()
+                .iter()
+                .find_map(|s| s.failure().map(|why| (s.config().shard, why)))
+        };
+        match core.on(index, failed).await {
             Ok(None) => {}
-            Ok(Some(why)) => return text(503, &format!("shard {index} failed: {why}\n")),
+            Ok(Some((shard, why))) => return text(503, &format!("shard {shard} failed: {why}\n")),
             Err(_) => return text(503, &format!("core {index} unavailable\n")),
         }
     }
@@ -181,15 +193,21 @@ async fn ready(core: &Rc<Core>) -> Response {
 
 async fn metrics(core: &Rc<Core>) -> Response {
     let mut cores = Vec::with_capacity(core.cores());
+    let mut shards = Vec::with_capacity(core.cores());
     for index in 0..core.cores() {
         match core.on(index, |c| async move { snapshot(&c) }).await {
-            Ok(s) => cores.push(s),
+            Ok((c, s)) => {
+                cores.push(c);
+                shards.extend(s);
+            }
             Err(_) => return text(503, &format!("core {index} unavailable\n")),
         }
     }
+    shards.sort_by_key(|s| s.shard);
     let mut registry = prometheus_client::registry::Registry::default();
     registry.register_collector(Box::new(Scrape {
         cores,
+        shards,
         ready: started() && !core.shutting_down(),
         process: ProcessSnapshot::now(core),
         throttled: core.bucket_limits.throttled(),
@@ -207,7 +225,7 @@ async fn metrics(core: &Rc<Core>) -> Response {
         .with_body(vec![Bytes::from(out)])
 }
 
-/// Everything a scrape reports about one core and its shard.
+/// Everything a scrape reports about one core.
 #[derive(Debug)]
 struct CoreSnapshot {
     core: usize,
@@ -222,6 +240,12 @@ struct CoreSnapshot {
     waiting_readers: usize,
     connections: usize,
     inflight: usize,
+}
+
+/// Everything a scrape reports about one shard.
+#[derive(Debug)]
+struct ShardSnapshot {
+    shard: usize,
     stats: ShardStats,
     unflushed_bytes: u64,
     disk: Option<DiskUsage>,
@@ -235,13 +259,13 @@ struct CoreSnapshot {
     s3_wal: Option<S3WalStats>,
 }
 
-fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
+fn snapshot(core: &Rc<Core>) -> (CoreSnapshot, Vec<ShardSnapshot>) {
     let m = &core.metrics;
     let (connections, waiting_readers) = (
         core.connections(),
         core.waiting_on_streams() + crate::live::feed::waiting(),
     );
-    CoreSnapshot {
+    let snapshot = CoreSnapshot {
         core: core.index,
         requests: m.requests.borrow().iter().map(|(k, v)| (*k, *v)).collect(),
         append_bytes: m.append_bytes.get(),
@@ -254,23 +278,37 @@ fn snapshot(core: &Rc<Core>) -> CoreSnapshot {
         waiting_readers,
         connections,
         inflight: core.inflight.get(),
-        stats: core.shard.stats(),
-        unflushed_bytes: core.shard.unflushed_bytes(),
-        disk: (core.config.storage == StorageMode::Disk).then(|| core.shard.disk_usage()),
-        cache_bytes: core.shard.resident_bytes(),
-        write_budget_bytes: core.shard.config().write_budget_bytes,
-        streams: core.shard.stream_counts().0,
-        dormant_streams: core.shard.stream_counts().1,
-        heap: core.shard.heap_usage(),
-        failed: core.shard.failure().is_some(),
-        s3_wal: core.shard.s3_wal_stats(),
-    }
+    };
+    let disk = core.config.storage == StorageMode::Disk;
+    let shards = core
+        .shards()
+        .iter()
+        .map(|shard| {
+            let (streams, dormant_streams) = shard.stream_counts();
+            ShardSnapshot {
+                shard: shard.config().shard as usize,
+                stats: shard.stats(),
+                unflushed_bytes: shard.unflushed_bytes(),
+                disk: disk.then(|| shard.disk_usage()),
+                cache_bytes: shard.resident_bytes(),
+                write_budget_bytes: shard.config().write_budget_bytes,
+                streams,
+                dormant_streams,
+                heap: shard.heap_usage(),
+                failed: shard.failure().is_some(),
+                s3_wal: shard.s3_wal_stats(),
+            }
+        })
+        .collect();
+    (snapshot, shards)
 }
 
 /// One scrape's data, encoded by `prometheus-client`.
 #[derive(Debug)]
 struct Scrape {
     cores: Vec<CoreSnapshot>,
+    /// Every shard of every core, by number.
+    shards: Vec<ShardSnapshot>,
     ready: bool,
     process: ProcessSnapshot,
     /// Each rate-limited bucket's refused appends (see `rate_limit`).
@@ -427,10 +465,10 @@ impl prometheus_client::collector::Collector for Scrape {
         encode_process(&mut e, &self.process)?;
         encode_requests(&mut e, &self.cores)?;
         encode_cores(&mut e, &self.cores)?;
-        encode_storage(&mut e, &self.cores)?;
-        encode_storage_space(&mut e, &self.cores)?;
-        encode_s3_wal(&mut e, &self.cores)?;
-        encode_streams_and_memory(&mut e, &self.cores)?;
+        encode_storage(&mut e, &self.shards)?;
+        encode_storage_space(&mut e, &self.shards)?;
+        encode_s3_wal(&mut e, &self.shards)?;
+        encode_streams_and_memory(&mut e, &self.shards)?;
         encode_throttled(&mut e, &self.throttled)?;
         if let Some(archive) = crate::cold::archive() {
             encode_cold(&mut e, &archive.status)?;
@@ -659,85 +697,85 @@ fn encode_cores(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<(),
 /// Each shard's log and disk reads.
 fn encode_storage(
     e: &mut DescriptorEncoder,
-    cores: &[CoreSnapshot],
+    shards: &[ShardSnapshot],
 ) -> Result<(), std::fmt::Error> {
-    let c = || cores.iter();
+    let c = || shards.iter();
     per_core(
         e,
         "ursula_storage_flushes",
         "Group commits written durably",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.flushes))),
+        c().map(|s| (s.shard, counter(s.stats.flushes))),
     )?;
     per_core(
         e,
         "ursula_storage_records_flushed",
         "Log records made durable; divide by flushes for appends per group commit",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.records_flushed))),
+        c().map(|s| (s.shard, counter(s.stats.records_flushed))),
     )?;
     per_core(
         e,
         "ursula_storage_bytes_flushed",
         "Framed log bytes made durable",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.bytes_flushed))),
+        c().map(|s| (s.shard, counter(s.stats.bytes_flushed))),
     )?;
     per_core(
         e,
         "ursula_storage_spare_segments",
         "Segments that began as a zero-filled spare prepared while the log filled slowly",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.spare_segments))),
+        c().map(|s| (s.shard, counter(s.stats.spare_segments))),
     )?;
     per_core(
         e,
         "ursula_storage_zeroed_ahead_bytes",
         "Zeros written just ahead of the records while the log fills slowly",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.zeroed_ahead_bytes))),
+        c().map(|s| (s.shard, counter(s.stats.zeroed_ahead_bytes))),
     )?;
     per_core(
         e,
         "ursula_storage_commit_bytes",
         "Bytes each group commit wrote to the log",
         "shard",
-        c().map(|s| (s.core, commit_bytes_histogram(&s.stats))),
+        c().map(|s| (s.shard, commit_bytes_histogram(&s.stats))),
     )?;
     per_core(
         e,
         "ursula_storage_read_cache_hit_bytes",
         "Bytes reads returned from the read cache",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.read_cache_hit_bytes))),
+        c().map(|s| (s.shard, counter(s.stats.read_cache_hit_bytes))),
     )?;
     per_core(
         e,
         "ursula_storage_read_cache_miss_bytes",
         "Bytes reads fetched from the log on disk or the cold tier",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.read_cache_miss_bytes))),
+        c().map(|s| (s.shard, counter(s.stats.read_cache_miss_bytes))),
     )?;
     per_core(
         e,
         "ursula_storage_write_budget_bytes",
         "Unflushed bytes at which a shard answers appends 503 (write_budget_bytes)",
         "shard",
-        c().map(|s| (s.core, gauge(s.write_budget_bytes as u64))),
+        c().map(|s| (s.shard, gauge(s.write_budget_bytes as u64))),
     )?;
     per_core(
         e,
         "ursula_storage_disk_reads",
         "Direct-I/O reads of evicted stream data (neighbouring records share one)",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.disk_reads))),
+        c().map(|s| (s.shard, counter(s.stats.disk_reads))),
     )?;
     per_core(
         e,
         "ursula_storage_disk_read_bytes",
         "Bytes those reads transferred, gaps between wanted records included",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.disk_read_bytes))),
+        c().map(|s| (s.shard, counter(s.stats.disk_read_bytes))),
     )?;
     Ok(())
 }
@@ -745,50 +783,50 @@ fn encode_storage(
 /// Each shard's cold tier use, group-commit writes and disk space.
 fn encode_storage_space(
     e: &mut DescriptorEncoder,
-    cores: &[CoreSnapshot],
+    shards: &[ShardSnapshot],
 ) -> Result<(), std::fmt::Error> {
-    let c = || cores.iter();
+    let c = || shards.iter();
     per_core(
         e,
         "ursula_storage_cold_reads",
         "Fetches of archived segment blocks from the cold tier",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.cold_reads))),
+        c().map(|s| (s.shard, counter(s.stats.cold_reads))),
     )?;
     per_core(
         e,
         "ursula_storage_cold_cache_hits",
         "Reads of cold segment blocks answered from the in-memory cold cache",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.cold_cache_hits))),
+        c().map(|s| (s.shard, counter(s.stats.cold_cache_hits))),
     )?;
     per_core(
         e,
         "ursula_storage_cold_cache_misses",
         "Reads of cold segment blocks that had to fetch from the cold tier",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.cold_cache_misses))),
+        c().map(|s| (s.shard, counter(s.stats.cold_cache_misses))),
     )?;
     per_core(
         e,
         "ursula_storage_evicted_segments",
         "Archived sealed segments whose local file was deleted to keep within local_bytes",
         "shard",
-        c().map(|s| (s.core, counter(s.stats.evicted_segments))),
+        c().map(|s| (s.shard, counter(s.stats.evicted_segments))),
     )?;
     per_core(
         e,
         "ursula_storage_cold_segments",
         "Sealed segments that live only in the cold tier",
         "shard",
-        c().map(|s| (s.core, gauge(s.stats.cold_segments))),
+        c().map(|s| (s.shard, gauge(s.stats.cold_segments))),
     )?;
     per_core(
         e,
         "ursula_storage_local_segment_bytes",
         "Bytes of segment files on the local disk",
         "shard",
-        c().map(|s| (s.core, gauge(s.stats.local_segment_bytes))),
+        c().map(|s| (s.shard, gauge(s.stats.local_segment_bytes))),
     )?;
     per_core(
         e,
@@ -796,28 +834,28 @@ fn encode_storage_space(
         "Latency of a group commit's durable (O_DSYNC) log writes: data and disk flush",
         "shard",
         c().filter(|s| s.disk.is_some())
-            .map(|s| (s.core, commit_write_histogram(&s.stats))),
+            .map(|s| (s.shard, commit_write_histogram(&s.stats))),
     )?;
     per_core(
         e,
         "ursula_storage_unflushed_bytes",
         "Group-commit queue depth: framed bytes not yet durable",
         "shard",
-        c().map(|s| (s.core, gauge(s.unflushed_bytes))),
+        c().map(|s| (s.shard, gauge(s.unflushed_bytes))),
     )?;
     per_core(
         e,
         "ursula_storage_live_bytes",
         "Bytes of data held by live streams",
         "shard",
-        c().filter_map(|s| Some((s.core, gauge(s.disk?.live_bytes)))),
+        c().filter_map(|s| Some((s.shard, gauge(s.disk?.live_bytes)))),
     )?;
     per_core(
         e,
         "ursula_storage_segment_bytes",
         "Preallocated bytes of all log segment files",
         "shard",
-        c().filter_map(|s| Some((s.core, gauge(s.disk?.segment_bytes)))),
+        c().filter_map(|s| Some((s.shard, gauge(s.disk?.segment_bytes)))),
     )?;
     per_core(
         e,
@@ -826,7 +864,7 @@ fn encode_storage_space(
         "shard",
         c().filter_map(|s| {
             let d = s.disk?;
-            Some((s.core, gauge(d.segment_bytes.saturating_sub(d.live_bytes))))
+            Some((s.shard, gauge(d.segment_bytes.saturating_sub(d.live_bytes))))
         }),
     )?;
     per_core(
@@ -834,14 +872,14 @@ fn encode_storage_space(
         "ursula_storage_segments",
         "Log segment files",
         "shard",
-        c().filter_map(|s| Some((s.core, gauge(s.disk?.segments as u64)))),
+        c().filter_map(|s| Some((s.shard, gauge(s.disk?.segments as u64)))),
     )?;
     per_core(
         e,
         "ursula_storage_cache_bytes",
         "Stream bytes cached in memory",
         "shard",
-        c().map(|s| (s.core, gauge(s.cache_bytes as u64))),
+        c().map(|s| (s.shard, gauge(s.cache_bytes as u64))),
     )?;
     Ok(())
 }
@@ -849,22 +887,22 @@ fn encode_storage_space(
 /// Each shard's streams, the memory its components hold, and whether it failed.
 fn encode_streams_and_memory(
     e: &mut DescriptorEncoder,
-    cores: &[CoreSnapshot],
+    shards: &[ShardSnapshot],
 ) -> Result<(), std::fmt::Error> {
-    let c = || cores.iter();
+    let c = || shards.iter();
     per_core(
         e,
         "ursula_streams",
         "Streams owned by each shard",
         "shard",
-        c().map(|s| (s.core, gauge(s.streams as u64))),
+        c().map(|s| (s.shard, gauge(s.streams as u64))),
     )?;
     per_core(
         e,
         "ursula_dormant_streams",
         "Streams of each shard whose state is in its index files, not in memory, until used",
         "shard",
-        c().map(|s| (s.core, gauge(s.dormant_streams as u64))),
+        c().map(|s| (s.shard, gauge(s.dormant_streams as u64))),
     )?;
     let mut family = e.encode_descriptor(
         "ursula_memory_bytes",
@@ -875,7 +913,7 @@ fn encode_streams_and_memory(
     for s in c() {
         for (component, bytes) in s.heap.components() {
             let labels = [
-                ("shard", s.core.to_string()),
+                ("shard", s.shard.to_string()),
                 ("component", component.to_string()),
             ];
             gauge(bytes as u64).encode(family.encode_family(&labels)?)?;
@@ -886,23 +924,26 @@ fn encode_streams_and_memory(
         "ursula_storage_failed",
         "1 when the shard refuses writes after a failed log write",
         "shard",
-        c().map(|s| (s.core, gauge(u64::from(s.failed)))),
+        c().map(|s| (s.shard, gauge(u64::from(s.failed)))),
     )?;
     Ok(())
 }
 
 /// Each shard's S3 write-ahead log (only with `--durability s3`).
-fn encode_s3_wal(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<(), std::fmt::Error> {
-    if cores.iter().all(|s| s.s3_wal.is_none()) {
+fn encode_s3_wal(
+    e: &mut DescriptorEncoder,
+    shards: &[ShardSnapshot],
+) -> Result<(), std::fmt::Error> {
+    if shards.iter().all(|s| s.s3_wal.is_none()) {
         return Ok(());
     }
-    let w = || cores.iter().filter_map(|s| s.s3_wal.map(|w| (s.core, w)));
+    let w = || shards.iter().filter_map(|s| s.s3_wal.map(|w| (s.shard, w)));
     per_core(
         e,
         "ursula_s3_wal_put_seconds",
         "Time from a WAL object's PUT to S3 holding it (retries included)",
         "shard",
-        w().map(|(core, w)| {
+        w().map(|(shard, w)| {
             let buckets = S3_PUT_SECONDS_BUCKETS
                 .iter()
                 .copied()
@@ -914,7 +955,7 @@ fn encode_s3_wal(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<()
                 count: w.objects,
                 buckets,
             };
-            (core, h)
+            (shard, h)
         }),
     )?;
     per_core(
@@ -922,7 +963,7 @@ fn encode_s3_wal(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<()
         "ursula_s3_wal_object_bytes",
         "Log bytes each WAL object PUT to S3 held",
         "shard",
-        w().map(|(core, w)| {
+        w().map(|(shard, w)| {
             let buckets = COMMIT_BYTES_BUCKETS
                 .iter()
                 .map(|&b| b as f64)
@@ -934,7 +975,7 @@ fn encode_s3_wal(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<()
                 count: w.objects,
                 buckets,
             };
-            (core, h)
+            (shard, h)
         }),
     )?;
     per_core(
@@ -942,28 +983,28 @@ fn encode_s3_wal(e: &mut DescriptorEncoder, cores: &[CoreSnapshot]) -> Result<()
         "ursula_s3_wal_commits",
         "Group commits shipped to S3 in WAL objects (commits per PUT: divide by the objects)",
         "shard",
-        w().map(|(core, w)| (core, counter(w.commits))),
+        w().map(|(shard, w)| (shard, counter(w.commits))),
     )?;
     per_core(
         e,
         "ursula_s3_wal_pending_objects",
         "WAL objects gathering or in flight to S3",
         "shard",
-        w().map(|(core, w)| (core, gauge(w.pending_objects))),
+        w().map(|(shard, w)| (shard, gauge(w.pending_objects))),
     )?;
     per_core(
         e,
         "ursula_s3_wal_pending_bytes",
         "Log bytes durable locally and not in S3 yet",
         "shard",
-        w().map(|(core, w)| (core, gauge(w.pending_bytes))),
+        w().map(|(shard, w)| (shard, gauge(w.pending_bytes))),
     )?;
     per_core(
         e,
         "ursula_s3_wal_waiting_acks",
         "Writes durable locally whose acknowledgement waits for S3",
         "shard",
-        w().map(|(core, w)| (core, gauge(w.waiting_acks))),
+        w().map(|(shard, w)| (shard, gauge(w.waiting_acks))),
     )?;
     Ok(())
 }

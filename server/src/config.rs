@@ -89,6 +89,21 @@ pub enum StorageMode {
     Memory,
 }
 
+/// How a data dir divides its streams into logs (storage shards).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogsMode {
+    /// One log per core: every lane of a core shares its log and its group commits.
+    Core,
+    /// One log per lane, on core `lane mod cores`: the unit a cluster moves between hosts.
+    Lane,
+}
+
+/// Lanes per core of a new data dir with a log per lane and no lane count given: a
+/// core's commits and write buffers are shared by this many logs (see
+/// docs/benchmarks.md, "Logs per core").
+pub const DEFAULT_LANE_LOGS_PER_CORE: u32 = 4;
+
 /// When an append is acknowledged.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -117,6 +132,11 @@ pub struct ServerArgs {
     /// Default 64.
     #[arg(long)]
     pub lanes: Option<u32>,
+    /// How a new data dir keeps its logs: `core` (one log per core, the fastest on one
+    /// host) or `lane` (one log per lane, what a cluster moves between hosts; the core
+    /// count may then change between starts). Fixed once the data dir exists.
+    #[arg(long, value_enum)]
+    pub logs: Option<LogsMode>,
     /// Also give every core a port of its own, from this address's port upward (core N on
     /// port + N): a proxy that computes a stream's lane sends its requests straight to
     /// the core that owns it.
@@ -234,6 +254,7 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub cores: Option<usize>,
     pub lanes: Option<u32>,
+    pub logs: Option<LogsMode>,
     pub core_listen: Option<SocketAddr>,
     pub storage: Option<StorageMode>,
     pub durability: Option<DurabilityMode>,
@@ -278,6 +299,9 @@ pub struct Config {
     /// Lanes asked for on the command line or in the file (`None`: the data dir's, or
     /// `DEFAULT_LANES` for a new one).
     pub lanes: Option<u32>,
+    /// How the logs are kept, as asked for (`None`: the data dir's, or a log per core for
+    /// a new one).
+    pub logs: Option<LogsMode>,
     /// The first per-core port (core N listens on its port + N), if any.
     pub core_listen: Option<SocketAddr>,
     pub storage: StorageMode,
@@ -375,6 +399,8 @@ pub enum ConfigError {
     Lanes(#[from] ursula_storage::placement::PlacementError),
     #[error("core_listen {0} needs {1} consecutive ports from a fixed (non-zero) port")]
     CorePorts(SocketAddr, usize),
+    #[error("{0} cores with a log per lane need at least {0} lanes, not {1}")]
+    CoresBeyondLanes(usize, u32),
     #[error("max_connections must be at least 1")]
     NoConnections,
     #[error("tls_cert and tls_key must be given together")]
@@ -419,8 +445,18 @@ impl Config {
             return Err(ConfigError::Cores(cores));
         }
         let lanes = args.lanes.or(file.lanes);
+        let logs = args.logs.or(file.logs);
         if let Some(lanes) = lanes {
-            ursula_storage::placement::Placement::with_lanes(cores as u32, lanes)?;
+            use ursula_storage::placement::Placement;
+            match logs {
+                Some(LogsMode::Lane) => Placement::lane_logs(lanes)?,
+                _ => Placement::with_lanes(cores as u32, lanes)?,
+            };
+        }
+        if let (Some(LogsMode::Lane), Some(lanes)) = (logs, lanes) {
+            if cores > lanes as usize {
+                return Err(ConfigError::CoresBeyondLanes(cores, lanes));
+            }
         }
         let core_listen = args.core_listen.or(file.core_listen);
         if let Some(a) = core_listen {
@@ -515,6 +551,7 @@ impl Config {
                 .unwrap_or_else(|| PathBuf::from("./data")),
             cores,
             lanes,
+            logs,
             core_listen,
             storage,
             long_poll_timeout: ms(args
@@ -624,6 +661,7 @@ mod tests {
                     if kv.contains(" = ")
                         && !kv.starts_with("cores ")
                         && !kv.starts_with("lanes ")
+                        && !kv.starts_with("logs ")
                         && !kv.starts_with("core_listen ")
                         && !kv.starts_with("metrics_listen ")
                         && !kv.starts_with("log_level ")

@@ -1,7 +1,8 @@
 //! One core's state and the cross-core hop.
 //!
-//! Every core runs one pinned monoio event loop with its own storage shard (see `runtime`).
-//! A stream key hashes to exactly one owner core. A request that arrives on another core is
+//! Every core runs one pinned monoio event loop with its own storage shards (see `runtime`):
+//! one, or with a log per lane one for each lane on the core. A stream key hashes to
+//! exactly one shard, and so to one owner core. A request that arrives on another core is
 //! handed to the owner by [`Core::on`]: a letter posted to the owner's mailbox (`hop`)
 //! starts it there as a task against the owner's shard, and its result is posted back to
 //! the requesting core's mailbox, which completes the waiting request there. Nothing on
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ursula_storage::placement::Placement;
-use ursula_storage::{Lifetime, Shard, StreamMeta, WaiterIds, WaiterSet};
+use ursula_storage::{Lifetime, Shard, StreamId, StreamMeta, WaiterIds, WaiterSet};
 
 use crate::config::Config;
 use crate::hop::Mailbox;
@@ -34,7 +35,9 @@ pub type Mailboxes = Arc<Vec<Mailbox<Letter>>>;
 /// One core's context. Lives on (and never leaves) its thread.
 pub struct Core {
     pub index: usize,
-    pub shard: Shard,
+    /// The shards this core runs, by number: shard `s` is at `s / cores` (see
+    /// [`Core::shard`]). Never empty.
+    shards: Vec<Shard>,
     pub config: Arc<Config>,
     /// Every core's mailbox, this one's included.
     pub peers: Mailboxes,
@@ -76,7 +79,8 @@ pub struct Core {
 /// What a core is made of when its thread starts.
 pub struct CoreParts {
     pub index: usize,
-    pub shard: Shard,
+    /// Every shard on core `index`, lowest number first.
+    pub shards: Vec<Shard>,
     pub config: Arc<Config>,
     pub peers: Mailboxes,
     pub bucket_limits: Arc<BucketLimits>,
@@ -90,11 +94,13 @@ pub struct CoreParts {
 pub struct Unavailable;
 
 impl Core {
+    /// A core with its parts. Panics without a shard: every core runs at least one.
     pub fn new(parts: CoreParts) -> Core {
         let index = parts.index;
+        assert!(!parts.shards.is_empty(), "core {index} has no shard");
         Core {
             index,
-            shard: parts.shard,
+            shards: parts.shards,
             config: parts.config,
             peers: parts.peers,
             bucket_limits: parts.bucket_limits,
@@ -140,7 +146,44 @@ impl Core {
 
     /// The core owning `key`, by the data dir's placement (lane, or the older hash).
     pub fn owner_of(&self, key: &str) -> usize {
-        self.placement.shard_of(key)
+        Placement::core_of_shard(self.placement.shard_of(key), self.cores())
+    }
+
+    /// The shard that holds `key`. Only its owner core asks.
+    pub fn shard_for(&self, key: &str) -> &Shard {
+        self.local_shard(self.placement.shard_of(key))
+    }
+
+    /// The shard stream `id` is in: the core's only one, or with a log per lane the one
+    /// whose number the id carries.
+    pub fn shard(&self, id: StreamId) -> &Shard {
+        match self.placement.shard_of_id(id) {
+            Some(shard) if self.shards.len() > 1 => self.local_shard(shard),
+            _ => self.first_shard(),
+        }
+    }
+
+    /// Every shard this core runs.
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    /// Whether `shard` is the one `key` is placed on: where a key kept in every shard (a
+    /// bucket record) has its authoritative copy.
+    pub fn is_home_of(&self, shard: &Shard, key: &str) -> bool {
+        self.placement.shard_of(key) == shard.config().shard as usize
+    }
+
+    fn local_shard(&self, shard: usize) -> &Shard {
+        debug_assert_eq!(Placement::core_of_shard(shard, self.cores()), self.index);
+        self.shards
+            .get(shard / self.cores())
+            .unwrap_or_else(|| self.first_shard())
+    }
+
+    fn first_shard(&self) -> &Shard {
+        // `Core::new` refuses an empty list.
+        &self.shards[0]
     }
 
     /// Run `f` on core `core` and return its result here.
@@ -190,7 +233,7 @@ impl Core {
         let now = ursula_storage::now_ms();
         StreamMeta {
             key: key.into(),
-            incarnation: self.shard.next_incarnation(now),
+            incarnation: self.shard_for(key).next_incarnation(now),
             created_ms: now,
             content_type: content_type.into(),
             lifetime,

@@ -22,10 +22,10 @@ pub enum Found {
 }
 
 pub fn find(core: &Rc<Core>, key: &str) -> Found {
-    let Some(id) = core.shard.lookup(key) else {
+    let Some(id) = core.shard_for(key).lookup(key) else {
         return Found::Absent;
     };
-    let Some(s) = core.shard.stream(id) else {
+    let Some(s) = core.shard(id).stream(id) else {
         return Found::Absent;
     };
     let expired = match s.lifetime() {

@@ -10,23 +10,23 @@ use crate::ext::{Ext, ForkLink};
 
 /// DELETE: soft-delete while forks reference the stream, otherwise remove it.
 pub async fn delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
-    let mut ext = match core.shard.stream(id) {
+    let mut ext = match core.shard(id).stream(id) {
         Some(s) => Ext::decode(s.ext()),
         None => return Ok(()),
     };
     if ext.refs > 0 {
         ext.soft_deleted = true;
-        return core.shard.set_ext(id, ext.encode())?.durable().await;
+        return core.shard(id).set_ext(id, ext.encode())?.durable().await;
     }
     hard_delete(core, id).await
 }
 
 async fn hard_delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
     let link = core
-        .shard
+        .shard(id)
         .stream(id)
         .and_then(|s| Ext::decode(s.ext()).fork);
-    core.shard.delete(id)?.durable().await?;
+    core.shard(id).delete(id)?.durable().await?;
     if let Some(link) = link {
         release(core, link).await;
     }
@@ -39,10 +39,10 @@ async fn hard_delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> 
 pub fn remove_expired(core: &Rc<Core>, id: StreamId) {
     let core = core.clone();
     let link = core
-        .shard
+        .shard(id)
         .stream(id)
         .and_then(|s| Ext::decode(s.ext()).fork);
-    match core.shard.delete(id) {
+    match core.shard(id).delete(id) {
         Ok(commit) => {
             monoio::spawn(async move {
                 if commit.durable().await.is_ok() {
@@ -62,10 +62,10 @@ pub async fn release(core: &Rc<Core>, link: ForkLink) {
     let owner = core.owner_of(&link.source);
     let _ = core
         .on(owner, move |c| async move {
-            let Some(id) = c.shard.lookup(&link.source) else {
+            let Some(id) = c.shard_for(&link.source).lookup(&link.source) else {
                 return;
             };
-            let (mut ext, incarnation) = match c.shard.stream(id) {
+            let (mut ext, incarnation) = match c.shard(id).stream(id) {
                 Some(s) => (Ext::decode(s.ext()), s.incarnation()),
                 None => return,
             };
@@ -76,7 +76,7 @@ pub async fn release(core: &Rc<Core>, link: ForkLink) {
             let result = if ext.refs == 0 && ext.soft_deleted {
                 Box::pin(hard_delete(&c, id)).await
             } else {
-                match c.shard.set_ext(id, ext.encode()) {
+                match c.shard(id).set_ext(id, ext.encode()) {
                     Ok(commit) => commit.durable().await,
                     Err(e) => Err(e),
                 }

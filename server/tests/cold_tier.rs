@@ -1385,3 +1385,64 @@ fn segments_the_cleaner_drops_leave_s3_after_the_grace_period() {
     assert_eq!(seen(&s, "/demo/trim"), trimmed);
     expect(&s, "HEAD", "/v1/stream/doomed", &[], b"", 404);
 }
+
+/// With a log per lane, each lane is archived under a manifest of its own; a restore
+/// brings every lane back, and a server with another core count runs them.
+#[test]
+fn a_log_per_lane_is_archived_per_lane_and_restores_onto_other_cores() {
+    let dir = temp_dir("ursula-cold-lane-logs");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let setup = Setup {
+        interval_ms: 60_000,
+        grace_ms: 600_000,
+        cores: 2,
+    };
+    let config = setup.config(dir.path(), &s3, "lanes");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let s = setup.start(&data, &config, &log, &["--logs", "lane", "--lanes", "4"]);
+    expect(&s, "PUT", "/bucket", &[], b"", 201);
+    let mut want = Vec::new();
+    for i in 0..12 {
+        for path in [format!("/v1/stream/s-{i}"), format!("/bucket/b-{i}")] {
+            expect(&s, "PUT", &path, &[OCTETS], &pattern(i, 0, 300), 201);
+            let last = pattern(i, 1, 1_000 + i);
+            expect(&s, "POST", &path, &[OCTETS], &last, 204);
+            want.push((path, [pattern(i, 0, 300), last].concat()));
+        }
+    }
+    let before: Vec<Seen> = want.iter().map(|(path, _)| seen(&s, path)).collect();
+    let status = s
+        .sigterm(Duration::from_secs(30))
+        .expect("a clean stop exits");
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(&log).expect("server log");
+    assert_eq!(
+        text.matches("archived up to the final durable end").count(),
+        4,
+        "every lane's log has its last round:\n{text}"
+    );
+    for lane in 0..4 {
+        let m = s3.manifest("lanes", lane).expect("a manifest per lane");
+        assert!(u64_at(&m, &["archived", "lsn"]) > 0, "lane {lane}: {m:?}");
+    }
+    let layout = s3.object("lanes", "layout.json").expect("layout");
+    assert_eq!(layout, br#"{"shards":4,"lanes":4,"logs":"lane"}"#);
+
+    std::fs::remove_dir_all(&data).expect("lose the host's disk");
+    restore_ok(&s3, "lanes", &data);
+    let one_core = Setup { cores: 1, ..setup };
+    let s = one_core.start(&data, &config, &log, &[]);
+    for ((path, want), before) in want.iter().zip(&before) {
+        assert_eq!(
+            &read_all(&s, path),
+            want,
+            "{path} after a restore onto 1 core"
+        );
+        // Offsets and incarnations move with the lane.
+        assert_eq!(&seen(&s, path), before, "{path}");
+    }
+    let r = expect(&s, "GET", "/bucket/streams", &[], b"", 200);
+    let listing: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("listing");
+    assert_eq!(listing["stream_count"].as_u64(), Some(12));
+}

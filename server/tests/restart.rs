@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use sonic_rs::JsonValueTrait;
 use support::{offset_token, request, temp_dir, wait_timeout, Response, Server, URSULA_BIN};
 
 const CORES: usize = 2;
@@ -475,6 +476,114 @@ fn the_data_dir_fixes_its_lanes() {
     let err = refused(&data, CORES, &["--lanes", "1"]);
     assert!(err.contains("1 lanes cannot spread over 2 shards"), "{err}");
     assert!(!data.join("ursula.layout").exists());
+}
+
+/// The streams `a_log_per_lane_moves_between_core_counts` writes: compat IDs and a
+/// bucket's streams, each with its expected body.
+fn lane_log_streams(round: &str, n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .flat_map(|i| {
+            [
+                (format!("/v1/stream/{round}-{i}"), format!("{round} {i}\n")),
+                (format!("/bucket/{round}-{i}"), format!("{round} b{i}\n")),
+            ]
+        })
+        .collect()
+}
+
+fn write_streams(s: &Server, streams: &[(String, String)]) {
+    let mut c = s.client();
+    for (path, body) in streams {
+        let r = c
+            .request(
+                "PUT",
+                path,
+                &[("Content-Type", "text/plain")],
+                body.as_bytes(),
+            )
+            .unwrap();
+        assert_eq!(r.status, 201, "create {path}: {}", r.body_str());
+        let r = c
+            .request(
+                "POST",
+                path,
+                &[("Content-Type", "text/plain")],
+                body.as_bytes(),
+            )
+            .unwrap();
+        assert_eq!(r.status, 204, "append {path}: {}", r.body_str());
+    }
+}
+
+fn read_streams(s: &Server, streams: &[(String, String)], when: &str) {
+    let mut c = s.client();
+    for (path, body) in streams {
+        let r = c
+            .request("GET", &format!("{path}?offset=-1"), &[], b"")
+            .unwrap();
+        assert_eq!(r.status, 200, "{path} {when}");
+        assert_eq!(r.body_str(), format!("{body}{body}"), "{path} {when}");
+    }
+}
+
+/// With a log per lane, each lane is a shard of its own and any core count up to the lanes
+/// opens the data dir: every stream, and every bucket's record, is found after a crash on
+/// 2 cores, a restart on 1 (all six logs on one core) and one on 3.
+#[test]
+fn a_log_per_lane_moves_between_core_counts() {
+    let dir = temp_dir("ursula-lane-logs");
+    let data = dir.path().join("data");
+    let first = lane_log_streams("first", 15);
+    let s = Server::spawn_standard(&data, "disk", 2, &["--logs", "lane", "--lanes", "6"], None);
+    assert_eq!(
+        s.client()
+            .request("PUT", "/bucket", &[], b"")
+            .unwrap()
+            .status,
+        201
+    );
+    write_streams(&s, &first);
+    s.kill9();
+    let layout = std::fs::read_to_string(data.join("ursula.layout")).unwrap();
+    assert_eq!(layout, "shards=6\nlanes=6\nlogs=lane\n");
+    for shard in 0..6 {
+        assert!(
+            data.join(format!("shard-{shard}")).is_dir(),
+            "shard-{shard}"
+        );
+    }
+
+    let s = Server::spawn_standard(&data, "disk", 1, &[], None);
+    read_streams(&s, &first, "on 1 core");
+    let second = lane_log_streams("second", 10);
+    write_streams(&s, &second);
+    read_streams(&s, &first, "after new streams on 1 core");
+    assert!(s.sigterm(Duration::from_secs(10)).expect("exit").success());
+
+    let s = Server::spawn_standard(&data, "disk", 3, &[], None);
+    read_streams(&s, &first, "on 3 cores");
+    read_streams(&s, &second, "on 3 cores");
+    let r = get(&s, "/bucket/streams");
+    assert_eq!(r.status, 200);
+    let listing: sonic_rs::Value = sonic_rs::from_slice(&r.body).unwrap();
+    assert_eq!(
+        listing["stream_count"].as_u64(),
+        Some(25),
+        "{}",
+        r.body_str()
+    );
+    let r = get(&s, "/__ursula/lanes");
+    let lanes: sonic_rs::Value = sonic_rs::from_slice(&r.body).unwrap();
+    assert_eq!(lanes["logs"].as_str(), Some("lane"));
+    assert_eq!(lanes["cores"].as_u64(), Some(3));
+    assert_eq!(lanes["lanes"][5]["shard"].as_u64(), Some(5));
+    assert_eq!(lanes["lanes"][5]["core"].as_u64(), Some(2));
+    assert!(s.sigterm(Duration::from_secs(10)).expect("exit").success());
+
+    let err = refused(&data, 7, &[]);
+    assert!(err.contains("at most --cores 6"), "{err}");
+    let err = refused(&data, 2, &["--logs", "core"]);
+    assert!(err.contains("a log per lane"), "{err}");
 }
 
 #[test]

@@ -57,7 +57,7 @@ fn check_producer(core: &Rc<Core>, target: &Target, p: &ProducerHeaders) -> Prod
         // A stream this append creates knows no producer yet.
         Target::New { .. } => return first_of_producer(p),
     };
-    let Some(s) = core.shard.head(id) else {
+    let Some(s) = core.shard(id).head(id) else {
         return ProducerVerdict::Accept;
     };
     let Some(state) = s.producer(p.id.as_str()) else {
@@ -193,7 +193,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
             Some(Ok(ct)) => ct,
         };
         let (kind, lines) = PayloadKind::of_append(surface, &ct, || match &target {
-            Target::Live(id) => core.shard.head(*id).map(|s| is_json(s.content_type())),
+            Target::Live(id) => core.shard(*id).head(*id).map(|s| is_json(s.content_type())),
             Target::New { settings, .. } => Some(is_json(&settings.content_type)),
         })?;
         let body = payload(kind, req.body, false)?;
@@ -226,7 +226,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
     let head = match &target {
         Target::Live(id) => {
             let s = core
-                .shard
+                .shard(*id)
                 .head(*id)
                 .ok_or_else(ApiError::owner_unavailable)?;
             Head {
@@ -301,7 +301,7 @@ pub(super) fn target(
     // A close alone creates nothing: a stream closed before its first write holds nothing
     // a shipper would want.
     let bucket = bucket_of(key).filter(|_| surface == Surface::Bucketed && !close_only);
-    match bucket.and_then(|b| buckets::settings(core, b).auto_create) {
+    match bucket.and_then(|b| buckets::settings(core.shard_for(key), b).auto_create) {
         Some(settings) => Ok(Target::New { settings, expired }),
         None => Err(ApiError::StreamNotFound),
     }
@@ -379,7 +379,7 @@ async fn commit(
         ..Default::default()
     };
     let (receipt, commit) = match target {
-        Target::Live(id) => core.shard.append(id, rec)?,
+        Target::Live(id) => core.shard(id).append(id, rec)?,
         Target::New { settings, expired } => {
             let (_, receipt, commit) = create(core, key, &settings, expired, rec)?;
             (receipt, commit)
@@ -427,9 +427,9 @@ pub(super) fn create(
         meta: core.new_stream_meta(key, &settings.content_type, lifetime, Bytes::new()),
         initial: first,
     };
-    let (id, commit) = core.shard.create(spec)?;
+    let (id, commit) = core.shard_for(&spec.meta.key).create(spec)?;
     let s = core
-        .shard
+        .shard(id)
         .head(id)
         .ok_or(StorageError::Internal("a stream just created has no head"))?;
     let receipt = Receipt {
@@ -454,17 +454,17 @@ async fn duplicate(
     if let Some(r) = &receipt {
         // The original may still be in the group commit; never acknowledge before it is.
         loop {
-            let (visible, version) = match core.shard.stream(id) {
+            let (visible, version) = match core.shard(id).stream(id) {
                 Some(s) => (s.next_offset() >= r.next, s.version()),
                 None => return Err(ApiError::StreamNotFound.into()),
             };
             if visible {
                 break;
             }
-            core.shard.changed(id, version).await;
+            core.shard(id).changed(id, version).await;
         }
     }
-    let (closed, coords) = core.shard.stream(id).map_or((false, false), |s| {
+    let (closed, coords) = core.shard(id).stream(id).map_or((false, false), |s| {
         (s.is_closed(), records::active(surface, s.content_type()))
     });
     let mut resp = Response::new(204)

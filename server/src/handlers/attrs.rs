@@ -30,7 +30,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     let id = lookup::live(core, key)?;
     if !put {
         let s = core
-            .shard
+            .shard(id)
             .stream(id)
             .ok_or_else(ApiError::owner_unavailable)?;
         let body = Attrs::render(Ext::decode(s.ext()).attrs.as_ref());
@@ -51,12 +51,12 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     let attrs = parse(&req.body).map_err(ApiError::InvalidRequest)?;
     // Read-modify-write of the state blob with no `.await` in between: atomic on the owner.
     let commit = {
-        let mut ext = match core.shard.stream(id) {
+        let mut ext = match core.shard(id).stream(id) {
             Some(s) => Ext::decode(s.ext()),
             None => return Err(ApiError::owner_unavailable().into()),
         };
         ext.attrs = attrs;
-        core.shard.set_ext(id, ext.encode())?
+        core.shard(id).set_ext(id, ext.encode())?
     };
     commit.durable().await?;
     Ok(Response::new(204).header("cache-control", "no-store"))

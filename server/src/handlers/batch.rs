@@ -249,7 +249,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
         )
     };
     let (type_ok, coords, json) = match &target {
-        Target::Live(id) => match core.shard.stream(*id) {
+        Target::Live(id) => match core.shard(*id).stream(*id) {
             Some(s) => of_type(s.content_type()),
             None => return Err(ApiError::owner_unavailable().into()),
         },
@@ -279,11 +279,11 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
         type_ok,
         coords,
         || match id.get() {
-            Some(id) => core.shard.head(id).map(|s| (s.tail(), s.closed())),
+            Some(id) => core.shard(id).head(id).map(|s| (s.tail(), s.closed())),
             None => Some((Offset::ZERO, false)),
         },
         |rec| match (id.get(), &mut create) {
-            (Some(id), _) => core.shard.append(id, rec),
+            (Some(id), _) => core.shard(id).append(id, rec),
             (None, Some((settings, expired))) => {
                 let (new, receipt, commit) =
                     append::create(core, key, settings, expired.take(), rec)?;
@@ -304,7 +304,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
             Ack::Committed { next, .. } => Some(*next),
             _ => None,
         })
-        .or_else(|| live.and_then(|id| core.shard.stream(id).map(|s| s.next_offset())))
+        .or_else(|| live.and_then(|id| core.shard(id).stream(id).map(|s| s.next_offset())))
         .unwrap_or(Offset::ZERO);
     let all_ok = acks.iter().all(|a| matches!(a, Ack::Committed { .. }));
     let mut resp = Response::new(200)

@@ -2,13 +2,14 @@
 //! buckets (`GET /`, an addition of this server: the contract lists only a bucket's streams).
 //!
 //! A bucket is recorded in every shard (key `k/{bucket}`), so checking that a stream's
-//! bucket exists is a local lookup on the stream's owner core. The bucket's own owner core
-//! holds the authoritative record: it is written first on create and removed last on delete,
-//! and a core missing its copy asks the owner and repairs it.
+//! bucket exists is a lookup in the stream's own shard, and a shard that moves (a lane's
+//! log) takes its copy along. The shard the bucket's key is placed on holds the
+//! authoritative record: it is written first on create and removed last on delete, and a
+//! shard missing its copy asks the owner and repairs it.
 //!
 //! A bucket's settings (`bucket_settings`) are the `ext` blob of its record, in every copy,
 //! so the core that owns a stream reads them locally. `PUT /{bucket}` may carry them and
-//! `PATCH /{bucket}` changes them: the owner's copy first, then every other core's.
+//! `PATCH /{bucket}` changes them: the owner's copy first, then every other shard's.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use bytes::Bytes;
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::parse_query;
-use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, StreamMeta};
+use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, Shard, StreamMeta};
 
 use crate::bucket_settings::{BucketSettings, SettingsError};
 use crate::core::Core;
@@ -50,7 +51,8 @@ pub async fn handle(core: &Rc<Core>, bucket: String, req: Request) -> Handled {
     }
 }
 
-/// Whether the bucket of stream `key` (`b/{bucket}/{stream}`) exists: refused with a 404
+/// On the owner of stream `key` (`b/{bucket}/{stream}`): whether its bucket has a record in
+/// the stream's shard (repaired from the authoritative one if missing), refused with a 404
 /// when it does not. A key outside every bucket (the compat surface's) needs none.
 pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Result<(), ApiError> {
     let Some(bucket) = key
@@ -60,30 +62,47 @@ pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Result<(), ApiError> 
     else {
         return Ok(());
     };
-    if exists_locally(core, &bucket) {
+    let shard = core.shard_for(key);
+    if exists_in(shard, &bucket) {
         return Ok(());
     }
-    let owner = core.owner_of(&bucket_key(&bucket));
-    if owner != core.index {
-        let b = bucket.clone();
-        let there = core
-            .on(owner, move |c| async move { local_settings_blob(&c, &b) })
-            .await
-            .ok()
-            .flatten();
-        if let Some(ext) = there {
-            if replicate(core, &bucket, ext).await {
-                return Ok(());
-            }
+    let b = bucket.clone();
+    let there = core
+        .on(core.owner_of(&bucket_key(&bucket)), move |c| async move {
+            settings_blob(c.shard_for(&bucket_key(&b)), &b)
+        })
+        .await
+        .ok()
+        .flatten();
+    if let Some(ext) = there {
+        if replicate(shard, &bucket, ext).await {
+            return Ok(());
         }
     }
     Err(ApiError::BucketNotFound)
 }
 
-/// The settings of `bucket` in this core's copy of its record (none when it has no copy).
-/// Only valid after [`require_bucket`] said the bucket exists.
-pub fn settings(core: &Core, bucket: &str) -> BucketSettings {
-    core.shard
+/// Whether `bucket` exists, by its authoritative record (on the bucket key's owner):
+/// refused with a 404 when it does not.
+async fn require_bucket_record(core: &Rc<Core>, bucket: &str) -> Result<(), ApiError> {
+    let b = bucket.to_string();
+    let exists = core
+        .on(core.owner_of(&bucket_key(bucket)), move |c| async move {
+            exists_in(c.shard_for(&bucket_key(&b)), &b)
+        })
+        .await
+        .map_err(|_| ApiError::owner_unavailable())?;
+    if exists {
+        Ok(())
+    } else {
+        Err(ApiError::BucketNotFound)
+    }
+}
+
+/// The settings of `bucket` in `shard`'s copy of its record (none when it has no copy).
+/// Only valid after [`require_bucket`] said the bucket exists there.
+pub fn settings(shard: &Shard, bucket: &str) -> BucketSettings {
+    shard
         .stream_by_key(&bucket_key(bucket))
         .map(|s| BucketSettings::decode(s.ext()))
         .unwrap_or_default()
@@ -95,7 +114,7 @@ pub fn throttle(core: &Core, key: &str, appends: u64, bytes: u64) -> Result<(), 
     let Some(bucket) = bucket_of(key) else {
         return Ok(());
     };
-    let settings = || settings(core, bucket).rate_limit;
+    let settings = || settings(core.shard_for(key), bucket).rate_limit;
     let admitted = core
         .limits
         .with(&core.bucket_limits, bucket, settings, |limiter| {
@@ -110,24 +129,36 @@ pub fn throttle(core: &Core, key: &str, appends: u64, bytes: u64) -> Result<(), 
     }
 }
 
-fn exists_locally(core: &Core, bucket: &str) -> bool {
-    core.shard.lookup(&bucket_key(bucket)).is_some()
+fn exists_in(shard: &Shard, bucket: &str) -> bool {
+    shard.lookup(&bucket_key(bucket)).is_some()
 }
 
-/// This core's copy of the bucket's settings blob, if it has the bucket.
-fn local_settings_blob(core: &Core, bucket: &str) -> Option<Bytes> {
-    let id = core.shard.lookup(&bucket_key(bucket))?;
-    core.shard.stream(id).map(|s| s.ext().clone())
+/// `shard`'s copy of the bucket's settings blob, if it has the bucket.
+fn settings_blob(shard: &Shard, bucket: &str) -> Option<Bytes> {
+    shard
+        .stream_by_key(&bucket_key(bucket))
+        .map(|s| s.ext().clone())
 }
 
-/// Record the bucket in this core's shard with the settings blob `ext`, or give an
-/// existing record that blob. True when it is durable.
-async fn replicate(core: &Rc<Core>, bucket: &str, ext: Bytes) -> bool {
-    if let Some(id) = core.shard.lookup(&bucket_key(bucket)) {
-        if core.shard.stream(id).is_some_and(|s| *s.ext() == ext) {
+/// Record the bucket in every shard of core `c` with the settings blob `ext`. True when
+/// every copy is durable.
+async fn replicate_on(c: &Core, bucket: &str, ext: &Bytes) -> bool {
+    for shard in c.shards() {
+        if !replicate(shard, bucket, ext.clone()).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// Record the bucket in `shard` with the settings blob `ext`, or give an existing record
+/// that blob. True when it is durable.
+async fn replicate(shard: &Shard, bucket: &str, ext: Bytes) -> bool {
+    if let Some(id) = shard.lookup(&bucket_key(bucket)) {
+        if shard.stream(id).is_some_and(|s| *s.ext() == ext) {
             return true;
         }
-        return match core.shard.set_ext(id, ext) {
+        return match shard.set_ext(id, ext) {
             Ok(commit) => commit.durable().await.is_ok(),
             Err(_) => false,
         };
@@ -136,7 +167,7 @@ async fn replicate(core: &Rc<Core>, bucket: &str, ext: Bytes) -> bool {
     let spec = NewStream {
         meta: StreamMeta {
             key: bucket_key(bucket).into(),
-            incarnation: core.shard.next_incarnation(now),
+            incarnation: shard.next_incarnation(now),
             created_ms: now,
             content_type: BUCKET_TYPE.into(),
             lifetime: Lifetime::Forever,
@@ -144,7 +175,7 @@ async fn replicate(core: &Rc<Core>, bucket: &str, ext: Bytes) -> bool {
         },
         initial: AppendRec::default(),
     };
-    match core.shard.create(spec) {
+    match shard.create(spec) {
         Ok((_, commit)) => commit.durable().await.is_ok(),
         Err(_) => false,
     }
@@ -158,10 +189,11 @@ async fn create(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
     let blob = ext.clone();
     let created = core
         .on(owner, move |c| async move {
-            if exists_locally(&c, &b) {
+            let home = c.shard_for(&bucket_key(&b));
+            if exists_in(home, &b) {
                 return Some(false);
             }
-            replicate(&c, &b, blob).await.then_some(true)
+            replicate(home, &b, blob).await.then_some(true)
         })
         .await;
     match created {
@@ -169,12 +201,12 @@ async fn create(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
         Ok(Some(false)) => return Err(ApiError::BucketExists.into()),
         _ => return Err(ApiError::owner_unavailable().into()),
     }
-    for i in (0..core.cores()).filter(|&i| i != owner) {
+    for i in 0..core.cores() {
         let b = bucket.to_string();
         let blob = ext.clone();
-        // A core that misses this is repaired on first use (require_bucket).
+        // A shard that misses this is repaired on first use (require_bucket).
         let _ = core
-            .on(i, move |c| async move { replicate(&c, &b, blob).await })
+            .on(i, move |c| async move { replicate_on(&c, &b, &blob).await })
             .await;
     }
     // Cores may still cache the limits of an earlier bucket of this name.
@@ -299,9 +331,9 @@ async fn entries(core: &Rc<Core>, bucket: &str, sel: Selection<'_>, most: usize)
             .on(i, move |c| async move {
                 let sel = owned.get();
                 let mut keys: Vec<Box<str>> = c
-                    .shard
-                    .keys()
-                    .into_iter()
+                    .shards()
+                    .iter()
+                    .flat_map(Shard::keys)
                     .filter(|k| {
                         k.strip_prefix(prefix.as_str())
                             .is_some_and(|n| sel.takes(n))
@@ -316,7 +348,7 @@ async fn entries(core: &Rc<Core>, bucket: &str, sel: Selection<'_>, most: usize)
                     let Found::Live(id) = find(&c, &key) else {
                         continue;
                     };
-                    if let Some(s) = c.shard.stream(id) {
+                    if let Some(s) = c.shard(id).stream(id) {
                         out.push(Entry {
                             name: key[prefix.len()..].to_string(),
                             closed: s.is_closed(),
@@ -358,23 +390,23 @@ async fn live_stream_counts(core: &Rc<Core>, buckets: Vec<String>) -> Vec<usize>
             .on(i, move |c| async move {
                 let now = ursula_storage::now_ms();
                 let mut counts = vec![0; buckets.len()];
-                for key in c.shard.keys() {
-                    let Some((bucket, _)) = key.strip_prefix("b/").and_then(|r| r.split_once('/'))
-                    else {
-                        continue;
-                    };
-                    let Ok(at) = buckets.binary_search_by(|b| b.as_str().cmp(bucket)) else {
-                        continue;
-                    };
-                    let live = match c
-                        .shard
-                        .lookup(&key)
-                        .and_then(|id| c.shard.dormant_deadline(id))
-                    {
-                        Some(deadline) => deadline > now,
-                        None => matches!(find(&c, &key), Found::Live(_)),
-                    };
-                    counts[at] += usize::from(live);
+                for shard in c.shards() {
+                    for key in shard.keys() {
+                        let Some((bucket, _)) =
+                            key.strip_prefix("b/").and_then(|r| r.split_once('/'))
+                        else {
+                            continue;
+                        };
+                        let Ok(at) = buckets.binary_search_by(|b| b.as_str().cmp(bucket)) else {
+                            continue;
+                        };
+                        let live =
+                            match shard.lookup(&key).and_then(|id| shard.dormant_deadline(id)) {
+                                Some(deadline) => deadline > now,
+                                None => matches!(find(&c, &key), Found::Live(_)),
+                            };
+                        counts[at] += usize::from(live);
+                    }
                 }
                 counts
             })
@@ -390,7 +422,7 @@ async fn live_stream_counts(core: &Rc<Core>, buckets: Vec<String>) -> Vec<usize>
 /// `PATCH /{bucket}`: change the bucket's settings (see `BucketSettings::patched`), on the
 /// owner's record first, then on every other core's copy.
 async fn change(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
-    require_bucket(core, &format!("b/{bucket}/x")).await?;
+    require_bucket_record(core, bucket).await?;
     let owner = core.owner_of(&bucket_key(bucket));
     let b = bucket.to_string();
     let patch = Bytes::copy_from_slice(body);
@@ -398,14 +430,14 @@ async fn change(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
     // changes of one bucket apply one after the other.
     let written = core
         .on(owner, move |c| async move {
-            let id = c
-                .shard
+            let home = c.shard_for(&bucket_key(&b));
+            let id = home
                 .lookup(&bucket_key(&b))
                 .ok_or(ApiError::BucketNotFound)?;
-            let now = settings(&c, &b);
+            let now = settings(home, &b);
             let new = now.patched(&patch).map_err(invalid_settings)?;
             let ext = Bytes::from(new.encode());
-            let commit = c.shard.set_ext(id, ext.clone()).map_err(ApiError::from)?;
+            let commit = home.set_ext(id, ext.clone()).map_err(ApiError::from)?;
             commit.durable().await.map_err(ApiError::from)?;
             Ok::<_, ApiError>(ext)
         })
@@ -415,7 +447,7 @@ async fn change(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
     metadata(core, bucket).await
 }
 
-/// Give every core's copy of `bucket` the settings `ext` the owner's record was given, and
+/// Give every shard's copy of `bucket` the settings `ext` the owner's record was given, and
 /// install its limits. Two changes racing may reach the copies in either order, so this
 /// repeats until the owner's record still holds what was last spread: the last change to
 /// finish leaves every copy, and the limiter, as the owner's record says.
@@ -426,10 +458,10 @@ async fn spread_settings(
     mut ext: Bytes,
 ) -> Result<(), ApiError> {
     loop {
-        for i in (0..core.cores()).filter(|&i| i != owner) {
+        for i in 0..core.cores() {
             let (b, blob) = (bucket.to_string(), ext.clone());
             let ok = core
-                .on(i, move |c| async move { replicate(&c, &b, blob).await })
+                .on(i, move |c| async move { replicate_on(&c, &b, &blob).await })
                 .await;
             if !matches!(ok, Ok(true)) {
                 return Err(ApiError::owner_unavailable());
@@ -439,7 +471,9 @@ async fn spread_settings(
             .set(bucket, BucketSettings::decode(&ext).rate_limit);
         let b = bucket.to_string();
         let now = core
-            .on(owner, move |c| async move { local_settings_blob(&c, &b) })
+            .on(owner, move |c| async move {
+                settings_blob(c.shard_for(&bucket_key(&b)), &b)
+            })
             .await
             .map_err(|_| ApiError::owner_unavailable())?
             .ok_or(ApiError::BucketNotFound)?;
@@ -464,12 +498,14 @@ struct Metadata<'a> {
 }
 
 async fn metadata(core: &Rc<Core>, bucket: &str) -> Handled {
-    require_bucket(core, &format!("b/{bucket}/x")).await?;
+    require_bucket_record(core, bucket).await?;
     let count = count(core, bucket).await;
     let owner = core.owner_of(&bucket_key(bucket));
     let b = bucket.to_string();
     let settings = core
-        .on(owner, move |c| async move { settings(&c, &b) })
+        .on(owner, move |c| async move {
+            settings(c.shard_for(&bucket_key(&b)), &b)
+        })
         .await
         .unwrap_or_default();
     let body = sonic_rs::to_string(&Metadata {
@@ -487,7 +523,7 @@ async fn metadata(core: &Rc<Core>, bucket: &str) -> Handled {
 async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Handled {
     let page = Page::parse(req)?;
     let (prefix, limit) = (page.prefix.as_deref(), page.limit);
-    require_bucket(core, &format!("b/{bucket}/x")).await?;
+    require_bucket_record(core, bucket).await?;
     let matching = entries(core, bucket, page.selection(), limit + 1).await;
     let has_more = matching.len() > limit;
     let shown = &matching[..matching.len().min(limit)];
@@ -578,10 +614,9 @@ async fn bucket_ids(
             .on(i, move |c| async move {
                 let sel = owned.get();
                 let mut ids: Vec<String> = c
-                    .shard
-                    .keys()
-                    .into_iter()
-                    .filter(|k| c.owner_of(k) == c.index)
+                    .shards()
+                    .iter()
+                    .flat_map(|shard| shard.keys().into_iter().filter(|k| c.is_home_of(shard, k)))
                     .filter_map(|k| k.strip_prefix("k/").map(str::to_string))
                     .filter(|id| sel.takes(id))
                     .filter(|id| visible.as_ref().is_none_or(|v| v.allows(id)))
@@ -600,23 +635,31 @@ async fn bucket_ids(
 }
 
 async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
-    require_bucket(core, &format!("b/{bucket}/x")).await?;
+    require_bucket_record(core, bucket).await?;
     if count(core, bucket).await > 0 {
         return Err(ApiError::BucketNotEmpty.into());
     }
     let owner = core.owner_of(&bucket_key(bucket));
     // Replicas first, the authoritative record last (see the module comment).
-    for i in (0..core.cores()).filter(|&i| i != owner).chain([owner]) {
+    for (i, authoritative) in (0..core.cores()).map(|i| (i, false)).chain([(owner, true)]) {
         let key = bucket_key(bucket);
         let ok = core
             .on(i, move |c| async move {
-                match c.shard.lookup(&key) {
-                    Some(id) => match c.shard.delete(id) {
-                        Ok(commit) => commit.durable().await.is_ok(),
-                        Err(_) => false,
-                    },
-                    None => true,
+                for shard in c.shards() {
+                    if c.is_home_of(shard, &key) != authoritative {
+                        continue;
+                    }
+                    let Some(id) = shard.lookup(&key) else {
+                        continue;
+                    };
+                    let Ok(commit) = shard.delete(id) else {
+                        return false;
+                    };
+                    if commit.durable().await.is_err() {
+                        return false;
+                    }
                 }
+                true
             })
             .await;
         if !matches!(ok, Ok(true)) {

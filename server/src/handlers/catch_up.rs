@@ -22,7 +22,7 @@ pub fn cursor(core: &Core, client: Option<&str>) -> String {
 
 /// `offset=now` catch-up (P§11.5).
 pub fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Handled {
-    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
     let json = is_json(s.content_type());
     let mut resp = Response::new(200)
         .header("content-type", read_content_type(surface, s.content_type()))
@@ -50,7 +50,7 @@ pub async fn collect(
     max: usize,
 ) -> Result<(Vec<Bytes>, Offset), ApiError> {
     let (end, json_array) = {
-        let Some(s) = core.shard.stream(id) else {
+        let Some(s) = core.shard(id).stream(id) else {
             return Ok((Vec::new(), start));
         };
         if surface == Surface::Compat && is_json(s.content_type()) {
@@ -75,7 +75,7 @@ pub async fn collect(
         }
     };
     let parts = core
-        .shard
+        .shard(id)
         .read(id, start, end)
         .await
         .map_err(ApiError::from)?;
@@ -98,7 +98,7 @@ pub async fn catch_up(
     cursor: Option<String>,
 ) -> Handled {
     let (parts, end) = collect(core, surface, id, start, max).await?;
-    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
     let up_to_date = end == s.next_offset();
     let closed = up_to_date && s.is_closed();
     let etag = format!(

@@ -51,7 +51,7 @@ fn created_headers(
     status: u16,
     location: Option<String>,
 ) -> Handled {
-    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
     let mut resp = Response::new(status)
         .header("content-type", s.content_type().to_string())
         .header("stream-next-offset", format_offset(s.next_offset().get()))
@@ -96,7 +96,7 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
                 // Compared with the head: a create that repeats one still in its group
                 // commit must match it, not the state before it.
                 let s = core
-                    .shard
+                    .shard(id)
                     .head(id)
                     .ok_or_else(ApiError::owner_unavailable)?;
                 let ext = Ext::decode(s.ext());
@@ -120,7 +120,7 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
                     ApiError::StreamExists("stream exists with a different configuration").into(),
                 );
             }
-            core.shard.touch(id, ursula_storage::now_ms());
+            core.shard(id).touch(id, ursula_storage::now_ms());
             return created_headers(core, surface, id, 200, None);
         }
         Found::Expired(id) => removal::remove_expired(core, id),
@@ -155,7 +155,7 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
             ..Default::default()
         },
     };
-    let (id, commit) = core.shard.create(spec)?;
+    let (id, commit) = core.shard_for(&spec.meta.key).create(spec)?;
     commit.durable().await?;
     created_headers(core, surface, id, 201, Some(req.path.clone()))
 }

@@ -182,10 +182,10 @@ async fn build(
             ..Default::default()
         },
     };
-    let (id, commit) = core.shard.create(spec)?;
+    let (id, commit) = core.shard_for(&spec.meta.key).create(spec)?;
     commit.durable().await?;
     let s = core
-        .shard
+        .shard(id)
         .stream(id)
         .ok_or_else(ApiError::owner_unavailable)?;
     let mut resp = Response::new(201)
@@ -220,7 +220,7 @@ async fn take_source(
     };
     let inherited = {
         let s = core
-            .shard
+            .shard(id)
             .stream(id)
             .ok_or_else(ApiError::owner_unavailable)?;
         if let Some(t) = &wanted_type {
@@ -285,13 +285,13 @@ async fn take_source(
     };
     let len: u64 = inherited.append_lens.iter().map(|&l| l as u64).sum();
     let data = core
-        .shard
+        .shard(id)
         .read(id, Offset::ZERO, Offset::ZERO + len)
         .await?;
     // The read awaited: make sure the source is still the stream we validated.
     match (
         find(core, key),
-        core.shard.stream(id).map(|s| s.incarnation()),
+        core.shard(id).stream(id).map(|s| s.incarnation()),
     ) {
         (Found::Live(now), Some(inc)) if now == id && inc == inherited.incarnation => {}
         _ => return Err(ApiError::ForkSourceNotFound.into()),
@@ -299,14 +299,14 @@ async fn take_source(
     let inherited = Inherited { data, ..inherited };
     let ext = {
         let s = core
-            .shard
+            .shard(id)
             .stream(id)
             .ok_or_else(ApiError::owner_unavailable)?;
         let mut ext = Ext::decode(s.ext());
         ext.refs += 1;
         ext.encode()
     };
-    let commit = core.shard.set_ext(id, ext)?;
+    let commit = core.shard(id).set_ext(id, ext)?;
     commit.durable().await?;
     Ok(inherited)
 }

@@ -14,7 +14,7 @@ use crate::surface::Surface;
 pub fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Handled {
     let id = lookup::live(core, key)?;
     let s = core
-        .shard
+        .shard(id)
         .stream(id)
         .ok_or_else(ApiError::owner_unavailable)?;
     let mut resp = Response::new(200)

@@ -25,7 +25,7 @@ pub fn push_lifetime(resp: &mut Response, lifetime: Lifetime) {
 
 pub fn closed_response(core: &Rc<Core>, id: StreamId, status: u16) -> Response {
     let tail = core
-        .shard
+        .shard(id)
         .stream(id)
         .map_or(Offset::ZERO, |s| s.next_offset());
     Response::new(status)
@@ -51,7 +51,7 @@ pub fn with_stream_records(
     id: StreamId,
     mut resp: Response,
 ) -> Response {
-    if let Some(s) = core.shard.stream(id) {
+    if let Some(s) = core.shard(id).stream(id) {
         if records::active(surface, s.content_type()) {
             records::push_stream_headers(&mut resp, &s);
         }

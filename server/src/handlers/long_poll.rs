@@ -25,7 +25,7 @@ pub async fn long_poll(
     let deadline =
         std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
     loop {
-        let (has_data, closed, version) = match core.shard.stream(id) {
+        let (has_data, closed, version) = match core.shard(id).stream(id) {
             Some(s) => (s.next_offset() > start, s.is_closed(), s.version()),
             None => return Err(ApiError::StreamNotFound.into()),
         };
@@ -39,7 +39,7 @@ pub async fn long_poll(
         }
         let now = std::time::Instant::now();
         if now >= deadline || core.shutting_down() {
-            let tail = core.shard.stream(id).map_or(start, |s| s.next_offset());
+            let tail = core.shard(id).stream(id).map_or(start, |s| s.next_offset());
             let resp = Response::new(204)
                 .header("stream-next-offset", format_offset(tail.get()))
                 .header("stream-up-to-date", "true")
@@ -48,8 +48,8 @@ pub async fn long_poll(
             return Ok(with_stream_records(core, surface, id, resp));
         }
         let wait = (deadline - now).min(LIVE_WAIT_SLICE);
-        core.wait_or_shutdown(core.shard.changed(id, version), wait)
+        core.wait_or_shutdown(core.shard(id).changed(id, version), wait)
             .await;
-        core.shard.touch(id, ursula_storage::now_ms());
+        core.shard(id).touch(id, ursula_storage::now_ms());
     }
 }

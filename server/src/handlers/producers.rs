@@ -26,7 +26,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
     require_bucket(core, key).await?;
     let id = lookup::live(core, key)?;
     let s = core
-        .shard
+        .shard(id)
         .stream(id)
         .ok_or_else(ApiError::owner_unavailable)?;
     // What a reader may know: each producer as of its newest durable append, like every

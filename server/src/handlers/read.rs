@@ -25,7 +25,7 @@ fn resolve_start(
     surface: Surface,
     offset: OffsetParam,
 ) -> Result<Offset, Refusal> {
-    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
     let start = match offset {
         OffsetParam::Start => Offset::ZERO,
         OffsetParam::Now => s.next_offset(),
@@ -72,7 +72,7 @@ pub async fn read(
     let id = lookup::live(core, key)?;
     if let Some(rp) = record_params {
         let json = core
-            .shard
+            .shard(id)
             .stream(id)
             .is_some_and(|s| is_json(s.content_type()));
         if !json {
@@ -85,7 +85,7 @@ pub async fn read(
     }
     let offset = params.offset.unwrap_or(OffsetParam::Start);
     let start = resolve_start(core, id, surface, offset)?;
-    core.shard.touch(id, ursula_storage::now_ms());
+    core.shard(id).touch(id, ursula_storage::now_ms());
     let done = match params.live {
         Some(Live::Sse) => {
             return Ok(ReadReply::Sse(SseStart {

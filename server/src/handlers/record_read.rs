@@ -24,14 +24,14 @@ pub async fn record_read(
     req: &Request,
 ) -> Result<ReadReply, Refusal> {
     let start = {
-        let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+        let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
         records::resolve(&s, rp.start)?
     };
-    core.shard.touch(id, ursula_storage::now_ms());
+    core.shard(id).touch(id, ursula_storage::now_ms());
     match params.live {
         Some(Live::Sse) => {
             let offset = core
-                .shard
+                .shard(id)
                 .stream(id)
                 .and_then(|s| s.message_start(start))
                 .unwrap_or(Offset::ZERO);
@@ -68,7 +68,7 @@ async fn record_long_poll(
     let deadline =
         std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
     loop {
-        let (has, closed, version) = match core.shard.stream(id) {
+        let (has, closed, version) = match core.shard(id).stream(id) {
             Some(s) => (
                 records::visible_next(&s) > start,
                 s.is_closed(),
@@ -82,7 +82,7 @@ async fn record_long_poll(
         }
         let now = std::time::Instant::now();
         if closed || now >= deadline || core.shutting_down() {
-            let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+            let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
             let mut resp = Response::new(204)
                 .header("stream-next-offset", format_offset(s.next_offset().get()))
                 .header("stream-up-to-date", "true")
@@ -97,9 +97,9 @@ async fn record_long_poll(
             return Ok(resp);
         }
         let wait = (deadline - now).min(LIVE_WAIT_SLICE);
-        core.wait_or_shutdown(core.shard.changed(id, version), wait)
+        core.wait_or_shutdown(core.shard(id).changed(id, version), wait)
             .await;
-        core.shard.touch(id, ursula_storage::now_ms());
+        core.shard(id).touch(id, ursula_storage::now_ms());
     }
 }
 
@@ -110,7 +110,7 @@ fn record_now(
     start: RecordNo,
     rp: records::RecordParams,
 ) -> Handled {
-    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
     let mut resp = Response::new(200)
         .header("content-type", record_content_type(rp))
         .header("stream-next-offset", format_offset(s.next_offset().get()))
@@ -143,14 +143,14 @@ async fn record_catch_up(
     cursor: Option<String>,
 ) -> Handled {
     let (end, from, to) = {
-        let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+        let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
         let end = records::end_record(&s, start, rp.max_records, MAX_READ_BYTES as usize);
         let from = s.message_start(start).unwrap_or(s.next_offset());
         let to = s.message_start(end).unwrap_or(s.next_offset());
         (end, from, to)
     };
-    let parts = core.shard.read(id, from, to).await?;
-    let s = core.shard.stream(id).ok_or(ApiError::StreamNotFound)?;
+    let parts = core.shard(id).read(id, from, to).await?;
+    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
     let up_to_date = end == records::visible_next(&s);
     let closed = up_to_date && s.is_closed();
     let etag = format!(

@@ -168,9 +168,9 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
     };
     // 9. publish: the blob first (durable in its own file), then the record that makes it
     // visible. The write awaited, so check again that nothing moved meanwhile.
-    let incarnation = core.shard.stream(id).map(|s| s.incarnation());
-    let blob = core.shard.write_blob(body.clone()).await?;
-    let still = core.shard.stream(id).map(|s| s.incarnation()) == incarnation
+    let incarnation = core.shard(id).stream(id).map(|s| s.incarnation());
+    let blob = core.shard(id).write_blob(body.clone()).await?;
+    let still = core.shard(id).stream(id).map(|s| s.incarnation()) == incarnation
         && matches!(find(core, key), Found::Live(now) if now == id);
     let recheck = if still {
         check_publish(core, id, Some(offset), None, snapshot_match, &digest)
@@ -180,7 +180,7 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
     match recheck {
         Ok(Some(_)) => {}
         other => {
-            core.shard.discard_blob(blob);
+            core.shard(id).discard_blob(blob);
             return match other {
                 Ok(None) => published(core, id),
                 Err(r) => Err(r),
@@ -195,7 +195,7 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
         blob,
         len: body.len() as u64,
     };
-    let commit = core.shard.set_snapshot(id, meta)?;
+    let commit = core.shard(id).set_snapshot(id, meta)?;
     commit.durable().await?;
     published(core, id)
 }
@@ -209,7 +209,7 @@ fn check_publish(
     snapshot_match: Option<&str>,
     digest: &str,
 ) -> Result<Option<Offset>, Refusal> {
-    let s = core.shard.stream(id).ok_or_else(not_found)?;
+    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
     let offset = target_offset(&s, &path, record)?;
     if offset < s.retained_start() {
         return Err(
@@ -248,7 +248,7 @@ fn check_publish(
 }
 
 fn published(core: &Rc<Core>, id: StreamId) -> Handled {
-    let s = core.shard.stream(id).ok_or_else(not_found)?;
+    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
     let mut resp = Response::new(204)
         .header("stream-next-offset", format_offset(s.next_offset().get()))
         .header("cache-control", "no-store");
@@ -263,7 +263,7 @@ fn published(core: &Rc<Core>, id: StreamId) -> Handled {
 /// `GET /snapshot`: redirect to the visible snapshot (§3.3).
 fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
     let id = live(core, key)?;
-    let s = core.shard.stream(id).ok_or_else(not_found)?;
+    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
     let v = s
         .snapshot()
         .ok_or(ApiError::SnapshotNotFound("no snapshot"))?;
@@ -288,12 +288,16 @@ fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
 async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Handled {
     let offset = path_offset(raw)?;
     let id = live(core, key)?;
-    let meta = match core.shard.stream(id).and_then(|s| s.snapshot().cloned()) {
+    let meta = match core
+        .shard(id)
+        .stream(id)
+        .and_then(|s| s.snapshot().cloned())
+    {
         Some(m) if m.offset == offset => m,
         _ => return Err(ApiError::SnapshotNotFound("no snapshot at this offset").into()),
     };
-    let blob = core.shard.read_blob(&meta).await?;
-    let s = core.shard.stream(id).ok_or_else(not_found)?;
+    let blob = core.shard(id).read_blob(&meta).await?;
+    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
     let mut resp = Response::new(200)
         .header("content-type", meta.content_type.to_string())
         .header("stream-snapshot-offset", format_offset(meta.offset.get()))
@@ -315,7 +319,7 @@ fn delete(core: &Rc<Core>, key: &str, raw: &str) -> Handled {
     let offset = path_offset(raw)?;
     let id = live(core, key)?;
     let refused = match core
-        .shard
+        .shard(id)
         .stream(id)
         .and_then(|s| s.snapshot().map(|m| m.offset))
     {
@@ -330,7 +334,7 @@ async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Reque
     let (path, record) = parse_target(path.as_deref(), req)?;
     let id = live(core, key)?;
     let offset = {
-        let s = core.shard.stream(id).ok_or_else(not_found)?;
+        let s = core.shard(id).stream(id).ok_or_else(not_found)?;
         let offset = target_offset(&s, &path, record)?;
         if offset < s.retained_start() {
             return Err(ApiError::RetentionBackwards.header(
@@ -351,13 +355,13 @@ async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Reque
         }
         offset
     };
-    let commit = core.shard.retain(id, offset)?;
+    let commit = core.shard(id).retain(id, offset)?;
     commit.durable().await?;
     retained(core, id)
 }
 
 fn retained(core: &Rc<Core>, id: StreamId) -> Handled {
-    let s = core.shard.stream(id).ok_or_else(not_found)?;
+    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
     let mut resp = Response::new(204)
         .header(
             "stream-retained-offset",
@@ -377,7 +381,7 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
     }
     let id = live(core, key)?;
     let (snapshot, from, messages, content_type) = {
-        let s = core.shard.stream(id).ok_or_else(not_found)?;
+        let s = core.shard(id).stream(id).ok_or_else(not_found)?;
         let from = s
             .snapshot()
             .map_or(s.retained_start(), |m| m.offset.max(s.retained_start()));
@@ -405,11 +409,11 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
         )
     };
     let snapshot_body = match &snapshot {
-        Some(meta) => core.shard.read_blob(meta).await?,
+        Some(meta) => core.shard(id).read_blob(meta).await?,
         None => Bytes::new(),
     };
     let end = messages.last().map_or(from, |m| m.1);
-    let data = core.shard.read(id, from, end).await?.concat();
+    let data = core.shard(id).read(id, from, end).await?.concat();
     let updates: Vec<&[u8]> = messages
         .iter()
         .map(|&(a, b)| &data[(a - from) as usize..(b - from) as usize])
@@ -427,7 +431,7 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
     }
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
     let s = core
-        .shard
+        .shard(id)
         .stream(id)
         .ok_or_else(ApiError::owner_unavailable)?;
     let complete = end >= s.next_offset();

@@ -58,7 +58,7 @@ pub struct SseSession {
 /// Build the SSE response head and its session, on the owner core (parameters and start
 /// already validated by the read handler).
 pub fn start(core: &Rc<Core>, start: SseStart) -> Result<(Response, SseSession), Response> {
-    let Some(s) = core.shard.stream(start.id) else {
+    let Some(s) = core.shard(start.id).stream(start.id) else {
         return Err(ApiError::StreamNotFound.response());
     };
     let ct = s.content_type().to_string();
@@ -261,7 +261,7 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
     let keepalive = core.config.sse_keepalive;
     let max_age = core.config.sse_max_connection;
     loop {
-        let (tail, closed, version) = match core.shard.stream(sess.id) {
+        let (tail, closed, version) = match core.shard(sess.id).stream(sess.id) {
             Some(s) if s.incarnation() == sess.incarnation => {
                 (s.next_offset(), s.is_closed(), s.version())
             }
@@ -297,14 +297,14 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
             .min(max_age.saturating_sub(sess.started.elapsed()))
             .max(Duration::from_millis(1));
         let waited = Instant::now();
-        core.wait_or_shutdown(core.shard.changed(sess.id, version), wait)
+        core.wait_or_shutdown(core.shard(sess.id).changed(sess.id, version), wait)
             .await;
         let changed = core
-            .shard
+            .shard(sess.id)
             .stream(sess.id)
             .is_none_or(|s| s.version() != version);
         if !changed && !core.shutting_down() && waited.elapsed() >= wait {
-            core.shard.touch(sess.id, ursula_storage::now_ms());
+            core.shard(sess.id).touch(sess.id, ursula_storage::now_ms());
             push_keepalive(&mut out);
             return (out, false);
         }
@@ -323,7 +323,7 @@ async fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) ->
         return true;
     };
     let (tail, closed) = core
-        .shard
+        .shard(sess.id)
         .stream(sess.id)
         .map_or((end, false), |s| (s.next_offset(), s.is_closed()));
     render_data(core, sess, parts, end, tail, closed, out)
@@ -393,7 +393,7 @@ async fn emit_records(
     out: &mut Vec<u8>,
 ) -> bool {
     let (end, from, to) = {
-        let Some(s) = core.shard.stream(sess.id) else {
+        let Some(s) = core.shard(sess.id).stream(sess.id) else {
             return true;
         };
         let max = if rp.envelope { Some(1) } else { rp.max_records };
@@ -405,7 +405,7 @@ async fn emit_records(
             .min(s.next_offset());
         (end, from, to)
     };
-    let Ok(parts) = core.shard.read(sess.id, from, to).await else {
+    let Ok(parts) = core.shard(sess.id).read(sess.id, from, to).await else {
         return true;
     };
     if rp.envelope {
@@ -418,7 +418,7 @@ async fn emit_records(
     sess.records = Some((rp, end));
     sess.offset = to;
     let (next, closed) = core
-        .shard
+        .shard(sess.id)
         .stream(sess.id)
         .map_or((end, false), |s| (records::visible_next(&s), s.is_closed()));
     let at_tail = end >= next;

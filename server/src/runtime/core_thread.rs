@@ -1,4 +1,4 @@
-//! One core's thread: its monoio runtime, its shard, and its tasks (accept loop, mailbox,
+//! One core's thread: its monoio runtime, its shards, and its tasks (accept loop, mailbox,
 //! expiry sweep, heartbeat), until shutdown has drained it.
 
 use std::rc::Rc;
@@ -49,42 +49,10 @@ pub fn run(
             StorageMode::Disk => Durability::Disk(config.data_dir.clone()),
             StorageMode::Memory => Durability::Memory,
         };
-        let mut shard_cfg = ShardConfig::new(index as u32, durability);
-        shard_cfg.receipt_window = config.receipt_window;
-        shard_cfg.segment_bytes = config.segment_bytes;
-        shard_cfg.cache_bytes = config.cache_bytes;
-        shard_cfg.index_cache_bytes = config.index_cache_bytes;
-        shard_cfg.idle_after = config.idle_stream;
-        // Listings hide these, and count dormant streams without waking them.
-        shard_cfg.stays_resident = crate::ext::Ext::is_soft_deleted;
-        shard_cfg.write_budget_bytes = config.write_budget_bytes;
-        shard_cfg.fail_commit_after = fault_fail_commit_after();
-        if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
-            shard_cfg.cold = Some(archive.clone());
-            shard_cfg.local_bytes = tier.local_bytes.map(|b| b / config.cores as u64);
-            shard_cfg.s3_wal = config.s3_wal.clone().map(|mut s3| {
-                s3.ack_before_s3 = fault_ack_before_s3();
-                s3
-            });
-        }
-        let shard = match ursula_storage::Shard::open(shard_cfg).await {
-            Ok((shard, report)) => {
-                tracing::info!(
-                    core = index,
-                    streams = report.streams,
-                    records = report.records,
-                    log_bytes = report.log_bytes,
-                    dropped_bytes = report.dropped_bytes,
-                    ms = report.elapsed.as_millis() as u64,
-                    "recovered"
-                );
-                shard
-            }
+        let shards = match open_shards(index, &config, &placement, durability).await {
+            Ok(shards) => shards,
             Err(e) => {
-                let _ = ready.send(Err(StartError::Storage {
-                    core: index,
-                    source: e,
-                }));
+                let _ = ready.send(Err(e));
                 return;
             }
         };
@@ -110,7 +78,7 @@ pub fn run(
         let listener_fd = std::os::unix::io::AsRawFd::as_raw_fd(&listener);
         let core = Rc::new(Core::new(CoreParts {
             index,
-            shard,
+            shards,
             config,
             peers,
             bucket_limits,
@@ -133,6 +101,62 @@ pub fn run(
             admin.await;
         }
     });
+}
+
+/// Open (recovering) every shard of core `index`, one after another. A core's budgets
+/// (read cache, write queue) are split evenly between its shards, and the local disk
+/// budget of the cold tier between all shards.
+async fn open_shards(
+    index: usize,
+    config: &Config,
+    placement: &Placement,
+    durability: Durability,
+) -> Result<Vec<ursula_storage::Shard>, StartError> {
+    let numbers: Vec<u32> = (index as u32..placement.shards())
+        .step_by(config.cores)
+        .collect();
+    let here = numbers.len().max(1);
+    let mut shards = Vec::with_capacity(numbers.len());
+    for number in numbers {
+        let mut shard_cfg = ShardConfig::new(number, durability.clone());
+        shard_cfg.first_id = placement.first_id(number);
+        shard_cfg.receipt_window = config.receipt_window;
+        shard_cfg.segment_bytes = config.segment_bytes;
+        shard_cfg.cache_bytes = config.cache_bytes / here;
+        shard_cfg.index_cache_bytes = config.index_cache_bytes;
+        shard_cfg.idle_after = config.idle_stream;
+        // Listings hide these, and count dormant streams without waking them.
+        shard_cfg.stays_resident = crate::ext::Ext::is_soft_deleted;
+        shard_cfg.write_budget_bytes = config.write_budget_bytes / here;
+        shard_cfg.fail_commit_after = fault_fail_commit_after();
+        if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
+            shard_cfg.cold = Some(archive.clone());
+            shard_cfg.local_bytes = tier.local_bytes.map(|b| b / u64::from(placement.shards()));
+            shard_cfg.s3_wal = config.s3_wal.clone().map(|mut s3| {
+                s3.ack_before_s3 = fault_ack_before_s3();
+                s3
+            });
+        }
+        let (shard, report) = ursula_storage::Shard::open(shard_cfg)
+            .await
+            .map_err(|source| StartError::Storage {
+                core: index,
+                shard: number,
+                source,
+            })?;
+        tracing::info!(
+            core = index,
+            shard = number,
+            streams = report.streams,
+            records = report.records,
+            log_bytes = report.log_bytes,
+            dropped_bytes = report.dropped_bytes,
+            ms = report.elapsed.as_millis() as u64,
+            "recovered"
+        );
+        shards.push(shard);
+    }
+    Ok(shards)
 }
 
 /// The CPUs this thread may run on, lowest first: the mask the server was started with
@@ -200,8 +224,14 @@ async fn serve(
     // From here a letter sent to this core fails at once, and one already queued is dropped
     // with its reply channel, so its caller gets an error rather than no answer.
     drop(core.peers[core.index].close());
-    if let Err(e) = core.shard.shutdown().await {
-        tracing::error!(core = core.index, "final flush failed: {e}");
+    for shard in core.shards() {
+        if let Err(e) = shard.shutdown().await {
+            tracing::error!(
+                core = core.index,
+                shard = shard.config().shard,
+                "final flush failed: {e}"
+            );
+        }
     }
     drop(letters);
     drop(sweeper);
@@ -302,12 +332,14 @@ async fn sweep_expired(core: Rc<Core>) {
             .await;
         // Only streams that may have expired: resident ones with a lifetime, and dormant
         // ones past the deadline they slept with (the others stay asleep).
-        for id in core.shard.expiry_candidates(ursula_storage::now_ms()) {
-            let Some(key) = core.shard.stream(id).map(|s| s.key().to_string()) else {
-                continue;
-            };
-            if let Found::Expired(id) = find(&core, &key) {
-                removal::remove_expired(&core, id);
+        for shard in core.shards() {
+            for id in shard.expiry_candidates(ursula_storage::now_ms()) {
+                let Some(key) = shard.stream(id).map(|s| s.key().to_string()) else {
+                    continue;
+                };
+                if let Found::Expired(id) = find(&core, &key) {
+                    removal::remove_expired(&core, id);
+                }
             }
         }
     }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use crate::config::{Config, StorageMode};
+use crate::config::{Config, LogsMode, StorageMode, DEFAULT_LANE_LOGS_PER_CORE};
 use crate::core::Mailboxes;
 use crate::hop::Mailbox;
 use crate::limits::{BIND_RETRY, LISTEN_BACKLOG};
@@ -172,11 +172,16 @@ const STOP_AND_RELOAD: [i32; 3] = [
 /// created with (`ursula.layout`, see `ursula_storage::placement`): a different core or
 /// lane count would look for existing streams on the wrong shard and hide them.
 fn check_layout(config: &Config) -> Result<Placement, StartError> {
-    let wanted = || {
-        let lanes = config
-            .lanes
-            .unwrap_or(DEFAULT_LANES.max(config.cores as u32));
-        Placement::with_lanes(config.cores as u32, lanes).map_err(StartError::Lanes)
+    let cores = config.cores as u32;
+    let wanted = || match config.logs {
+        Some(LogsMode::Lane) => {
+            let lanes = config.lanes.unwrap_or(DEFAULT_LANE_LOGS_PER_CORE * cores);
+            Placement::lane_logs(lanes).map_err(StartError::Lanes)
+        }
+        _ => {
+            let lanes = config.lanes.unwrap_or(DEFAULT_LANES.max(cores));
+            Placement::with_lanes(cores, lanes).map_err(StartError::Lanes)
+        }
     };
     if config.storage == StorageMode::Memory {
         return wanted();
@@ -191,11 +196,26 @@ fn check_layout(config: &Config) -> Result<Placement, StartError> {
         Ok(text) => {
             let placement = Placement::from_layout_text(&text)
                 .map_err(|_| StartError::LayoutMalformed(meta.clone()))?;
-            let created = placement.shards() as usize;
-            if created != config.cores {
-                return Err(StartError::CoresChanged {
+            let log_per_lane = placement.log_per_lane();
+            if config
+                .logs
+                .is_some_and(|l| (l == LogsMode::Lane) != log_per_lane)
+            {
+                return Err(StartError::LogsChanged {
                     dir: dir.clone(),
-                    created,
+                    log_per_lane,
+                });
+            }
+            if !placement.fits_cores(config.cores) {
+                return Err(match placement {
+                    Placement::LaneLogs { lanes } => StartError::CoresBeyondLanes {
+                        dir: dir.clone(),
+                        lanes,
+                    },
+                    _ => StartError::CoresChanged {
+                        dir: dir.clone(),
+                        created: placement.shards() as usize,
+                    },
                 });
             }
             if config.lanes.is_some() && config.lanes != placement.lanes() {

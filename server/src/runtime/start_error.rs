@@ -30,6 +30,12 @@ pub enum StartError {
         None => "before lanes (its streams are placed by the older hash); start without --lanes".to_string(),
     })]
     LanesChanged { dir: PathBuf, created: Option<u32> },
+    #[error("data dir {} keeps {}; start with --logs {} or without --logs", dir.display(),
+        if *log_per_lane { "a log per lane" } else { "a log per core" },
+        if *log_per_lane { "lane" } else { "core" })]
+    LogsChanged { dir: PathBuf, log_per_lane: bool },
+    #[error("data dir {} has a log for each of its {lanes} lanes; start with at most --cores {lanes}", dir.display())]
+    CoresBeyondLanes { dir: PathBuf, lanes: u32 },
     #[error("{0}")]
     Lanes(ursula_storage::placement::PlacementError),
     #[error("bind {addr}: {source}")]
@@ -51,9 +57,10 @@ pub enum StartError {
         what: &'static str,
         source: std::io::Error,
     },
-    #[error("core {core}: open storage: {source}")]
+    #[error("core {core}: open shard {shard}: {source}")]
     Storage {
         core: usize,
+        shard: u32,
         source: ursula_storage::StorageError,
     },
     #[error("a core exited during start-up")]
