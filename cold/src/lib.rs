@@ -16,7 +16,7 @@ pub mod restore;
 pub mod status;
 pub mod wal;
 
-pub use archiver::{start, Archive, FinalRound, Settings, OWNER_FILE, RESTORED_FILE};
+pub use archiver::{start, Archive, FinalRound, Settings, ShardState, OWNER_FILE, RESTORED_FILE};
 pub use error::{Error, Result};
 
 /// What the unit tests share: an object store in a temporary directory, and a runtime.

@@ -140,14 +140,30 @@ fn lanes(core: &Core) -> Response {
         let _ = write!(out, "{}{}", if c > 0 { "," } else { "" }, port(c));
     }
     out.push_str("],\"lanes\":[");
+    // Each shard's archive (with a cold tier): its owner, epoch and lag.
+    let archive: Vec<String> = (0..placement.shards())
+        .map(|shard| {
+            let state = crate::cold::archive().and_then(|a| a.shard_state(shard));
+            state.map_or("null".to_string(), |st| {
+                format!(
+                    "{{\"owner\":{},\"epoch\":{},\"archived_lsn\":{},\"lag_bytes\":{}}}",
+                    sonic_rs::to_string(&st.owner).unwrap_or_else(|_| "null".into()),
+                    st.epoch,
+                    st.archived_lsn,
+                    st.lag_bytes
+                )
+            })
+        })
+        .collect();
     for lane in 0..placement.lanes().unwrap_or(0) {
         let shard = placement.shard_of_lane(lane).unwrap_or(0);
         let c = Placement::core_of_shard(shard, core.cores());
         let _ = write!(
             out,
-            "{}{{\"lane\":{lane},\"shard\":{shard},\"core\":{c},\"port\":{}}}",
+            "{}{{\"lane\":{lane},\"shard\":{shard},\"core\":{c},\"port\":{},\"archive\":{}}}",
             if lane > 0 { "," } else { "" },
-            port(c)
+            port(c),
+            archive.get(shard).map_or("null", String::as_str)
         );
     }
     out.push_str("]}\n");

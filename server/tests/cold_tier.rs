@@ -1445,4 +1445,17 @@ fn a_log_per_lane_is_archived_per_lane_and_restores_onto_other_cores() {
     let r = expect(&s, "GET", "/bucket/streams", &[], b"", 200);
     let listing: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("listing");
     assert_eq!(listing["stream_count"].as_u64(), Some(12));
+    // Every lane's archive, under the epoch the restored server took it over with.
+    let r = expect(&s, "GET", "/__ursula/lanes", &[], b"", 200);
+    let lanes: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("lanes");
+    for lane in 0..4 {
+        let archive = &lanes["lanes"][lane]["archive"];
+        assert_eq!(
+            archive["epoch"].as_u64(),
+            Some(2),
+            "lane {lane}: {archive:?}"
+        );
+        assert!(archive["owner"].as_str().is_some_and(|o| !o.is_empty()));
+        assert!(archive["lag_bytes"].as_u64().is_some(), "{archive:?}");
+    }
 }

@@ -578,6 +578,10 @@ fn a_log_per_lane_moves_between_core_counts() {
     assert_eq!(lanes["cores"].as_u64(), Some(3));
     assert_eq!(lanes["lanes"][5]["shard"].as_u64(), Some(5));
     assert_eq!(lanes["lanes"][5]["core"].as_u64(), Some(2));
+    assert!(
+        lanes["lanes"][5]["archive"].is_null(),
+        "no cold tier, no archive"
+    );
     assert!(s.sigterm(Duration::from_secs(10)).expect("exit").success());
 
     let err = refused(&data, 7, &[]);

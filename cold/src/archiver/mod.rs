@@ -92,6 +92,18 @@ pub struct Archive {
     finished: Mutex<std::sync::mpsc::Receiver<(u32, FinalRound)>>,
 }
 
+/// A shard's archive as its owner last committed it (what `/__ursula/lanes` reports).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardState {
+    /// The owning server's identity, and the epoch it claimed the shard under.
+    pub owner: String,
+    pub epoch: u64,
+    /// Everything up to this LSN is in S3.
+    pub archived_lsn: u64,
+    /// Durable log bytes not yet in a committed manifest.
+    pub lag_bytes: u64,
+}
+
 /// How one shard's last round on a clean stop ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinalRound {
@@ -244,6 +256,18 @@ impl Archive {
                 })
             })
             .collect()
+    }
+
+    /// Who holds shard `shard`'s archive and how far behind it is, as this server last
+    /// committed it (`None`: no such shard).
+    pub fn shard_state(&self, shard: u32) -> Option<ShardState> {
+        let m = self.committed(shard)?;
+        Some(ShardState {
+            owner: m.owner.clone(),
+            epoch: m.epoch,
+            archived_lsn: m.archived.lsn,
+            lag_bytes: self.status.shard_lag_bytes(shard),
+        })
     }
 
     fn committed(&self, shard: u32) -> Option<Arc<Manifest>> {
