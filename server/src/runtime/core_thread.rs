@@ -104,8 +104,8 @@ pub fn run(
 }
 
 /// Open (recovering) every shard of core `index`, one after another. A core's budgets
-/// (read cache, write queue) are split evenly between its shards, and the local disk
-/// budget of the cold tier between all shards.
+/// (read cache, write queue, cold cache and cold fetches) are split evenly between its
+/// shards, and the local disk budget of the cold tier between all shards.
 async fn open_shards(
     index: usize,
     config: &Config,
@@ -131,6 +131,8 @@ async fn open_shards(
         shard_cfg.fail_commit_after = fault_fail_commit_after();
         if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
             shard_cfg.cold = Some(archive.clone());
+            shard_cfg.cold_cache_bytes /= here;
+            shard_cfg.cold_in_flight_bytes /= here;
             shard_cfg.local_bytes = tier.local_bytes.map(|b| b / u64::from(placement.shards()));
             shard_cfg.s3_wal = config.s3_wal.clone().map(|mut s3| {
                 s3.ack_before_s3 = fault_ack_before_s3();
