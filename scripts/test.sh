@@ -115,7 +115,7 @@ fi
 stage_done "npm ci"
 
 # ---------------------------------------------------------------------------
-banner "5/9 conformance suite against ursula (disk engine; a log per core, then per lane)"
+banner "5/9 conformance suite against ursula (disk engine; a log per lane, then per core)"
 SERVER_OUT="$TMP_ROOT/server.stdout"
 SERVER_ERR="$TMP_ROOT/server.stderr"
 
