@@ -448,13 +448,11 @@ impl Config {
         let logs = args.logs.or(file.logs);
         if let Some(lanes) = lanes {
             use ursula_storage::placement::Placement;
-            match logs {
+            let placement = match logs {
                 Some(LogsMode::Lane) => Placement::lane_logs(lanes)?,
                 _ => Placement::with_lanes(cores as u32, lanes)?,
             };
-        }
-        if let (Some(LogsMode::Lane), Some(lanes)) = (logs, lanes) {
-            if cores > lanes as usize {
+            if !placement.fits_cores(cores) {
                 return Err(ConfigError::CoresBeyondLanes(cores, lanes));
             }
         }
