@@ -147,8 +147,14 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    #[error("the archiver thread exited during start-up")]
+    #[error("the archiver thread exited")]
     ThreadExited,
+    /// A lane to adopt that the archive's layout does not have.
+    #[error("shard {shard} is not in this archive's layout")]
+    NoSuchShard { shard: u32 },
+    /// A lane to adopt that this server already archives.
+    #[error("shard {shard} is already this server's")]
+    AlreadyHeld { shard: u32 },
     /// A local checkpoint the storage engine does not accept (read while being replaced).
     #[error("{}: {reason}", path.display())]
     CorruptCheckpoint {

@@ -6,17 +6,22 @@
 //!   (`archiver`). The returned [`Archive`] is the engine's [`ursula_storage::cold::ColdStore`].
 //! * [`restore::restore`] builds a data dir from the archive alone.
 //! * [`wal`] follows, fences and applies the S3 write-ahead log of `--durability s3`.
+//! * [`members`] is a cluster's membership: node records, liveness by the store's clock,
+//!   and which host should serve which lane.
 //! * [`manifest`] is the object layout and the manifest format; [`status`] what the tier
 //!   reports (metrics, fencing); [`Error`] why any of it failed.
 
 mod archiver;
 pub mod error;
 pub mod manifest;
+pub mod members;
 pub mod restore;
 pub mod status;
 pub mod wal;
 
-pub use archiver::{start, Archive, FinalRound, Settings, ShardState, OWNER_FILE, RESTORED_FILE};
+pub use archiver::{
+    start, Adopted, Archive, Claim, FinalRound, Settings, ShardState, OWNER_FILE, RESTORED_FILE,
+};
 pub use error::{Error, Result};
 
 /// What the unit tests share: an object store in a temporary directory, and a runtime.

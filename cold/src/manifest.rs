@@ -151,6 +151,14 @@ pub struct Manifest {
     pub epoch: u64,
     /// The owning server's identity (kept in its data dir).
     pub owner: String,
+    /// Where the owner serves this shard's lane (its advertised `host:port`), for a server
+    /// that does not own the lane to name in its refusal; empty when it did not say.
+    #[serde(default)]
+    pub address: String,
+    /// The owner let the lane go after archiving all of it: the next owner takes it over at
+    /// once, without waiting for the heartbeat to age.
+    #[serde(default)]
+    pub released: bool,
     /// When the owner last committed, ms since the epoch, and how often it commits: an owner
     /// silent for a few intervals is presumed gone.
     pub heartbeat_ms: i64,
@@ -183,6 +191,8 @@ impl Manifest {
             shard,
             epoch,
             owner: owner.to_string(),
+            address: String::new(),
+            released: false,
             heartbeat_ms: now_ms,
             interval_ms,
             archived: End::default(),
@@ -215,6 +225,8 @@ impl Manifest {
         };
         next.epoch = self.epoch + 1;
         next.owner = owner.to_string();
+        next.address = String::new();
+        next.released = false;
         next.heartbeat_ms = now_ms;
         next.interval_ms = interval_ms;
         next
@@ -261,8 +273,12 @@ impl Manifest {
         self.segments.iter().any(|s| s.index == segment && s.sealed)
     }
 
-    /// Whether the owner committed recently enough to be presumed alive.
+    /// Whether the owner committed recently enough to be presumed alive (and did not
+    /// release the lane).
     pub fn owner_alive(&self, now_ms: i64) -> bool {
+        if self.released {
+            return false;
+        }
         let window = 3 * self.interval_ms as i64 + 2_000;
         now_ms - self.heartbeat_ms < window
     }

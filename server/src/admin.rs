@@ -27,6 +27,7 @@ use ursula_storage::{S3WalStats, S3_PUT_SECONDS_BUCKETS};
 use crate::config::StorageMode;
 use crate::core::Core;
 use crate::http::{ApiError, Request, Response};
+use crate::lane_table::LaneState;
 use crate::metrics::{
     AppendTimes, LoopLag, APPEND_DURATION_BUCKETS_US, APPEND_TIMING_SAMPLE, LOOP_LAG_BUCKETS_US,
 };
@@ -57,6 +58,14 @@ pub enum Endpoint {
     Ready,
     Metrics,
     Lanes,
+    /// `POST /__ursula/lanes/N/adopt` or `/release` (a cluster's manual lane moves).
+    LaneMove(u32, LaneMove),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaneMove {
+    Adopt,
+    Release,
 }
 
 /// `Some` when the request is for an operational endpoint on this listener (or, on the
@@ -67,7 +76,15 @@ pub fn endpoint(listener: Listener, path: &str) -> Option<Option<Endpoint>> {
         "readyz" => Some(Endpoint::Ready),
         "metrics" => Some(Endpoint::Metrics),
         "lanes" => Some(Endpoint::Lanes),
-        _ => None,
+        other => {
+            let (lane, action) = other.strip_prefix("lanes/")?.split_once('/')?;
+            let action = match action {
+                "adopt" => LaneMove::Adopt,
+                "release" => LaneMove::Release,
+                _ => return None,
+            };
+            Some(Endpoint::LaneMove(lane.parse().ok()?, action))
+        }
     };
     match listener {
         Listener::Main => path.strip_prefix("/__ursula/").map(named),
@@ -88,6 +105,16 @@ pub async fn handle(
     let Some(endpoint) = endpoint else {
         return ApiError::NotFound("no such resource").response();
     };
+    if let Endpoint::LaneMove(lane, action) = endpoint {
+        if req.method != Method::Post {
+            return ApiError::MethodNotAllowed {
+                allow: "POST",
+                reason: "a lane moves with POST",
+            }
+            .response();
+        }
+        return move_lane(core, lane, action, &req.query).await;
+    }
     if !matches!(req.method, Method::Get | Method::Head) {
         return ApiError::MethodNotAllowed {
             allow: "GET, HEAD",
@@ -104,6 +131,67 @@ pub async fn handle(
         }
         Endpoint::Metrics => metrics(core).await,
         Endpoint::Lanes => lanes(core),
+        Endpoint::LaneMove(..) => ApiError::NotFound("no such resource").response(),
+    }
+}
+
+/// Adopt or release a lane (see `lanes`), answering with what it took as JSON, or why it
+/// could not move as plain text.
+async fn move_lane(core: &Rc<Core>, lane: u32, action: LaneMove, query: &str) -> Response {
+    use crate::lanes::MoveError;
+    let force = query
+        .split('&')
+        .any(|kv| kv == "force=1" || kv == "force=true");
+    let moved = match action {
+        LaneMove::Adopt => crate::lanes::adopt(core, lane, force).await.map(|a| {
+            format!(
+                "{{\"lane\":{},\"epoch\":{},\"previous_owner\":{},\"restored_bytes\":{},\
+                 \"restored_objects\":{},\"claim_ms\":{},\"restore_ms\":{},\"open_ms\":{},\
+                 \"ms\":{}}}\n",
+                a.lane,
+                a.epoch,
+                sonic_rs::to_string(&a.previous_owner).unwrap_or_else(|_| "null".into()),
+                a.restored_bytes,
+                a.restored_objects,
+                a.claim.as_millis(),
+                a.restore.as_millis(),
+                a.open.as_millis(),
+                a.took.as_millis()
+            )
+        }),
+        LaneMove::Release => crate::lanes::release(core, lane).await.map(|r| {
+            format!(
+                "{{\"lane\":{},\"archived_lsn\":{},\"ms\":{}}}\n",
+                r.lane,
+                r.archived_lsn,
+                r.took.as_millis()
+            )
+        }),
+    };
+    match moved {
+        Ok(json) => Response::new(200)
+            .header("content-type", "application/json")
+            .header("cache-control", "no-store")
+            .with_body(vec![Bytes::from(json)]),
+        Err(e) => {
+            let status = match &e {
+                MoveError::NotCluster => 400,
+                MoveError::NoSuchLane(_) => 404,
+                MoveError::AlreadyServed(_)
+                | MoveError::NotServed(_)
+                | MoveError::Moving(_)
+                | MoveError::Owned { .. } => 409,
+                MoveError::Cold { .. } | MoveError::Unarchived { .. } => 503,
+                MoveError::CoreUnavailable(_) => 503,
+                MoveError::Open { .. } | MoveError::Stop { .. } => 500,
+            };
+            let resp = text(status, &format!("{e}\n"));
+            if status == 503 {
+                resp.header("retry-after", "1")
+            } else {
+                resp
+            }
+        }
     }
 }
 
@@ -128,9 +216,16 @@ fn lanes(core: &Core) -> Response {
     } else {
         "core"
     };
+    let node = crate::cold::archive()
+        .filter(|_| core.lanes.cluster())
+        .map_or("null".to_string(), |a| {
+            sonic_rs::to_string(a.owner()).unwrap_or_else(|_| "null".into())
+        });
     let _ = write!(
         out,
-        "{{\"placement\":\"{kind}\",\"logs\":\"{logs}\",\"cores\":{},\"lane_count\":{},\"core_ports\":[",
+        "{{\"placement\":\"{kind}\",\"logs\":\"{logs}\",\"cluster\":{},\"node\":{node},\
+         \"cores\":{},\"lane_count\":{},\"core_ports\":[",
+        core.lanes.cluster(),
         core.cores(),
         placement
             .lanes()
@@ -146,8 +241,9 @@ fn lanes(core: &Core) -> Response {
             let state = crate::cold::archive().and_then(|a| a.shard_state(shard));
             state.map_or("null".to_string(), |st| {
                 format!(
-                    "{{\"owner\":{},\"epoch\":{},\"archived_lsn\":{},\"lag_bytes\":{}}}",
+                    "{{\"owner\":{},\"address\":{},\"epoch\":{},\"archived_lsn\":{},\"lag_bytes\":{}}}",
                     sonic_rs::to_string(&st.owner).unwrap_or_else(|_| "null".into()),
+                    sonic_rs::to_string(&st.address).unwrap_or_else(|_| "null".into()),
                     st.epoch,
                     st.archived_lsn,
                     st.lag_bytes
@@ -158,9 +254,22 @@ fn lanes(core: &Core) -> Response {
     for lane in 0..placement.lanes().unwrap_or(0) {
         let shard = placement.shard_of_lane(lane).unwrap_or(0);
         let c = Placement::core_of_shard(shard, core.cores());
+        let state = match core.lanes.state(shard as u32) {
+            LaneState::Served => "served",
+            LaneState::Moving => "moving",
+            LaneState::Elsewhere => "elsewhere",
+        };
+        let owner = core
+            .lanes
+            .owner(shard as u32)
+            .filter(|_| state == "elsewhere")
+            .map_or("null".to_string(), |o| {
+                sonic_rs::to_string(&o).unwrap_or_else(|_| "null".into())
+            });
         let _ = write!(
             out,
-            "{}{{\"lane\":{lane},\"shard\":{shard},\"core\":{c},\"port\":{},\"archive\":{}}}",
+            "{}{{\"lane\":{lane},\"shard\":{shard},\"core\":{c},\"port\":{},\"state\":\"{state}\",\
+             \"owner_address\":{owner},\"archive\":{}}}",
             if lane > 0 { "," } else { "" },
             port(c),
             archive.get(shard).map_or("null", String::as_str)

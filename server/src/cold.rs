@@ -7,13 +7,20 @@ use ursula_cold::Archive;
 
 static ARCHIVE: OnceLock<Arc<Archive>> = OnceLock::new();
 
-/// Start the archiver for the shards of `data_dir` and keep it for the process.
+/// Start the archiver for the shards of `data_dir` and keep it for the process: every
+/// shard, or in a cluster the lanes this host still owns ([`Archive::held`]).
 pub fn start(
     tier: &crate::config::ColdTier,
     data_dir: &std::path::Path,
     placement: ursula_storage::placement::Placement,
+    cluster: bool,
 ) -> Result<(), ursula_cold::Error> {
-    let archive = ursula_cold::start(tier.settings.clone(), data_dir, placement)?;
+    let which = if cluster {
+        ursula_cold::Claim::Owned
+    } else {
+        ursula_cold::Claim::Every
+    };
+    let archive = ursula_cold::start(tier.settings.clone(), data_dir, placement, which)?;
     let _ = ARCHIVE.set(archive);
     Ok(())
 }
@@ -32,11 +39,11 @@ pub fn finish() {
     let started = std::time::Instant::now();
     let rounds = archive.finish(crate::limits::FINAL_ARCHIVE_ROUND);
     let took_ms = started.elapsed().as_millis() as u64;
-    if let Some(FinalRound::Fenced(why)) = rounds.first() {
+    if let Some((_, FinalRound::Fenced(why))) = rounds.first() {
         tracing::info!("cold tier: no last archive round, archiving had stopped: {why}");
         return;
     }
-    for (shard, round) in rounds.into_iter().enumerate() {
+    for (shard, round) in rounds {
         match round {
             FinalRound::Archived(end) => tracing::info!(
                 shard,

@@ -104,6 +104,18 @@ pub enum LogsMode {
 /// docs/benchmarks.md, "Logs per core").
 pub const DEFAULT_LANE_LOGS_PER_CORE: u32 = 4;
 
+/// Who moves a cluster's lanes.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AssignMode {
+    /// The hosts: each lane goes to the live host rendezvous hashing picks, and a lost
+    /// host's lanes are adopted by the others.
+    #[default]
+    Auto,
+    /// The operator, through the admin endpoints; hosts still heartbeat and name owners.
+    Manual,
+}
+
 /// When an append is acknowledged.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -208,6 +220,20 @@ pub struct ServerArgs {
     /// archiving at its next commit).
     #[arg(long)]
     pub cold_takeover: bool,
+    /// Run as one host of several sharing the cold tier's bucket: lanes are owned through
+    /// their manifests, a start serves only the lanes this host still owns, and lanes
+    /// move between hosts at run time. Needs the cold tier; implies `--logs lane`.
+    #[arg(long)]
+    pub cluster: bool,
+    /// With `--cluster`: the `host:port` other hosts and proxies reach this host at, named
+    /// in the manifests of the lanes it owns and in its refusals of lanes it does not.
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// With `--cluster`: `auto` (the hosts spread the lanes among themselves and adopt a
+    /// lost host's) or `manual` (lanes move only through `/__ursula/lanes/N/adopt` and
+    /// `/release`).
+    #[arg(long, value_enum)]
+    pub cluster_assign: Option<AssignMode>,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -288,6 +314,14 @@ pub struct FileConfig {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub cors_origins: Option<Vec<String>>,
+    pub cluster: Option<bool>,
+    pub advertise: Option<String>,
+    pub cluster_assign: Option<AssignMode>,
+    /// With `cluster`: how often this host writes its node record and looks at the others'.
+    pub cluster_heartbeat_ms: Option<u64>,
+    /// With `cluster`: a host whose node record is this much older than the newest one is
+    /// gone, and its lanes are adopted by the others.
+    pub cluster_lease_ms: Option<u64>,
     pub cold_tier: Option<ColdTierFile>,
 }
 
@@ -302,6 +336,14 @@ pub struct Config {
     /// How the logs are kept, as asked for (`None`: the data dir's, or a log per core for
     /// a new one).
     pub logs: Option<LogsMode>,
+    /// One host of several: lanes are owned through the cold tier and move at run time.
+    pub cluster: bool,
+    /// Where this host is reached (`host:port`), written into its node record and the
+    /// manifests of its lanes.
+    pub advertise: Option<String>,
+    pub cluster_assign: AssignMode,
+    pub cluster_heartbeat: Duration,
+    pub cluster_lease: Duration,
     /// The first per-core port (core N listens on its port + N), if any.
     pub core_listen: Option<SocketAddr>,
     pub storage: StorageMode,
@@ -414,6 +456,23 @@ pub enum ConfigError {
          (--cold-s3-bucket, or s3_bucket in [cold_tier])"
     )]
     S3DurabilityNeedsColdTier,
+    #[error(
+        "--cluster keeps lane ownership in the cold tier's bucket: it needs the cold tier \
+         (--cold-s3-bucket, or s3_bucket in [cold_tier])"
+    )]
+    ClusterNeedsColdTier,
+    #[error("--cluster moves lanes between hosts: it needs a log per lane, not --logs core")]
+    ClusterNeedsLaneLogs,
+    #[error(
+        "--cluster needs --advertise (the host:port other hosts and proxies reach this one \
+         at) when listening on {0}"
+    )]
+    ClusterNeedsAdvertise(SocketAddr),
+    #[error(
+        "cluster_lease_ms = {lease_ms} is too short: it must be at least 3 heartbeats \
+         ({heartbeat_ms} ms each) and 2000 ms"
+    )]
+    ShortLease { lease_ms: u64, heartbeat_ms: u64 },
     #[error("{0} must be at least 1")]
     Zero(&'static str),
     #[error(
@@ -445,7 +504,23 @@ impl Config {
             return Err(ConfigError::Cores(cores));
         }
         let lanes = args.lanes.or(file.lanes);
-        let logs = args.logs.or(file.logs);
+        let cluster = args.cluster || file.cluster.unwrap_or(false);
+        let logs = match args.logs.or(file.logs) {
+            Some(LogsMode::Core) if cluster => return Err(ConfigError::ClusterNeedsLaneLogs),
+            None if cluster => Some(LogsMode::Lane),
+            logs => logs,
+        };
+        let listen = args
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default"));
+        let advertise = match args.advertise.or(file.advertise) {
+            Some(a) => Some(a),
+            None if !cluster => None,
+            // Other hosts can reach a fixed address it listens on.
+            None if !listen.ip().is_unspecified() && listen.port() != 0 => Some(listen.to_string()),
+            None => return Err(ConfigError::ClusterNeedsAdvertise(listen)),
+        };
         if let Some(lanes) = lanes {
             use ursula_storage::placement::Placement;
             let placement = match logs {
@@ -517,11 +592,26 @@ impl Config {
                         archive_interval: ms(interval),
                         grace: ms(cold_file.grace_ms.unwrap_or(600_000)),
                         takeover: args.cold_takeover,
+                        advertise: advertise.clone(),
+                        lanes_move: cluster,
                     },
                     local_bytes: args.cold_local_bytes.or(cold_file.local_bytes),
                 })
             }
         };
+        if cluster && cold.is_none() {
+            return Err(ConfigError::ClusterNeedsColdTier);
+        }
+        let heartbeat_ms = file.cluster_heartbeat_ms.unwrap_or(1_000).max(50);
+        let lease_ms = file.cluster_lease_ms.unwrap_or(5_000);
+        // Object stores date objects to the second: a lease any shorter would see live
+        // hosts come and go.
+        if lease_ms < (3 * heartbeat_ms).max(2_000) {
+            return Err(ConfigError::ShortLease {
+                lease_ms,
+                heartbeat_ms,
+            });
+        }
         let storage = args.storage.or(file.storage).unwrap_or(StorageMode::Disk);
         if cold.is_some() && storage == StorageMode::Memory {
             return Err(ConfigError::ColdNeedsDisk);
@@ -539,10 +629,7 @@ impl Config {
             auth,
             tls,
             cors_origins,
-            listen: args
-                .listen
-                .or(file.listen)
-                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
+            listen,
             data_dir: args
                 .data_dir
                 .or(file.data_dir)
@@ -550,6 +637,14 @@ impl Config {
             cores,
             lanes,
             logs,
+            cluster,
+            advertise,
+            cluster_assign: args
+                .cluster_assign
+                .or(file.cluster_assign)
+                .unwrap_or_default(),
+            cluster_heartbeat: ms(heartbeat_ms),
+            cluster_lease: ms(lease_ms),
             core_listen,
             storage,
             long_poll_timeout: ms(args

@@ -21,6 +21,8 @@ use ursula_storage::{Lifetime, Shard, StreamId, StreamMeta, WaiterIds, WaiterSet
 
 use crate::config::Config;
 use crate::hop::Mailbox;
+use crate::lane_table::LaneTable;
+pub use crate::lane_table::NotServed;
 use crate::metrics::CoreMetrics;
 use crate::rate_limit::{BucketLimits, LocalLimits};
 use crate::tokens::{TokenFile, Tokens};
@@ -35,9 +37,10 @@ pub type Mailboxes = Arc<Vec<Mailbox<Letter>>>;
 /// One core's context. Lives on (and never leaves) its thread.
 pub struct Core {
     pub index: usize,
-    /// The shards this core runs, by number: shard `s` is at `s / cores` (see
-    /// [`Core::shard`]). Never empty.
-    shards: Vec<Shard>,
+    /// The shards placed on this core (numbers `index`, `index + cores`, ...), shard `s` in
+    /// slot `s / cores`; `None` while this core does not run it (a lane being adopted or
+    /// released). Borrowed only for a lookup or a swap, never across an `.await`.
+    shards: RefCell<Vec<Option<Shard>>>,
     pub config: Arc<Config>,
     /// Every core's mailbox, this one's included.
     pub peers: Mailboxes,
@@ -45,6 +48,9 @@ pub struct Core {
     pub bucket_limits: Arc<BucketLimits>,
     /// Which core owns which key, as the data dir was created.
     pub placement: Placement,
+    /// Which lanes this host serves now (all of them but in a cluster), shared by every
+    /// core.
+    pub lanes: Arc<LaneTable>,
     /// This core's cache of `bucket_limits`.
     pub limits: LocalLimits,
     /// The tokens this core last read from `config.auth`, with their generation.
@@ -79,12 +85,14 @@ pub struct Core {
 /// What a core is made of when its thread starts.
 pub struct CoreParts {
     pub index: usize,
-    /// Every shard on core `index`, lowest number first.
-    pub shards: Vec<Shard>,
+    /// The shards placed on core `index`, lowest number first: shard `s` in slot
+    /// `s / cores`, `None` for one the core does not run.
+    pub shards: Vec<Option<Shard>>,
     pub config: Arc<Config>,
     pub peers: Mailboxes,
     pub bucket_limits: Arc<BucketLimits>,
     pub placement: Placement,
+    pub lanes: Arc<LaneTable>,
     pub shutdown: Arc<AtomicBool>,
     pub draining: Arc<AtomicUsize>,
 }
@@ -94,17 +102,32 @@ pub struct CoreParts {
 pub struct Unavailable;
 
 impl Core {
-    /// A core with its parts. Panics without a shard: every core runs at least one.
+    /// A core with its parts. It may run none of its shards yet: they can be installed
+    /// later ([`Core::install_shard`]).
     pub fn new(parts: CoreParts) -> Core {
         let index = parts.index;
-        assert!(!parts.shards.is_empty(), "core {index} has no shard");
+        let cores = parts.peers.len().max(1);
+        let mut shards = parts.shards;
+        // One slot per shard the placement puts here, so a later install has its slot.
+        let slots = (index..parts.placement.shards() as usize)
+            .step_by(cores)
+            .count();
+        debug_assert!(shards.len() <= slots, "core {index} given too many shards");
+        debug_assert!(shards
+            .iter()
+            .enumerate()
+            .all(|(slot, s)| s
+                .as_ref()
+                .is_none_or(|s| s.config().shard as usize == index + slot * cores)));
+        shards.resize(slots, None);
         Core {
             index,
-            shards: parts.shards,
+            shards: RefCell::new(shards),
             config: parts.config,
             peers: parts.peers,
             bucket_limits: parts.bucket_limits,
             placement: parts.placement,
+            lanes: parts.lanes,
             limits: LocalLimits::default(),
             tokens: RefCell::new(None),
             shutdown: parts.shutdown,
@@ -149,23 +172,78 @@ impl Core {
         Placement::core_of_shard(self.placement.shard_of(key), self.cores())
     }
 
-    /// The shard that holds `key`. Only its owner core asks.
-    pub fn shard_for(&self, key: &str) -> &Shard {
-        self.local_shard(self.placement.shard_of(key))
+    /// The shard that holds `key`. Only its owner core asks. Owned, so a handler keeps it
+    /// across an `.await` without holding the slots borrowed while lanes come and go.
+    pub fn shard_for(&self, key: &str) -> Result<Shard, NotServed> {
+        self.held(self.placement.shard_of(key))
     }
 
-    /// The shard stream `id` is in: the core's only one, or with a log per lane the one
-    /// whose number the id carries.
-    pub fn shard(&self, id: StreamId) -> &Shard {
+    /// The shard stream `id` is in: the one whose number the id carries (a log per lane),
+    /// or the core's only one (a log per core, whose ids do not carry it). Owned, like
+    /// [`Core::shard_for`].
+    pub fn shard(&self, id: StreamId) -> Result<Shard, NotServed> {
         match self.placement.shard_of_id(id) {
-            Some(shard) if self.shards.len() > 1 => self.local_shard(shard),
-            _ => self.first_shard(),
+            Some(number) if self.shards.borrow().len() > 1 => self.held(number),
+            _ => {
+                let only = self.shards.borrow().first().cloned().flatten();
+                only.ok_or(NotServed {
+                    shard: self.index as u32,
+                })
+            }
         }
     }
 
-    /// Every shard this core runs.
-    pub fn shards(&self) -> &[Shard] {
-        &self.shards
+    /// The shards this core runs now, lowest number first. A copy, so the caller may await
+    /// while it goes through them and a shard installed or removed meanwhile changes
+    /// nothing it holds.
+    pub fn shards(&self) -> Vec<Shard> {
+        self.shards.borrow().iter().flatten().cloned().collect()
+    }
+
+    /// Whether this core runs shard `number` now.
+    #[allow(
+        dead_code,
+        reason = "called by lane moves (adopt, release), which are not wired in yet"
+    )]
+    pub fn holds_shard(&self, number: u32) -> bool {
+        self.slot(number as usize)
+            .is_some_and(|slot| self.shards.borrow().get(slot).is_some_and(Option::is_some))
+    }
+
+    /// Start serving a shard (a lane adopted): requests for its streams find it from now on.
+    ///
+    /// # Panics
+    ///
+    /// If the shard's number is not one this core runs by the placement: its requests
+    /// would never be sent here.
+    #[allow(
+        dead_code,
+        reason = "called by lane moves (adopt, release), which are not wired in yet"
+    )]
+    pub fn install_shard(&self, shard: Shard) {
+        let number = shard.config().shard;
+        let Some(slot) = self.slot(number as usize) else {
+            panic!("shard {number} is not placed on core {}", self.index);
+        };
+        let mut shards = self.shards.borrow_mut();
+        // Installing over a running shard would drop it without its final flush.
+        debug_assert!(
+            shards[slot].is_none(),
+            "shard {number} is already installed"
+        );
+        shards[slot] = Some(shard);
+    }
+
+    /// Stop serving shard `number` (a lane released): requests for its streams are answered
+    /// [`NotServed`] from now on. Returns the shard, for the caller to flush and close;
+    /// `None` if this core did not run it.
+    #[allow(
+        dead_code,
+        reason = "called by lane moves (adopt, release), which are not wired in yet"
+    )]
+    pub fn remove_shard(&self, number: u32) -> Option<Shard> {
+        let slot = self.slot(number as usize)?;
+        self.shards.borrow_mut().get_mut(slot)?.take()
     }
 
     /// Whether `shard` is the one `key` is placed on: where a key kept in every shard (a
@@ -174,16 +252,28 @@ impl Core {
         self.placement.shard_of(key) == shard.config().shard as usize
     }
 
-    fn local_shard(&self, shard: usize) -> &Shard {
-        debug_assert_eq!(Placement::core_of_shard(shard, self.cores()), self.index);
-        self.shards
-            .get(shard / self.cores())
-            .unwrap_or_else(|| self.first_shard())
+    /// Shard `number`, if this core runs it now.
+    fn held(&self, number: usize) -> Result<Shard, NotServed> {
+        let not_served = NotServed {
+            shard: number as u32,
+        };
+        // Keys and ids are routed to their owner core before they get here.
+        debug_assert_eq!(
+            Placement::core_of_shard(number, self.cores()),
+            self.index,
+            "shard {number} asked for on the wrong core"
+        );
+        let slot = self.slot(number).ok_or(not_served)?;
+        let shards = self.shards.borrow();
+        shards.get(slot).cloned().flatten().ok_or(not_served)
     }
 
-    fn first_shard(&self) -> &Shard {
-        // `Core::new` refuses an empty list.
-        &self.shards[0]
+    /// The slot of shard `number` in `shards`, if the placement puts it on this core.
+    fn slot(&self, number: usize) -> Option<usize> {
+        let cores = self.cores().max(1);
+        let on_this_core = number < self.placement.shards() as usize
+            && Placement::core_of_shard(number, cores) == self.index;
+        on_this_core.then_some(number / cores)
     }
 
     /// Run `f` on core `core` and return its result here.
@@ -222,9 +312,11 @@ impl Core {
     }
 
     /// The identity of a stream created now on this core: a fresh incarnation, created now.
-    /// Create, fork and create-on-first-append all take it from here.
+    /// Create, fork and create-on-first-append all take it from here. `shard` is the one
+    /// that will hold the stream (`shard_for(key)`): it numbers the incarnations.
     pub fn new_stream_meta(
         &self,
+        shard: &Shard,
         key: &str,
         content_type: &str,
         lifetime: Lifetime,
@@ -233,7 +325,7 @@ impl Core {
         let now = ursula_storage::now_ms();
         StreamMeta {
             key: key.into(),
-            incarnation: self.shard_for(key).next_incarnation(now),
+            incarnation: shard.next_incarnation(now),
             created_ms: now,
             content_type: content_type.into(),
             lifetime,
@@ -348,5 +440,112 @@ struct WaiterSlot<'a> {
 impl Drop for WaiterSlot<'_> {
     fn drop(&mut self) {
         self.core.shutdown_waiters.unregister(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServerArgs;
+    use ursula_storage::{Durability, ShardConfig};
+
+    /// Shard `number` of `placement`, in memory.
+    async fn open(placement: &Placement, number: u32) -> Shard {
+        let mut cfg = ShardConfig::new(number, Durability::Memory);
+        cfg.first_id = placement.first_id(number);
+        Shard::open(cfg).await.expect("open").0
+    }
+
+    /// Core `index` of `cores`, running `shards` (in slot order).
+    fn core(index: usize, cores: usize, placement: Placement, shards: Vec<Option<Shard>>) -> Core {
+        let config = Config::resolve(ServerArgs {
+            cores: Some(cores),
+            ..Default::default()
+        })
+        .expect("config");
+        Core::new(CoreParts {
+            index,
+            shards,
+            config: Arc::new(config),
+            peers: Arc::new((0..cores).map(|_| Mailbox::default()).collect()),
+            bucket_limits: Arc::default(),
+            placement,
+            lanes: Arc::new(crate::lane_table::LaneTable::new(
+                placement.shards(),
+                false,
+                &[],
+            )),
+            shutdown: Arc::default(),
+            draining: Arc::default(),
+        })
+    }
+
+    /// A key `placement` puts on shard `shard`.
+    fn key_on(placement: &Placement, shard: usize) -> String {
+        (0..)
+            .map(|n| format!("k{n}"))
+            .find(|k| placement.shard_of(k) == shard)
+            .expect("some key lands on every shard")
+    }
+
+    fn numbers(core: &Core) -> Vec<u32> {
+        core.shards().iter().map(|s| s.config().shard).collect()
+    }
+
+    fn block_on(f: impl Future<Output = ()>) {
+        monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .enable_timer()
+            .build()
+            .expect("runtime")
+            .block_on(f);
+    }
+
+    #[test]
+    fn a_lane_is_installed_and_removed_while_the_core_runs() {
+        block_on(async {
+            // Four lanes, a log each, on two cores: core 0 runs shards 0 and 2.
+            let placement = Placement::lane_logs(4).expect("placement");
+            let first = open(&placement, 0).await;
+            let c = core(0, 2, placement, vec![Some(first)]);
+            assert_eq!(numbers(&c), [0]);
+            assert!(c.holds_shard(0));
+            assert!(!c.holds_shard(2), "not adopted yet");
+            assert!(!c.holds_shard(1), "another core's");
+            assert!(!c.holds_shard(6), "past the placement");
+            let (key, id) = (key_on(&placement, 2), placement.first_id(2));
+            assert_eq!(c.shard_for(&key).err(), Some(NotServed { shard: 2 }));
+            assert_eq!(c.shard(id).err(), Some(NotServed { shard: 2 }));
+
+            c.install_shard(open(&placement, 2).await);
+            assert_eq!(numbers(&c), [0, 2]);
+            assert!(c.holds_shard(2));
+            assert_eq!(c.shard_for(&key).expect("served").config().shard, 2);
+            assert_eq!(c.shard(id).expect("served").config().shard, 2);
+            assert_eq!(c.shard(1).expect("served").config().shard, 0);
+
+            let released = c.remove_shard(0).expect("was running");
+            assert_eq!(released.config().shard, 0);
+            assert_eq!(numbers(&c), [2]);
+            assert_eq!(c.shard(1).err(), Some(NotServed { shard: 0 }));
+            assert!(c.remove_shard(0).is_none(), "already released");
+            assert!(c.remove_shard(1).is_none(), "another core's");
+        });
+    }
+
+    #[test]
+    fn with_a_log_per_core_every_id_is_in_the_core_s_one_shard() {
+        block_on(async {
+            let placement = Placement::with_lanes(2, 8).expect("placement");
+            let only = open(&placement, 1).await;
+            let c = core(1, 2, placement, vec![Some(only)]);
+            // Ids do not carry the shard: every shard counts from 1.
+            assert_eq!(c.shard(1).expect("served").config().shard, 1);
+            assert_eq!(c.shard(1 << 41).expect("served").config().shard, 1);
+            assert!(c.remove_shard(1).is_some());
+            assert!(c.shards().is_empty(), "a core may run no shard");
+            assert_eq!(c.shard(1).err(), Some(NotServed { shard: 1 }));
+            let key = key_on(&placement, 1);
+            assert_eq!(c.shard_for(&key).err(), Some(NotServed { shard: 1 }));
+        });
     }
 }

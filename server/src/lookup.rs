@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use ursula_storage::{Lifetime, StreamId};
 
-use crate::core::Core;
+use crate::core::{Core, NotServed};
 use crate::ext::Ext;
 use crate::http::ApiError;
 
@@ -21,12 +21,15 @@ pub enum Found {
     Live(StreamId),
 }
 
-pub fn find(core: &Rc<Core>, key: &str) -> Found {
-    let Some(id) = core.shard_for(key).lookup(key) else {
-        return Found::Absent;
+/// What `key` refers to, or that this core does not run its shard now.
+pub fn find(core: &Rc<Core>, key: &str) -> Result<Found, NotServed> {
+    // The shard that looked the key up handed out its id, so it holds the stream.
+    let shard = core.shard_for(key)?;
+    let Some(id) = shard.lookup(key) else {
+        return Ok(Found::Absent);
     };
-    let Some(s) = core.shard(id).stream(id) else {
-        return Found::Absent;
+    let Some(s) = shard.stream(id) else {
+        return Ok(Found::Absent);
     };
     let expired = match s.lifetime() {
         Lifetime::Forever => false,
@@ -37,12 +40,12 @@ pub fn find(core: &Rc<Core>, key: &str) -> Found {
         Lifetime::ExpiresAtMs(at) => ursula_storage::now_ms() >= at,
     };
     if expired {
-        return Found::Expired(id);
+        return Ok(Found::Expired(id));
     }
     if Ext::is_soft_deleted(s.ext()) {
-        return Found::SoftDeleted;
+        return Ok(Found::SoftDeleted);
     }
-    Found::Live(id)
+    Ok(Found::Live(id))
 }
 
 /// When a sliding window of `ttl_seconds` that started at `from_ms` closes, or `None` when
@@ -53,7 +56,7 @@ pub fn ttl_deadline_ms(from_ms: i64, ttl_seconds: u64) -> Option<i64> {
 
 /// The live stream `key` names, or the refusal a request for it gets.
 pub fn live(core: &Rc<Core>, key: &str) -> Result<StreamId, ApiError> {
-    match find(core, key) {
+    match find(core, key)? {
         Found::Live(id) => Ok(id),
         Found::SoftDeleted => Err(ApiError::StreamGone),
         Found::Absent | Found::Expired(_) => Err(ApiError::StreamNotFound),

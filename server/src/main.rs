@@ -15,6 +15,9 @@ mod config;
 
 mod cold;
 
+// Which lanes this host serves now.
+mod lane_table;
+
 mod surface;
 
 mod attrs;
@@ -39,6 +42,8 @@ mod hop;
 mod metrics;
 
 mod core;
+// Which lanes this host serves, and moving them between hosts.
+mod lanes;
 
 // Lookups and write payloads, on the owner core.
 mod lookup;

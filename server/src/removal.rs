@@ -3,30 +3,28 @@
 
 use std::rc::Rc;
 
-use ursula_storage::{StorageError, StreamId};
+use ursula_storage::{Shard, StorageError, StreamId};
 
 use crate::core::Core;
 use crate::ext::{Ext, ForkLink};
 
-/// DELETE: soft-delete while forks reference the stream, otherwise remove it.
-pub async fn delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
-    let mut ext = match core.shard(id).stream(id) {
+/// DELETE: soft-delete while forks reference the stream, otherwise remove it. `shard` is
+/// the one holding stream `id`.
+pub async fn delete(core: &Rc<Core>, shard: &Shard, id: StreamId) -> Result<(), StorageError> {
+    let mut ext = match shard.stream(id) {
         Some(s) => Ext::decode(s.ext()),
         None => return Ok(()),
     };
     if ext.refs > 0 {
         ext.soft_deleted = true;
-        return core.shard(id).set_ext(id, ext.encode())?.durable().await;
+        return shard.set_ext(id, ext.encode())?.durable().await;
     }
-    hard_delete(core, id).await
+    hard_delete(core, shard, id).await
 }
 
-async fn hard_delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> {
-    let link = core
-        .shard(id)
-        .stream(id)
-        .and_then(|s| Ext::decode(s.ext()).fork);
-    core.shard(id).delete(id)?.durable().await?;
+async fn hard_delete(core: &Rc<Core>, shard: &Shard, id: StreamId) -> Result<(), StorageError> {
+    let link = shard.stream(id).and_then(|s| Ext::decode(s.ext()).fork);
+    shard.delete(id)?.durable().await?;
     if let Some(link) = link {
         release(core, link).await;
     }
@@ -38,11 +36,16 @@ async fn hard_delete(core: &Rc<Core>, id: StreamId) -> Result<(), StorageError> 
 /// needs its key.
 pub fn remove_expired(core: &Rc<Core>, id: StreamId) {
     let core = core.clone();
-    let link = core
-        .shard(id)
-        .stream(id)
-        .and_then(|s| Ext::decode(s.ext()).fork);
-    match core.shard(id).delete(id) {
+    let shard = match core.shard(id) {
+        Ok(shard) => shard,
+        Err(e) => {
+            // Whoever runs the shard next finds the stream expired and removes it.
+            tracing::warn!("could not remove expired stream: {e}");
+            return;
+        }
+    };
+    let link = shard.stream(id).and_then(|s| Ext::decode(s.ext()).fork);
+    match shard.delete(id) {
         Ok(commit) => {
             monoio::spawn(async move {
                 if commit.durable().await.is_ok() {
@@ -62,10 +65,17 @@ pub async fn release(core: &Rc<Core>, link: ForkLink) {
     let owner = core.owner_of(&link.source);
     let _ = core
         .on(owner, move |c| async move {
-            let Some(id) = c.shard_for(&link.source).lookup(&link.source) else {
+            let shard = match c.shard_for(&link.source) {
+                Ok(shard) => shard,
+                Err(e) => {
+                    tracing::warn!("could not release a fork reference: {e}");
+                    return;
+                }
+            };
+            let Some(id) = shard.lookup(&link.source) else {
                 return;
             };
-            let (mut ext, incarnation) = match c.shard(id).stream(id) {
+            let (mut ext, incarnation) = match shard.stream(id) {
                 Some(s) => (Ext::decode(s.ext()), s.incarnation()),
                 None => return,
             };
@@ -74,9 +84,9 @@ pub async fn release(core: &Rc<Core>, link: ForkLink) {
             }
             ext.refs = ext.refs.saturating_sub(1);
             let result = if ext.refs == 0 && ext.soft_deleted {
-                Box::pin(hard_delete(&c, id)).await
+                Box::pin(hard_delete(&c, &shard, id)).await
             } else {
-                match c.shard(id).set_ext(id, ext.encode()) {
+                match shard.set_ext(id, ext.encode()) {
                     Ok(commit) => commit.durable().await,
                     Err(e) => Err(e),
                 }

@@ -16,6 +16,7 @@ use crate::handlers::{
     append, attrs, batch, buckets, create, delete, head, producers, read, snapshots,
 };
 use crate::http::{ApiError, Handled, Refusal, Request, Response};
+use crate::lane_table::NotHere;
 use crate::live::sse::{self, SseSession};
 use crate::routes::{route, Route};
 use crate::surface::Surface;
@@ -57,6 +58,9 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
     }
     let (key, on_owner) = match route(&req.path) {
         Route::Stream { surface, key } => {
+            if let Some(refused) = lane_refusal(core, &key) {
+                return (refused.into(), None);
+            }
             let owner = owner_for_request(core, &key);
             let mut req = req;
             let call = if req.method == Method::Post {
@@ -89,6 +93,9 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
         Route::Invalid(why) => return (ApiError::InvalidStreamId(why).response().into(), None),
         Route::InvalidBucket => return (ApiError::InvalidBucketId.response().into(), None),
     };
+    if let Some(refused) = lane_refusal(core, &key) {
+        return (refused.into(), None);
+    }
     let owner = owner_for_request(core, &key);
     let resp = core
         .on(owner, move |c| async move {
@@ -104,6 +111,22 @@ pub async fn dispatch(core: &Rc<Core>, req: Request) -> (Reply, Option<usize>) {
         .await
         .unwrap_or_else(|_| Err(ApiError::owner_unavailable().into()));
     (resp.into(), Some(owner))
+}
+
+/// In a cluster, the refusal of a request for a stream whose lane this host does not
+/// serve now: 421 naming the owner, or 503 while the lane moves (see `lanes`).
+fn lane_refusal(core: &Rc<Core>, key: &str) -> Option<Response> {
+    if !core.lanes.cluster() {
+        return None;
+    }
+    match core.lanes.check(core.placement.shard_of(key)) {
+        Ok(()) => None,
+        Err(NotHere::Moving { lane }) => Some(ApiError::NotServed { shard: lane }.response()),
+        Err(NotHere::Elsewhere { lane, owner }) => {
+            crate::lanes::refresh_owner(core, lane);
+            Some(ApiError::Misdirected { lane, owner }.response())
+        }
+    }
 }
 
 /// The core owning `key`, counting the requests that must be handed over to it.

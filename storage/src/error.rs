@@ -39,6 +39,10 @@ pub enum StorageError {
     /// tier): this server acknowledges no further change to it until restart.
     #[error("fenced: another server owns this shard's archive now")]
     Fenced,
+    /// The shard stopped taking writes (its lane is moving, or the server stops); nothing
+    /// was changed, and the change may be retried where the lane is served next.
+    #[error("the shard has stopped")]
+    Stopped,
     /// With `--durability s3`: the change is durable on the local disk but did not reach
     /// S3 within the acknowledgement bound. It is not acknowledged; it may still land
     /// (a retry with producer headers is deduplicated).
@@ -125,6 +129,9 @@ pub enum ShardFailure {
     Log(LogFailure),
     /// Another server took the shard's S3 archive over.
     Fenced,
+    /// The shard was stopped (its lane moves to another server, or the server stops):
+    /// whatever it accepted is durable, and it takes nothing more.
+    Stopped,
 }
 
 impl From<ShardFailure> for StorageError {
@@ -132,6 +139,7 @@ impl From<ShardFailure> for StorageError {
         match f {
             ShardFailure::Log(why) => StorageError::Failed(why),
             ShardFailure::Fenced => StorageError::Fenced,
+            ShardFailure::Stopped => StorageError::Stopped,
         }
     }
 }
@@ -141,6 +149,7 @@ impl fmt::Display for ShardFailure {
         match self {
             ShardFailure::Log(why) => why.fmt(f),
             ShardFailure::Fenced => f.write_str("fenced: another server owns the shard's archive"),
+            ShardFailure::Stopped => f.write_str("stopped"),
         }
     }
 }

@@ -676,6 +676,11 @@ impl Stream {
         self.version.get()
     }
 
+    /// Wake every reader waiting on this stream without changing it: the shard stops.
+    pub(crate) fn wake_waiters(&self) {
+        self.waiters.wake_all();
+    }
+
     /// Register (or refresh) waiter `id`; O(1), one entry per waiting task.
     pub(crate) fn register_waiter(&self, id: u64, waker: &Waker) {
         self.waiters.register(id, waker);

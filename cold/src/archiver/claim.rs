@@ -24,102 +24,159 @@ pub(super) struct Claimed {
     pub(super) s3_end: Option<DurableEnd>,
 }
 
-/// Take the next owner epoch of every shard's manifest, or refuse to start. The previous
-/// epoch's WAL is fenced first, and what it holds past the archived end is inherited when
-/// this data dir continues that log.
+/// Which shards a start claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Every shard of the layout (one server owns the whole archive), refusing to start
+    /// while another live server owns any of them.
+    Every,
+    /// Only the lanes this server owned when it stopped, and still owns: the lanes of a
+    /// cluster member, which gets others by adopting them.
+    Owned,
+}
+
+/// How one shard is being claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClaimMode {
+    /// At start, owning every shard (see [`Claim::Every`]).
+    Start,
+    /// At start, a lane this server owned (see [`Claim::Owned`]); skipped otherwise.
+    Resume,
+    /// At run time, a lane whose directory is then restored from the archive: taken from
+    /// an owner that released it or stopped heartbeating, or from any owner when `force`.
+    Adopt { force: bool },
+}
+
+/// Take the next owner epoch of every shard's manifest `which` names, or refuse to start.
+/// Returns the shards claimed, by number.
 pub(super) async fn claim(
     store: &DynStore,
     settings: &Settings,
     placement: Placement,
+    which: Claim,
     owner: &str,
     restored: &Option<Vec<u64>>,
-) -> Result<Vec<Claimed>> {
+) -> Result<Vec<(u32, Claimed)>> {
+    let at = store.describe();
+    manifest::ensure_layout(store, placement)
+        .await
+        .map_err(|e| Error::Claim {
+            store: at.clone(),
+            source: Box::new(e),
+        })?;
+    let mode = match which {
+        Claim::Every => ClaimMode::Start,
+        Claim::Owned => ClaimMode::Resume,
+    };
+    let mut out = Vec::new();
+    for shard in 0..placement.shards() {
+        let restored_epoch = restored
+            .as_ref()
+            .and_then(|r| r.get(shard as usize).copied());
+        if let Some(c) = claim_shard(store, settings, shard, mode, owner, restored_epoch).await? {
+            out.push((shard, c));
+        }
+    }
+    Ok(out)
+}
+
+/// Take the next owner epoch of shard `shard`'s manifest. The previous epoch's WAL is
+/// fenced first, and what it holds past the archived end is inherited when this data dir
+/// continues that log (it is this server's, was restored from it, or is being adopted and
+/// will be restored from it). `None`: a resume found the lane is not this server's.
+pub(super) async fn claim_shard(
+    store: &DynStore,
+    settings: &Settings,
+    shard: u32,
+    mode: ClaimMode,
+    owner: &str,
+    restored_epoch: Option<u64>,
+) -> Result<Option<Claimed>> {
     let at = store.describe();
     let claiming = |e: Error| Error::Claim {
         store: at.clone(),
         source: Box::new(e),
     };
-    let shards = placement.shards();
-    manifest::ensure_layout(store, placement)
-        .await
-        .map_err(claiming)?;
     let interval_ms = settings.archive_interval.as_millis() as u64;
-    let mut out = Vec::new();
-    for shard in 0..shards {
-        let now = ursula_storage::now_ms();
-        let current = manifest::load(store, shard).await.map_err(claiming)?;
-        let (next, etag, s3_end) = match current {
-            None => (Manifest::new(shard, 1, owner, interval_ms, now), None, None),
-            Some((m, etag)) => {
-                let restored_from = restored
-                    .as_ref()
-                    .and_then(|r| r.get(shard as usize))
-                    .is_some_and(|&e| e == m.epoch);
-                let ours = m.owner == owner;
-                if !ours && !restored_from && !settings.takeover && m.owner_alive(now) {
-                    return Err(Error::Owned {
-                        store: at.clone(),
-                        shard,
-                        owner: m.owner,
-                        epoch: m.epoch,
-                        heartbeat_age_ms: now - m.heartbeat_ms,
-                    });
-                }
-                if !ours && !restored_from {
-                    tracing::warn!(
-                        shard,
-                        previous_owner = %m.owner,
-                        epoch = m.epoch + 1,
-                        "taking the cold tier archive over; the previous owner's objects \
-                         are dropped after the grace period"
-                    );
-                }
-                let inherit = ours || restored_from;
-                let mut next = m.successor(owner, interval_ms, inherit, now);
-                let fencer = Fencer {
-                    epoch: next.epoch,
-                    owner,
-                };
-                let chain =
-                    follow_and_fence(store, shard, m.epoch, m.s3_end().lsn, &fencer, |_| Ok(()))
-                        .await
-                        .map_err(claiming)?;
-                next.add_fence(chain.fence);
-                if inherit {
-                    next.wal.retain(|w| w.last_lsn > next.archived.lsn);
-                    next.wal.extend(chain.objects);
-                } else {
-                    // This data dir's log is another one: the old WAL is garbage.
-                    for w in chain.objects {
-                        next.drop_object(w.object.key, now);
-                    }
-                }
-                let s3_end = inherit.then(|| end_of(&next));
-                (next, Some(etag), s3_end)
+    let now = ursula_storage::now_ms();
+    let current = manifest::load(store, shard).await.map_err(claiming)?;
+    let (mut next, etag, s3_end) = match current {
+        None if mode == ClaimMode::Resume => return Ok(None),
+        None => (Manifest::new(shard, 1, owner, interval_ms, now), None, None),
+        Some((m, etag)) => {
+            let restored_from = restored_epoch == Some(m.epoch);
+            let ours = m.owner == owner;
+            let adopting = matches!(mode, ClaimMode::Adopt { .. });
+            if mode == ClaimMode::Resume && (!ours || m.released) {
+                return Ok(None);
             }
-        };
-        let etag = manifest::commit(store, &next, etag.as_deref())
-            .await
-            .map_err(|e| match e {
-                Error::Conflict { .. } => Error::ClaimRace {
+            let forced = match mode {
+                ClaimMode::Start => settings.takeover,
+                ClaimMode::Resume => false,
+                ClaimMode::Adopt { force } => force,
+            };
+            if !ours && !restored_from && !forced && m.owner_alive(now) {
+                return Err(Error::Owned {
                     store: at.clone(),
                     shard,
-                },
-                e => claiming(e),
-            })?;
-        tracing::info!(
-            shard,
-            epoch = next.epoch,
-            owner,
-            "cold tier archive claimed"
-        );
-        out.push(Claimed {
-            manifest: next,
-            etag,
-            s3_end,
-        });
-    }
-    Ok(out)
+                    owner: m.owner,
+                    epoch: m.epoch,
+                    heartbeat_age_ms: now - m.heartbeat_ms,
+                });
+            }
+            if !ours && !restored_from && !m.released {
+                tracing::warn!(
+                    shard,
+                    previous_owner = %m.owner,
+                    epoch = m.epoch + 1,
+                    "taking the cold tier archive over"
+                );
+            }
+            let inherit = ours || restored_from || adopting;
+            let mut next = m.successor(owner, interval_ms, inherit, now);
+            let fencer = Fencer {
+                epoch: next.epoch,
+                owner,
+            };
+            let chain =
+                follow_and_fence(store, shard, m.epoch, m.s3_end().lsn, &fencer, |_| Ok(()))
+                    .await
+                    .map_err(claiming)?;
+            next.add_fence(chain.fence);
+            if inherit {
+                next.wal.retain(|w| w.last_lsn > next.archived.lsn);
+                next.wal.extend(chain.objects);
+            } else {
+                // This data dir's log is another one: the old WAL is garbage.
+                for w in chain.objects {
+                    next.drop_object(w.object.key, now);
+                }
+            }
+            let s3_end = inherit.then(|| end_of(&next));
+            (next, Some(etag), s3_end)
+        }
+    };
+    next.address = settings.advertise.clone().unwrap_or_default();
+    let etag = manifest::commit(store, &next, etag.as_deref())
+        .await
+        .map_err(|e| match e {
+            Error::Conflict { .. } => Error::ClaimRace {
+                store: at.clone(),
+                shard,
+            },
+            e => claiming(e),
+        })?;
+    tracing::info!(
+        shard,
+        epoch = next.epoch,
+        owner,
+        "cold tier archive claimed"
+    );
+    Ok(Some(Claimed {
+        manifest: next,
+        etag,
+        s3_end,
+    }))
 }
 
 /// How far S3 holds the log the manifest describes.

@@ -53,11 +53,7 @@ impl Worker {
                 return;
             }
         };
-        let wal_covered = self.archive.shards[self.shard as usize]
-            .wal
-            .lock()
-            .ok()
-            .and_then(|w| w.covered_through());
+        let wal_covered = self.slot.wal.lock().ok().and_then(|w| w.covered_through());
         let doomed = orphans(
             self.shard,
             &[&self.manifest, &stored],

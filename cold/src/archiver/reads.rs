@@ -17,7 +17,7 @@ use crate::status::{Outcome, Request, Status};
 
 impl ColdStore for Archive {
     fn durable(&self, shard: u32, end: DurableEnd) {
-        if let Some(slot) = self.shards.get(shard as usize) {
+        if let Some(slot) = self.slot(shard) {
             if let Ok(mut d) = slot.durable.lock() {
                 // A shard's log only grows: a late report from its upkeep must not take
                 // back the end its shutdown reported.
@@ -29,7 +29,7 @@ impl ColdStore for Archive {
     }
 
     fn s3_end(&self, shard: u32) -> Option<DurableEnd> {
-        self.shards.get(shard as usize).and_then(|s| s.s3_end)
+        self.slot(shard).and_then(|s| s.s3_end)
     }
 
     fn archived_lsn(&self, shard: u32) -> ursula_storage::Lsn {

@@ -64,8 +64,8 @@ impl WalPuts {
 /// The thread the WAL PUTs run on: a tokio current-thread runtime kept alive for the
 /// process, and its S3 client.
 pub(super) struct WalThread {
-    runtime: tokio::runtime::Handle,
-    store: DynStore,
+    pub(super) runtime: tokio::runtime::Handle,
+    pub(super) store: DynStore,
 }
 
 impl WalThread {
@@ -105,7 +105,7 @@ impl WalThread {
 impl Archive {
     /// See [`ursula_storage::cold::ColdStore::put_wal`].
     pub(super) fn put_wal_object(&self, shard: u32, object: WalObject) -> WalPut {
-        let Some(slot) = self.shards.get(shard as usize) else {
+        let Some(slot) = self.slot(shard) else {
             return refused(WalRefused::Unsupported("no such shard"));
         };
         let epoch = match slot.committed.lock() {

@@ -3,7 +3,7 @@
 //! the manifest by compare-and-swap, and the archive lag it leaves.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -15,7 +15,7 @@ use ursula_storage::SegmentNo;
 
 use super::blobs::list_blobs;
 use super::garbage::sweep_every;
-use super::{Archive, FinalRound, Settings};
+use super::{Archive, FinalRound, Finish, Slot};
 use crate::error::Error;
 use crate::manifest::{self, End, Keys, Manifest, Object};
 use crate::status::{Outcome, Request};
@@ -40,6 +40,8 @@ impl From<Error> for RoundError {
 /// One shard's archiving.
 pub(super) struct Worker {
     pub(super) archive: Arc<Archive>,
+    /// What the cores and readers see of this shard's archive.
+    pub(super) slot: Arc<Slot>,
     pub(super) shard: u32,
     pub(super) dir: PathBuf,
     pub(super) keys: Keys,
@@ -56,9 +58,9 @@ pub(super) struct Worker {
     pub(super) segment_bytes: u64,
     /// When the orphan sweep last ran (never: it runs before the first round).
     pub(super) last_sweep: Option<Instant>,
-    /// Turns true when the server stops cleanly; the worker then reports its last round.
-    pub(super) finish: tokio::sync::watch::Receiver<bool>,
-    pub(super) done: std::sync::mpsc::Sender<(u32, FinalRound)>,
+    /// Leaves `Finish::Run` when the server stops cleanly or lets the lane go; the worker
+    /// then runs its last round and reports it.
+    pub(super) finish: tokio::sync::watch::Receiver<Finish>,
 }
 
 /// Inherited WAL objects the archived log now covers go to the garbage list.
@@ -76,19 +78,16 @@ fn drop_archived_wal(m: &mut Manifest, now: i64) {
 impl Worker {
     pub(super) fn new(
         archive: Arc<Archive>,
-        settings: &Settings,
-        data_dir: &Path,
+        slot: Arc<Slot>,
         shard: u32,
         (manifest, etag): (Manifest, String),
-        (finish, done): (
-            tokio::sync::watch::Receiver<bool>,
-            std::sync::mpsc::Sender<(u32, FinalRound)>,
-        ),
+        finish: tokio::sync::watch::Receiver<Finish>,
     ) -> Worker {
+        let settings = &archive.settings;
         Worker {
-            archive,
+            dir: archive.data_dir.join(format!("shard-{shard}")),
+            slot,
             shard,
-            dir: data_dir.join(format!("shard-{shard}")),
             keys: Keys::new(shard, manifest.epoch),
             manifest,
             etag,
@@ -101,7 +100,7 @@ impl Worker {
             segment_bytes: 0,
             last_sweep: None,
             finish,
-            done,
+            archive,
         }
     }
 
@@ -116,19 +115,23 @@ impl Worker {
             if self
                 .last_sweep
                 .is_none_or(|t| t.elapsed() >= sweep_every(grace))
-                && !*self.finish.borrow()
+                && *self.finish.borrow() == Finish::Run
             {
                 self.last_sweep = Some(Instant::now());
                 self.sweep_orphans().await;
             }
             let finishing = tokio::select! {
-                () = tokio::time::sleep(tick.max(backoff)) => false,
-                r = self.finish.wait_for(|f| *f) => r.is_ok(),
+                () = tokio::time::sleep(tick.max(backoff)) => None,
+                r = self.finish.wait_for(|f| *f != Finish::Run) => r.ok().map(|f| *f),
             };
-            if finishing {
-                let last = self.final_round().await;
-                let _ = self.done.send((self.shard, last));
-                return;
+            match finishing {
+                Some(Finish::Release) => return self.release().await,
+                Some(_) => {
+                    let last = self.final_round().await;
+                    let _ = self.archive.done.send((self.shard, last));
+                    return;
+                }
+                None => {}
             }
             let result = self.bounded_round().await;
             self.report_lag();
@@ -145,7 +148,7 @@ impl Worker {
                 }
                 Err(RoundError::Fenced(why)) => {
                     tracing::error!(shard = self.shard, "cold tier archiving stopped: {why}");
-                    self.archive.status.fence(why);
+                    self.fenced(why);
                     return;
                 }
                 Err(RoundError::Retry(why)) => {
@@ -174,6 +177,56 @@ impl Worker {
         }
     }
 
+    /// Another server took the shard over. When lanes move between servers only this
+    /// shard is lost (the server stops serving it); otherwise the whole archive stops.
+    fn fenced(&self, why: String) {
+        if self.archive.settings.lanes_move {
+            self.archive.end_shard(self.shard, true);
+        } else {
+            self.archive.status.fence(why);
+        }
+    }
+
+    /// The lane is let go: archive up to the final durable end, commit the manifest as
+    /// released, stop, and report how that went to whoever asked for the release.
+    async fn release(mut self) {
+        let mut last = self.final_round().await;
+        if let FinalRound::Archived(_) = last {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let mut m = self.manifest.clone();
+                m.released = true;
+                m.heartbeat_ms = ursula_storage::now_ms();
+                match self.commit(m).await {
+                    Ok(()) => break,
+                    Err(RoundError::Fenced(why)) => {
+                        self.fenced(why.clone());
+                        last = FinalRound::Fenced(why);
+                        break;
+                    }
+                    Err(RoundError::Retry(why)) => {
+                        tracing::warn!(shard = self.shard, "cold tier: release commit: {why}");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+            tracing::info!(
+                shard = self.shard,
+                epoch = self.manifest.epoch,
+                "lane released"
+            );
+        }
+        // A fenced shard's end was reported by `fenced`.
+        if !matches!(last, FinalRound::Fenced(_)) {
+            self.archive.end_shard(self.shard, false);
+        }
+        let reply = self.slot.released.lock().ok().and_then(|mut r| r.take());
+        if let Some(reply) = reply {
+            let _ = reply.send(last);
+        }
+    }
+
     /// One round, given up after `ROUND_TIMEOUT`: aws-sdk-s3 sets no operation timeout,
     /// and a request that hangs must not stop this shard's archiving for good.
     async fn bounded_round(&mut self) -> Result<(), RoundError> {
@@ -198,7 +251,7 @@ impl Worker {
             match result {
                 Ok(()) => return FinalRound::Archived(self.manifest.archived),
                 Err(RoundError::Fenced(why)) => {
-                    self.archive.status.fence(why.clone());
+                    self.fenced(why.clone());
                     return FinalRound::Fenced(why);
                 }
                 Err(RoundError::Retry(why)) => {
@@ -222,8 +275,7 @@ impl Worker {
             .map(SegmentNo::get)
             .collect();
         let blobs_before = list_blobs(&self.dir)?;
-        let slot = &self.archive.shards[self.shard as usize];
-        let Some(point) = slot.durable.lock().ok().and_then(|d| *d) else {
+        let Some(point) = self.slot.durable.lock().ok().and_then(|d| *d) else {
             return Ok(());
         };
         if self.observed.back().is_none_or(|(p, _)| *p != point) {
@@ -326,11 +378,10 @@ impl Worker {
     fn publish(&mut self, m: Manifest) {
         let archived = m.archived;
         self.manifest = m.clone();
-        let slot = &self.archive.shards[self.shard as usize];
-        if let Ok(mut c) = slot.committed.lock() {
+        if let Ok(mut c) = self.slot.committed.lock() {
             *c = Arc::new(m);
         }
-        if let Ok(mut w) = slot.wal.lock() {
+        if let Ok(mut w) = self.slot.wal.lock() {
             w.archived_through(archived.lsn);
         }
         while self.observed.front().is_some_and(|(p, _)| {

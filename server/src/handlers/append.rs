@@ -17,7 +17,7 @@ use ursula_protocol::headers::{
 };
 use ursula_protocol::offset::format_offset;
 use ursula_storage::{
-    AppendRec, Lifetime, NewStream, Offset, ProducerStamp, Receipt, RecordNo, StorageError,
+    AppendRec, Lifetime, NewStream, Offset, ProducerStamp, Receipt, RecordNo, Shard, StorageError,
     StreamId,
 };
 
@@ -51,13 +51,13 @@ enum ProducerVerdict {
     },
 }
 
-fn check_producer(core: &Rc<Core>, target: &Target, p: &ProducerHeaders) -> ProducerVerdict {
+fn check_producer(shard: &Shard, target: &Target, p: &ProducerHeaders) -> ProducerVerdict {
     let id = match target {
         Target::Live(id) => *id,
         // A stream this append creates knows no producer yet.
         Target::New { .. } => return first_of_producer(p),
     };
-    let Some(s) = core.shard(id).head(id) else {
+    let Some(s) = shard.head(id) else {
         return ProducerVerdict::Accept;
     };
     let Some(state) = s.producer(p.id.as_str()) else {
@@ -177,9 +177,11 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
             ApiError::InvalidRequest("Stream-Record-Match must be an unsigned integer")
         })?,
     };
-    // 3. existence
+    // 3. existence, in the shard `key` is placed on: every step from here reads and writes
+    // that one.
     let close_only = req.body.is_empty();
-    let target = target(core, surface, key, close_only)?;
+    let shard = core.shard_for(key)?;
+    let target = target(core, &shard, surface, key, close_only)?;
     // 4. body
     if close_only && !headers.close {
         return Err(ApiError::EmptyBody("an append needs a body (or Stream-Closed: true)").into());
@@ -193,7 +195,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
             Some(Ok(ct)) => ct,
         };
         let (kind, lines) = PayloadKind::of_append(surface, &ct, || match &target {
-            Target::Live(id) => core.shard(*id).head(*id).map(|s| is_json(s.content_type())),
+            Target::Live(id) => shard.head(*id).map(|s| is_json(s.content_type())),
             Target::New { settings, .. } => Some(is_json(&settings.content_type)),
         })?;
         let body = payload(kind, req.body, false)?;
@@ -202,14 +204,14 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
     };
     // 5. producer
     if let Some(p) = &headers.producer {
-        match check_producer(core, &target, p) {
+        match check_producer(&shard, &target, p) {
             ProducerVerdict::Accept => {}
             ProducerVerdict::Duplicate {
                 id,
                 epoch,
                 highest,
                 receipt,
-            } => return duplicate(core, surface, id, epoch, highest, receipt).await,
+            } => return duplicate(&shard, surface, id, epoch, highest, receipt).await,
             ProducerVerdict::Stale { current } => {
                 return Err(
                     ApiError::ProducerEpochStale.header("producer-epoch", current.to_string())
@@ -225,10 +227,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
     }
     let head = match &target {
         Target::Live(id) => {
-            let s = core
-                .shard(*id)
-                .head(*id)
-                .ok_or_else(ApiError::owner_unavailable)?;
+            let s = shard.head(*id).ok_or_else(ApiError::owner_unavailable)?;
             Head {
                 tail: s.tail(),
                 closed: s.closed(),
@@ -259,7 +258,7 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
         &target,
         head.closed && close_only && headers.producer.is_none(),
     ) {
-        let mut resp = closed_response(core, *id, 204);
+        let mut resp = closed_response(&shard, *id, 204);
         if head.coords {
             records::push_ack_headers(&mut resp, head.record_next, head.record_next);
         }
@@ -268,10 +267,17 @@ pub async fn append(core: &Rc<Core>, surface: Surface, key: &str, req: AppendReq
     check_against_head(&head, &headers, request_type.as_deref(), close_only)?;
     // The bucket's rate limit comes last, so a refused append spends none of it.
     if surface == Surface::Bucketed {
-        buckets::throttle(core, key, 1, body.data.len() as u64)?;
+        buckets::throttle(core, &shard, key, 1, body.data.len() as u64)?;
     }
     // 10. commit
-    commit(core, key, target, headers, body, close_only, head.coords).await
+    let append = Append {
+        target,
+        headers,
+        body,
+        close_only,
+        coords: head.coords,
+    };
+    commit(core, &shard, key, append).await
 }
 
 /// The stream an append goes to.
@@ -285,14 +291,16 @@ pub(super) enum Target {
     },
 }
 
-/// Step 3: the stream `key` names, or the one its bucket would create, or the 404.
+/// Step 3: the stream `key` names, or the one its bucket would create, or the 404. `shard`
+/// is the one `key` is placed on.
 pub(super) fn target(
     core: &Rc<Core>,
+    shard: &Shard,
     surface: Surface,
     key: &str,
     close_only: bool,
 ) -> Result<Target, ApiError> {
-    let expired = match find(core, key) {
+    let expired = match find(core, key)? {
         Found::Live(id) => return Ok(Target::Live(id)),
         Found::SoftDeleted => return Err(ApiError::StreamGone),
         Found::Absent => None,
@@ -301,7 +309,7 @@ pub(super) fn target(
     // A close alone creates nothing: a stream closed before its first write holds nothing
     // a shipper would want.
     let bucket = bucket_of(key).filter(|_| surface == Surface::Bucketed && !close_only);
-    match bucket.and_then(|b| buckets::settings(core.shard_for(key), b).auto_create) {
+    match bucket.and_then(|b| buckets::settings(shard, b).auto_create) {
         Some(settings) => Ok(Target::New { settings, expired }),
         None => Err(ApiError::StreamNotFound),
     }
@@ -347,17 +355,26 @@ fn check_against_head(
     Ok(())
 }
 
-/// Append to the shard (creating the stream first if the bucket creates it) and answer
-/// once the append is durable.
-async fn commit(
-    core: &Rc<Core>,
-    key: &str,
+/// An append that passed every check, ready to commit.
+struct Append {
     target: Target,
     headers: AppendHeaders,
     body: Payload,
     close_only: bool,
+    /// Whether the acknowledgement carries record coordinates.
     coords: bool,
-) -> Handled {
+}
+
+/// Append to `shard`, the one `key` is placed on (creating the stream first if the bucket
+/// creates it), and answer once the append is durable.
+async fn commit(core: &Rc<Core>, shard: &Shard, key: &str, append: Append) -> Handled {
+    let Append {
+        target,
+        headers,
+        body,
+        close_only,
+        coords,
+    } = append;
     let AppendHeaders {
         producer,
         stream_seq,
@@ -379,9 +396,9 @@ async fn commit(
         ..Default::default()
     };
     let (receipt, commit) = match target {
-        Target::Live(id) => core.shard(id).append(id, rec)?,
+        Target::Live(id) => shard.append(id, rec)?,
         Target::New { settings, expired } => {
-            let (_, receipt, commit) = create(core, key, &settings, expired, rec)?;
+            let (_, receipt, commit) = create(core, shard, key, &settings, expired, rec)?;
             (receipt, commit)
         }
     };
@@ -407,11 +424,12 @@ async fn commit(
     Ok(resp)
 }
 
-/// Create the stream `key` as `settings` say, with `first` as its first write: one log
-/// record, so the stream never exists without it. Also what an append-batch to a missing
-/// stream does with its first frame.
+/// Create the stream `key` in `shard` (the one it is placed on) as `settings` say, with
+/// `first` as its first write: one log record, so the stream never exists without it. Also
+/// what an append-batch to a missing stream does with its first frame.
 pub(super) fn create(
     core: &Rc<Core>,
+    shard: &Shard,
     key: &str,
     settings: &AutoCreate,
     expired: Option<StreamId>,
@@ -424,12 +442,11 @@ pub(super) fn create(
         .ttl_seconds
         .map_or(Lifetime::Forever, Lifetime::TtlSeconds);
     let spec = NewStream {
-        meta: core.new_stream_meta(key, &settings.content_type, lifetime, Bytes::new()),
+        meta: core.new_stream_meta(shard, key, &settings.content_type, lifetime, Bytes::new()),
         initial: first,
     };
-    let (id, commit) = core.shard_for(&spec.meta.key).create(spec)?;
-    let s = core
-        .shard(id)
+    let (id, commit) = shard.create(spec)?;
+    let s = shard
         .head(id)
         .ok_or(StorageError::Internal("a stream just created has no head"))?;
     let receipt = Receipt {
@@ -444,7 +461,7 @@ pub(super) fn create(
 
 /// A retried producer append (P§7.3): the original outcome, once it is durable.
 async fn duplicate(
-    core: &Rc<Core>,
+    shard: &Shard,
     surface: Surface,
     id: StreamId,
     epoch: u64,
@@ -454,17 +471,17 @@ async fn duplicate(
     if let Some(r) = &receipt {
         // The original may still be in the group commit; never acknowledge before it is.
         loop {
-            let (visible, version) = match core.shard(id).stream(id) {
+            let (visible, version) = match shard.stream(id) {
                 Some(s) => (s.next_offset() >= r.next, s.version()),
                 None => return Err(ApiError::StreamNotFound.into()),
             };
             if visible {
                 break;
             }
-            core.shard(id).changed(id, version).await;
+            shard.changed(id, version).await;
         }
     }
-    let (closed, coords) = core.shard(id).stream(id).map_or((false, false), |s| {
+    let (closed, coords) = shard.stream(id).map_or((false, false), |s| {
         (s.is_closed(), records::active(surface, s.content_type()))
     });
     let mut resp = Response::new(204)

@@ -28,11 +28,9 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     };
     require_bucket(core, key).await?;
     let id = lookup::live(core, key)?;
+    let shard = core.shard(id)?;
     if !put {
-        let s = core
-            .shard(id)
-            .stream(id)
-            .ok_or_else(ApiError::owner_unavailable)?;
+        let s = shard.stream(id).ok_or_else(ApiError::owner_unavailable)?;
         let body = Attrs::render(Ext::decode(s.ext()).attrs.as_ref());
         return Ok(Response::new(200)
             .header("content-type", "application/json")
@@ -51,12 +49,12 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     let attrs = parse(&req.body).map_err(ApiError::InvalidRequest)?;
     // Read-modify-write of the state blob with no `.await` in between: atomic on the owner.
     let commit = {
-        let mut ext = match core.shard(id).stream(id) {
+        let mut ext = match shard.stream(id) {
             Some(s) => Ext::decode(s.ext()),
             None => return Err(ApiError::owner_unavailable().into()),
         };
         ext.attrs = attrs;
-        core.shard(id).set_ext(id, ext.encode())?
+        shard.set_ext(id, ext.encode())?
     };
     commit.durable().await?;
     Ok(Response::new(204).header("cache-control", "no-store"))

@@ -237,7 +237,8 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     // 3. existence: the stream, or the one the bucket's `auto_create` makes of the first
     // frame. No `.await` from here to the commit, so concurrent first writes create it once.
     require_bucket(core, key).await?;
-    let target = append::target(core, Surface::Bucketed, key, false)?;
+    let shard = core.shard_for(key)?;
+    let target = append::target(core, &shard, Surface::Bucketed, key, false)?;
     // 4. body: framing, Content-Type, then every frame's JSON before anything commits
     let request_type = request_type.ok_or(ApiError::MissingContentType)?;
     let frames = frames.map_err(frame_error)?;
@@ -249,7 +250,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
         )
     };
     let (type_ok, coords, json) = match &target {
-        Target::Live(id) => match core.shard(*id).stream(*id) {
+        Target::Live(id) => match shard.stream(*id) {
             Some(s) => of_type(s.content_type()),
             None => return Err(ApiError::owner_unavailable().into()),
         },
@@ -264,7 +265,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
     drop(frames);
     // Each frame is an append to the bucket's rate limit, refused or not further on.
     let bytes = payloads.iter().map(|p| p.data.len() as u64).sum();
-    buckets::throttle(core, key, payloads.len() as u64, bytes)?;
+    buckets::throttle(core, &shard, key, payloads.len() as u64, bytes)?;
     let type_ok = type_ok || lines;
     // 5. commit: one group commit for the whole request (no `.await` until `durable`). A
     // stream still to be created is the empty open stream its settings describe until the
@@ -279,14 +280,14 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
         type_ok,
         coords,
         || match id.get() {
-            Some(id) => core.shard(id).head(id).map(|s| (s.tail(), s.closed())),
+            Some(id) => shard.head(id).map(|s| (s.tail(), s.closed())),
             None => Some((Offset::ZERO, false)),
         },
         |rec| match (id.get(), &mut create) {
-            (Some(id), _) => core.shard(id).append(id, rec),
+            (Some(id), _) => shard.append(id, rec),
             (None, Some((settings, expired))) => {
                 let (new, receipt, commit) =
-                    append::create(core, key, settings, expired.take(), rec)?;
+                    append::create(core, &shard, key, settings, expired.take(), rec)?;
                 id.set(Some(new));
                 Ok((receipt, commit))
             }
@@ -304,7 +305,7 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: Request) -> Handled {
             Ack::Committed { next, .. } => Some(*next),
             _ => None,
         })
-        .or_else(|| live.and_then(|id| core.shard(id).stream(id).map(|s| s.next_offset())))
+        .or_else(|| live.and_then(|id| shard.stream(id).map(|s| s.next_offset())))
         .unwrap_or(Offset::ZERO);
     let all_ok = acks.iter().all(|a| matches!(a, Ack::Committed { .. }));
     let mut resp = Response::new(200)

@@ -21,7 +21,7 @@ use ursula_protocol::query::parse_query;
 use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, Shard, StreamMeta};
 
 use crate::bucket_settings::{BucketSettings, SettingsError};
-use crate::core::Core;
+use crate::core::{Core, NotServed};
 use crate::http::{ApiError, Handled, Request, Response};
 use crate::limits::LIST_PAGE_MAX;
 use crate::lookup::{find, Found};
@@ -62,20 +62,21 @@ pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Result<(), ApiError> 
     else {
         return Ok(());
     };
-    let shard = core.shard_for(key);
-    if exists_in(shard, &bucket) {
+    let shard = core.shard_for(key)?;
+    if exists_in(&shard, &bucket) {
         return Ok(());
     }
     let b = bucket.clone();
     let there = core
         .on(core.owner_of(&bucket_key(&bucket)), move |c| async move {
-            settings_blob(c.shard_for(&bucket_key(&b)), &b)
+            c.shard_for(&bucket_key(&b))
+                .map(|home| settings_blob(&home, &b))
         })
-        .await
-        .ok()
-        .flatten();
+        .await;
+    // An owner core that is gone has no record to give: the bucket is not found.
+    let there = there.unwrap_or(Ok(None))?;
     if let Some(ext) = there {
-        if replicate(shard, &bucket, ext).await {
+        if replicate(&shard, &bucket, ext).await {
             return Ok(());
         }
     }
@@ -88,10 +89,11 @@ async fn require_bucket_record(core: &Rc<Core>, bucket: &str) -> Result<(), ApiE
     let b = bucket.to_string();
     let exists = core
         .on(core.owner_of(&bucket_key(bucket)), move |c| async move {
-            exists_in(c.shard_for(&bucket_key(&b)), &b)
+            c.shard_for(&bucket_key(&b))
+                .map(|home| exists_in(&home, &b))
         })
         .await
-        .map_err(|_| ApiError::owner_unavailable())?;
+        .map_err(|_| ApiError::owner_unavailable())??;
     if exists {
         Ok(())
     } else {
@@ -109,12 +111,19 @@ pub fn settings(shard: &Shard, bucket: &str) -> BucketSettings {
 }
 
 /// Take `appends` appends of `bytes` bytes from the rate limit of the bucket of stream
-/// `key` (this core's cache of the bucket's limiter), or refuse them with the 429.
-pub fn throttle(core: &Core, key: &str, appends: u64, bytes: u64) -> Result<(), ApiError> {
+/// `key` (this core's cache of the bucket's limiter), or refuse them with the 429. `shard`
+/// is the stream's, whose copy of the bucket's settings a cache miss reads.
+pub fn throttle(
+    core: &Core,
+    shard: &Shard,
+    key: &str,
+    appends: u64,
+    bytes: u64,
+) -> Result<(), ApiError> {
     let Some(bucket) = bucket_of(key) else {
         return Ok(());
     };
-    let settings = || settings(core.shard_for(key), bucket).rate_limit;
+    let settings = || settings(shard, bucket).rate_limit;
     let admitted = core
         .limits
         .with(&core.bucket_limits, bucket, settings, |limiter| {
@@ -144,7 +153,7 @@ fn settings_blob(shard: &Shard, bucket: &str) -> Option<Bytes> {
 /// every copy is durable.
 async fn replicate_on(c: &Core, bucket: &str, ext: &Bytes) -> bool {
     for shard in c.shards() {
-        if !replicate(shard, bucket, ext.clone()).await {
+        if !replicate(&shard, bucket, ext.clone()).await {
             return false;
         }
     }
@@ -189,17 +198,18 @@ async fn create(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
     let blob = ext.clone();
     let created = core
         .on(owner, move |c| async move {
-            let home = c.shard_for(&bucket_key(&b));
-            if exists_in(home, &b) {
-                return Some(false);
+            let home = c.shard_for(&bucket_key(&b))?;
+            if exists_in(&home, &b) {
+                return Ok(Some(false));
             }
-            replicate(home, &b, blob).await.then_some(true)
+            Ok::<_, NotServed>(replicate(&home, &b, blob).await.then_some(true))
         })
         .await;
     match created {
-        Ok(Some(true)) => {}
-        Ok(Some(false)) => return Err(ApiError::BucketExists.into()),
-        _ => return Err(ApiError::owner_unavailable().into()),
+        Ok(Ok(Some(true))) => {}
+        Ok(Ok(Some(false))) => return Err(ApiError::BucketExists.into()),
+        Ok(Err(e)) => return Err(e.into()),
+        Ok(Ok(None)) | Err(_) => return Err(ApiError::owner_unavailable().into()),
     }
     for i in 0..core.cores() {
         let b = bucket.to_string();
@@ -345,19 +355,24 @@ async fn entries(core: &Rc<Core>, bucket: &str, sel: Selection<'_>, most: usize)
                     if out.len() == most {
                         break;
                     }
-                    let Found::Live(id) = find(&c, &key) else {
+                    // No `.await` since the keys were taken: their shards are all still here.
+                    let Ok(Found::Live(id)) = find(&c, &key) else {
                         continue;
                     };
-                    if let Some(s) = c.shard(id).stream(id) {
-                        out.push(Entry {
-                            name: key[prefix.len()..].to_string(),
-                            closed: s.is_closed(),
-                            content_type: s.content_type().to_string(),
-                            tail: s.next_offset(),
-                            created_ms: s.created_ms(),
-                            last_write_ms: s.last_access_ms(),
-                        });
-                    }
+                    let Ok(shard) = c.shard(id) else {
+                        continue;
+                    };
+                    let Some(s) = shard.stream(id) else {
+                        continue;
+                    };
+                    out.push(Entry {
+                        name: key[prefix.len()..].to_string(),
+                        closed: s.is_closed(),
+                        content_type: s.content_type().to_string(),
+                        tail: s.next_offset(),
+                        created_ms: s.created_ms(),
+                        last_write_ms: s.last_access_ms(),
+                    });
                 }
                 out
             })
@@ -403,7 +418,7 @@ async fn live_stream_counts(core: &Rc<Core>, buckets: Vec<String>) -> Vec<usize>
                         let live =
                             match shard.lookup(&key).and_then(|id| shard.dormant_deadline(id)) {
                                 Some(deadline) => deadline > now,
-                                None => matches!(find(&c, &key), Found::Live(_)),
+                                None => matches!(find(&c, &key), Ok(Found::Live(_))),
                             };
                         counts[at] += usize::from(live);
                     }
@@ -430,11 +445,11 @@ async fn change(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
     // changes of one bucket apply one after the other.
     let written = core
         .on(owner, move |c| async move {
-            let home = c.shard_for(&bucket_key(&b));
+            let home = c.shard_for(&bucket_key(&b))?;
             let id = home
                 .lookup(&bucket_key(&b))
                 .ok_or(ApiError::BucketNotFound)?;
-            let now = settings(home, &b);
+            let now = settings(&home, &b);
             let new = now.patched(&patch).map_err(invalid_settings)?;
             let ext = Bytes::from(new.encode());
             let commit = home.set_ext(id, ext.clone()).map_err(ApiError::from)?;
@@ -472,10 +487,11 @@ async fn spread_settings(
         let b = bucket.to_string();
         let now = core
             .on(owner, move |c| async move {
-                settings_blob(c.shard_for(&bucket_key(&b)), &b)
+                c.shard_for(&bucket_key(&b))
+                    .map(|home| settings_blob(&home, &b))
             })
             .await
-            .map_err(|_| ApiError::owner_unavailable())?
+            .map_err(|_| ApiError::owner_unavailable())??
             .ok_or(ApiError::BucketNotFound)?;
         if now == ext {
             return Ok(());
@@ -504,10 +520,12 @@ async fn metadata(core: &Rc<Core>, bucket: &str) -> Handled {
     let b = bucket.to_string();
     let settings = core
         .on(owner, move |c| async move {
-            settings(c.shard_for(&bucket_key(&b)), &b)
+            c.shard_for(&bucket_key(&b)).map(|home| settings(&home, &b))
         })
         .await
-        .unwrap_or_default();
+        // An owner core that is gone reports the default settings; one that does not run
+        // the bucket's shard now is a retry.
+        .unwrap_or_else(|_| Ok(BucketSettings::default()))?;
     let body = sonic_rs::to_string(&Metadata {
         bucket_id: bucket,
         streams: count,
@@ -613,8 +631,8 @@ async fn bucket_ids(
         let part = core
             .on(i, move |c| async move {
                 let sel = owned.get();
-                let mut ids: Vec<String> = c
-                    .shards()
+                let shards = c.shards();
+                let mut ids: Vec<String> = shards
                     .iter()
                     .flat_map(|shard| shard.keys().into_iter().filter(|k| c.is_home_of(shard, k)))
                     .filter_map(|k| k.strip_prefix("k/").map(str::to_string))
@@ -646,7 +664,7 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
         let ok = core
             .on(i, move |c| async move {
                 for shard in c.shards() {
-                    if c.is_home_of(shard, &key) != authoritative {
+                    if c.is_home_of(&shard, &key) != authoritative {
                         continue;
                     }
                     let Some(id) = shard.lookup(&key) else {

@@ -1,12 +1,10 @@
 //! A catch-up read (P§11): the data from an offset, whole messages on compat JSON streams,
 //! with its ETag and `304`. Long-polls and SSE steps cut their data the same way.
 
-use std::rc::Rc;
-
 use bytes::Bytes;
 use ursula_protocol::content_type::is_json;
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{Offset, StreamId};
+use ursula_storage::{Offset, Shard, StreamId};
 
 use crate::core::Core;
 use crate::handlers::headers::read_content_type;
@@ -20,9 +18,9 @@ pub fn cursor(core: &Core, client: Option<&str>) -> String {
     ursula_protocol::cursor::next_cursor(ursula_storage::now_ms(), client, r).to_string()
 }
 
-/// `offset=now` catch-up (P§11.5).
-pub fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Handled {
-    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
+/// `offset=now` catch-up (P§11.5) of stream `id` of `shard`.
+pub fn now_response(shard: &Shard, surface: Surface, id: StreamId) -> Handled {
+    let s = shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let json = is_json(s.content_type());
     let mut resp = Response::new(200)
         .header("content-type", read_content_type(surface, s.content_type()))
@@ -41,16 +39,17 @@ pub fn now_response(core: &Rc<Core>, surface: Surface, id: StreamId) -> Handled 
     Ok(resp)
 }
 
-/// The data of a read starting at `start`: (body parts, next offset).
+/// The data of a read of stream `id` of `shard` starting at `start`: (body parts, next
+/// offset).
 pub async fn collect(
-    core: &Rc<Core>,
+    shard: &Shard,
     surface: Surface,
     id: StreamId,
     start: Offset,
     max: usize,
 ) -> Result<(Vec<Bytes>, Offset), ApiError> {
     let (end, json_array) = {
-        let Some(s) = core.shard(id).stream(id) else {
+        let Some(s) = shard.stream(id) else {
             return Ok((Vec::new(), start));
         };
         if surface == Surface::Compat && is_json(s.content_type()) {
@@ -74,11 +73,7 @@ pub async fn collect(
             (s.next_offset().min(start.saturating_add(max as u64)), false)
         }
     };
-    let parts = core
-        .shard(id)
-        .read(id, start, end)
-        .await
-        .map_err(ApiError::from)?;
+    let parts = shard.read(id, start, end).await.map_err(ApiError::from)?;
     if json_array {
         let slices: Vec<&[u8]> = parts.iter().map(|b| &b[..]).collect();
         let body = ursula_protocol::json::render_array(&slices);
@@ -88,8 +83,9 @@ pub async fn collect(
     Ok((parts, end))
 }
 
+/// A catch-up read of stream `id` of `shard` from `start`.
 pub async fn catch_up(
-    core: &Rc<Core>,
+    shard: &Shard,
     surface: Surface,
     id: StreamId,
     start: Offset,
@@ -97,8 +93,8 @@ pub async fn catch_up(
     req: &Request,
     cursor: Option<String>,
 ) -> Handled {
-    let (parts, end) = collect(core, surface, id, start, max).await?;
-    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
+    let (parts, end) = collect(shard, surface, id, start, max).await?;
+    let s = shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let up_to_date = end == s.next_offset();
     let closed = up_to_date && s.is_closed();
     let etag = format!(

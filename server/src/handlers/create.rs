@@ -5,7 +5,7 @@ use std::rc::Rc;
 use ursula_protocol::content_type::{normalize, same_media_type};
 use ursula_protocol::headers::{is_closed_true, parse_expires_at, parse_ttl};
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{AppendRec, Lifetime, NewStream, RecordNo, StreamId};
+use ursula_storage::{AppendRec, Lifetime, NewStream, RecordNo, Shard, StreamId};
 
 use crate::attrs::Attrs;
 use crate::core::Core;
@@ -45,13 +45,13 @@ fn parse_lifetime(req: &Request) -> Result<Option<Lifetime>, ApiError> {
 
 /// Headers describing a stream after create (P§5.3).
 fn created_headers(
-    core: &Rc<Core>,
+    shard: &Shard,
     surface: Surface,
     id: StreamId,
     status: u16,
     location: Option<String>,
 ) -> Handled {
-    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
+    let s = shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let mut resp = Response::new(status)
         .header("content-type", s.content_type().to_string())
         .header("stream-next-offset", format_offset(s.next_offset().get()))
@@ -87,7 +87,10 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
     if fork.is_some() && surface == Surface::Bucketed {
         return Err(ApiError::NotImplemented("forks are served on /v1/stream only").into());
     }
-    match find(core, key) {
+    // The shard `key` is placed on: it holds the stream if there is one, and creates it if
+    // not.
+    let shard = core.shard_for(key)?;
+    match find(core, key)? {
         Found::SoftDeleted => {
             return Err(ApiError::StreamExists("stream is deleted but still forked").into())
         }
@@ -95,10 +98,7 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
             let matches = {
                 // Compared with the head: a create that repeats one still in its group
                 // commit must match it, not the state before it.
-                let s = core
-                    .shard(id)
-                    .head(id)
-                    .ok_or_else(ApiError::owner_unavailable)?;
+                let s = shard.head(id).ok_or_else(ApiError::owner_unavailable)?;
                 let ext = Ext::decode(s.ext());
                 let type_ok = match (&content_type, &fork) {
                     (Some(ct), _) => same_media_type(ct, s.content_type()),
@@ -120,8 +120,8 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
                     ApiError::StreamExists("stream exists with a different configuration").into(),
                 );
             }
-            core.shard(id).touch(id, ursula_storage::now_ms());
-            return created_headers(core, surface, id, 200, None);
+            shard.touch(id, ursula_storage::now_ms());
+            return created_headers(&shard, surface, id, 200, None);
         }
         Found::Expired(id) => removal::remove_expired(core, id),
         Found::Absent => {}
@@ -138,6 +138,7 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
     };
     let spec = NewStream {
         meta: core.new_stream_meta(
+            &shard,
             key,
             &content_type,
             lifetime.unwrap_or_default(),
@@ -155,9 +156,9 @@ pub async fn create(core: &Rc<Core>, surface: Surface, key: &str, req: &Request)
             ..Default::default()
         },
     };
-    let (id, commit) = core.shard_for(&spec.meta.key).create(spec)?;
+    let (id, commit) = shard.create(spec)?;
     commit.durable().await?;
-    created_headers(core, surface, id, 201, Some(req.path.clone()))
+    created_headers(&shard, surface, id, 201, Some(req.path.clone()))
 }
 
 /// The `Stream-Attrs` header of a create (§7.2): bucketed surface only (ignored on compat).

@@ -9,6 +9,7 @@ use crate::removal;
 
 pub async fn delete(core: &Rc<Core>, key: &str) -> Handled {
     let id = lookup::live(core, key)?;
-    removal::delete(core, id).await?;
+    let shard = core.shard(id)?;
+    removal::delete(core, &shard, id).await?;
     Ok(Response::new(204).header("cache-control", "no-store"))
 }

@@ -142,7 +142,8 @@ async fn build(
     lifetime: Option<Lifetime>,
     closed: bool,
 ) -> Handled {
-    match find(core, key) {
+    let shard = core.shard_for(key)?;
+    match find(core, key)? {
         Found::Absent => {}
         Found::Expired(id) => removal::remove_expired(core, id),
         Found::SoftDeleted | Found::Live(_) => {
@@ -169,6 +170,7 @@ async fn build(
     };
     let spec = NewStream {
         meta: core.new_stream_meta(
+            &shard,
             key,
             &inherited.content_type,
             lifetime.unwrap_or(inherited.lifetime),
@@ -182,12 +184,9 @@ async fn build(
             ..Default::default()
         },
     };
-    let (id, commit) = core.shard_for(&spec.meta.key).create(spec)?;
+    let (id, commit) = shard.create(spec)?;
     commit.durable().await?;
-    let s = core
-        .shard(id)
-        .stream(id)
-        .ok_or_else(ApiError::owner_unavailable)?;
+    let s = shard.stream(id).ok_or_else(ApiError::owner_unavailable)?;
     let mut resp = Response::new(201)
         .header("content-type", s.content_type().to_string())
         .header(
@@ -213,16 +212,14 @@ async fn take_source(
     offset: Option<Offset>,
     sub: u64,
 ) -> Result<Inherited, Refusal> {
-    let id = match find(core, key) {
+    let id = match find(core, key)? {
         Found::Absent | Found::Expired(_) => return Err(ApiError::ForkSourceNotFound.into()),
         Found::SoftDeleted => return Err(ApiError::ForkSourceGone.into()),
         Found::Live(id) => id,
     };
+    let shard = core.shard(id)?;
     let inherited = {
-        let s = core
-            .shard(id)
-            .stream(id)
-            .ok_or_else(ApiError::owner_unavailable)?;
+        let s = shard.stream(id).ok_or_else(ApiError::owner_unavailable)?;
         if let Some(t) = &wanted_type {
             if !same_media_type(t, s.content_type()) {
                 return Err(ApiError::ContentTypeMismatch(
@@ -284,29 +281,21 @@ async fn take_source(
         }
     };
     let len: u64 = inherited.append_lens.iter().map(|&l| l as u64).sum();
-    let data = core
-        .shard(id)
-        .read(id, Offset::ZERO, Offset::ZERO + len)
-        .await?;
-    // The read awaited: make sure the source is still the stream we validated.
-    match (
-        find(core, key),
-        core.shard(id).stream(id).map(|s| s.incarnation()),
-    ) {
+    let data = shard.read(id, Offset::ZERO, Offset::ZERO + len).await?;
+    // The read awaited: make sure the source is still the stream we validated (and its
+    // lane still served here).
+    match (find(core, key)?, shard.stream(id).map(|s| s.incarnation())) {
         (Found::Live(now), Some(inc)) if now == id && inc == inherited.incarnation => {}
         _ => return Err(ApiError::ForkSourceNotFound.into()),
     }
     let inherited = Inherited { data, ..inherited };
     let ext = {
-        let s = core
-            .shard(id)
-            .stream(id)
-            .ok_or_else(ApiError::owner_unavailable)?;
+        let s = shard.stream(id).ok_or_else(ApiError::owner_unavailable)?;
         let mut ext = Ext::decode(s.ext());
         ext.refs += 1;
         ext.encode()
     };
-    let commit = core.shard(id).set_ext(id, ext)?;
+    let commit = shard.set_ext(id, ext)?;
     commit.durable().await?;
     Ok(inherited)
 }

@@ -13,10 +13,8 @@ use crate::surface::Surface;
 
 pub fn head(core: &Rc<Core>, surface: Surface, key: &str) -> Handled {
     let id = lookup::live(core, key)?;
-    let s = core
-        .shard(id)
-        .stream(id)
-        .ok_or_else(ApiError::owner_unavailable)?;
+    let shard = core.shard(id)?;
+    let s = shard.stream(id).ok_or_else(ApiError::owner_unavailable)?;
     let mut resp = Response::new(200)
         .header("content-type", s.content_type().to_string())
         .header("stream-next-offset", format_offset(s.next_offset().get()))

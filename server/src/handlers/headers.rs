@@ -1,13 +1,10 @@
 //! Response headers several handlers describe a stream with.
 
-use std::rc::Rc;
-
 use ursula_protocol::content_type::is_json;
 use ursula_protocol::headers::format_rfc3339_millis;
 use ursula_protocol::offset::format_offset;
-use ursula_storage::{Lifetime, Offset, StreamId};
+use ursula_storage::{Lifetime, Offset, Shard, StreamId};
 
-use crate::core::Core;
 use crate::http::Response;
 use crate::records;
 use crate::surface::Surface;
@@ -23,11 +20,9 @@ pub fn push_lifetime(resp: &mut Response, lifetime: Lifetime) {
     }
 }
 
-pub fn closed_response(core: &Rc<Core>, id: StreamId, status: u16) -> Response {
-    let tail = core
-        .shard(id)
-        .stream(id)
-        .map_or(Offset::ZERO, |s| s.next_offset());
+/// The answer for closed stream `id` of `shard`: closed, and where it ends.
+pub fn closed_response(shard: &Shard, id: StreamId, status: u16) -> Response {
+    let tail = shard.stream(id).map_or(Offset::ZERO, |s| s.next_offset());
     Response::new(status)
         .header("stream-closed", "true")
         .header("stream-next-offset", format_offset(tail.get()))
@@ -46,12 +41,12 @@ pub fn read_content_type(surface: Surface, stored: &str) -> String {
 
 /// Add the stream-level record headers to a response about a bucketed JSON stream.
 pub fn with_stream_records(
-    core: &Rc<Core>,
+    shard: &Shard,
     surface: Surface,
     id: StreamId,
     mut resp: Response,
 ) -> Response {
-    if let Some(s) = core.shard(id).stream(id) {
+    if let Some(s) = shard.stream(id) {
         if records::active(surface, s.content_type()) {
             records::push_stream_headers(&mut resp, &s);
         }

@@ -25,31 +25,33 @@ pub async fn long_poll(
     let deadline =
         std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
     loop {
-        let (has_data, closed, version) = match core.shard(id).stream(id) {
+        // Taken again after every wait: the lane may have moved away meanwhile.
+        let shard = core.shard(id)?;
+        let (has_data, closed, version) = match shard.stream(id) {
             Some(s) => (s.next_offset() > start, s.is_closed(), s.version()),
             None => return Err(ApiError::StreamNotFound.into()),
         };
         if has_data {
             let c = cursor(core, params.cursor.as_deref());
-            return catch_up(core, surface, id, start, params.max_bytes, req, Some(c)).await;
+            return catch_up(&shard, surface, id, start, params.max_bytes, req, Some(c)).await;
         }
         if closed {
-            let resp = closed_response(core, id, 204).header("stream-up-to-date", "true");
-            return Ok(with_stream_records(core, surface, id, resp));
+            let resp = closed_response(&shard, id, 204).header("stream-up-to-date", "true");
+            return Ok(with_stream_records(&shard, surface, id, resp));
         }
         let now = std::time::Instant::now();
         if now >= deadline || core.shutting_down() {
-            let tail = core.shard(id).stream(id).map_or(start, |s| s.next_offset());
+            let tail = shard.stream(id).map_or(start, |s| s.next_offset());
             let resp = Response::new(204)
                 .header("stream-next-offset", format_offset(tail.get()))
                 .header("stream-up-to-date", "true")
                 .header("stream-cursor", cursor(core, params.cursor.as_deref()))
                 .header("cache-control", "no-store");
-            return Ok(with_stream_records(core, surface, id, resp));
+            return Ok(with_stream_records(&shard, surface, id, resp));
         }
         let wait = (deadline - now).min(LIVE_WAIT_SLICE);
-        core.wait_or_shutdown(core.shard(id).changed(id, version), wait)
+        core.wait_or_shutdown(shard.changed(id, version), wait)
             .await;
-        core.shard(id).touch(id, ursula_storage::now_ms());
+        shard.touch(id, ursula_storage::now_ms());
     }
 }

@@ -25,10 +25,8 @@ pub async fn handle(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
     }
     require_bucket(core, key).await?;
     let id = lookup::live(core, key)?;
-    let s = core
-        .shard(id)
-        .stream(id)
-        .ok_or_else(ApiError::owner_unavailable)?;
+    let shard = core.shard(id)?;
+    let s = shard.stream(id).ok_or_else(ApiError::owner_unavailable)?;
     // What a reader may know: each producer as of its newest durable append, like every
     // other answer to a read.
     let producers: Vec<sonic_rs::Value> = s

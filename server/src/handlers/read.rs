@@ -6,7 +6,7 @@ use std::rc::Rc;
 use ursula_protocol::content_type::is_json;
 use ursula_protocol::offset::{format_offset, OffsetParam};
 use ursula_protocol::query::{parse_query, Live};
-use ursula_storage::{Offset, StreamId};
+use ursula_storage::{Offset, Shard, StreamId};
 
 use crate::core::Core;
 use crate::handlers::catch_up::{catch_up, now_response};
@@ -20,12 +20,12 @@ use crate::surface::Surface;
 
 /// A resolved start position, or why it cannot be read from (P§3.3).
 fn resolve_start(
-    core: &Rc<Core>,
+    shard: &Shard,
     id: StreamId,
     surface: Surface,
     offset: OffsetParam,
 ) -> Result<Offset, Refusal> {
-    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
+    let s = shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let start = match offset {
         OffsetParam::Start => Offset::ZERO,
         OffsetParam::Now => s.next_offset(),
@@ -70,22 +70,20 @@ pub async fn read(
         record_params.is_some(),
     )?;
     let id = lookup::live(core, key)?;
+    let shard = core.shard(id)?;
     if let Some(rp) = record_params {
-        let json = core
-            .shard(id)
-            .stream(id)
-            .is_some_and(|s| is_json(s.content_type()));
+        let json = shard.stream(id).is_some_and(|s| is_json(s.content_type()));
         if !json {
             return Err(ApiError::InvalidRequest(
                 "record coordinates are only available on application/json streams",
             )
             .into());
         }
-        return record_read(core, id, rp, &params, req).await;
+        return record_read(core, &shard, id, rp, &params, req).await;
     }
     let offset = params.offset.unwrap_or(OffsetParam::Start);
-    let start = resolve_start(core, id, surface, offset)?;
-    core.shard(id).touch(id, ursula_storage::now_ms());
+    let start = resolve_start(&shard, id, surface, offset)?;
+    shard.touch(id, ursula_storage::now_ms());
     let done = match params.live {
         Some(Live::Sse) => {
             return Ok(ReadReply::Sse(SseStart {
@@ -98,8 +96,8 @@ pub async fn read(
             }))
         }
         Some(Live::LongPoll) => long_poll(core, surface, id, start, &params, req).await?,
-        None if offset == OffsetParam::Now => now_response(core, surface, id)?,
-        None => catch_up(core, surface, id, start, params.max_bytes, req, None).await?,
+        None if offset == OffsetParam::Now => now_response(&shard, surface, id)?,
+        None => catch_up(&shard, surface, id, start, params.max_bytes, req, None).await?,
     };
     Ok(ReadReply::Done(done))
 }

@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::{Live, MAX_READ_BYTES};
-use ursula_storage::{Offset, RecordNo, StreamId};
+use ursula_storage::{Offset, RecordNo, Shard, StreamId};
 
 use crate::core::Core;
 use crate::handlers::catch_up::{cursor, finish_read, push_read_state};
@@ -15,23 +15,24 @@ use crate::limits::LIVE_WAIT_SLICE;
 use crate::records;
 use crate::surface::Surface;
 
-/// A record-aware read (extensions.md §8.6–§8.7): whole records from a record ordinal.
+/// A record-aware read (extensions.md §8.6–§8.7) of stream `id` of `shard`: whole records
+/// from a record ordinal.
 pub async fn record_read(
     core: &Rc<Core>,
+    shard: &Shard,
     id: StreamId,
     rp: records::RecordParams,
     params: &ReadParams,
     req: &Request,
 ) -> Result<ReadReply, Refusal> {
     let start = {
-        let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
+        let s = shard.stream(id).ok_or(ApiError::StreamNotFound)?;
         records::resolve(&s, rp.start)?
     };
-    core.shard(id).touch(id, ursula_storage::now_ms());
+    shard.touch(id, ursula_storage::now_ms());
     match params.live {
         Some(Live::Sse) => {
-            let offset = core
-                .shard(id)
+            let offset = shard
                 .stream(id)
                 .and_then(|s| s.message_start(start))
                 .unwrap_or(Offset::ZERO);
@@ -48,10 +49,10 @@ pub async fn record_read(
             record_long_poll(core, id, start, rp, params, req).await?,
         )),
         None if rp.start == records::RecordStart::Now => {
-            Ok(ReadReply::Done(record_now(core, id, start, rp)?))
+            Ok(ReadReply::Done(record_now(shard, id, start, rp)?))
         }
         None => Ok(ReadReply::Done(
-            record_catch_up(core, id, start, rp, req, None).await?,
+            record_catch_up(shard, id, start, rp, req, None).await?,
         )),
     }
 }
@@ -68,7 +69,9 @@ async fn record_long_poll(
     let deadline =
         std::time::Instant::now() + params.timeout.unwrap_or(core.config.long_poll_timeout);
     loop {
-        let (has, closed, version) = match core.shard(id).stream(id) {
+        // Taken again after every wait: the lane may have moved away meanwhile.
+        let shard = core.shard(id)?;
+        let (has, closed, version) = match shard.stream(id) {
             Some(s) => (
                 records::visible_next(&s) > start,
                 s.is_closed(),
@@ -78,11 +81,11 @@ async fn record_long_poll(
         };
         if has {
             let c = cursor(core, params.cursor.as_deref());
-            return record_catch_up(core, id, start, rp, req, Some(c)).await;
+            return record_catch_up(&shard, id, start, rp, req, Some(c)).await;
         }
         let now = std::time::Instant::now();
         if closed || now >= deadline || core.shutting_down() {
-            let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
+            let s = shard.stream(id).ok_or(ApiError::StreamNotFound)?;
             let mut resp = Response::new(204)
                 .header("stream-next-offset", format_offset(s.next_offset().get()))
                 .header("stream-up-to-date", "true")
@@ -97,20 +100,15 @@ async fn record_long_poll(
             return Ok(resp);
         }
         let wait = (deadline - now).min(LIVE_WAIT_SLICE);
-        core.wait_or_shutdown(core.shard(id).changed(id, version), wait)
+        core.wait_or_shutdown(shard.changed(id, version), wait)
             .await;
-        core.shard(id).touch(id, ursula_storage::now_ms());
+        shard.touch(id, ursula_storage::now_ms());
     }
 }
 
 /// `record=now`: like `offset=now`, empty and up to date, plus record headers.
-fn record_now(
-    core: &Rc<Core>,
-    id: StreamId,
-    start: RecordNo,
-    rp: records::RecordParams,
-) -> Handled {
-    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
+fn record_now(shard: &Shard, id: StreamId, start: RecordNo, rp: records::RecordParams) -> Handled {
+    let s = shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let mut resp = Response::new(200)
         .header("content-type", record_content_type(rp))
         .header("stream-next-offset", format_offset(s.next_offset().get()))
@@ -135,7 +133,7 @@ fn record_content_type(rp: records::RecordParams) -> &'static str {
 /// Whole records from `start` (at most `max_records`, within 8 MiB unless one record is
 /// larger), NDJSON or envelope view, with record continuation headers.
 async fn record_catch_up(
-    core: &Rc<Core>,
+    shard: &Shard,
     id: StreamId,
     start: RecordNo,
     rp: records::RecordParams,
@@ -143,14 +141,14 @@ async fn record_catch_up(
     cursor: Option<String>,
 ) -> Handled {
     let (end, from, to) = {
-        let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
+        let s = shard.stream(id).ok_or(ApiError::StreamNotFound)?;
         let end = records::end_record(&s, start, rp.max_records, MAX_READ_BYTES as usize);
         let from = s.message_start(start).unwrap_or(s.next_offset());
         let to = s.message_start(end).unwrap_or(s.next_offset());
         (end, from, to)
     };
-    let parts = core.shard(id).read(id, from, to).await?;
-    let s = core.shard(id).stream(id).ok_or(ApiError::StreamNotFound)?;
+    let parts = shard.read(id, from, to).await?;
+    let s = shard.stream(id).ok_or(ApiError::StreamNotFound)?;
     let up_to_date = end == records::visible_next(&s);
     let closed = up_to_date && s.is_closed();
     let etag = format!(

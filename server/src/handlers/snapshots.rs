@@ -12,7 +12,7 @@ use ursula_protocol::content_type::{is_json, normalize};
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::{format_offset, parse_digits, OffsetError};
 use ursula_protocol::query::{parse_query, percent_decode};
-use ursula_storage::{Offset, RecordNo, SnapshotMeta, StreamId, StreamView};
+use ursula_storage::{Offset, RecordNo, Shard, SnapshotMeta, StreamId, StreamView};
 
 use crate::core::Core;
 use crate::handlers::buckets::require_bucket;
@@ -136,7 +136,7 @@ pub fn digest(content_type: &str, body: &[u8]) -> String {
 
 /// A live stream; a soft-deleted one is not found here (it only serves its forks).
 fn live(core: &Rc<Core>, key: &str) -> Result<StreamId, Refusal> {
-    match find(core, key) {
+    match find(core, key)? {
         Found::Live(id) => Ok(id),
         Found::Absent | Found::Expired(_) | Found::SoftDeleted => Err(not_found()),
     }
@@ -163,26 +163,30 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
     let digest = digest(&content_type, &body);
     // 2.–8. against the stream
     let id = live(core, key)?;
-    let Some(offset) = check_publish(core, id, path, record, snapshot_match, &digest)? else {
-        return published(core, id);
+    let shard = core.shard(id)?;
+    let Some(offset) = check_publish(&shard, id, path, record, snapshot_match, &digest)? else {
+        return published(&shard, id);
     };
     // 9. publish: the blob first (durable in its own file), then the record that makes it
     // visible. The write awaited, so check again that nothing moved meanwhile.
-    let incarnation = core.shard(id).stream(id).map(|s| s.incarnation());
-    let blob = core.shard(id).write_blob(body.clone()).await?;
-    let still = core.shard(id).stream(id).map(|s| s.incarnation()) == incarnation
-        && matches!(find(core, key), Found::Live(now) if now == id);
-    let recheck = if still {
-        check_publish(core, id, Some(offset), None, snapshot_match, &digest)
-    } else {
-        Err(not_found())
+    let incarnation = shard.stream(id).map(|s| s.incarnation());
+    let blob = shard.write_blob(body.clone()).await?;
+    let recheck = match find(core, key) {
+        Ok(Found::Live(now))
+            if now == id && shard.stream(id).map(|s| s.incarnation()) == incarnation =>
+        {
+            check_publish(&shard, id, Some(offset), None, snapshot_match, &digest)
+        }
+        Ok(_) => Err(not_found()),
+        // The lane started moving meanwhile.
+        Err(e) => Err(e.into()),
     };
     match recheck {
         Ok(Some(_)) => {}
         other => {
-            core.shard(id).discard_blob(blob);
+            shard.discard_blob(blob);
             return match other {
-                Ok(None) => published(core, id),
+                Ok(None) => published(&shard, id),
                 Err(r) => Err(r),
                 Ok(Some(_)) => unreachable!("matched above"),
             };
@@ -195,21 +199,21 @@ async fn publish(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request
         blob,
         len: body.len() as u64,
     };
-    let commit = core.shard(id).set_snapshot(id, meta)?;
+    let commit = shard.set_snapshot(id, meta)?;
     commit.durable().await?;
-    published(core, id)
+    published(&shard, id)
 }
 
 /// Checks 3–8 of §3.1. Ok(Some(offset)) to publish, Ok(None) for an idempotent republish.
 fn check_publish(
-    core: &Rc<Core>,
+    shard: &Shard,
     id: StreamId,
     path: Option<Offset>,
     record: Option<RecordNo>,
     snapshot_match: Option<&str>,
     digest: &str,
 ) -> Result<Option<Offset>, Refusal> {
-    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
+    let s = shard.stream(id).ok_or_else(not_found)?;
     let offset = target_offset(&s, &path, record)?;
     if offset < s.retained_start() {
         return Err(
@@ -247,8 +251,8 @@ fn check_publish(
     Ok(Some(offset))
 }
 
-fn published(core: &Rc<Core>, id: StreamId) -> Handled {
-    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
+fn published(shard: &Shard, id: StreamId) -> Handled {
+    let s = shard.stream(id).ok_or_else(not_found)?;
     let mut resp = Response::new(204)
         .header("stream-next-offset", format_offset(s.next_offset().get()))
         .header("cache-control", "no-store");
@@ -263,7 +267,8 @@ fn published(core: &Rc<Core>, id: StreamId) -> Handled {
 /// `GET /snapshot`: redirect to the visible snapshot (§3.3).
 fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
     let id = live(core, key)?;
-    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
+    let shard = core.shard(id)?;
+    let s = shard.stream(id).ok_or_else(not_found)?;
     let v = s
         .snapshot()
         .ok_or(ApiError::SnapshotNotFound("no snapshot"))?;
@@ -288,16 +293,13 @@ fn latest(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
 async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Handled {
     let offset = path_offset(raw)?;
     let id = live(core, key)?;
-    let meta = match core
-        .shard(id)
-        .stream(id)
-        .and_then(|s| s.snapshot().cloned())
-    {
+    let shard = core.shard(id)?;
+    let meta = match shard.stream(id).and_then(|s| s.snapshot().cloned()) {
         Some(m) if m.offset == offset => m,
         _ => return Err(ApiError::SnapshotNotFound("no snapshot at this offset").into()),
     };
-    let blob = core.shard(id).read_blob(&meta).await?;
-    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
+    let blob = shard.read_blob(&meta).await?;
+    let s = shard.stream(id).ok_or_else(not_found)?;
     let mut resp = Response::new(200)
         .header("content-type", meta.content_type.to_string())
         .header("stream-snapshot-offset", format_offset(meta.offset.get()))
@@ -318,8 +320,8 @@ async fn read(core: &Rc<Core>, key: &str, raw: &str) -> Handled {
 fn delete(core: &Rc<Core>, key: &str, raw: &str) -> Handled {
     let offset = path_offset(raw)?;
     let id = live(core, key)?;
-    let refused = match core
-        .shard(id)
+    let shard = core.shard(id)?;
+    let refused = match shard
         .stream(id)
         .and_then(|s| s.snapshot().map(|m| m.offset))
     {
@@ -333,8 +335,9 @@ fn delete(core: &Rc<Core>, key: &str, raw: &str) -> Handled {
 async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Request) -> Handled {
     let (path, record) = parse_target(path.as_deref(), req)?;
     let id = live(core, key)?;
+    let shard = core.shard(id)?;
     let offset = {
-        let s = core.shard(id).stream(id).ok_or_else(not_found)?;
+        let s = shard.stream(id).ok_or_else(not_found)?;
         let offset = target_offset(&s, &path, record)?;
         if offset < s.retained_start() {
             return Err(ApiError::RetentionBackwards.header(
@@ -343,7 +346,7 @@ async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Reque
             ));
         }
         if offset == s.retained_start() {
-            return retained(core, id);
+            return retained(&shard, id);
         }
         match s.snapshot() {
             None => return Err(ApiError::NoSnapshot.into()),
@@ -355,13 +358,13 @@ async fn retention(core: &Rc<Core>, key: &str, path: Option<String>, req: &Reque
         }
         offset
     };
-    let commit = core.shard(id).retain(id, offset)?;
+    let commit = shard.retain(id, offset)?;
     commit.durable().await?;
-    retained(core, id)
+    retained(&shard, id)
 }
 
-fn retained(core: &Rc<Core>, id: StreamId) -> Handled {
-    let s = core.shard(id).stream(id).ok_or_else(not_found)?;
+fn retained(shard: &Shard, id: StreamId) -> Handled {
+    let s = shard.stream(id).ok_or_else(not_found)?;
     let mut resp = Response::new(204)
         .header(
             "stream-retained-offset",
@@ -380,8 +383,9 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
         return Err(ApiError::InvalidRequest("bootstrap is not a live read").into());
     }
     let id = live(core, key)?;
+    let shard = core.shard(id)?;
     let (snapshot, from, messages, content_type) = {
-        let s = core.shard(id).stream(id).ok_or_else(not_found)?;
+        let s = shard.stream(id).ok_or_else(not_found)?;
         let from = s
             .snapshot()
             .map_or(s.retained_start(), |m| m.offset.max(s.retained_start()));
@@ -409,11 +413,11 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
         )
     };
     let snapshot_body = match &snapshot {
-        Some(meta) => core.shard(id).read_blob(meta).await?,
+        Some(meta) => shard.read_blob(meta).await?,
         None => Bytes::new(),
     };
     let end = messages.last().map_or(from, |m| m.1);
-    let data = core.shard(id).read(id, from, end).await?.concat();
+    let data = shard.read(id, from, end).await?.concat();
     let updates: Vec<&[u8]> = messages
         .iter()
         .map(|&(a, b)| &data[(a - from) as usize..(b - from) as usize])
@@ -430,10 +434,7 @@ async fn bootstrap(core: &Rc<Core>, key: &str, req: &Request) -> Handled {
         push_part(&mut body, &boundary, &content_type, u);
     }
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
-    let s = core
-        .shard(id)
-        .stream(id)
-        .ok_or_else(ApiError::owner_unavailable)?;
+    let s = shard.stream(id).ok_or_else(ApiError::owner_unavailable)?;
     let complete = end >= s.next_offset();
     let mut resp = Response::new(200)
         .header(

@@ -12,6 +12,7 @@ use ursula_storage::StorageError;
 
 use crate::http::coding::DecodeError;
 use crate::http::Response;
+use crate::lane_table::NotServed;
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +105,19 @@ pub enum ApiError {
     /// Another server took this server's shards over (through S3): it acknowledges nothing
     /// more until restarted, so retrying here cannot help; another server has the data.
     Fenced,
+    /// The owner core does not run the stream's shard now: its lane is moving between
+    /// hosts, which ends in moments, so a retry finds it (here or wherever it is routed).
+    /// Shards move only with a log per lane, where the shard number is the lane's.
+    NotServed {
+        shard: u32,
+    },
+    /// Another host of the cluster owns the stream's lane: the request belongs there (the
+    /// owner's advertised address when known), so this one neither serves it nor forwards
+    /// it, and a stale route can never write beside the owner.
+    Misdirected {
+        lane: u32,
+        owner: Option<String>,
+    },
 }
 
 impl ApiError {
@@ -145,7 +159,8 @@ impl ApiError {
             HeaderTooLarge => 431,
             StorageFault(_) => 500,
             NotImplemented(_) => 501,
-            Unavailable(_) | Fenced => 503,
+            Misdirected { .. } => 421,
+            Unavailable(_) | Fenced | NotServed { .. } => 503,
             InsufficientStorage(_) => 507,
         }
     }
@@ -205,6 +220,8 @@ impl ApiError {
             Unavailable(_) => "unavailable",
             InsufficientStorage(_) => "insufficient_storage",
             Fenced => "fenced",
+            NotServed { .. } => "not_served",
+            Misdirected { .. } => "misdirected",
         }
     }
 
@@ -238,6 +255,19 @@ impl ApiError {
                     .into()
             }
             InvalidJsonLine(line) => return format!("line {line} is not a JSON value").into(),
+            NotServed { shard } => {
+                return format!("lane {shard} is not served here right now; retry").into()
+            }
+            Misdirected {
+                lane,
+                owner: Some(owner),
+            } => return format!("lane {lane} is served by {owner}").into(),
+            Misdirected { lane, owner: None } => {
+                return format!(
+                    "lane {lane} is not served by this host; its owner is not known yet"
+                )
+                .into()
+            }
             Fenced => "another server took this server's data over; it accepts no writes",
             InvalidBucketId => "bucket IDs are 4-64 characters of a-z, 0-9, _ and -",
             InvalidJson => "body is not a single JSON text",
@@ -286,6 +316,16 @@ impl ApiError {
         match self {
             ApiError::MethodNotAllowed { allow, .. } => resp.push("allow", *allow),
             ApiError::Unavailable(_) => resp.push("retry-after", "1"),
+            ApiError::NotServed { shard } => {
+                resp.push("retry-after", "1");
+                resp.push("ursula-lane", shard.to_string());
+            }
+            ApiError::Misdirected { lane, owner } => {
+                resp.push("ursula-lane", lane.to_string());
+                if let Some(owner) = owner {
+                    resp.push("ursula-lane-owner", owner.clone());
+                }
+            }
             ApiError::TooManyRequests {
                 retry_after_secs, ..
             } => resp.push("retry-after", retry_after_secs.to_string()),
@@ -374,6 +414,25 @@ impl From<DecodeError> for ApiError {
     }
 }
 
+/// A lane in the middle of moving: the client retries.
+impl From<NotServed> for ApiError {
+    fn from(e: NotServed) -> ApiError {
+        ApiError::NotServed { shard: e.shard }
+    }
+}
+
+impl From<NotServed> for Refusal {
+    fn from(e: NotServed) -> Refusal {
+        Refusal::from(ApiError::from(e))
+    }
+}
+
+impl From<NotServed> for Response {
+    fn from(e: NotServed) -> Response {
+        ApiError::from(e).response()
+    }
+}
+
 impl From<ApiError> for Response {
     fn from(e: ApiError) -> Response {
         e.response()
@@ -413,6 +472,9 @@ impl From<StorageError> for ApiError {
                 .into(),
             ),
             StorageError::Fenced => ApiError::Fenced,
+            StorageError::Stopped => {
+                ApiError::Unavailable("the stream's lane is moving to another host; retry".into())
+            }
             StorageError::Unrecoverable(why) => {
                 tracing::error!("shard cannot be opened, answered 500: {why}");
                 ApiError::StorageFault("storage cannot be opened")
@@ -519,5 +581,13 @@ mod tests {
         assert_eq!(ApiError::SnapshotBeyondTail.status(), 409);
         assert_eq!(ApiError::OffsetBeyondTail("x").status(), 400);
         assert_eq!(ApiError::ForkSourceGone.code(), ApiError::StreamGone.code());
+        // A lane in the middle of moving: retry shortly.
+        let r = ApiError::from(NotServed { shard: 7 }).response();
+        assert_eq!(r.status, 503);
+        assert!(r.headers.contains(&("retry-after", "1".to_string())));
+        assert_eq!(
+            body(&r),
+            "not_served: lane 7 is not served here right now; retry\n"
+        );
     }
 }

@@ -331,26 +331,29 @@ async fn step_on_owner(
     from: Option<Offset>,
     wait: Duration,
 ) -> Step {
-    let current = match core.shard(id).stream(id) {
+    // A lane moving away ends the feed; its sessions step on the owner, which answers them.
+    let Ok(shard) = core.shard(id) else {
+        return Step::Gone;
+    };
+    let current = match shard.stream(id) {
         Some(s) if s.incarnation() == incarnation => s.version(),
         _ => return Step::Gone,
     };
     if current == seen {
-        core.wait_or_shutdown(core.shard(id).changed(id, seen), wait)
-            .await;
+        core.wait_or_shutdown(shard.changed(id, seen), wait).await;
     }
-    let (version, tail, closed) = match core.shard(id).stream(id) {
+    let (version, tail, closed) = match shard.stream(id) {
         Some(s) if s.incarnation() == incarnation => (s.version(), s.next_offset(), s.is_closed()),
         _ => return Step::Gone,
     };
     if version == seen {
         // An idle interval: the subscribers' keep-alives count as access (sliding TTL).
-        core.shard(id).touch(id, ursula_storage::now_ms());
+        shard.touch(id, ursula_storage::now_ms());
         return Step::Same;
     }
     let parts = match from {
         Some(from) if tail > from && tail - from <= FEED_STEP_BYTES_MAX => {
-            core.shard(id).read(id, from, tail).await.ok()
+            shard.read(id, from, tail).await.ok()
         }
         _ => None,
     };

@@ -18,7 +18,7 @@ use ursula_protocol::sse::{
     push_base64_data_event, push_control_event, push_json_array_data_event, push_keepalive,
     push_text_data_event, utf8_safe_cut, Control,
 };
-use ursula_storage::{Offset, RecordNo, StreamId};
+use ursula_storage::{Offset, RecordNo, Shard, StreamId};
 
 use crate::core::Core;
 use crate::handlers::catch_up::{collect, cursor};
@@ -58,7 +58,8 @@ pub struct SseSession {
 /// Build the SSE response head and its session, on the owner core (parameters and start
 /// already validated by the read handler).
 pub fn start(core: &Rc<Core>, start: SseStart) -> Result<(Response, SseSession), Response> {
-    let Some(s) = core.shard(start.id).stream(start.id) else {
+    let shard = core.shard(start.id)?;
+    let Some(s) = shard.stream(start.id) else {
         return Err(ApiError::StreamNotFound.response());
     };
     let ct = s.content_type().to_string();
@@ -261,7 +262,12 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
     let keepalive = core.config.sse_keepalive;
     let max_age = core.config.sse_max_connection;
     loop {
-        let (tail, closed, version) = match core.shard(sess.id).stream(sess.id) {
+        // Taken again after every wait. A lane that moved away ends the response: the
+        // client reconnects from its last offset and is told to retry, or sent elsewhere.
+        let Ok(shard) = core.shard(sess.id) else {
+            return (Vec::new(), true);
+        };
+        let (tail, closed, version) = match shard.stream(sess.id) {
             Some(s) if s.incarnation() == sess.incarnation => {
                 (s.next_offset(), s.is_closed(), s.version())
             }
@@ -270,7 +276,7 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
         let mut out = Vec::new();
         if tail > sess.offset {
             sess.first = false;
-            let closed_now = emit_data(core, sess, &mut out).await;
+            let closed_now = emit_data(core, &shard, sess, &mut out).await;
             return (out, closed_now);
         }
         if sess.first || closed {
@@ -297,33 +303,35 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
             .min(max_age.saturating_sub(sess.started.elapsed()))
             .max(Duration::from_millis(1));
         let waited = Instant::now();
-        core.wait_or_shutdown(core.shard(sess.id).changed(sess.id, version), wait)
+        core.wait_or_shutdown(shard.changed(sess.id, version), wait)
             .await;
-        let changed = core
-            .shard(sess.id)
-            .stream(sess.id)
-            .is_none_or(|s| s.version() != version);
+        let changed = shard.stream(sess.id).is_none_or(|s| s.version() != version);
         if !changed && !core.shutting_down() && waited.elapsed() >= wait {
-            core.shard(sess.id).touch(sess.id, ursula_storage::now_ms());
+            shard.touch(sess.id, ursula_storage::now_ms());
             push_keepalive(&mut out);
             return (out, false);
         }
     }
 }
 
-/// Append one data event and its control event for the next batch after `sess.offset`.
-/// Returns true when that control closed the stream (the response then ends).
-async fn emit_data(core: &Rc<Core>, sess: &mut SseSession, out: &mut Vec<u8>) -> bool {
+/// Append one data event and its control event for the next batch after `sess.offset`, read
+/// from `shard`, the stream's. Returns true when that control closed the stream (the
+/// response then ends).
+async fn emit_data(
+    core: &Rc<Core>,
+    shard: &Shard,
+    sess: &mut SseSession,
+    out: &mut Vec<u8>,
+) -> bool {
     if let Some((rp, record)) = sess.records {
-        return emit_records(core, sess, rp, record, out).await;
+        return emit_records(core, shard, sess, rp, record, out).await;
     }
-    let Ok((parts, end)) = collect(core, sess.surface, sess.id, sess.offset, sess.max_bytes).await
+    let Ok((parts, end)) = collect(shard, sess.surface, sess.id, sess.offset, sess.max_bytes).await
     else {
         // Unreadable data: end the response; the client reconnects from its last offset.
         return true;
     };
-    let (tail, closed) = core
-        .shard(sess.id)
+    let (tail, closed) = shard
         .stream(sess.id)
         .map_or((end, false), |s| (s.next_offset(), s.is_closed()));
     render_data(core, sess, parts, end, tail, closed, out)
@@ -387,13 +395,14 @@ fn render_data(
 /// event with the record coordinates.
 async fn emit_records(
     core: &Rc<Core>,
+    shard: &Shard,
     sess: &mut SseSession,
     rp: records::RecordParams,
     record: RecordNo,
     out: &mut Vec<u8>,
 ) -> bool {
     let (end, from, to) = {
-        let Some(s) = core.shard(sess.id).stream(sess.id) else {
+        let Some(s) = shard.stream(sess.id) else {
             return true;
         };
         let max = if rp.envelope { Some(1) } else { rp.max_records };
@@ -405,7 +414,7 @@ async fn emit_records(
             .min(s.next_offset());
         (end, from, to)
     };
-    let Ok(parts) = core.shard(sess.id).read(sess.id, from, to).await else {
+    let Ok(parts) = shard.read(sess.id, from, to).await else {
         return true;
     };
     if rp.envelope {
@@ -417,8 +426,7 @@ async fn emit_records(
     }
     sess.records = Some((rp, end));
     sess.offset = to;
-    let (next, closed) = core
-        .shard(sess.id)
+    let (next, closed) = shard
         .stream(sess.id)
         .map_or((end, false), |s| (records::visible_next(&s), s.is_closed()));
     let at_tail = end >= next;

@@ -14,6 +14,7 @@ use crate::admin::Listener;
 use crate::config::{Config, StorageMode};
 use crate::conn::{self, Ends};
 use crate::core::{ConnectionSlot, Core, CoreParts, Mailboxes};
+use crate::lane_table::{LaneState, LaneTable};
 use crate::limits::{EXPIRY_SWEEP, HEARTBEAT, SHUTDOWN_DRAIN, URING_ENTRIES};
 use crate::lookup::{find, Found};
 use crate::rate_limit::BucketLimits;
@@ -24,7 +25,12 @@ pub fn run(
     index: usize,
     config: Arc<Config>,
     listeners: Listeners,
-    (peers, bucket_limits, placement): (Mailboxes, Arc<BucketLimits>, Placement),
+    (peers, bucket_limits, placement, lanes): (
+        Mailboxes,
+        Arc<BucketLimits>,
+        Placement,
+        Arc<LaneTable>,
+    ),
     (shutdown, draining): (Arc<AtomicBool>, Arc<AtomicUsize>),
     ready: mpsc::Sender<Result<(), StartError>>,
 ) {
@@ -45,11 +51,7 @@ pub fn run(
         }
     };
     runtime.block_on(async move {
-        let durability = match config.storage {
-            StorageMode::Disk => Durability::Disk(config.data_dir.clone()),
-            StorageMode::Memory => Durability::Memory,
-        };
-        let shards = match open_shards(index, &config, &placement, durability).await {
+        let shards = match open_shards(index, &config, &placement, &lanes).await {
             Ok(shards) => shards,
             Err(e) => {
                 let _ = ready.send(Err(e));
@@ -83,6 +85,7 @@ pub fn run(
             peers,
             bucket_limits,
             placement,
+            lanes,
             shutdown,
             draining,
         }));
@@ -103,62 +106,86 @@ pub fn run(
     });
 }
 
-/// Open (recovering) every shard of core `index`, one after another. A core's budgets
-/// (read cache, write queue, cold cache and cold fetches) are split evenly between its
-/// shards, and the local disk budget of the cold tier between all shards.
+/// Open (recovering) every shard of core `index` this host serves, one after another, in
+/// the core's slot order (lowest number first; see `CoreParts::shards`): all of them, or
+/// in a cluster the lanes it still owns (`lanes`).
 async fn open_shards(
     index: usize,
     config: &Config,
     placement: &Placement,
-    durability: Durability,
-) -> Result<Vec<ursula_storage::Shard>, StartError> {
+    lanes: &LaneTable,
+) -> Result<Vec<Option<ursula_storage::Shard>>, StartError> {
     let numbers: Vec<u32> = (index as u32..placement.shards())
         .step_by(config.cores)
         .collect();
-    let here = numbers.len().max(1);
     let mut shards = Vec::with_capacity(numbers.len());
     for number in numbers {
-        let mut shard_cfg = ShardConfig::new(number, durability.clone());
-        shard_cfg.first_id = placement.first_id(number);
-        shard_cfg.receipt_window = config.receipt_window;
-        shard_cfg.segment_bytes = config.segment_bytes;
-        shard_cfg.cache_bytes = config.cache_bytes / here;
-        shard_cfg.index_cache_bytes = config.index_cache_bytes;
-        shard_cfg.idle_after = config.idle_stream;
-        // Listings hide these, and count dormant streams without waking them.
-        shard_cfg.stays_resident = crate::ext::Ext::is_soft_deleted;
-        shard_cfg.write_budget_bytes = config.write_budget_bytes / here;
-        shard_cfg.fail_commit_after = fault_fail_commit_after();
-        if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
-            shard_cfg.cold = Some(archive.clone());
-            shard_cfg.cold_cache_bytes /= here;
-            shard_cfg.cold_in_flight_bytes /= here;
-            shard_cfg.local_bytes = tier.local_bytes.map(|b| b / u64::from(placement.shards()));
-            shard_cfg.s3_wal = config.s3_wal.clone().map(|mut s3| {
-                s3.ack_before_s3 = fault_ack_before_s3();
-                s3
-            });
+        if lanes.state(number) != LaneState::Served {
+            shards.push(None);
+            continue;
         }
-        let (shard, report) = ursula_storage::Shard::open(shard_cfg)
-            .await
-            .map_err(|source| StartError::Storage {
-                core: index,
-                shard: number,
-                source,
-            })?;
-        tracing::info!(
-            core = index,
-            shard = number,
-            streams = report.streams,
-            records = report.records,
-            log_bytes = report.log_bytes,
-            dropped_bytes = report.dropped_bytes,
-            ms = report.elapsed.as_millis() as u64,
-            "recovered"
-        );
-        shards.push(shard);
+        shards.push(Some(open_shard(index, config, placement, number).await?));
     }
     Ok(shards)
+}
+
+/// Open (recovering) shard `number` on core `index`: at start, or when its lane is adopted.
+/// A core's budgets (read cache, write queue, cold cache and cold fetches) are split evenly
+/// between the shards placed on it, and the local disk budget of the cold tier between all
+/// shards.
+pub async fn open_shard(
+    index: usize,
+    config: &Config,
+    placement: &Placement,
+    number: u32,
+) -> Result<ursula_storage::Shard, StartError> {
+    let durability = match config.storage {
+        StorageMode::Disk => Durability::Disk(config.data_dir.clone()),
+        StorageMode::Memory => Durability::Memory,
+    };
+    let here = (index as u32..placement.shards())
+        .step_by(config.cores)
+        .count()
+        .max(1);
+    let mut shard_cfg = ShardConfig::new(number, durability);
+    shard_cfg.first_id = placement.first_id(number);
+    shard_cfg.receipt_window = config.receipt_window;
+    shard_cfg.segment_bytes = config.segment_bytes;
+    shard_cfg.cache_bytes = config.cache_bytes / here;
+    shard_cfg.index_cache_bytes = config.index_cache_bytes;
+    shard_cfg.idle_after = config.idle_stream;
+    // Listings hide these, and count dormant streams without waking them.
+    shard_cfg.stays_resident = crate::ext::Ext::is_soft_deleted;
+    shard_cfg.write_budget_bytes = config.write_budget_bytes / here;
+    shard_cfg.fail_commit_after = fault_fail_commit_after();
+    if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
+        shard_cfg.cold = Some(archive.clone());
+        shard_cfg.cold_cache_bytes /= here;
+        shard_cfg.cold_in_flight_bytes /= here;
+        shard_cfg.local_bytes = tier.local_bytes.map(|b| b / u64::from(placement.shards()));
+        shard_cfg.s3_wal = config.s3_wal.clone().map(|mut s3| {
+            s3.ack_before_s3 = fault_ack_before_s3();
+            s3
+        });
+    }
+    let (shard, report) = ursula_storage::Shard::open(shard_cfg)
+        .await
+        .map_err(|source| StartError::Storage {
+            core: index,
+            shard: number,
+            source,
+        })?;
+    tracing::info!(
+        core = index,
+        shard = number,
+        streams = report.streams,
+        records = report.records,
+        log_bytes = report.log_bytes,
+        dropped_bytes = report.dropped_bytes,
+        ms = report.elapsed.as_millis() as u64,
+        "recovered"
+    );
+    Ok(shard)
 }
 
 /// The CPUs this thread may run on, lowest first: the mask the server was started with
@@ -202,6 +229,12 @@ async fn serve(
         let core = core.clone();
         monoio::spawn(async move { heartbeat(core).await })
     };
+    // A cluster host stops serving the lanes it loses from core 0 (this ends at once on a
+    // single host).
+    let lost_lanes = (core.index == 0).then(|| {
+        let core = core.clone();
+        monoio::spawn(async move { crate::lanes::drop_lost_lanes(core).await })
+    });
     let own = own.map(|l| {
         let core = core.clone();
         monoio::spawn(async move { accept_all(&core, l).await })
@@ -238,6 +271,7 @@ async fn serve(
     drop(letters);
     drop(sweeper);
     drop(heartbeat);
+    drop(lost_lanes);
 }
 
 /// Accept connections on `listener` and serve each, until shutdown stops accepting.
@@ -339,7 +373,7 @@ async fn sweep_expired(core: Rc<Core>) {
                 let Some(key) = shard.stream(id).map(|s| s.key().to_string()) else {
                     continue;
                 };
-                if let Found::Expired(id) = find(&core, &key) {
+                if let Ok(Found::Expired(id)) = find(&core, &key) {
                     removal::remove_expired(&core, id);
                 }
             }

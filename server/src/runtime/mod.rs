@@ -10,10 +10,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use crate::config::{Config, LogsMode, StorageMode, DEFAULT_LANE_LOGS_PER_CORE};
+use crate::config::{AssignMode, Config, LogsMode, StorageMode, DEFAULT_LANE_LOGS_PER_CORE};
 use crate::core::Mailboxes;
 use crate::hop::Mailbox;
+use crate::lane_table::LaneTable;
 use crate::limits::{BIND_RETRY, LISTEN_BACKLOG};
+pub use core_thread::open_shard;
 pub use start_error::StartError;
 use ursula_storage::placement::{Placement, DEFAULT_LANES};
 
@@ -29,7 +31,12 @@ pub fn run(config: Config) -> Result<(), StartError> {
     let placement = check_layout(&config)?;
     // Claims the archive (or refuses to start) before any core opens its shard.
     if let Some(tier) = &config.cold {
-        crate::cold::start(tier, &config.data_dir, placement)?;
+        crate::cold::start(tier, &config.data_dir, placement, config.cluster)?;
+    }
+    let held = crate::cold::archive().map_or_else(Vec::new, |a| a.held());
+    let lanes = Arc::new(LaneTable::new(placement.shards(), config.cluster, &held));
+    if config.cluster {
+        tracing::info!(lanes = ?held, "cluster host: serving the lanes it still owns");
     }
     let listeners = bind_listeners(config.listen, config.cores)?;
     let mut core_ports = match config.core_listen {
@@ -59,6 +66,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
         let peers = peers.clone();
         let stopping = (shutdown.clone(), draining.clone());
         let bucket_limits = bucket_limits.clone();
+        let lanes = lanes.clone();
         let ready = ready_tx.clone();
         let listener = Listeners {
             main: listener,
@@ -72,7 +80,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
                     index,
                     config,
                     listener,
-                    (peers, bucket_limits, placement),
+                    (peers, bucket_limits, placement, lanes),
                     stopping,
                     ready,
                 );
@@ -88,6 +96,14 @@ pub fn run(config: Config) -> Result<(), StartError> {
             Err(_) => return Err(StartError::CoreExited),
         }
     }
+    crate::lanes::start_membership(
+        config.clone(),
+        lanes.clone(),
+        peers.clone(),
+        placement.shards(),
+        shutdown.clone(),
+    )
+    .map_err(StartError::os("spawn membership thread"))?;
     crate::admin::mark_started();
     // Taken before the listening line: a SIGHUP from whoever waits for that line must not
     // meet the default action, which ends the process.
@@ -112,6 +128,11 @@ pub fn run(config: Config) -> Result<(), StartError> {
     }
     wait_for_signal(signals, &config);
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    // A host that places its lanes itself gives them to the others before it goes; one
+    // whose lanes the operator places keeps them, to serve again when it is back.
+    if config.cluster && config.cluster_assign == AssignMode::Auto {
+        leave_cluster(&peers);
+    }
     tracing::info!("shutting down: no new connections, finishing requests");
     shutdown.store(true, Ordering::SeqCst);
     for p in peers.iter() {
@@ -128,6 +149,29 @@ pub fn run(config: Config) -> Result<(), StartError> {
     tracing::info!("stopped");
     Ok(())
 }
+
+/// Give every lane up to the other hosts before stopping (see `lanes::drain`), while the
+/// cores still serve everything else.
+fn leave_cluster(peers: &Mailboxes) {
+    tracing::info!("leaving the cluster: releasing every lane");
+    let (done, left) = mpsc::channel::<()>();
+    let posted = peers[0].post(Box::new(move |core| {
+        let core = core.clone();
+        monoio::spawn(async move {
+            crate::lanes::drain(core).await;
+            let _ = done.send(());
+        });
+    }));
+    if posted.is_ok() && left.recv_timeout(LEAVE_TIMEOUT).is_err() {
+        tracing::warn!(
+            "leaving the cluster took over {} s; stopping anyway",
+            LEAVE_TIMEOUT.as_secs()
+        );
+    }
+}
+
+/// Longest a clean stop of a cluster host waits for its lanes to be released.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn bind_admin(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {
     let l = bind_exclusive(addr)?;

@@ -143,6 +143,11 @@ impl Shard {
             };
             if batches.is_empty() {
                 if self.inner.stopping.get() {
+                    // Nothing flushes a write queued from now on: refuse it instead.
+                    let mut commit = self.inner.group_commit.borrow_mut();
+                    if commit.failure().is_none() {
+                        commit.fail(crate::error::ShardFailure::Stopped);
+                    }
                     return;
                 }
                 continue;

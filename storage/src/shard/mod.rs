@@ -493,8 +493,14 @@ impl Shard {
         self.inner.group_commit.borrow().failure().copied()
     }
 
+    /// Whether the shard has stopped (shut down or halted): nothing more is written to it,
+    /// and a wait on it ([`Shard::changed`]) ends at once.
+    pub fn stopped(&self) -> bool {
+        self.inner.stopping.get()
+    }
+
     /// Resolves once stream `id` changes after `seen_version` (see [`Stream::version`]) or is
-    /// deleted.
+    /// deleted, or the shard stops.
     pub fn changed(&self, id: StreamId, seen_version: u64) -> Changed<'_> {
         let waiter = self.inner.next_waiter.next();
         Changed {
@@ -557,6 +563,10 @@ impl Shard {
     /// shard's owner waiting on a timer or on work that will not come.
     fn stop_tasks(&self) {
         self.inner.stopping.set(true);
+        // Live readers end their wait (see `Changed`) and find the shard stopped.
+        for s in self.inner.catalog.borrow().resident() {
+            s.wake_waiters();
+        }
         self.wake_flusher();
         if let Some(w) = self.inner.upkeep.borrow_mut().take() {
             w.wake();
@@ -628,6 +638,9 @@ impl Future for Changed<'_> {
     type Output = ();
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if self.shard.inner.stopping.get() {
+            return Poll::Ready(());
+        }
         // A stream that went dormant has nobody waiting on it, so this wait has not started
         // yet; it ends at once and its reader looks again (waking the stream).
         match self.shard.inner.catalog.borrow().get(self.stream) {

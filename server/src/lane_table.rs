@@ -1,0 +1,212 @@
+//! Which lanes this host serves now, as every core sees it: without `--cluster` all of
+//! them, unchecked; in a cluster each lane is served here, moving in or out, or elsewhere
+//! (with the owner's address as last learnt, for refusals to name). `lanes` moves lanes
+//! and keeps the table current.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How often the owner named in a refusal is looked up again.
+const OWNER_REFRESH: Duration = Duration::from_secs(2);
+
+/// Which lanes this host serves, shared by every core.
+pub struct LaneTable {
+    /// Whether lanes can be elsewhere at all: without `--cluster` every lane is served
+    /// here and nothing is checked.
+    cluster: bool,
+    /// Per lane, a [`LaneState`].
+    states: Vec<AtomicU8>,
+    /// Per lane, where its owner serves it as last learnt (only read to refuse a request).
+    owners: Vec<Mutex<KnownOwner>>,
+    /// This host is leaving the cluster: it takes no lanes and gives its own up.
+    draining: AtomicBool,
+}
+
+/// Where a lane is now, as this host sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LaneState {
+    /// This host serves it.
+    Served = 0,
+    /// It is being adopted or released here: retry shortly.
+    Moving = 1,
+    /// Another host owns it, or nobody yet.
+    Elsewhere = 2,
+}
+
+/// Why a request for a lane is not served here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotHere {
+    /// The lane is owned elsewhere: by the host at this address, if known.
+    Elsewhere { lane: u32, owner: Option<String> },
+    /// The lane is moving in or out of this host.
+    Moving { lane: u32 },
+}
+
+#[derive(Default)]
+struct KnownOwner {
+    address: Option<String>,
+    learnt: Option<Instant>,
+    looking: bool,
+}
+
+impl LaneTable {
+    /// A table of `lanes` lanes: every lane served, or in a cluster only those `held`.
+    pub fn new(lanes: u32, cluster: bool, held: &[u32]) -> LaneTable {
+        let state = |lane: u32| {
+            if !cluster || held.contains(&lane) {
+                LaneState::Served
+            } else {
+                LaneState::Elsewhere
+            }
+        };
+        LaneTable {
+            cluster,
+            states: (0..lanes).map(|l| AtomicU8::new(state(l) as u8)).collect(),
+            owners: (0..lanes).map(|_| Mutex::default()).collect(),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether this host serves `lane` now; the refusal otherwise.
+    pub fn check(&self, lane: usize) -> Result<(), NotHere> {
+        if !self.cluster {
+            return Ok(());
+        }
+        match self.state(lane as u32) {
+            LaneState::Served => Ok(()),
+            LaneState::Moving => Err(NotHere::Moving { lane: lane as u32 }),
+            LaneState::Elsewhere => Err(NotHere::Elsewhere {
+                lane: lane as u32,
+                owner: self.owner(lane as u32),
+            }),
+        }
+    }
+
+    pub fn cluster(&self) -> bool {
+        self.cluster
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// From now on this host takes no lanes and gives its own up.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    pub fn state(&self, lane: u32) -> LaneState {
+        match self
+            .states
+            .get(lane as usize)
+            .map(|s| s.load(Ordering::Acquire))
+        {
+            Some(0) => LaneState::Served,
+            Some(1) => LaneState::Moving,
+            _ => LaneState::Elsewhere,
+        }
+    }
+
+    /// The lanes served here now.
+    pub fn served(&self) -> Vec<u32> {
+        (0..self.states.len() as u32)
+            .filter(|&l| self.state(l) == LaneState::Served)
+            .collect()
+    }
+
+    /// Whether no lane is served or moving here.
+    pub fn none_here(&self) -> bool {
+        (0..self.states.len() as u32).all(|l| self.state(l) == LaneState::Elsewhere)
+    }
+
+    /// The owner's address last learnt for `lane`.
+    pub fn owner(&self, lane: u32) -> Option<String> {
+        let known = self.owners.get(lane as usize)?.lock().ok()?;
+        known.address.clone()
+    }
+
+    /// Whether the owner of `lane` should be looked up (again); marks the lookup started.
+    pub(crate) fn should_look_up(&self, lane: u32) -> bool {
+        let Some(Ok(mut known)) = self.owners.get(lane as usize).map(|o| o.lock()) else {
+            return false;
+        };
+        if known.looking || known.learnt.is_some_and(|t| t.elapsed() < OWNER_REFRESH) {
+            return false;
+        }
+        known.looking = true;
+        true
+    }
+
+    pub(crate) fn learnt_owner(&self, lane: u32, address: Option<String>) {
+        if let Some(Ok(mut known)) = self.owners.get(lane as usize).map(|o| o.lock()) {
+            known.address = address.filter(|a| !a.is_empty());
+            known.learnt = Some(Instant::now());
+            known.looking = false;
+        }
+    }
+
+    /// Move `lane` from `from` to `to`; false if it was not in `from`.
+    pub(crate) fn transition(&self, lane: u32, from: LaneState, to: LaneState) -> bool {
+        self.states.get(lane as usize).is_some_and(|s| {
+            s.compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
+    }
+
+    pub(crate) fn set(&self, lane: u32, to: LaneState) {
+        if let Some(s) = self.states.get(lane as usize) {
+            s.store(to as u8, Ordering::Release);
+        }
+    }
+}
+
+/// A core does not run that shard now: its lane is moving to or from another host.
+/// Retrying shortly may find it here, or routed elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("shard {shard} is not served on this core now")]
+pub struct NotServed {
+    pub shard: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_single_host_serves_every_lane_without_looking() {
+        let t = LaneTable::new(8, false, &[]);
+        assert!((0..8).all(|l| t.check(l).is_ok()));
+        assert_eq!(t.served().len(), 8);
+    }
+
+    #[test]
+    fn a_cluster_host_serves_only_what_it_holds_and_moves_by_transitions() {
+        let t = LaneTable::new(4, true, &[1, 3]);
+        assert_eq!(t.served(), vec![1, 3]);
+        assert_eq!(
+            t.check(0),
+            Err(NotHere::Elsewhere {
+                lane: 0,
+                owner: None
+            })
+        );
+        assert!(t.transition(0, LaneState::Elsewhere, LaneState::Moving));
+        assert_eq!(t.check(0), Err(NotHere::Moving { lane: 0 }));
+        assert!(!t.transition(0, LaneState::Elsewhere, LaneState::Moving));
+        t.set(0, LaneState::Served);
+        assert!(t.check(0).is_ok());
+        t.learnt_owner(2, Some("10.0.0.2:4437".into()));
+        assert_eq!(
+            t.check(2),
+            Err(NotHere::Elsewhere {
+                lane: 2,
+                owner: Some("10.0.0.2:4437".into())
+            })
+        );
+        assert!(!t.should_look_up(2), "just learnt");
+        assert!(t.should_look_up(0));
+        assert!(!t.should_look_up(0), "one lookup at a time");
+    }
+}

@@ -1,0 +1,497 @@
+//! Hosts of a cluster (`--cluster`) sharing one archive in a real S3 server
+//! (`ursula-test-s3`): lanes owned through their manifests, refused with 421 where they
+//! are not served, and moved between hosts by release and adopt with everything they
+//! acknowledged, their offsets, incarnations and producer state.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use support::s3::{BUCKET, CREDS, S3};
+use support::{expect, req, temp_dir, write_config, Server};
+
+const OCTETS: (&str, &str) = ("content-type", "application/octet-stream");
+const LANES: u32 = 4;
+/// Lanes move only when the test says so.
+const MANUAL: &[&str] = &["--cluster-assign", "manual"];
+
+/// A host of the cluster: its own data dir, advertising the address it listens on.
+fn host(dir: &Path, name: &str, config: &str, extra: &[&str]) -> Server {
+    let data = dir.join(name);
+    let lanes = LANES.to_string();
+    let mut args = support::server_args(
+        &data,
+        "disk",
+        2,
+        &["--config", config, "--cluster", "--lanes", &lanes],
+    );
+    // A fixed port, so that the host can advertise it.
+    let listen = match args[2].as_str() {
+        "127.0.0.1:0" => {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe a port");
+            probe.local_addr().expect("probed").to_string()
+        }
+        fixed => fixed.to_string(),
+    };
+    args[2] = listen.clone();
+    args.extend(["--advertise".to_string(), listen]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let log = dir.join(format!("{name}.log"));
+    Server::spawn_with_env(&args, &CREDS, Some(&log), Duration::from_secs(60))
+}
+
+/// The hosts' config: `top` lines, then the cold tier archiving every `interval_ms`.
+fn config(dir: &Path, s3: &S3, top: &str, interval_ms: u64) -> String {
+    write_config(
+        dir,
+        &format!(
+            "{top}[cold_tier]\ns3_bucket = \"{BUCKET}\"\ns3_prefix = \"cluster\"\n\
+             s3_endpoint = \"{}\"\ns3_region = \"us-east-1\"\narchive_interval_ms = {interval_ms}\n\
+             grace_ms = 600000\n",
+            s3.endpoint()
+        ),
+    )
+}
+
+fn adopt(s: &Server, lane: u32) -> sonic_rs::Value {
+    let r = expect(
+        s,
+        "POST",
+        &format!("/__ursula/lanes/{lane}/adopt"),
+        &[],
+        b"",
+        200,
+    );
+    sonic_rs::from_slice(&r.body).expect("adoption report")
+}
+
+fn release(s: &Server, lane: u32) -> sonic_rs::Value {
+    let r = expect(
+        s,
+        "POST",
+        &format!("/__ursula/lanes/{lane}/release"),
+        &[],
+        b"",
+        200,
+    );
+    sonic_rs::from_slice(&r.body).expect("release report")
+}
+
+/// The lane a host that serves nothing names for `path`.
+fn lane_of(empty: &Server, path: &str) -> u32 {
+    let r = req(empty, "HEAD", path, &[], b"");
+    assert_eq!(r.status, 421, "HEAD {path} on a host without lanes: {r:?}");
+    r.header("ursula-lane")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or_else(|| panic!("421 names the lane: {r:?}"))
+}
+
+/// A 421 naming `owner`, once the refusing host has looked the owner up.
+fn refused_naming(s: &Server, path: &str, owner: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = req(s, "GET", path, &[], b"");
+        assert_eq!(r.status, 421, "GET {path}: {r:?} {}", r.body_str());
+        if r.header("ursula-lane-owner") == Some(owner) {
+            assert!(r.body_str().contains(owner), "{}", r.body_str());
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path}: the refusal never named {owner}: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn body(i: usize, n: usize) -> Vec<u8> {
+    (0..n).map(|j| b'a' + ((i * 7 + j) % 26) as u8).collect()
+}
+
+/// HEAD's identity of a stream: next offset and incarnation.
+fn identity(s: &Server, path: &str) -> (Option<String>, Option<String>) {
+    let r = expect(s, "HEAD", path, &[], b"", 200);
+    (
+        r.header("stream-next-offset").map(str::to_string),
+        r.header("stream-incarnation").map(str::to_string),
+    )
+}
+
+#[test]
+fn a_lane_moves_between_hosts_with_everything_it_acknowledged() {
+    let dir = temp_dir("ursula-cluster-move");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let config = config(dir.path(), &s3, "", 200);
+    let a = host(dir.path(), "a", &config, MANUAL);
+    let b = host(dir.path(), "b", &config, MANUAL);
+
+    // A new cluster: nobody serves anything until lanes are adopted.
+    let r = expect(&a, "GET", "/__ursula/readyz", &[], b"", 200);
+    assert_eq!(
+        r.body_str(),
+        "ready\n",
+        "a host that owns nothing yet is ready"
+    );
+    for lane in 0..LANES {
+        let report = adopt(&a, lane);
+        assert_eq!(report["epoch"].as_u64(), Some(1), "{report:?}");
+    }
+    let again = req(&a, "POST", "/__ursula/lanes/0/adopt", &[], b"");
+    assert_eq!(again.status, 409, "{again:?}");
+
+    // Streams on every lane, one of them with a producer.
+    let producer = |seq: &'static str| {
+        [
+            OCTETS,
+            ("producer-id", "p"),
+            ("producer-epoch", "0"),
+            ("producer-seq", seq),
+        ]
+    };
+    let mut want = Vec::new();
+    for i in 0..16 {
+        let path = format!("/v1/stream/s-{i}");
+        expect(&a, "PUT", &path, &[OCTETS], &body(i, 100), 201);
+        expect(&a, "POST", &path, &[OCTETS], &body(i + 1, 50 + i), 204);
+        want.push((path, [body(i, 100), body(i + 1, 50 + i)].concat()));
+    }
+    let moved = lane_of(&b, &want[0].0);
+    expect(&a, "POST", &want[0].0, &producer("0"), b"P0", 200);
+    want[0].1.extend_from_slice(b"P0");
+    let before: Vec<_> = want.iter().map(|(p, _)| identity(&a, p)).collect();
+    refused_naming(&b, &want[0].0, &a.addr);
+
+    // B may not take a lane A holds and heartbeats.
+    let taken = req(
+        &b,
+        "POST",
+        &format!("/__ursula/lanes/{moved}/adopt"),
+        &[],
+        b"",
+    );
+    assert_eq!(taken.status, 409, "{taken:?} {}", taken.body_str());
+    assert!(
+        taken.body_str().contains("owned by"),
+        "{}",
+        taken.body_str()
+    );
+
+    // The planned move: A releases, B adopts.
+    let started = Instant::now();
+    let released = release(&a, moved);
+    let adopted = adopt(&b, moved);
+    let unavailable = started.elapsed();
+    eprintln!("lane {moved} moved in {unavailable:?}: {released:?} {adopted:?}");
+    assert_eq!(adopted["epoch"].as_u64(), Some(2), "{adopted:?}");
+    assert!(!dir.path().join("a").join(format!("shard-{moved}")).exists());
+
+    let mut on_b = 0;
+    for ((path, bytes), before) in want.iter().zip(&before) {
+        let lane = lane_of_refused_or_served(&a, &b, path);
+        let (serving, other) = if lane == moved { (&b, &a) } else { (&a, &b) };
+        on_b += usize::from(lane == moved);
+        let r = expect(serving, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
+        assert_eq!(&r.body, bytes, "{path} on its lane's host");
+        assert_eq!(
+            &identity(serving, path),
+            before,
+            "{path}: offsets and incarnation"
+        );
+        let refused = req(other, "GET", path, &[], b"");
+        assert_eq!(refused.status, 421, "{path} on the other host: {refused:?}");
+    }
+    assert!(on_b >= 1);
+    refused_naming(&a, &want[0].0, &b.addr);
+    // The producer's retry after the move is a duplicate; its next append is new.
+    let dup = expect(&b, "POST", &want[0].0, &producer("0"), b"P0", 204);
+    assert_eq!(dup.header("producer-seq"), Some("0"));
+    expect(&b, "POST", &want[0].0, &producer("1"), b"P1", 200);
+
+    // Each host's lane view.
+    let view = |s: &Server| -> sonic_rs::Value {
+        let r = expect(s, "GET", "/__ursula/lanes", &[], b"", 200);
+        sonic_rs::from_slice(&r.body).expect("lanes")
+    };
+    let lanes_a = view(&a);
+    let lanes_b = view(&b);
+    for lane in 0..LANES as usize {
+        let (sa, sb) = (
+            lanes_a["lanes"][lane]["state"].as_str().map(str::to_string),
+            lanes_b["lanes"][lane]["state"].as_str().map(str::to_string),
+        );
+        if lane as u32 == moved {
+            assert_eq!(
+                (sa.as_deref(), sb.as_deref()),
+                (Some("elsewhere"), Some("served"))
+            );
+            assert_eq!(
+                lanes_b["lanes"][lane]["archive"]["address"].as_str(),
+                Some(b.addr.as_str())
+            );
+        } else {
+            assert_eq!(
+                (sa.as_deref(), sb.as_deref()),
+                (Some("served"), Some("elsewhere"))
+            );
+        }
+    }
+
+    // A restart serves the lanes the host still owns, and only those (with manual moves a
+    // clean stop keeps them).
+    let a_addr = a.addr.clone();
+    let status = a.sigterm(Duration::from_secs(30)).expect("clean stop");
+    assert!(status.success(), "{status:?}");
+    let a = host(dir.path(), "a", &config, MANUAL);
+    assert_ne!(a.addr, a_addr);
+    for (path, bytes) in &want {
+        if lane_of_refused_or_served(&a, &b, path) != moved {
+            let r = expect(&a, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
+            assert_eq!(&r.body, bytes, "{path} after A's restart");
+        }
+    }
+    let r = req(&a, "GET", &want[0].0, &[], b"");
+    assert_eq!(r.status, 421, "{r:?}");
+}
+
+/// The lane of `path`, from whichever of the two hosts refuses it.
+fn lane_of_refused_or_served(a: &Server, b: &Server, path: &str) -> u32 {
+    for s in [a, b] {
+        let r = req(s, "HEAD", path, &[], b"");
+        if r.status == 421 {
+            let lane: u32 = r
+                .header("ursula-lane")
+                .and_then(|l| l.parse().ok())
+                .expect("421 names the lane");
+            return lane;
+        }
+    }
+    panic!("{path}: neither host refuses it");
+}
+
+#[test]
+fn a_lane_taken_over_by_force_stops_on_its_old_host_and_acknowledges_nothing_more() {
+    let dir = temp_dir("ursula-cluster-force");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let config = config(dir.path(), &s3, "durability = \"s3\"\n", 200);
+    let a = host(dir.path(), "a", &config, MANUAL);
+    let b = host(dir.path(), "b", &config, MANUAL);
+    for lane in 0..LANES {
+        adopt(&a, lane);
+    }
+    let path = "/v1/stream/zombie";
+    let lane = lane_of(&b, path);
+    expect(&a, "PUT", path, &[OCTETS], b"first;", 201);
+    let mut acknowledged = b"first;".to_vec();
+    for i in 0..5 {
+        let chunk = format!("a{i};");
+        expect(&a, "POST", path, &[OCTETS], chunk.as_bytes(), 204);
+        acknowledged.extend_from_slice(chunk.as_bytes());
+    }
+    // B takes the lane while A still serves it.
+    let r = expect(
+        &b,
+        "POST",
+        &format!("/__ursula/lanes/{lane}/adopt?force=1"),
+        &[],
+        b"",
+        200,
+    );
+    let report: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("report");
+    assert_eq!(report["epoch"].as_u64(), Some(2), "{report:?}");
+    // Whatever A answers from now on, it acknowledges nothing: its WAL is fenced.
+    for i in 0..5 {
+        let r = req(&a, "POST", path, &[OCTETS], format!("z{i};").as_bytes());
+        assert!(
+            !r.is_success(),
+            "the fenced host acknowledged an append: {r:?}"
+        );
+    }
+    // It notices, stops serving the lane, and names the new owner.
+    refused_naming(&a, path, &b.addr);
+    let r = expect(&b, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
+    assert_eq!(
+        r.body, acknowledged,
+        "everything A acknowledged, nothing else"
+    );
+    expect(&b, "POST", path, &[OCTETS], b"b0;", 204);
+    let lanes = expect(&a, "GET", "/__ursula/lanes", &[], b"", 200);
+    let lanes: sonic_rs::Value = sonic_rs::from_slice(&lanes.body).expect("lanes");
+    let served: Vec<u32> = lanes["lanes"]
+        .as_array()
+        .expect("lanes")
+        .iter()
+        .filter(|l| l["state"].as_str() == Some("served"))
+        .filter_map(|l| l["lane"].as_u64().map(|n| n as u32))
+        .collect();
+    assert!(!served.contains(&lane), "{served:?}");
+    assert_eq!(served.len(), LANES as usize - 1, "{lanes:?}");
+}
+
+/// The lanes a host says it serves.
+fn served(s: &Server) -> Vec<u32> {
+    let r = expect(s, "GET", "/__ursula/lanes", &[], b"", 200);
+    let v: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("lanes");
+    v["lanes"]
+        .as_array()
+        .expect("lanes")
+        .iter()
+        .filter(|l| l["state"].as_str() == Some("served"))
+        .filter_map(|l| l["lane"].as_u64().map(|n| n as u32))
+        .collect()
+}
+
+/// Wait until `done` holds, or fail naming `what`; returns how long it took.
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < timeout,
+            "{what}: not within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
+}
+
+/// A request sent to `first`, following 421s to the owner they name (among `hosts`) and
+/// retrying 503s, as a client of the cluster would.
+fn cluster_req(
+    hosts: &[&Server],
+    first: usize,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> support::Response {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut at = first;
+    loop {
+        let r = req(hosts[at], method, path, headers, body);
+        let owner = r.header("ursula-lane-owner").map(str::to_string);
+        let next = owner.and_then(|o| hosts.iter().position(|h| h.addr == o));
+        match (r.status, next) {
+            (421, Some(n)) if n != at => at = n,
+            (421 | 503, _) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            _ => return r,
+        }
+    }
+}
+
+const AUTO_LANES: &str = "16";
+
+fn auto_host(dir: &Path, name: &str, config: &str) -> Server {
+    let data = dir.join(name);
+    let mut args = support::server_args(
+        &data,
+        "disk",
+        2,
+        &["--config", config, "--cluster", "--lanes", AUTO_LANES],
+    );
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe a port");
+    let listen = probe.local_addr().expect("probed").to_string();
+    drop(probe);
+    args[2] = listen.clone();
+    args.extend(["--advertise".to_string(), listen]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let logs = std::env::var_os("CLUSTER_LOGS").map_or_else(|| dir.to_path_buf(), Into::into);
+    let log = logs.join(format!("{name}.log"));
+    Server::spawn_with_env(&args, &CREDS, Some(&log), Duration::from_secs(60))
+}
+
+#[test]
+fn hosts_share_the_lanes_and_take_over_a_lost_or_leaving_hosts_lanes() {
+    let dir = temp_dir("ursula-cluster-auto");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let config = config(
+        dir.path(),
+        &s3,
+        "durability = \"s3\"\ncluster_heartbeat_ms = 250\ncluster_lease_ms = 2500\n",
+        1000,
+    );
+    let lanes: u32 = AUTO_LANES.parse().expect("lanes");
+    let a = auto_host(dir.path(), "a", &config);
+    wait_for(
+        "a lone host takes every lane",
+        Duration::from_secs(20),
+        || served(&a).len() == lanes as usize,
+    );
+    let b = auto_host(dir.path(), "b", &config);
+    wait_for("two hosts share the lanes", Duration::from_secs(20), || {
+        let (sa, sb) = (served(&a), served(&b));
+        !sb.is_empty() && sa.len() + sb.len() == lanes as usize
+    });
+
+    // Streams on every lane, written through whichever host the client reaches first.
+    let mut want = Vec::new();
+    for i in 0..40 {
+        let path = format!("/v1/stream/auto-{i}");
+        let hosts = [&a, &b];
+        let r = cluster_req(&hosts, i % 2, "PUT", &path, &[OCTETS], &body(i, 64));
+        assert_eq!(r.status, 201, "{path}: {r:?}");
+        let r = cluster_req(
+            &hosts,
+            i % 2,
+            "POST",
+            &path,
+            &[OCTETS],
+            &body(i + 3, 10 + i),
+        );
+        assert_eq!(r.status, 204, "{path}: {r:?}");
+        want.push((path, [body(i, 64), body(i + 3, 10 + i)].concat()));
+    }
+
+    // B is lost with its disk: A adopts its lanes, with everything B acknowledged.
+    let lost = served(&b);
+    b.kill9();
+    std::fs::remove_dir_all(dir.path().join("b")).expect("lose b's disk");
+    let failover = wait_for(
+        "a adopts the lost host's lanes",
+        Duration::from_secs(30),
+        || served(&a).len() == lanes as usize,
+    );
+    eprintln!(
+        "{} lanes of a killed host writable again after {failover:?}",
+        lost.len()
+    );
+    for (path, bytes) in &want {
+        let r = expect(&a, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
+        assert_eq!(&r.body, bytes, "{path} after the failover");
+    }
+
+    // A new host takes its share; when it stops cleanly it gives the lanes back first.
+    let c = auto_host(dir.path(), "c", &config);
+    wait_for(
+        "the new host takes its share",
+        Duration::from_secs(20),
+        || {
+            let (sa, sc) = (served(&a), served(&c));
+            !sc.is_empty() && sa.len() + sc.len() == lanes as usize
+        },
+    );
+    for (i, (path, bytes)) in want.iter_mut().enumerate() {
+        let extra = format!("c{i};");
+        let hosts = [&a, &c];
+        let r = cluster_req(&hosts, 1, "POST", path, &[OCTETS], extra.as_bytes());
+        assert_eq!(r.status, 204, "{path}: {r:?}");
+        bytes.extend_from_slice(extra.as_bytes());
+    }
+    let started = Instant::now();
+    let status = c.sigterm(Duration::from_secs(60)).expect("a clean stop");
+    assert!(status.success(), "{status:?}");
+    let stop = started.elapsed();
+    let back = wait_for(
+        "the leaving host's lanes come back",
+        Duration::from_secs(20),
+        || served(&a).len() == lanes as usize,
+    );
+    eprintln!("a leaving host stopped in {stop:?}; its lanes served again {back:?} later");
+    for (path, bytes) in &want {
+        let r = expect(&a, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
+        assert_eq!(&r.body, bytes, "{path} after the host left");
+    }
+}
