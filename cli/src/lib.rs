@@ -1,7 +1,7 @@
 //! The `ursula` command-line tool: the operator's client of any Ursula server.
 //!
-//! `ursula ls`, `stat`, `cat`, `tail`, `append`, `create`, `delete`, `snapshot` and
-//! `retain` are subcommands of the `ursula` binary, beside `ursula server` and `ursula
+//! `ursula ls`, `stat`, `cat`, `tail`, `append`, `create`, `delete`, `snapshot`,
+//! `retain` and `haproxy-map` are subcommands of the `ursula` binary, beside `ursula server` and `ursula
 //! restore`: one binary to install and one version to match, while this crate keeps the
 //! client apart from the server's code (the binary only hands a parsed [`Command`] to
 //! [`run`]).
@@ -19,6 +19,7 @@ use clap::{Args, Subcommand};
 mod append;
 mod client;
 mod error;
+mod haproxy_map;
 mod list;
 mod manage;
 mod output;
@@ -57,6 +58,8 @@ pub enum Command {
     Snapshot(SnapshotArgs),
     /// Drop a stream's history before a point at or before its snapshot.
     Retain(RetainArgs),
+    /// Keep an HAProxy lane map current with the lanes a cluster's hosts serve.
+    HaproxyMap(haproxy_map::HaproxyMapArgs),
 }
 
 /// Run a client command; returns the process exit status (0 success, 1 failure). Errors are
@@ -89,6 +92,7 @@ fn dispatch(command: Command) -> Result<(), Error> {
             action: SnapshotAction::Get(args),
         }) => snapshot::get(args),
         Command::Retain(args) => snapshot::retain(args),
+        Command::HaproxyMap(args) => haproxy_map::run(args),
     }
 }
 

@@ -3,6 +3,9 @@
 //! that HAProxy forwards must reach the core owning its stream (no hand-over between cores),
 //! while the same requests sent to the shared port are handed over about half the time.
 //!
+//! In a cluster, `ursula haproxy-map` keeps the map on the hosts serving each lane while
+//! lanes move, and clients through the proxy see one server.
+//!
 //! Needs Debian's `haproxy` (`scripts/test.sh` installs it; `HAPROXY` names another binary).
 
 mod support;
@@ -12,7 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
-use support::{temp_dir, Client, Server};
+use support::s3::{BUCKET, CREDS, S3};
+use support::{temp_dir, write_config, Client, Server, URSULA_BIN};
 
 const CORES: usize = 2;
 const LANES: u32 = 16;
@@ -60,13 +64,15 @@ fn config_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/haproxy/ursula-haproxy-config")
 }
 
-fn start_haproxy(dir: &Path, server_port: u16, core_port: u16) -> Haproxy {
+/// HAProxy in front of `servers`, each `127.0.0.1:PORT:CORE_PORT`.
+fn start_haproxy(dir: &Path, servers: &[String]) -> Haproxy {
     let listen = free_ports(1);
-    let out = Command::new("sh")
-        .arg(config_script())
-        .args(["--server", "127.0.0.1"])
-        .args(["--port", &server_port.to_string()])
-        .args(["--core-port", &core_port.to_string()])
+    let mut script = Command::new("sh");
+    script.arg(config_script());
+    for s in servers {
+        script.args(["--server", s]);
+    }
+    let out = script
         .args(["--cores", &CORES.to_string()])
         .args(["--lanes", &LANES.to_string()])
         .args(["--listen", &format!("127.0.0.1:{listen}")])
@@ -215,7 +221,10 @@ fn haproxy_routes_each_stream_to_its_core() {
         Some(u64::from(core_port) + 1)
     );
 
-    let hap = start_haproxy(&dir.path().join("haproxy"), server_port, core_port);
+    let hap = start_haproxy(
+        &dir.path().join("haproxy"),
+        &[format!("127.0.0.1:{server_port}:{core_port}")],
+    );
 
     let handed = counter(&server, "ursula_requests_handed_over_total");
     let served = counter(&server, "ursula_core_requests_total");
@@ -271,4 +280,177 @@ fn haproxy_routes_each_stream_to_its_core() {
     let r = poll.join().expect("poller");
     assert_eq!(r.status, 200, "long-poll: {}", r.body_str());
     assert!(r.body_str().contains("late"), "{}", r.body_str());
+}
+
+/// A cluster host on fixed ports: `port` shared, `port + 1 ..` its cores'.
+fn cluster_host(dir: &Path, name: &str, config: &str, port: u16) -> Server {
+    let data = dir.join(name);
+    let listen = format!("127.0.0.1:{port}");
+    let core_listen = format!("127.0.0.1:{}", port + 1);
+    let lanes = LANES.to_string();
+    let args = [
+        "server",
+        "--listen",
+        &listen,
+        "--core-listen",
+        &core_listen,
+        "--advertise",
+        &listen,
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+        "--cores",
+        "2",
+        "--cluster",
+        "--lanes",
+        &lanes,
+        "--config",
+        config,
+    ];
+    let log = dir.join(format!("{name}.log"));
+    Server::spawn_with_env(&args, &CREDS, Some(&log), Duration::from_secs(60))
+}
+
+/// The lanes a host says it serves.
+fn served(s: &Server) -> usize {
+    let r = Client::new(&s.addr)
+        .request("GET", "/__ursula/lanes", &[], b"")
+        .expect("lanes");
+    let v: Value = sonic_rs::from_slice(&r.body).expect("lanes JSON");
+    v["lanes"]
+        .as_array()
+        .expect("lanes")
+        .iter()
+        .filter(|l| l["state"].as_str() == Some("served"))
+        .count()
+}
+
+/// `ursula haproxy-map`, killed with the test.
+struct MapSync(Child);
+
+impl Drop for MapSync {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An append through the proxy with producer headers, retried until it is acknowledged
+/// (a retry of one that landed is answered as a duplicate). Returns when it was.
+fn append_until_acknowledged(proxy: &str, path: &str, producer: &str, seq: u64, body: &[u8]) {
+    let seq = seq.to_string();
+    let headers = [
+        ("content-type", "application/octet-stream"),
+        ("producer-id", producer),
+        ("producer-epoch", "0"),
+        ("producer-seq", seq.as_str()),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match Client::new(proxy).request("POST", path, &headers, body) {
+            Ok(r) if r.status == 200 || r.status == 204 => return,
+            Ok(r) if [421, 502, 503, 504].contains(&r.status) => {}
+            Ok(r) => panic!("POST {path} seq {seq}: {r:?} {}", r.body_str()),
+            Err(_) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "POST {path} seq {seq} not acknowledged in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
+    let dir = temp_dir("ursula-haproxy-cluster");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "durability = \"s3\"\ncluster_heartbeat_ms = 250\ncluster_lease_ms = 2500\n\
+             [cold_tier]\ns3_bucket = \"{BUCKET}\"\ns3_prefix = \"proxy\"\n\
+             s3_endpoint = \"{}\"\ns3_region = \"us-east-1\"\narchive_interval_ms = 1000\n",
+            s3.endpoint()
+        ),
+    );
+    let ports = free_ports(2 * (CORES as u16 + 1));
+    let (pa, pb) = (ports, ports + CORES as u16 + 1);
+    let a = cluster_host(dir.path(), "a", &config, pa);
+    let b = cluster_host(dir.path(), "b", &config, pb);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(served(&a) > 0 && served(&b) > 0 && served(&a) + served(&b) == LANES as usize) {
+        assert!(
+            Instant::now() < deadline,
+            "the hosts did not share the lanes"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let hdir = dir.path().join("haproxy");
+    let hap = start_haproxy(
+        &hdir,
+        &[
+            format!("127.0.0.1:{pa}:{}", pa + 1),
+            format!("127.0.0.1:{pb}:{}", pb + 1),
+        ],
+    );
+    let map = hdir.join("ursula-lanes.map");
+    let _sync = MapSync(
+        Command::new(URSULA_BIN)
+            .args(["haproxy-map", "--interval-ms", "100"])
+            .args(["--host", &format!("http://127.0.0.1:{pa}")])
+            .args(["--host", &format!("http://127.0.0.1:{pb}")])
+            .arg("--map")
+            .arg(&map)
+            .arg("--socket")
+            .arg(hdir.join("admin.sock"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start ursula haproxy-map"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&map).is_ok_and(|m| m.contains("ursula_any")) {
+        assert!(Instant::now() < deadline, "the map was never completed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Through the proxy every request lands on the lane's owner at once: no 421.
+    let streams: Vec<String> = (0..24).map(|i| format!("/v1/stream/px-{i}")).collect();
+    let mut want: Vec<Vec<u8>> = Vec::new();
+    let octets = ("content-type", "application/octet-stream");
+    for (i, path) in streams.iter().enumerate() {
+        let r = Client::new(&hap.addr)
+            .request("PUT", path, &[octets], b"")
+            .expect("create");
+        assert_eq!(r.status, 201, "PUT {path} through the proxy: {r:?}");
+        let body = format!("{i}-0;");
+        append_until_acknowledged(&hap.addr, path, &format!("p{i}"), 0, body.as_bytes());
+        want.push(body.into_bytes());
+    }
+
+    // B dies with its disk; appends through the proxy are acknowledged again once A has
+    // adopted B's lanes and the map names A.
+    b.kill9();
+    std::fs::remove_dir_all(dir.path().join("b")).expect("lose b's disk");
+    let killed = Instant::now();
+    for (i, path) in streams.iter().enumerate() {
+        let body = format!("{i}-1;");
+        append_until_acknowledged(&hap.addr, path, &format!("p{i}"), 1, body.as_bytes());
+        want[i].extend_from_slice(body.as_bytes());
+    }
+    eprintln!(
+        "every stream writable through the proxy {:?} after the host was killed",
+        killed.elapsed()
+    );
+    for (path, bytes) in streams.iter().zip(&want) {
+        let r = Client::new(&hap.addr)
+            .request("GET", &format!("{path}?offset=-1"), &[], b"")
+            .expect("read");
+        assert_eq!(r.status, 200, "GET {path}: {r:?}");
+        assert_eq!(
+            &r.body, bytes,
+            "{path} through the proxy after the failover"
+        );
+    }
+    assert_eq!(served(&a), LANES as usize);
 }
