@@ -756,6 +756,7 @@ mod tests {
                         && !kv.starts_with("lanes ")
                         && !kv.starts_with("logs ")
                         && !kv.starts_with("core_listen ")
+                        && !kv.starts_with("advertise ")
                         && !kv.starts_with("metrics_listen ")
                         && !kv.starts_with("log_level ")
                         && !kv.starts_with("tls_")

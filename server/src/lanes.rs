@@ -415,6 +415,10 @@ impl Membership {
     fn run(&self, archive: &ursula_cold::Archive, shutdown: &AtomicBool) {
         let lease_ms = self.config.cluster_lease.as_millis() as i64;
         let mut failing_since: Option<Instant> = None;
+        // After heartbeats failed (S3 unreachable, for this host or for all), the others'
+        // records are old because nobody could write them: no lane moves until every
+        // host has had a lease to heartbeat again.
+        let mut quiet_until: Option<Instant> = None;
         let mut live_before: Vec<String> = Vec::new();
         while !shutdown.load(Ordering::Acquire) {
             let record = node_record(&self.config, &self.lanes, &self.me);
@@ -423,8 +427,9 @@ impl Membership {
                     if let Some(t) = failing_since.take() {
                         tracing::info!(
                             after_ms = t.elapsed().as_millis() as u64,
-                            "heartbeats work again"
+                            "heartbeats work again; no lane moves for one lease"
                         );
+                        quiet_until = Some(Instant::now() + self.config.cluster_lease);
                     }
                     let live: Vec<String> = view
                         .candidates(lease_ms)
@@ -441,7 +446,8 @@ impl Membership {
                         live_before = live;
                     }
                     self.learn_owners(&view, lease_ms);
-                    if self.config.cluster_assign == AssignMode::Auto {
+                    let quiet = quiet_until.is_some_and(|t| Instant::now() < t);
+                    if self.config.cluster_assign == AssignMode::Auto && !quiet {
                         self.steer(&view, lease_ms);
                     }
                 }
@@ -582,11 +588,15 @@ pub async fn drain(core: Rc<Core>) {
     }
     core.lanes.start_draining();
     let me = archive.owner().to_string();
-    if let Err(e) = archive
+    match archive
         .heartbeat(node_record(&core.config, &core.lanes, &me))
         .await
     {
-        tracing::warn!("announcing the drain: {e}");
+        // The other hosts see the drain at their next heartbeat and start watching the
+        // lanes they are to adopt: released after that, each lane is adopted within a
+        // manifest poll instead of a heartbeat.
+        Ok(_) => monoio::time::sleep(core.config.cluster_heartbeat).await,
+        Err(e) => tracing::warn!("announcing the drain: {e}"),
     }
     let started = Instant::now();
     let served = core.lanes.served();
