@@ -336,6 +336,7 @@ async fn metrics(core: &Rc<Core>) -> Response {
         ready: started() && !core.shutting_down(),
         process: ProcessSnapshot::now(core),
         throttled: core.bucket_limits.throttled(),
+        cluster: core.lanes.cluster().then(|| core.lanes.clone()),
     }));
     let mut out = String::with_capacity(16 * 1024);
     if prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).is_err() {
@@ -438,6 +439,8 @@ struct Scrape {
     process: ProcessSnapshot,
     /// Each rate-limited bucket's refused appends (see `rate_limit`).
     throttled: Vec<(String, [u64; 2])>,
+    /// A cluster host's lane table (its states and counters).
+    cluster: Option<std::sync::Arc<crate::lane_table::LaneTable>>,
 }
 
 /// What a scrape reports about the process and the file system under its data dir.
@@ -597,6 +600,9 @@ impl prometheus_client::collector::Collector for Scrape {
         encode_throttled(&mut e, &self.throttled)?;
         if let Some(archive) = crate::cold::archive() {
             encode_cold(&mut e, &archive.status)?;
+        }
+        if let Some(lanes) = &self.cluster {
+            encode_cluster(&mut e, lanes)?;
         }
         Ok(())
     }
@@ -1132,6 +1138,61 @@ fn encode_s3_wal(
         w().map(|(shard, w)| (shard, gauge(w.waiting_acks))),
     )?;
     Ok(())
+}
+
+/// A cluster host's lanes and moves (only with `--cluster`).
+fn encode_cluster(
+    e: &mut DescriptorEncoder,
+    lanes: &crate::lane_table::LaneTable,
+) -> Result<(), std::fmt::Error> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut family = e.encode_descriptor(
+        "ursula_cluster_lanes",
+        "Lanes by their state on this host: served, moving (in or out), elsewhere",
+        None,
+        MetricType::Gauge,
+    )?;
+    let counts = lanes.state_counts();
+    for (state, n) in ["served", "moving", "elsewhere"].iter().zip(counts) {
+        let labels = [("state", state.to_string())];
+        gauge(n).encode(family.encode_family(&labels)?)?;
+    }
+    let c = &lanes.counts;
+    let mut family = e.encode_descriptor(
+        "ursula_cluster_lane_moves",
+        "Lanes this host adopted, released, or lost to a host that took them over",
+        None,
+        MetricType::Counter,
+    )?;
+    for (kind, n) in [
+        ("adopted", &c.adopted),
+        ("released", &c.released),
+        ("lost", &c.lost),
+    ] {
+        let labels = [("kind", kind.to_string())];
+        counter(n.load(Relaxed)).encode(family.encode_family(&labels)?)?;
+    }
+    let seconds = ConstCounter::new(c.adoption_ms.load(Relaxed) as f64 / 1000.0);
+    seconds.encode(e.encode_descriptor(
+        "ursula_cluster_adoption_seconds",
+        "Time adoptions took from claim to serving, summed (divide by the adopted moves)",
+        None,
+        seconds.metric_type(),
+    )?)?;
+    let failures = counter(c.heartbeat_failures.load(Relaxed));
+    failures.encode(e.encode_descriptor(
+        "ursula_cluster_heartbeat_failures",
+        "Heartbeats whose node record could not be written or the others read",
+        None,
+        failures.metric_type(),
+    )?)?;
+    let live = gauge(c.live_hosts.load(Relaxed));
+    live.encode(e.encode_descriptor(
+        "ursula_cluster_live_hosts",
+        "Hosts whose node record was younger than the lease at the last heartbeat",
+        None,
+        live.metric_type(),
+    )?)
 }
 
 /// The cold tier's metrics (only with a bucket configured).

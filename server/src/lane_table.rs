@@ -3,7 +3,7 @@
 //! (with the owner's address as last learnt, for refusals to name). `lanes` moves lanes
 //! and keeps the table current.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 const OWNER_REFRESH: Duration = Duration::from_secs(2);
 
 /// Which lanes this host serves, shared by every core.
+#[derive(Debug)]
 pub struct LaneTable {
     /// Whether lanes can be elsewhere at all: without `--cluster` every lane is served
     /// here and nothing is checked.
@@ -21,6 +22,22 @@ pub struct LaneTable {
     owners: Vec<Mutex<KnownOwner>>,
     /// This host is leaving the cluster: it takes no lanes and gives its own up.
     draining: AtomicBool,
+    /// What the cluster's metrics report (see [`ClusterCounts`]).
+    pub counts: ClusterCounts,
+}
+
+/// Counters of a cluster host's lane moves and membership, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ClusterCounts {
+    pub adopted: AtomicU64,
+    pub released: AtomicU64,
+    /// Lanes another host took over while this one served them.
+    pub lost: AtomicU64,
+    /// Adoptions' time from claim to serving, summed.
+    pub adoption_ms: AtomicU64,
+    pub heartbeat_failures: AtomicU64,
+    /// Live hosts (this one included) at the last heartbeat.
+    pub live_hosts: AtomicU64,
 }
 
 /// Where a lane is now, as this host sees it.
@@ -44,7 +61,7 @@ pub enum NotHere {
     Moving { lane: u32 },
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct KnownOwner {
     address: Option<String>,
     learnt: Option<Instant>,
@@ -66,6 +83,7 @@ impl LaneTable {
             states: (0..lanes).map(|l| AtomicU8::new(state(l) as u8)).collect(),
             owners: (0..lanes).map(|_| Mutex::default()).collect(),
             draining: AtomicBool::new(false),
+            counts: ClusterCounts::default(),
         }
     }
 
@@ -114,6 +132,15 @@ impl LaneTable {
         (0..self.states.len() as u32)
             .filter(|&l| self.state(l) == LaneState::Served)
             .collect()
+    }
+
+    /// How many lanes are served here, moving, and elsewhere.
+    pub fn state_counts(&self) -> [u64; 3] {
+        let mut out = [0; 3];
+        for lane in 0..self.states.len() as u32 {
+            out[self.state(lane) as usize] += 1;
+        }
+        out
     }
 
     /// Whether no lane is served or moving here.

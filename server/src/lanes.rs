@@ -200,6 +200,11 @@ pub async fn adopt(core: &Rc<Core>, lane: u32, force: bool) -> Result<Adoption, 
     table.set(lane, LaneState::Served);
     let open = opening.elapsed();
     let took = started.elapsed();
+    table.counts.adopted.fetch_add(1, Ordering::Relaxed);
+    table
+        .counts
+        .adoption_ms
+        .fetch_add(took.as_millis() as u64, Ordering::Relaxed);
     tracing::info!(
         lane,
         epoch = adopted.epoch,
@@ -298,6 +303,7 @@ fn released(
             }
             table.learnt_owner(lane, None);
             table.set(lane, LaneState::Elsewhere);
+            table.counts.released.fetch_add(1, Ordering::Relaxed);
             let took = started.elapsed();
             tracing::info!(
                 lane,
@@ -339,6 +345,7 @@ pub async fn drop_lost_lanes(core: Rc<Core>) {
                 lane,
                 "another host took the lane over: no longer serving it"
             );
+            core.lanes.counts.lost.fetch_add(1, Ordering::Relaxed);
             core.lanes.set(lane, LaneState::Moving);
             let owner_core = Placement::core_of_shard(lane as usize, core.cores());
             let _ = core
@@ -436,6 +443,10 @@ impl Membership {
                         .into_iter()
                         .map(str::to_string)
                         .collect();
+                    self.lanes
+                        .counts
+                        .live_hosts
+                        .store(view.live(lease_ms).count() as u64, Ordering::Relaxed);
                     if live != live_before {
                         let ages: Vec<(&str, i64)> = view
                             .members
@@ -452,6 +463,10 @@ impl Membership {
                     }
                 }
                 Err(e) => {
+                    self.lanes
+                        .counts
+                        .heartbeat_failures
+                        .fetch_add(1, Ordering::Relaxed);
                     if failing_since.is_none() {
                         failing_since = Some(Instant::now());
                         tracing::warn!("cluster heartbeat failed, retrying: {e}");

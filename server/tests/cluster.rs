@@ -210,6 +210,23 @@ fn a_lane_moves_between_hosts_with_everything_it_acknowledged() {
     assert_eq!(dup.header("producer-seq"), Some("0"));
     expect(&b, "POST", &want[0].0, &producer("1"), b"P1", 200);
 
+    // The moves in each host's metrics.
+    let metric = |s: &Server, line: &str| {
+        let r = expect(s, "GET", "/__ursula/metrics", &[], b"", 200);
+        assert!(
+            r.body_str().lines().any(|l| l == line),
+            "no `{line}` in the metrics"
+        );
+    };
+    metric(&a, "ursula_cluster_lane_moves_total{kind=\"released\"} 1");
+    metric(&a, "ursula_cluster_lane_moves_total{kind=\"adopted\"} 4");
+    metric(&b, "ursula_cluster_lane_moves_total{kind=\"adopted\"} 1");
+    metric(&b, "ursula_cluster_lanes{state=\"served\"} 1");
+    metric(
+        &a,
+        &format!("ursula_cluster_lanes{{state=\"served\"}} {}", LANES - 1),
+    );
+
     // Each host's lane view.
     let view = |s: &Server| -> sonic_rs::Value {
         let r = expect(s, "GET", "/__ursula/lanes", &[], b"", 200);
