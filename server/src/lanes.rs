@@ -496,23 +496,24 @@ impl Membership {
     fn steer(&self, view: &ursula_cold::members::Membership, lease_ms: i64) {
         let me = self.me.as_str();
         let candidates = view.candidates(lease_ms);
-        let draining = self.lanes.draining();
+        // A leaving host's lanes are released by its drain, once the others watch them.
+        if self.lanes.draining() {
+            return;
+        }
         let live: Vec<String> = view.live(lease_ms).map(|m| m.record.id.clone()).collect();
         for lane in 0..self.shards {
             let holder = view.holder(lane, lease_ms).filter(|m| m.record.id != me);
             let assigned = ursula_cold::members::assign(lane, &candidates);
             let letter: crate::core::Letter = match self.lanes.state(lane) {
-                LaneState::Served if draining || assigned.is_some_and(|a| a != me) => {
-                    Box::new(move |core| {
-                        let c = core.clone();
-                        monoio::spawn(async move {
-                            if let Err(e) = release(&c, lane).await {
-                                tracing::warn!(lane, "giving the lane to its assigned host: {e}");
-                            }
-                        });
-                    })
-                }
-                LaneState::Elsewhere if !draining && assigned == Some(me) => {
+                LaneState::Served if assigned.is_some_and(|a| a != me) => Box::new(move |core| {
+                    let c = core.clone();
+                    monoio::spawn(async move {
+                        if let Err(e) = release(&c, lane).await {
+                            tracing::warn!(lane, "giving the lane to its assigned host: {e}");
+                        }
+                    });
+                }),
+                LaneState::Elsewhere if assigned == Some(me) => {
                     let live = live.clone();
                     let handing_over = holder.is_some();
                     Box::new(move |core| {
@@ -614,24 +615,30 @@ pub async fn drain(core: Rc<Core>) {
         Err(e) => tracing::warn!("announcing the drain: {e}"),
     }
     let started = Instant::now();
-    let served = core.lanes.served();
-    for &lane in &served {
-        let c = core.clone();
-        monoio::spawn(async move {
-            if let Err(e) = release(&c, lane).await {
-                tracing::warn!(lane, "releasing on the way out: {e}");
-            }
-        });
-    }
-    // The membership thread may have started some of the releases already: wait for all.
+    // Every lane served here is released, including those still being adopted when the
+    // drain began (once they are served); the membership thread may have started some
+    // of the releases already.
+    let mut asked: Vec<u32> = Vec::new();
     while !core.lanes.none_here() {
+        for lane in core.lanes.served() {
+            if asked.contains(&lane) {
+                continue;
+            }
+            asked.push(lane);
+            let c = core.clone();
+            monoio::spawn(async move {
+                match release(&c, lane).await {
+                    Ok(_) | Err(MoveError::Moving(_) | MoveError::NotServed(_)) => {}
+                    Err(e) => tracing::warn!(lane, "releasing on the way out: {e}"),
+                }
+            });
+        }
         monoio::time::sleep(Duration::from_millis(10)).await;
     }
     if let Err(e) = archive.leave().await {
         tracing::warn!("removing the node record: {e}");
     }
     tracing::info!(
-        lanes = served.len(),
         ms = started.elapsed().as_millis() as u64,
         "left the cluster: every lane released"
     );
