@@ -93,7 +93,7 @@ pub enum MoveError {
     Open {
         lane: u32,
         #[source]
-        source: crate::runtime::StartError,
+        source: ursula_storage::StorageError,
     },
     #[error("lane {lane}: stopping its log: {source}")]
     Stop {
@@ -173,9 +173,9 @@ pub async fn adopt(core: &Rc<Core>, lane: u32, force: bool) -> Result<Adoption, 
     let opening = Instant::now();
     let opened = core
         .on(owner_core, move |c| async move {
-            let shard = crate::runtime::open_shard(c.index, &c.config, &c.placement, lane).await?;
+            let shard = crate::shards::open_shard(c.index, &c.config, &c.placement, lane).await?;
             c.install_shard(shard);
-            Ok::<(), crate::runtime::StartError>(())
+            Ok::<(), ursula_storage::StorageError>(())
         })
         .await;
     let failed = match opened {

@@ -37,6 +37,9 @@ mod auth;
 
 mod records;
 
+// Opening a shard with the settings its core gives it.
+mod shards;
+
 // One core's state and the cross-core hop.
 mod hop;
 mod metrics;

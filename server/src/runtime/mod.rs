@@ -15,7 +15,6 @@ use crate::core::Mailboxes;
 use crate::hop::Mailbox;
 use crate::lane_table::LaneTable;
 use crate::limits::{BIND_RETRY, LISTEN_BACKLOG};
-pub use core_thread::open_shard;
 pub use start_error::StartError;
 use ursula_storage::placement::{Placement, DEFAULT_LANES};
 
