@@ -89,13 +89,14 @@ fn lane_of(empty: &Server, path: &str) -> u32 {
         .unwrap_or_else(|| panic!("421 names the lane: {r:?}"))
 }
 
-/// A 421 naming `owner`, once the refusing host has looked the owner up.
+/// A 421 naming `owner`, once the refusing host has noticed it no longer serves the lane
+/// (a host that lost a lane to a forced takeover notices at its next archive commit) and
+/// has looked the owner up.
 fn refused_naming(s: &Server, path: &str, owner: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = req(s, "GET", path, &[], b"");
-        assert_eq!(r.status, 421, "GET {path}: {r:?} {}", r.body_str());
-        if r.header("ursula-lane-owner") == Some(owner) {
+        if r.status == 421 && r.header("ursula-lane-owner") == Some(owner) {
             assert!(r.body_str().contains(owner), "{}", r.body_str());
             return;
         }
