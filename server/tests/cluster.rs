@@ -301,6 +301,12 @@ fn a_lane_taken_over_by_force_stops_on_its_old_host_and_acknowledges_nothing_mor
     }
     let path = "/v1/stream/zombie";
     let lane = lane_of(&b, path);
+    // A stream of another lane, which A keeps serving throughout.
+    let other = (0..)
+        .map(|i| format!("/v1/stream/bystander-{i}"))
+        .find(|p| lane_of(&b, p) != lane)
+        .expect("some stream is in another lane");
+    expect(&a, "PUT", &other, &[OCTETS], b"o0;", 201);
     expect(&a, "PUT", path, &[OCTETS], b"first;", 201);
     let mut acknowledged = b"first;".to_vec();
     for i in 0..5 {
@@ -327,8 +333,12 @@ fn a_lane_taken_over_by_force_stops_on_its_old_host_and_acknowledges_nothing_mor
             "the fenced host acknowledged an append: {r:?}"
         );
     }
-    // It notices, stops serving the lane, and names the new owner.
+    // It notices, stops serving the lane, and names the new owner; its other lanes go on
+    // acknowledging.
     refused_naming(&a, path, &b.addr);
+    expect(&a, "POST", &other, &[OCTETS], b"o1;", 204);
+    let r = expect(&a, "GET", &format!("{other}?offset=-1"), &[], b"", 200);
+    assert_eq!(r.body, b"o0;o1;");
     let r = expect(&b, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
     assert_eq!(
         r.body, acknowledged,

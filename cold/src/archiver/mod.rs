@@ -101,8 +101,9 @@ pub struct Archive {
     /// [`Archive::finish`] collects them.
     done: std::sync::mpsc::Sender<(u32, FinalRound)>,
     finished: Mutex<std::sync::mpsc::Receiver<(u32, FinalRound)>>,
-    /// Shards another server took over while this one archived them (with `lanes_move`).
-    lost: Mutex<Vec<u32>>,
+    /// Shards another server took over while this one archived them (with `lanes_move`),
+    /// found by their worker's commit or by a WAL PUT.
+    lost: Arc<Mutex<Vec<u32>>>,
 }
 
 /// A shard's archive as its owner last committed it (what `/__ursula/lanes` reports).
@@ -244,7 +245,7 @@ pub fn start(
                     owner,
                     done,
                     finished: Mutex::new(finished),
-                    lost: Mutex::new(Vec::new()),
+                    lost: Arc::new(Mutex::new(Vec::new())),
                 });
                 if restored.is_some() {
                     let _ = std::fs::remove_file(archive.data_dir.join(RESTORED_FILE));
@@ -426,10 +427,15 @@ impl Archive {
     /// The shards other servers took over since the last call (with `lanes_move`): this
     /// server no longer archives them, and must stop serving them.
     pub fn take_lost(&self) -> Vec<u32> {
-        self.lost
+        let mut lost = self
+            .lost
             .lock()
             .map(|mut l| std::mem::take(&mut *l))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        // A shard's WAL PUT and its worker may both have found the fence.
+        lost.sort_unstable();
+        lost.dedup();
+        lost
     }
 
     /// Who holds shard `shard`'s archive and how far behind it is, as this server last

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -120,15 +121,30 @@ impl Archive {
         let (tx, rx) = futures_channel::oneshot::channel();
         let store = self.wal.store.clone();
         let status = self.status.clone();
+        // When lanes move between servers, a fence costs this one lane only: it is
+        // reported lost, and the rest of the archive carries on.
+        let on_fence = if self.settings.lanes_move {
+            OnFence::LoseShard(shard, self.lost.clone())
+        } else {
+            OnFence::StopArchive
+        };
         self.wal.runtime.spawn(async move {
             let bytes = object.encode();
-            let _ = tx.send(put_until_done(&store, &status, &key, bytes).await);
+            let _ = tx.send(put_until_done(&store, &status, &on_fence, &key, bytes).await);
         });
         Box::pin(async move {
             rx.await
                 .unwrap_or(Err(WalRefused::Unsupported("the archiver thread stopped")))
         })
     }
+}
+
+/// What a WAL PUT that finds its key fenced does besides refusing.
+enum OnFence {
+    /// Stop the whole archive: another server took this one's data over.
+    StopArchive,
+    /// Report this shard lost (see `Archive::take_lost`).
+    LoseShard(u32, Arc<Mutex<Vec<u32>>>),
 }
 
 fn refused(why: WalRefused) -> WalPut {
@@ -140,6 +156,7 @@ fn refused(why: WalRefused) -> WalPut {
 async fn put_until_done(
     store: &DynStore,
     status: &Status,
+    on_fence: &OnFence,
     key: &str,
     bytes: Bytes,
 ) -> Result<(), WalRefused> {
@@ -171,7 +188,14 @@ async fn put_until_done(
                 match taken_by(store, status, key, &bytes).await {
                     Ok(None) => return Ok(()),
                     Ok(Some(why)) => {
-                        status.fence(why.clone());
+                        match on_fence {
+                            OnFence::StopArchive => status.fence(why.clone()),
+                            OnFence::LoseShard(shard, lost) => {
+                                if let Ok(mut l) = lost.lock() {
+                                    l.push(*shard);
+                                }
+                            }
+                        }
                         return Err(WalRefused::Fenced(why));
                     }
                     Err(e) => e,
