@@ -143,13 +143,7 @@ pub async fn adopt(core: &Rc<Core>, lane: u32, force: bool) -> Result<Adoption, 
             _ => MoveError::Moving(lane),
         });
     }
-    let shards = core.placement.shards();
-    let budget = core
-        .config
-        .cold
-        .as_ref()
-        .and_then(|t| t.local_bytes)
-        .map(|b| b / u64::from(shards));
+    let budget = crate::shards::local_budget(&core.config, &core.placement);
     let adopted = match archive.adopt(lane, force, budget).await {
         Ok(a) => a,
         Err(ursula_cold::Error::Owned {

@@ -36,11 +36,11 @@ pub async fn open_shard(
     shard_cfg.stays_resident = crate::ext::Ext::is_soft_deleted;
     shard_cfg.write_budget_bytes = config.write_budget_bytes / here;
     shard_cfg.fail_commit_after = fault_fail_commit_after();
-    if let (Some(archive), Some(tier)) = (crate::cold::archive(), &config.cold) {
+    if let (Some(archive), Some(_)) = (crate::cold::archive(), &config.cold) {
         shard_cfg.cold = Some(archive.clone());
         shard_cfg.cold_cache_bytes /= here;
         shard_cfg.cold_in_flight_bytes /= here;
-        shard_cfg.local_bytes = tier.local_bytes.map(|b| b / u64::from(placement.shards()));
+        shard_cfg.local_bytes = local_budget(config, placement);
         shard_cfg.s3_wal = config.s3_wal.clone().map(|mut s3| {
             s3.ack_before_s3 = fault_ack_before_s3();
             s3
@@ -80,4 +80,11 @@ fn fault_ack_before_s3() -> bool {
         tracing::warn!("fault injection: acknowledging appends before they are in S3");
     }
     on
+}
+
+/// A shard's share of the cold tier's local disk budget (all shards share it evenly), if
+/// there is one: what it may keep locally, and what a restore of it downloads at most.
+pub fn local_budget(config: &Config, placement: &Placement) -> Option<u64> {
+    let tier = config.cold.as_ref()?;
+    tier.local_bytes.map(|b| b / u64::from(placement.shards()))
 }

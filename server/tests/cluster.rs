@@ -17,10 +17,11 @@ const LANES: u32 = 4;
 /// Lanes move only when the test says so.
 const MANUAL: &[&str] = &["--cluster-assign", "manual"];
 
-/// A host of the cluster: its own data dir, advertising the address it listens on.
-fn host(dir: &Path, name: &str, config: &str, extra: &[&str]) -> Server {
+/// A host of a cluster of `lanes` lanes: its own data dir, advertising the address it
+/// listens on.
+fn host(dir: &Path, name: &str, config: &str, lanes: u32, extra: &[&str]) -> Server {
     let data = dir.join(name);
-    let lanes = LANES.to_string();
+    let lanes = lanes.to_string();
     let mut args = support::server_args(
         &data,
         "disk",
@@ -126,8 +127,8 @@ fn a_lane_moves_between_hosts_with_everything_it_acknowledged() {
     let dir = temp_dir("ursula-cluster-move");
     let s3 = S3::start(&dir.path().join("s3"), 0);
     let config = config(dir.path(), &s3, "", 200);
-    let a = host(dir.path(), "a", &config, MANUAL);
-    let b = host(dir.path(), "b", &config, MANUAL);
+    let a = host(dir.path(), "a", &config, LANES, MANUAL);
+    let b = host(dir.path(), "b", &config, LANES, MANUAL);
 
     // A new cluster: nobody serves anything until lanes are adopted.
     let r = expect(&a, "GET", "/__ursula/readyz", &[], b"", 200);
@@ -262,7 +263,7 @@ fn a_lane_moves_between_hosts_with_everything_it_acknowledged() {
     let a_addr = a.addr.clone();
     let status = a.sigterm(Duration::from_secs(30)).expect("clean stop");
     assert!(status.success(), "{status:?}");
-    let a = host(dir.path(), "a", &config, MANUAL);
+    let a = host(dir.path(), "a", &config, LANES, MANUAL);
     assert_ne!(a.addr, a_addr);
     for (path, bytes) in &want {
         if lane_of_refused_or_served(&a, &b, path) != moved {
@@ -294,8 +295,8 @@ fn a_lane_taken_over_by_force_stops_on_its_old_host_and_acknowledges_nothing_mor
     let dir = temp_dir("ursula-cluster-force");
     let s3 = S3::start(&dir.path().join("s3"), 0);
     let config = config(dir.path(), &s3, "durability = \"s3\"\n", 200);
-    let a = host(dir.path(), "a", &config, MANUAL);
-    let b = host(dir.path(), "b", &config, MANUAL);
+    let a = host(dir.path(), "a", &config, LANES, MANUAL);
+    let b = host(dir.path(), "b", &config, LANES, MANUAL);
     for lane in 0..LANES {
         adopt(&a, lane);
     }
@@ -410,26 +411,8 @@ fn cluster_req(
     }
 }
 
-const AUTO_LANES: &str = "16";
-
-fn auto_host(dir: &Path, name: &str, config: &str) -> Server {
-    let data = dir.join(name);
-    let mut args = support::server_args(
-        &data,
-        "disk",
-        2,
-        &["--config", config, "--cluster", "--lanes", AUTO_LANES],
-    );
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe a port");
-    let listen = probe.local_addr().expect("probed").to_string();
-    drop(probe);
-    args[2] = listen.clone();
-    args.extend(["--advertise".to_string(), listen]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let logs = std::env::var_os("CLUSTER_LOGS").map_or_else(|| dir.to_path_buf(), Into::into);
-    let log = logs.join(format!("{name}.log"));
-    Server::spawn_with_env(&args, &CREDS, Some(&log), Duration::from_secs(60))
-}
+/// Lanes of the automatically assigned cluster: enough that two hosts both get some.
+const AUTO_LANES: u32 = 16;
 
 #[test]
 fn hosts_share_the_lanes_and_take_over_a_lost_or_leaving_hosts_lanes() {
@@ -441,14 +424,14 @@ fn hosts_share_the_lanes_and_take_over_a_lost_or_leaving_hosts_lanes() {
         "durability = \"s3\"\ncluster_heartbeat_ms = 250\ncluster_lease_ms = 2500\n",
         1000,
     );
-    let lanes: u32 = AUTO_LANES.parse().expect("lanes");
-    let a = auto_host(dir.path(), "a", &config);
+    let lanes = AUTO_LANES;
+    let a = host(dir.path(), "a", &config, AUTO_LANES, &[]);
     wait_for(
         "a lone host takes every lane",
         Duration::from_secs(20),
         || served(&a).len() == lanes as usize,
     );
-    let b = auto_host(dir.path(), "b", &config);
+    let b = host(dir.path(), "b", &config, AUTO_LANES, &[]);
     wait_for("two hosts share the lanes", Duration::from_secs(20), || {
         let (sa, sb) = (served(&a), served(&b));
         !sb.is_empty() && sa.len() + sb.len() == lanes as usize
@@ -492,7 +475,7 @@ fn hosts_share_the_lanes_and_take_over_a_lost_or_leaving_hosts_lanes() {
     }
 
     // A new host takes its share; when it stops cleanly it gives the lanes back first.
-    let c = auto_host(dir.path(), "c", &config);
+    let c = host(dir.path(), "c", &config, AUTO_LANES, &[]);
     wait_for(
         "the new host takes its share",
         Duration::from_secs(20),
