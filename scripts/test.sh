@@ -12,7 +12,8 @@
 #   5. start `ursula server` (disk engine, temp data dir, port 0) and run the official
 #      Durable Streams conformance suite against it: once with a log per lane (8 lanes on
 #      2 cores), then with the default log per core
-#   6. SIGTERM the server; it must exit 0 within 10 s
+#   6. SIGTERM the server; it must exit 0 within 10 s; then scripts/cluster-conformance:
+#      the suite through HAProxy in front of three `--cluster` hosts sharing ursula-test-s3
 #      then scripts/client-tests.sh: the browser telemetry example in headless
 #      Chromium, the official TypeScript and Python clients, OTLP/JSON exporters, and
 #      log shippers (syslog-ng's http(), Vector's and Fluent Bit's framings)
@@ -191,6 +192,12 @@ SERVER_PID=""
 [[ $server_rc -eq 0 ]] || { tail -n 30 "$SERVER_ERR" >&2 || true; die "ursula server exited with status $server_rc after SIGTERM"; }
 echo "server exited 0"
 stage_done "shutdown"
+
+echo "--- conformance through HAProxy in front of three cluster hosts (scripts/cluster-conformance)"
+BIN_DIR="$CARGO_TARGET_DIR/release" OUT="$TMP_ROOT/cluster-conformance" \
+    "$ROOT/scripts/cluster-conformance" ||
+    { tail -n 30 "$TMP_ROOT"/cluster-conformance/host*.log >&2 || true; die "conformance through a cluster failed"; }
+stage_done "cluster conformance"
 
 # ---------------------------------------------------------------------------
 banner "client tests: the browser example in headless Chromium, TS/Python clients, OTel, shippers"

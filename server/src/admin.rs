@@ -60,6 +60,15 @@ pub enum Endpoint {
     Lanes,
     /// `POST /__ursula/lanes/N/adopt` or `/release` (a cluster's manual lane moves).
     LaneMove(u32, LaneMove),
+    /// `POST /__ursula/forks/take` or `/release`: another cluster host's fork of a stream
+    /// on a lane this host serves (see `handlers::fork` and `removal`).
+    Fork(ForkCall),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForkCall {
+    Take,
+    Release,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +85,8 @@ pub fn endpoint(listener: Listener, path: &str) -> Option<Option<Endpoint>> {
         "readyz" => Some(Endpoint::Ready),
         "metrics" => Some(Endpoint::Metrics),
         "lanes" => Some(Endpoint::Lanes),
+        "forks/take" => Some(Endpoint::Fork(ForkCall::Take)),
+        "forks/release" => Some(Endpoint::Fork(ForkCall::Release)),
         other => {
             let (lane, action) = other.strip_prefix("lanes/")?.split_once('/')?;
             let action = match action {
@@ -115,6 +126,19 @@ pub async fn handle(
         }
         return move_lane(core, lane, action, &req.query).await;
     }
+    if let Endpoint::Fork(call) = endpoint {
+        if req.method != Method::Post {
+            return ApiError::MethodNotAllowed {
+                allow: "POST",
+                reason: "hosts call each other with POST",
+            }
+            .response();
+        }
+        return match call {
+            ForkCall::Take => crate::handlers::fork::serve_take(core, &req.body).await,
+            ForkCall::Release => crate::removal::serve_release(core, &req.body).await,
+        };
+    }
     if !matches!(req.method, Method::Get | Method::Head) {
         return ApiError::MethodNotAllowed {
             allow: "GET, HEAD",
@@ -131,7 +155,9 @@ pub async fn handle(
         }
         Endpoint::Metrics => metrics(core).await,
         Endpoint::Lanes => lanes(core),
-        Endpoint::LaneMove(..) => ApiError::NotFound("no such resource").response(),
+        Endpoint::LaneMove(..) | Endpoint::Fork(_) => {
+            ApiError::NotFound("no such resource").response()
+        }
     }
 }
 

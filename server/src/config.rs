@@ -234,6 +234,11 @@ pub struct ServerArgs {
     /// `/release`).
     #[arg(long, value_enum)]
     pub cluster_assign: Option<AssignMode>,
+    /// With `--cluster` and `--auth-token-file`: a file holding the write token (one of the
+    /// token file's, limited to no buckets) this host presents when it calls another host
+    /// (a fork whose source is on another host's lane).
+    #[arg(long)]
+    pub cluster_token_file: Option<PathBuf>,
     /// TOML file with any of the settings above (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -322,6 +327,7 @@ pub struct FileConfig {
     /// With `cluster`: a host whose node record is this much older than the newest one is
     /// gone, and its lanes are adopted by the others.
     pub cluster_lease_ms: Option<u64>,
+    pub cluster_token_file: Option<PathBuf>,
     pub cold_tier: Option<ColdTierFile>,
 }
 
@@ -344,6 +350,8 @@ pub struct Config {
     pub cluster_assign: AssignMode,
     pub cluster_heartbeat: Duration,
     pub cluster_lease: Duration,
+    /// The token this host presents to the others when the hosts check tokens.
+    pub cluster_token: Option<String>,
     /// The first per-core port (core N listens on its port + N), if any.
     pub core_listen: Option<SocketAddr>,
     pub storage: StorageMode,
@@ -473,6 +481,27 @@ pub enum ConfigError {
          ({heartbeat_ms} ms each) and 2000 ms"
     )]
     ShortLease { lease_ms: u64, heartbeat_ms: u64 },
+    #[error(
+        "--cluster hosts call each other over plain HTTP: terminate TLS in front of them \
+         (HAProxy) rather than on their listeners"
+    )]
+    ClusterWithTls,
+    #[error(
+        "--cluster with --auth-token-file needs cluster_token_file: a file holding the write \
+         token (limited to no buckets) the hosts present to each other"
+    )]
+    ClusterNeedsToken,
+    #[error("cannot read cluster_token_file {}: {source}", path.display())]
+    ClusterTokenFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the token in cluster_token_file {} is not a write token of the auth token file \
+         limited to no buckets",
+        .0.display()
+    )]
+    ClusterTokenNotGranted(PathBuf),
     #[error("{0} must be at least 1")]
     Zero(&'static str),
     #[error(
@@ -602,6 +631,18 @@ impl Config {
         if cluster && cold.is_none() {
             return Err(ConfigError::ClusterNeedsColdTier);
         }
+        if cluster && tls.is_some() {
+            return Err(ConfigError::ClusterWithTls);
+        }
+        let cluster_token = match (
+            cluster,
+            &auth,
+            args.cluster_token_file.or(file.cluster_token_file),
+        ) {
+            (true, Some(tokens), Some(path)) => Some(cluster_token(&tokens.current(), &path)?),
+            (true, Some(_), None) => return Err(ConfigError::ClusterNeedsToken),
+            _ => None,
+        };
         let heartbeat_ms = file.cluster_heartbeat_ms.unwrap_or(1_000).max(50);
         let lease_ms = file.cluster_lease_ms.unwrap_or(5_000);
         // Object stores date objects to the second: a lease any shorter would see live
@@ -645,6 +686,7 @@ impl Config {
                 .unwrap_or_default(),
             cluster_heartbeat: ms(heartbeat_ms),
             cluster_lease: ms(lease_ms),
+            cluster_token,
             core_listen,
             storage,
             long_poll_timeout: ms(args
@@ -692,6 +734,21 @@ impl Config {
 
 /// Check the configured origins: each is `*` or `scheme://host[:port]` as browsers send
 /// it in `Origin` (no path, no trailing slash). An empty list or one with `*` allows any.
+/// The token of `cluster_token_file`, if the token file grants it writes on everything.
+fn cluster_token(tokens: &crate::tokens::Tokens, path: &Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ClusterTokenFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let token = text.trim().to_string();
+    match tokens.grant(&token) {
+        Some(grant) if grant.access == crate::tokens::Scope::Write && grant.buckets.is_none() => {
+            Ok(token)
+        }
+        _ => Err(ConfigError::ClusterTokenNotGranted(path.to_path_buf())),
+    }
+}
+
 fn check_origins(list: Vec<String>) -> Result<Option<Vec<String>>, ConfigError> {
     if list.is_empty() || list.iter().any(|o| o == "*") {
         return Ok(None);

@@ -31,13 +31,51 @@ use ursula_storage::placement::Placement;
 
 use crate::config::{AssignMode, Config};
 use crate::core::{Core, Mailboxes};
-use crate::lane_table::{LaneState, LaneTable};
+use crate::http::ApiError;
+use crate::lane_table::{LaneState, LaneTable, NotHere};
 
 /// How long a release waits for the lane's last archive round before it reports the lane
 /// as still moving (the round goes on in the background).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often lanes taken over by another host are looked for.
 const LOST_LANES_EVERY: Duration = Duration::from_millis(200);
+
+/// The refusal of a request for a lane this host does not serve now: 421 naming the
+/// owner (looked up again in the background when not known lately), or 503 while the lane
+/// moves.
+pub fn refusal(core: &Rc<Core>, not_here: NotHere) -> ApiError {
+    match not_here {
+        NotHere::Moving { lane } => ApiError::NotServed { shard: lane },
+        NotHere::Elsewhere { lane, owner } => {
+            refresh_owner(core, lane);
+            ApiError::Misdirected { lane, owner }
+        }
+    }
+}
+
+/// Where stream `key` is served: `None` here, or the address of the host that owns its
+/// lane (looked up in the lane's manifest when not known yet). A lane that moves, or has
+/// no owner yet, is a retry.
+pub async fn serving_host(core: &Rc<Core>, key: &str) -> Result<Option<String>, ApiError> {
+    let lane = match core.lanes.check(core.placement.shard_of(key)) {
+        Ok(()) => return Ok(None),
+        Err(NotHere::Moving { lane }) => return Err(ApiError::NotServed { shard: lane }),
+        Err(NotHere::Elsewhere {
+            owner: Some(address),
+            ..
+        }) => return Ok(Some(address)),
+        Err(NotHere::Elsewhere { lane, owner: None }) => lane,
+    };
+    let looked_up = match crate::cold::archive() {
+        Some(archive) => archive.load_manifest(lane).await.ok().flatten(),
+        None => None,
+    };
+    core.lanes.learnt_owner(lane, looked_up.map(|m| m.address));
+    core.lanes
+        .owner(lane)
+        .map(Some)
+        .ok_or(ApiError::NotServed { shard: lane })
+}
 
 /// Look the owner of `lane` up in its manifest (at most every few seconds), so the
 /// next refusal names it. Called on the refusal path; the lookup runs in the background.

@@ -47,6 +47,7 @@ mod metrics;
 mod core;
 // Which lanes this host serves, and moving them between hosts.
 mod lanes;
+mod peer;
 
 // Lookups and write payloads, on the owner core.
 mod lookup;

@@ -1,12 +1,23 @@
 //! Removing streams: a client's delete (soft while forks still reference the stream),
-//! expiry, and the fork references a removed fork gives back to its source.
+//! expiry, and the fork references a removed fork gives back to its source. In a cluster
+//! the source may be on a lane another host owns: that host is asked to release it
+//! (`POST /__ursula/forks/release`, see `peer`).
 
 use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
 
 use ursula_storage::{Shard, StorageError, StreamId};
 
 use crate::core::Core;
 use crate::ext::{Ext, ForkLink};
+use crate::http::{ApiError, Response};
+
+/// How often, and how far apart, a release on another host is tried while that host
+/// cannot be reached or the source's lane moves: long enough to outlast a failover.
+const PEER_RELEASE_TRIES: u32 = 30;
+const PEER_RELEASE_PAUSE: Duration = Duration::from_secs(1);
 
 /// DELETE: soft-delete while forks reference the stream, otherwise remove it. `shard` is
 /// the one holding stream `id`.
@@ -62,6 +73,71 @@ pub fn remove_expired(core: &Rc<Core>, id: StreamId) {
 /// Drop one reference on a fork's source; a soft-deleted source with no references left
 /// is removed, which may cascade up a chain of forks.
 pub async fn release(core: &Rc<Core>, link: ForkLink) {
+    if core
+        .lanes
+        .check(core.placement.shard_of(&link.source))
+        .is_ok()
+    {
+        release_here(core, link).await;
+        return;
+    }
+    // The source's lane is elsewhere: its host releases it, in the background and again
+    // until it answers (the caller's own removal is done and durable).
+    let core = core.clone();
+    monoio::spawn(async move {
+        for _ in 0..PEER_RELEASE_TRIES {
+            match release_elsewhere(&core, &link).await {
+                Ok(()) => return,
+                Err(why) => tracing::debug!("releasing a fork reference on another host: {why}"),
+            }
+            monoio::time::sleep(PEER_RELEASE_PAUSE).await;
+        }
+        tracing::warn!(
+            source = %link.source,
+            "could not release a fork reference on the source's host: the source stays \
+             soft-deleted if it was deleted"
+        );
+    });
+}
+
+/// Ask the host that owns the source's lane to release `link`'s reference.
+async fn release_elsewhere(core: &Rc<Core>, link: &ForkLink) -> Result<(), String> {
+    let Some(address) = crate::lanes::serving_host(core, &link.source)
+        .await
+        .map_err(|e| e.reason().into_owned())?
+    else {
+        release_here(core, link.clone()).await;
+        return Ok(());
+    };
+    let body = Bytes::from(sonic_rs::to_vec(link).unwrap_or_default());
+    let answer = crate::peer::post(core, &address, "/__ursula/forks/release", body)
+        .await
+        .map_err(|e| e.to_string())?;
+    match answer.status {
+        204 => Ok(()),
+        status => Err(format!(
+            "{address} answered {status}: {}",
+            String::from_utf8_lossy(&answer.body).trim()
+        )),
+    }
+}
+
+/// `POST /__ursula/forks/release` on the host that owns a fork source's lane: give the
+/// source the reference a fork on another host held.
+pub async fn serve_release(core: &Rc<Core>, body: &[u8]) -> Response {
+    let Ok(link) = sonic_rs::from_slice::<ForkLink>(body) else {
+        return ApiError::InvalidJson.response();
+    };
+    if let Err(refused) = core.lanes.check(core.placement.shard_of(&link.source)) {
+        return crate::lanes::refusal(core, refused).response();
+    }
+    release_here(core, link).await;
+    Response::new(204).header("cache-control", "no-store")
+}
+
+/// Give the source (on a lane this host serves) back the reference of `link`, removing it
+/// when it was deleted and this was its last fork.
+async fn release_here(core: &Rc<Core>, link: ForkLink) {
     let owner = core.owner_of(&link.source);
     let _ = core
         .on(owner, move |c| async move {

@@ -16,7 +16,6 @@ use crate::handlers::{
     append, attrs, batch, buckets, create, delete, head, producers, read, snapshots,
 };
 use crate::http::{ApiError, Handled, Refusal, Request, Response};
-use crate::lane_table::NotHere;
 use crate::live::sse::{self, SseSession};
 use crate::routes::{route, Route};
 use crate::surface::Surface;
@@ -119,14 +118,8 @@ fn lane_refusal(core: &Rc<Core>, key: &str) -> Option<Response> {
     if !core.lanes.cluster() {
         return None;
     }
-    match core.lanes.check(core.placement.shard_of(key)) {
-        Ok(()) => None,
-        Err(NotHere::Moving { lane }) => Some(ApiError::NotServed { shard: lane }.response()),
-        Err(NotHere::Elsewhere { lane, owner }) => {
-            crate::lanes::refresh_owner(core, lane);
-            Some(ApiError::Misdirected { lane, owner }.response())
-        }
-    }
+    let refused = core.lanes.check(core.placement.shard_of(key)).err()?;
+    Some(crate::lanes::refusal(core, refused).response())
 }
 
 /// The core owning `key`, counting the requests that must be handed over to it.

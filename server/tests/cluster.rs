@@ -58,11 +58,16 @@ fn config(dir: &Path, s3: &S3, top: &str, interval_ms: u64) -> String {
 }
 
 fn adopt(s: &Server, lane: u32) -> sonic_rs::Value {
+    adopt_as(s, lane, &[])
+}
+
+/// [`adopt`], with these request headers (a token).
+fn adopt_as(s: &Server, lane: u32, headers: &[(&str, &str)]) -> sonic_rs::Value {
     let r = expect(
         s,
         "POST",
         &format!("/__ursula/lanes/{lane}/adopt"),
-        &[],
+        headers,
         b"",
         200,
     );
@@ -505,4 +510,93 @@ fn hosts_share_the_lanes_and_take_over_a_lost_or_leaving_hosts_lanes() {
         let r = expect(&a, "GET", &format!("{path}?offset=-1"), &[], b"", 200);
         assert_eq!(&r.body, bytes, "{path} after the host left");
     }
+}
+
+/// A fork on one host of a stream on a lane another host owns: the fork's host takes the
+/// source's history from its owner (presenting the cluster token, since the hosts check
+/// tokens), the source keeps a reference while the fork lives, and the fork's removal
+/// gives it back.
+#[test]
+fn a_fork_takes_its_source_from_the_host_that_owns_it() {
+    let dir = temp_dir("ursula-cluster-fork");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let token = "write-token-of-the-cluster-0123";
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("write:{token}\n")).expect("token file");
+    let cluster_token = dir.path().join("cluster-token");
+    std::fs::write(&cluster_token, format!("{token}\n")).expect("cluster token file");
+    let top = format!(
+        "auth_token_file = \"{}\"\ncluster_token_file = \"{}\"\n",
+        tokens.display(),
+        cluster_token.display()
+    );
+    let config = config(dir.path(), &s3, &top, 200);
+    let a = host(dir.path(), "a", &config, LANES, MANUAL);
+    let b = host(dir.path(), "b", &config, LANES, MANUAL);
+    let bearer = format!("Bearer {token}");
+    let auth = ("authorization", bearer.as_str());
+    let lane = |name: &str| {
+        let r = req(&a, "HEAD", name, &[auth], b"");
+        assert_eq!(r.status, 421, "{r:?}");
+        r.header("ursula-lane")
+            .and_then(|l| l.parse::<u32>().ok())
+            .expect("421 names the lane")
+    };
+    // A source on A's lanes (0 and 1), forks on B's (2 and 3).
+    let pick = |prefix: &str, on: &[u32]| {
+        (0..)
+            .map(|i| format!("/v1/stream/{prefix}-{i}"))
+            .find(|p| on.contains(&lane(p)))
+            .expect("a name on those lanes")
+    };
+    let source = pick("source", &[0, 1]);
+    let fork = pick("fork", &[2, 3]);
+    let orphan = pick("orphan", &[2, 3]);
+    let missing = pick("missing", &[0, 1]);
+    for l in [0, 1] {
+        adopt_as(&a, l, &[auth]);
+    }
+    for l in [2, 3] {
+        adopt_as(&b, l, &[auth]);
+    }
+
+    let json = ("content-type", "application/json");
+    expect(&a, "PUT", &source, &[auth, json], b"", 201);
+    let first = expect(&a, "POST", &source, &[auth, json], b"{\"n\":1}", 204);
+    let fork_point = first
+        .header("stream-next-offset")
+        .expect("offset")
+        .to_string();
+    expect(&a, "POST", &source, &[auth, json], b"{\"n\":2}", 204);
+
+    // Forked at the first message, on B.
+    let from = ("stream-forked-from", source.as_str());
+    let at = ("stream-fork-offset", fork_point.as_str());
+    let r = expect(&b, "PUT", &fork, &[auth, json, from, at], b"", 201);
+    assert_eq!(r.header("stream-next-offset"), Some(fork_point.as_str()));
+    expect(&b, "POST", &fork, &[auth, json], b"{\"n\":3}", 204);
+    let r = expect(&b, "GET", &format!("{fork}?offset=-1"), &[auth], b"", 200);
+    assert_eq!(r.body_str(), "[{\"n\":1},{\"n\":3}]");
+    // Asked again, the same fork is the same stream.
+    expect(&b, "PUT", &fork, &[auth, json, from, at], b"", 200);
+
+    // The source's own refusals come back as a local fork would get them.
+    let gone = ("stream-forked-from", missing.as_str());
+    expect(&b, "PUT", &orphan, &[auth, json, gone], b"", 404);
+    let text = ("content-type", "text/plain");
+    expect(&b, "PUT", &orphan, &[auth, text, from], b"", 409);
+    let beyond = ("stream-fork-offset", "9999999999999999_9999999999999999");
+    expect(&b, "PUT", &orphan, &[auth, json, from, beyond], b"", 400);
+
+    // Deleted while the fork lives, the source is kept for it (soft-deleted) ...
+    expect(&a, "DELETE", &source, &[auth], b"", 204);
+    expect(&a, "GET", &source, &[auth], b"", 410);
+    // ... and removed once the fork on the other host goes.
+    expect(&b, "DELETE", &fork, &[auth], b"", 204);
+    wait_for(
+        "the source's last reference to go",
+        Duration::from_secs(10),
+        || req(&a, "GET", &source, &[auth], b"").status == 404,
+    );
+    expect(&a, "PUT", &source, &[auth, json], b"", 201);
 }

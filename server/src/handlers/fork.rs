@@ -4,6 +4,10 @@
 //! it shares the source's offsets without sharing storage across cores. The source keeps a
 //! durable reference count only so that deleting it while forks live makes it soft-deleted
 //! (`410`/`409`) until the last fork goes, as the protocol requires.
+//!
+//! In a cluster the source may be on a lane another host owns: the fork's host then asks
+//! that host (`POST /__ursula/forks/take`, see `peer`) to do the source's part and send
+//! the inherited history back.
 
 use std::rc::Rc;
 
@@ -89,6 +93,7 @@ pub fn same_link(req: Option<&ForkRequest>, existing: Option<&ForkLink>) -> bool
 }
 
 /// What a fork inherits, taken (with a reference) on the source's core.
+#[derive(Debug, Clone, PartialEq)]
 struct Inherited {
     content_type: String,
     lifetime: Lifetime,
@@ -110,16 +115,16 @@ pub async fn create(
     if fork.source.is_empty() {
         return Err(ApiError::ForkSourceNotFound.into());
     }
-    let source = fork.source.clone();
-    let owner = core.owner_of(&source);
-    let wanted_type = content_type.clone();
-    let (offset, sub) = (fork.offset, fork.sub_offset);
-    let taken = core
-        .on(owner, move |c| async move {
-            take_source(&c, &source, wanted_type, offset, sub).await
-        })
-        .await;
-    let inherited = taken.map_err(|_| ApiError::owner_unavailable())??;
+    let ask = TakeAsk {
+        source: fork.source.clone(),
+        content_type: content_type.clone(),
+        offset: fork.offset.map(Offset::get),
+        sub_offset: fork.sub_offset,
+    };
+    let inherited = match crate::lanes::serving_host(core, &ask.source).await? {
+        None => take_here(core, ask).await?,
+        Some(address) => take_from(core, &address, &ask).await?,
+    };
     let link = ForkLink {
         source: fork.source.clone(),
         source_incarnation: inherited.incarnation,
@@ -131,6 +136,163 @@ pub async fn create(
         release(core, link).await;
     }
     result
+}
+
+/// What a fork asks of its source: the body of `POST /__ursula/forks/take`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TakeAsk {
+    source: String,
+    /// The fork's content type, if it named one: it must be the source's.
+    content_type: Option<String>,
+    offset: Option<u64>,
+    sub_offset: u64,
+}
+
+/// Take the source's part on its owner core, on this host.
+async fn take_here(core: &Rc<Core>, ask: TakeAsk) -> Result<Inherited, Refusal> {
+    let owner = core.owner_of(&ask.source);
+    let taken = core
+        .on(owner, move |c| async move {
+            let offset = ask.offset.map(Offset::new);
+            take_source(&c, &ask.source, ask.content_type, offset, ask.sub_offset).await
+        })
+        .await;
+    taken.map_err(|_| ApiError::owner_unavailable())?
+}
+
+/// Ask the host at `address`, which owns the source's lane, to take the source's part.
+async fn take_from(core: &Core, address: &str, ask: &TakeAsk) -> Result<Inherited, Refusal> {
+    let body = Bytes::from(sonic_rs::to_vec(ask).unwrap_or_default());
+    let answer = crate::peer::post(core, address, "/__ursula/forks/take", body)
+        .await
+        .map_err(|e| {
+            tracing::warn!("taking a fork's source from another host: {e}");
+            ApiError::Unavailable("the fork source's host cannot be reached; retry".into())
+        })?;
+    if answer.status == 200 {
+        return decode_inherited(answer.body).ok_or_else(|| {
+            ApiError::BadGateway("the fork source's host sent a malformed history".into()).into()
+        });
+    }
+    Err(source_host_refusal(answer.status, &answer.body).into())
+}
+
+/// The refusal a fork gets for the source host's refusal (`status`, and `code: reason` in
+/// `body`): the same refusal where the source's state decided it, a retry while the
+/// source's lane moves, and a 502 for anything the fork's client cannot act on.
+fn source_host_refusal(status: u16, body: &[u8]) -> ApiError {
+    let text = String::from_utf8_lossy(body);
+    let code = text.split(':').next().unwrap_or_default();
+    match (status, code) {
+        (_, "stream_not_found") => ApiError::ForkSourceNotFound,
+        (_, "stream_gone") => ApiError::ForkSourceGone,
+        (_, "content_type_mismatch") => {
+            ApiError::ContentTypeMismatch("fork content type differs from the source's")
+        }
+        (_, "invalid_offset") => ApiError::InvalidOffset("fork point is beyond the source"),
+        (_, "offset_not_aligned") => ApiError::OffsetNotAligned("fork offset inside a message"),
+        (_, "storage_fault") => ApiError::StorageFault("the fork source's host cannot read it"),
+        (421 | 503, _) => {
+            // The owner named in the refusal is learnt at the next lookup.
+            ApiError::Unavailable("the fork source's lane is moving between hosts; retry".into())
+        }
+        (status, _) => ApiError::BadGateway(
+            format!(
+                "the fork source's host refused with {status}: {}",
+                text.trim()
+            )
+            .into(),
+        ),
+    }
+}
+
+/// `POST /__ursula/forks/take` on the host that owns the source's lane: take the source's
+/// part for a fork on another host, and answer with the inherited history (see
+/// [`encode_inherited`]) or the refusal a local fork would get.
+pub async fn serve_take(core: &Rc<Core>, body: &[u8]) -> Response {
+    let Ok(ask) = sonic_rs::from_slice::<TakeAsk>(body) else {
+        return ApiError::InvalidJson.response();
+    };
+    if let Err(refusal) = core.lanes.check(core.placement.shard_of(&ask.source)) {
+        return crate::lanes::refusal(core, refusal).response();
+    }
+    match take_here(core, ask).await {
+        Ok(inherited) => Response::new(200)
+            .header("content-type", "application/octet-stream")
+            .header("cache-control", "no-store")
+            .with_body(encode_inherited(inherited)),
+        Err(refusal) => refusal.response(),
+    }
+}
+
+/// How an [`Inherited`] lifetime travels between hosts.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum WireLifetime {
+    Forever,
+    TtlSeconds(u64),
+    ExpiresAtMs(i64),
+}
+
+/// Everything of an [`Inherited`] but its bytes.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WireInherited {
+    content_type: String,
+    lifetime: WireLifetime,
+    incarnation: u64,
+    append_lens: Vec<u32>,
+    msg_lens: Vec<u32>,
+}
+
+/// An inherited history as it travels: the length of the JSON of everything but the bytes
+/// (u32, little-endian), that JSON, then the bytes.
+fn encode_inherited(i: Inherited) -> Vec<Bytes> {
+    let wire = WireInherited {
+        content_type: i.content_type,
+        lifetime: match i.lifetime {
+            Lifetime::Forever => WireLifetime::Forever,
+            Lifetime::TtlSeconds(s) => WireLifetime::TtlSeconds(s),
+            Lifetime::ExpiresAtMs(t) => WireLifetime::ExpiresAtMs(t),
+        },
+        incarnation: i.incarnation,
+        append_lens: i.append_lens,
+        msg_lens: i.msg_lens,
+    };
+    let json = sonic_rs::to_vec(&wire).unwrap_or_default();
+    let mut head = Vec::with_capacity(4 + json.len());
+    head.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    head.extend_from_slice(&json);
+    let mut parts = vec![Bytes::from(head)];
+    parts.extend(i.data);
+    parts
+}
+
+/// The [`Inherited`] of [`encode_inherited`]'s bytes, if they are whole and consistent.
+fn decode_inherited(raw: Bytes) -> Option<Inherited> {
+    let len = u32::from_le_bytes(raw.get(..4)?.try_into().ok()?) as usize;
+    let json = raw.get(4..4usize.checked_add(len)?)?;
+    let wire: WireInherited = sonic_rs::from_slice(json).ok()?;
+    let data = raw.slice(4 + len..);
+    let total: u64 = wire.append_lens.iter().map(|&l| u64::from(l)).sum();
+    if total != data.len() as u64 {
+        return None;
+    }
+    Some(Inherited {
+        content_type: wire.content_type,
+        lifetime: match wire.lifetime {
+            WireLifetime::Forever => Lifetime::Forever,
+            WireLifetime::TtlSeconds(s) => Lifetime::TtlSeconds(s),
+            WireLifetime::ExpiresAtMs(t) => Lifetime::ExpiresAtMs(t),
+        },
+        incarnation: wire.incarnation,
+        data: if data.is_empty() {
+            Vec::new()
+        } else {
+            vec![data]
+        },
+        append_lens: wire.append_lens,
+        msg_lens: wire.msg_lens,
+    })
 }
 
 async fn build(
@@ -298,4 +460,46 @@ async fn take_source(
     let commit = shard.set_ext(id, ext)?;
     commit.durable().await?;
     Ok(inherited)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inherited_history_crosses_hosts_unchanged() {
+        let sent = Inherited {
+            content_type: "application/json".into(),
+            lifetime: Lifetime::TtlSeconds(60),
+            incarnation: 7,
+            data: vec![Bytes::from_static(b"[1,2]"), Bytes::from_static(b"[3]")],
+            append_lens: vec![5, 3],
+            msg_lens: vec![1, 1, 1],
+        };
+        let wire: Vec<u8> = encode_inherited(sent.clone()).concat();
+        let got = decode_inherited(Bytes::from(wire.clone())).expect("decoded");
+        assert_eq!(got.data.concat(), sent.data.concat());
+        assert_eq!(
+            Inherited {
+                data: sent.data.clone(),
+                ..got
+            },
+            sent
+        );
+        // Cut short: the lengths no longer add up.
+        assert!(decode_inherited(Bytes::from(wire[..wire.len() - 1].to_vec())).is_none());
+    }
+
+    #[test]
+    fn the_source_hosts_refusals_keep_their_meaning() {
+        let r = |status, body: &str| source_host_refusal(status, body.as_bytes());
+        assert_eq!(
+            r(404, "stream_not_found: x\n"),
+            ApiError::ForkSourceNotFound
+        );
+        assert_eq!(r(410, "stream_gone: x\n"), ApiError::ForkSourceGone);
+        assert_eq!(r(421, "misdirected: lane 3\n").status(), 503);
+        assert_eq!(r(503, "not_served: lane 3\n").status(), 503);
+        assert_eq!(r(401, "unauthorized: x\n").status(), 502);
+    }
 }

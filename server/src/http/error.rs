@@ -100,6 +100,9 @@ pub enum ApiError {
     /// durable write: retrying cannot help until an operator acts. The details are in the
     /// server's log, never in the answer.
     StorageFault(&'static str),
+    /// Another host of the cluster answered a call this request needed in a way that
+    /// cannot be acted on (it refused this host's token, or sent a malformed answer).
+    BadGateway(Cow<'static, str>),
     /// The disk is full; the reason may name why nothing can leave it (the archive lag).
     InsufficientStorage(Cow<'static, str>),
     /// Another server took this server's shards over (through S3): it acknowledges nothing
@@ -158,6 +161,7 @@ impl ApiError {
             UnsupportedEncoding | EncodingNotAccepted | UnsupportedCharset => 415,
             HeaderTooLarge => 431,
             StorageFault(_) => 500,
+            BadGateway(_) => 502,
             NotImplemented(_) => 501,
             Misdirected { .. } => 421,
             Unavailable(_) | Fenced | NotServed { .. } => 503,
@@ -217,6 +221,7 @@ impl ApiError {
             HeaderTooLarge => "header_too_large",
             NotImplemented(_) => "not_implemented",
             StorageFault(_) => "storage_fault",
+            BadGateway(_) => "bad_gateway",
             Unavailable(_) => "unavailable",
             InsufficientStorage(_) => "insufficient_storage",
             Fenced => "fenced",
@@ -249,6 +254,7 @@ impl ApiError {
             | CorruptBody(r)
             | InvalidSettings(r)
             | Unavailable(r)
+            | BadGateway(r)
             | InsufficientStorage(r) => r,
             TooManyRequests { limit, .. } => {
                 return format!("the bucket's {limit} per second limit is reached; retry later")
