@@ -63,6 +63,17 @@ pub enum Endpoint {
     /// `POST /__ursula/forks/take` or `/release`: another cluster host's fork of a stream
     /// on a lane this host serves (see `handlers::fork` and `removal`).
     Fork(ForkCall),
+    /// `POST /__ursula/buckets/part`, `/record`, `/copy` or `/drop`: another cluster
+    /// host's question or change about buckets (see `handlers::buckets`).
+    Bucket(BucketCall),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BucketCall {
+    Part,
+    Record,
+    Copy,
+    Drop,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +98,10 @@ pub fn endpoint(listener: Listener, path: &str) -> Option<Option<Endpoint>> {
         "lanes" => Some(Endpoint::Lanes),
         "forks/take" => Some(Endpoint::Fork(ForkCall::Take)),
         "forks/release" => Some(Endpoint::Fork(ForkCall::Release)),
+        "buckets/part" => Some(Endpoint::Bucket(BucketCall::Part)),
+        "buckets/record" => Some(Endpoint::Bucket(BucketCall::Record)),
+        "buckets/copy" => Some(Endpoint::Bucket(BucketCall::Copy)),
+        "buckets/drop" => Some(Endpoint::Bucket(BucketCall::Drop)),
         other => {
             let (lane, action) = other.strip_prefix("lanes/")?.split_once('/')?;
             let action = match action {
@@ -126,7 +141,7 @@ pub async fn handle(
         }
         return move_lane(core, lane, action, &req.query).await;
     }
-    if let Endpoint::Fork(call) = endpoint {
+    if matches!(endpoint, Endpoint::Fork(_) | Endpoint::Bucket(_)) {
         if req.method != Method::Post {
             return ApiError::MethodNotAllowed {
                 allow: "POST",
@@ -134,9 +149,16 @@ pub async fn handle(
             }
             .response();
         }
-        return match call {
-            ForkCall::Take => crate::handlers::fork::serve_take(core, &req.body).await,
-            ForkCall::Release => crate::removal::serve_release(core, &req.body).await,
+        use crate::handlers::{buckets, fork};
+        let body = &req.body;
+        return match endpoint {
+            Endpoint::Fork(ForkCall::Take) => fork::serve_take(core, body).await,
+            Endpoint::Fork(ForkCall::Release) => crate::removal::serve_release(core, body).await,
+            Endpoint::Bucket(BucketCall::Part) => buckets::serve_part(core, body).await,
+            Endpoint::Bucket(BucketCall::Record) => buckets::serve_record(core, body).await,
+            Endpoint::Bucket(BucketCall::Copy) => buckets::serve_copy(core, body).await,
+            Endpoint::Bucket(BucketCall::Drop) => buckets::serve_drop(core, body).await,
+            _ => ApiError::NotFound("no such resource").response(),
         };
     }
     if !matches!(req.method, Method::Get | Method::Head) {
@@ -155,7 +177,7 @@ pub async fn handle(
         }
         Endpoint::Metrics => metrics(core).await,
         Endpoint::Lanes => lanes(core),
-        Endpoint::LaneMove(..) | Endpoint::Fork(_) => {
+        Endpoint::LaneMove(..) | Endpoint::Fork(_) | Endpoint::Bucket(_) => {
             ApiError::NotFound("no such resource").response()
         }
     }

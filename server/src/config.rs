@@ -814,6 +814,7 @@ mod tests {
                         && !kv.starts_with("logs ")
                         && !kv.starts_with("core_listen ")
                         && !kv.starts_with("advertise ")
+                        && !kv.starts_with("cluster_token_file ")
                         && !kv.starts_with("metrics_listen ")
                         && !kv.starts_with("log_level ")
                         && !kv.starts_with("tls_")

@@ -127,6 +127,11 @@ impl LaneTable {
         }
     }
 
+    /// How many lanes there are.
+    pub fn lanes(&self) -> u32 {
+        self.states.len() as u32
+    }
+
     /// The lanes served here now.
     pub fn served(&self) -> Vec<u32> {
         (0..self.states.len() as u32)

@@ -54,18 +54,24 @@ pub fn refusal(core: &Rc<Core>, not_here: NotHere) -> ApiError {
 }
 
 /// Where stream `key` is served: `None` here, or the address of the host that owns its
-/// lane (looked up in the lane's manifest when not known yet). A lane that moves, or has
-/// no owner yet, is a retry.
+/// lane (see [`lane_host`]).
 pub async fn serving_host(core: &Rc<Core>, key: &str) -> Result<Option<String>, ApiError> {
-    let lane = match core.lanes.check(core.placement.shard_of(key)) {
+    lane_host(core, core.placement.shard_of(key) as u32).await
+}
+
+/// Where `lane` is served: `None` here, or the address of the host that owns it (looked up
+/// in the lane's manifest when not known yet). A lane that moves, or has no owner yet, is
+/// a retry.
+pub async fn lane_host(core: &Rc<Core>, lane: u32) -> Result<Option<String>, ApiError> {
+    match core.lanes.check(lane as usize) {
         Ok(()) => return Ok(None),
         Err(NotHere::Moving { lane }) => return Err(ApiError::NotServed { shard: lane }),
         Err(NotHere::Elsewhere {
             owner: Some(address),
             ..
         }) => return Ok(Some(address)),
-        Err(NotHere::Elsewhere { lane, owner: None }) => lane,
-    };
+        Err(NotHere::Elsewhere { owner: None, .. }) => {}
+    }
     let looked_up = match crate::cold::archive() {
         Some(archive) => archive.load_manifest(lane).await.ok().flatten(),
         None => None,
@@ -75,6 +81,21 @@ pub async fn serving_host(core: &Rc<Core>, key: &str) -> Result<Option<String>, 
         .owner(lane)
         .map(Some)
         .ok_or(ApiError::NotServed { shard: lane })
+}
+
+/// The other hosts that serve lanes now, each once: everything a question about all
+/// streams (a bucket's listing) must also ask. A lane that moves, or has no owner yet, is
+/// a retry.
+pub async fn other_hosts(core: &Rc<Core>) -> Result<Vec<String>, ApiError> {
+    let mut hosts: Vec<String> = Vec::new();
+    for lane in 0..core.lanes.lanes() {
+        if let Some(address) = lane_host(core, lane).await? {
+            if !hosts.contains(&address) {
+                hosts.push(address);
+            }
+        }
+    }
+    Ok(hosts)
 }
 
 /// Look the owner of `lane` up in its manifest (at most every few seconds), so the

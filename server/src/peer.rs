@@ -16,6 +16,9 @@ use monoio::net::TcpStream;
 
 use crate::core::Core;
 
+/// The header that marks a request as one host's call to another.
+pub const CALL_HEADER: &str = "ursula-peer";
+
 /// How long a call may take from connecting to the answer's last byte.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -47,7 +50,7 @@ pub enum CallError {
         address: String,
         source: std::io::Error,
     },
-    #[error("{address} sent an answer that is not HTTP/1.1 with a length")]
+    #[error("{address} sent an answer that is not HTTP/1.1, or cut short")]
     Malformed { address: String },
 }
 
@@ -99,7 +102,7 @@ async fn exchange(
         })?;
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n",
+         content-length: {}\r\nconnection: close\r\n{CALL_HEADER}: 1\r\n",
         body.len()
     );
     if let Some(token) = &core.config.cluster_token {
@@ -147,8 +150,11 @@ fn parse_answer(raw: &[u8]) -> Option<Answer> {
             .and_then(|h| std::str::from_utf8(h.value).ok())
             .map(|v| v.trim().to_string())
     };
-    let length = header("content-length")?.parse::<usize>().ok()?;
-    let body = raw.get(head_len..head_len.checked_add(length)?)?;
+    // Without a length (a 204), the answer ends with the connection.
+    let body = match header("content-length") {
+        Some(length) => raw.get(head_len..head_len.checked_add(length.parse().ok()?)?)?,
+        None => raw.get(head_len..)?,
+    };
     Some(Answer {
         status,
         content_type: header("content-type"),
@@ -169,9 +175,14 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_or_unsized_answer_is_refused() {
+    fn a_cut_answer_is_refused() {
         assert!(parse_answer(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nhello").is_none());
-        assert!(parse_answer(b"HTTP/1.1 200 OK\r\n\r\nhello").is_none());
         assert!(parse_answer(b"HTTP/1.1 200 OK\r\ncontent-le").is_none());
+    }
+
+    #[test]
+    fn an_answer_without_a_length_ends_with_the_connection() {
+        let a = parse_answer(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n");
+        assert_eq!(a.map(|a| (a.status, a.body.len())), Some((204, 0)));
     }
 }

@@ -140,7 +140,7 @@ pub struct Grant {
 }
 
 /// The buckets a token is limited to: exact names and prefixes.
-#[derive(Debug, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct BucketScope {
     names: Vec<String>,
     prefixes: Vec<String>,

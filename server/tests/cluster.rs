@@ -600,3 +600,113 @@ fn a_fork_takes_its_source_from_the_host_that_owns_it() {
     );
     expect(&a, "PUT", &source, &[auth, json], b"", 201);
 }
+
+/// Buckets are one namespace across the hosts: a bucket's own requests reach the host
+/// that owns its record's lane from any host, a stream on another host's lane finds the
+/// bucket there, listings and counts cover every host, a settings change reaches the
+/// other hosts' copies, and a deletion removes them.
+#[test]
+fn buckets_are_one_namespace_across_the_hosts() {
+    use ursula_storage::placement::Placement;
+    let dir = temp_dir("ursula-cluster-buckets");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let config = config(dir.path(), &s3, "", 200);
+    let a = host(dir.path(), "a", &config, LANES, MANUAL);
+    let b = host(dir.path(), "b", &config, LANES, MANUAL);
+    for l in [0, 1] {
+        adopt(&a, l);
+    }
+    for l in [2, 3] {
+        adopt(&b, l);
+    }
+    let placement = Placement::lane_logs(LANES).expect("placement");
+    let lane = |key: &str| placement.shard_of(key) as u32;
+    let bucket = (0..)
+        .map(|i| format!("telemetry-{i}"))
+        .find(|b| lane(&format!("k/{b}")) < 2)
+        .expect("a bucket whose record is on A");
+    let stream_on = |host_lanes: [u32; 2], same_as: Option<&str>| {
+        (0..)
+            .map(|i| format!("s{i}"))
+            .find(|s| {
+                let l = lane(&format!("b/{bucket}/{s}"));
+                host_lanes.contains(&l)
+                    && same_as.is_none_or(|o| lane(&format!("b/{bucket}/{o}")) == l)
+            })
+            .expect("a stream name on those lanes")
+    };
+    let on_a = stream_on([0, 1], None);
+    let on_b = stream_on([2, 3], None);
+    let also_on_b = (0..)
+        .map(|i| format!("auto{i}"))
+        .find(|s| lane(&format!("b/{bucket}/{s}")) == lane(&format!("b/{bucket}/{on_b}")))
+        .expect("a second stream on that lane");
+    let path = |s: &str| format!("/{bucket}/{s}");
+
+    // Created through B, the bucket's record is made on A.
+    let r = expect(&b, "PUT", &format!("/{bucket}"), &[], b"", 201);
+    let here = format!("http://{}/{bucket}", b.addr);
+    assert_eq!(r.header("location"), Some(here.as_str()));
+    expect(&a, "PUT", &format!("/{bucket}"), &[], b"", 409);
+    expect(&b, "PUT", &format!("/{bucket}"), &[], b"", 409);
+    // Streams of it on both hosts.
+    expect(&b, "PUT", &path(&on_b), &[OCTETS], b"bee", 201);
+    expect(&a, "PUT", &path(&on_a), &[OCTETS], b"ay", 201);
+
+    // Every host lists and counts every host's streams.
+    for s in [&a, &b] {
+        let r = expect(s, "GET", &format!("/{bucket}/streams"), &[], b"", 200);
+        let v: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("listing");
+        let mut names: Vec<&str> = v["streams"]
+            .as_array()
+            .expect("streams")
+            .iter()
+            .filter_map(|e| e["stream_id"].as_str())
+            .collect();
+        names.sort_unstable();
+        let mut want = vec![on_a.as_str(), on_b.as_str()];
+        want.sort_unstable();
+        assert_eq!(names, want, "{}", r.body_str());
+        let r = expect(s, "GET", &format!("/{bucket}"), &[], b"", 200);
+        assert!(r.body_str().contains("\"streams\":2"), "{}", r.body_str());
+        let r = expect(s, "GET", "/", &[], b"", 200);
+        let v: sonic_rs::Value = sonic_rs::from_slice(&r.body).expect("bucket listing");
+        let listed: Vec<(&str, u64)> = v["buckets"]
+            .as_array()
+            .expect("buckets")
+            .iter()
+            .filter_map(|e| Some((e["bucket_id"].as_str()?, e["streams"].as_u64()?)))
+            .collect();
+        assert_eq!(listed, vec![(bucket.as_str(), 2)], "{}", r.body_str());
+    }
+
+    // A change made through B reaches B's copy: a missing stream beside `on_b` is created
+    // by its first append there.
+    let settings = br#"{"auto_create":{"content_type":"text/plain"}}"#;
+    expect(&b, "PATCH", &format!("/{bucket}"), &[], settings, 200);
+    let text = ("content-type", "text/plain");
+    let r = req(&b, "POST", &path(&also_on_b), &[text], b"hello");
+    assert!(r.status / 100 == 2, "auto-created on B: {r:?}");
+    expect(
+        &b,
+        "GET",
+        &format!("{}?offset=-1", path(&also_on_b)),
+        &[],
+        b"",
+        200,
+    );
+
+    // Not while it has streams; then gone from every host.
+    expect(&b, "DELETE", &format!("/{bucket}"), &[], b"", 409);
+    for (s, name) in [(&a, &on_a), (&b, &on_b), (&b, &also_on_b)] {
+        expect(s, "DELETE", &path(name), &[], b"", 204);
+    }
+    expect(&b, "DELETE", &format!("/{bucket}"), &[], b"", 204);
+    for s in [&a, &b] {
+        expect(s, "GET", &format!("/{bucket}"), &[], b"", 404);
+        let r = expect(s, "GET", "/", &[], b"", 200);
+        assert!(!r.body_str().contains(&bucket), "{}", r.body_str());
+    }
+    // B's copies went with it.
+    expect(&b, "PUT", &path(&on_b), &[OCTETS], b"", 404);
+}

@@ -10,6 +10,11 @@
 //! A bucket's settings (`bucket_settings`) are the `ext` blob of its record, in every copy,
 //! so the core that owns a stream reads them locally. `PUT /{bucket}` may carry them and
 //! `PATCH /{bucket}` changes them: the owner's copy first, then every other shard's.
+//!
+//! In a cluster the authoritative record is on the host that owns its key's lane: the
+//! bucket's own requests are forwarded there, other hosts' shards ask it for their copies
+//! (and are sent a changed record's settings, or told to drop a deleted one's), and a
+//! listing or count asks every host for the lanes it serves (see the end of this module).
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -18,7 +23,7 @@ use bytes::Bytes;
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::parse_query;
-use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, Shard, StreamMeta};
+use ursula_storage::{AppendRec, Lifetime, NewStream, Shard, StreamMeta};
 
 use crate::bucket_settings::{BucketSettings, SettingsError};
 use crate::core::{Core, NotServed};
@@ -32,6 +37,11 @@ const BUCKET_TYPE: &str = "application/x-ursula-bucket";
 
 pub async fn handle(core: &Rc<Core>, bucket: String, req: Request) -> Handled {
     let listing = req.path.trim_end_matches('/').ends_with("/streams");
+    if !listing {
+        if let Some(host) = crate::lanes::serving_host(core, &bucket_key(&bucket)).await? {
+            return forward(core, &host, &req).await;
+        }
+    }
     match (&req.method, listing) {
         (Method::Get, true) => list(core, &bucket, &req).await,
         (_, true) => Err(ApiError::MethodNotAllowed {
@@ -66,15 +76,7 @@ pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Result<(), ApiError> 
     if exists_in(&shard, &bucket) {
         return Ok(());
     }
-    let b = bucket.clone();
-    let there = core
-        .on(core.owner_of(&bucket_key(&bucket)), move |c| async move {
-            c.shard_for(&bucket_key(&b))
-                .map(|home| settings_blob(&home, &b))
-        })
-        .await;
-    // An owner core that is gone has no record to give: the bucket is not found.
-    let there = there.unwrap_or(Ok(None))?;
+    let there = record(core, &bucket).await?;
     if let Some(ext) = there {
         if replicate(&shard, &bucket, ext).await {
             return Ok(());
@@ -86,19 +88,27 @@ pub async fn require_bucket(core: &Rc<Core>, key: &str) -> Result<(), ApiError> 
 /// Whether `bucket` exists, by its authoritative record (on the bucket key's owner):
 /// refused with a 404 when it does not.
 async fn require_bucket_record(core: &Rc<Core>, bucket: &str) -> Result<(), ApiError> {
+    match record(core, bucket).await? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::BucketNotFound),
+    }
+}
+
+/// The settings blob of `bucket`'s authoritative record, wherever it is (`None`: there is
+/// no such bucket).
+async fn record(core: &Rc<Core>, bucket: &str) -> Result<Option<Bytes>, ApiError> {
+    if let Some(host) = crate::lanes::serving_host(core, &bucket_key(bucket)).await? {
+        return record_from(core, &host, bucket).await;
+    }
     let b = bucket.to_string();
-    let exists = core
+    let here = core
         .on(core.owner_of(&bucket_key(bucket)), move |c| async move {
             c.shard_for(&bucket_key(&b))
-                .map(|home| exists_in(&home, &b))
+                .map(|home| settings_blob(&home, &b))
         })
-        .await
-        .map_err(|_| ApiError::owner_unavailable())??;
-    if exists {
-        Ok(())
-    } else {
-        Err(ApiError::BucketNotFound)
-    }
+        .await;
+    // An owner core that is gone has no record to give: the bucket is not found.
+    Ok(here.unwrap_or(Ok(None))?)
 }
 
 /// The settings of `bucket` in `shard`'s copy of its record (none when it has no copy).
@@ -227,11 +237,12 @@ async fn create(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
 }
 
 /// One stream of a listing, gathered from its owner core.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Entry {
     name: String,
     closed: bool,
     content_type: String,
-    tail: Offset,
+    tail: u64,
     created_ms: i64,
     last_write_ms: i64,
 }
@@ -328,10 +339,37 @@ const _: () = assert!(
     "Page::parse's reason names the bound"
 );
 
-/// The first `most` live streams of `bucket` that `sel` takes, across all cores, sorted by
-/// name. Each core sorts its names first and wakes (see `ursula_storage::shard` dormancy)
-/// only the streams it reports, at most `most`.
-async fn entries(core: &Rc<Core>, bucket: &str, sel: Selection<'_>, most: usize) -> Vec<Entry> {
+/// The first `most` live streams of `bucket` that `sel` takes, across all cores and hosts,
+/// sorted by name.
+async fn entries(
+    core: &Rc<Core>,
+    bucket: &str,
+    sel: Selection<'_>,
+    most: usize,
+) -> Result<Vec<Entry>, ApiError> {
+    let ask = PartAsk::Streams {
+        bucket: bucket.to_string(),
+        prefix: sel.prefix.map(str::to_string),
+        after: sel.after.map(str::to_string),
+        most,
+    };
+    let mut all = local_entries(core, bucket, sel, most).await;
+    for part in other_parts(core, &ask).await? {
+        all.extend(part.streams);
+    }
+    all.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+    all.truncate(most);
+    Ok(all)
+}
+
+/// [`entries`] on this host's cores. Each core sorts its names first and wakes (see
+/// `ursula_storage::shard` dormancy) only the streams it reports, at most `most`.
+async fn local_entries(
+    core: &Rc<Core>,
+    bucket: &str,
+    sel: Selection<'_>,
+    most: usize,
+) -> Vec<Entry> {
     let prefix = format!("b/{bucket}/");
     let mut all = Vec::new();
     for i in 0..core.cores() {
@@ -369,7 +407,7 @@ async fn entries(core: &Rc<Core>, bucket: &str, sel: Selection<'_>, most: usize)
                         name: key[prefix.len()..].to_string(),
                         closed: s.is_closed(),
                         content_type: s.content_type().to_string(),
-                        tail: s.next_offset(),
+                        tail: s.next_offset().get(),
                         created_ms: s.created_ms(),
                         last_write_ms: s.last_access_ms(),
                     });
@@ -385,19 +423,31 @@ async fn entries(core: &Rc<Core>, bucket: &str, sel: Selection<'_>, most: usize)
     all
 }
 
-/// How many live streams `bucket` has, across all cores, without waking dormant ones.
-async fn count(core: &Rc<Core>, bucket: &str) -> usize {
-    live_stream_counts(core, vec![bucket.to_string()])
-        .await
-        .first()
-        .copied()
-        .unwrap_or(0)
+/// How many live streams `bucket` has, across all cores and hosts, without waking dormant
+/// ones.
+async fn count(core: &Rc<Core>, bucket: &str) -> Result<usize, ApiError> {
+    let counts = live_stream_counts(core, vec![bucket.to_string()]).await?;
+    Ok(counts.first().copied().unwrap_or(0))
 }
 
-/// How many live streams each of `buckets` (sorted byte-wise) has, across all cores, in one
-/// pass over every core's keys. Dormant streams are not woken: a dormant stream is live
-/// until the deadline it went to sleep with.
-async fn live_stream_counts(core: &Rc<Core>, buckets: Vec<String>) -> Vec<usize> {
+/// How many live streams each of `buckets` (sorted byte-wise) has, across all cores and
+/// hosts.
+async fn live_stream_counts(core: &Rc<Core>, buckets: Vec<String>) -> Result<Vec<usize>, ApiError> {
+    let ask = PartAsk::Counts {
+        buckets: buckets.clone(),
+    };
+    let mut totals = local_stream_counts(core, buckets).await;
+    for part in other_parts(core, &ask).await? {
+        for (total, n) in totals.iter_mut().zip(part.counts) {
+            *total += n;
+        }
+    }
+    Ok(totals)
+}
+
+/// [`live_stream_counts`] on this host, in one pass over every core's keys. Dormant streams
+/// are not woken: a dormant stream is live until the deadline it went to sleep with.
+async fn local_stream_counts(core: &Rc<Core>, buckets: Vec<String>) -> Vec<usize> {
     let mut totals = vec![0; buckets.len()];
     for i in 0..core.cores() {
         let buckets = buckets.clone();
@@ -458,20 +508,22 @@ async fn change(core: &Rc<Core>, bucket: &str, body: &[u8]) -> Handled {
         })
         .await
         .map_err(|_| ApiError::owner_unavailable())??;
-    spread_settings(core, bucket, owner, written).await?;
+    let settled = spread_settings(core, bucket, owner, written).await?;
+    copy_to_other_hosts(core, bucket, &settled).await?;
     metadata(core, bucket).await
 }
 
 /// Give every shard's copy of `bucket` the settings `ext` the owner's record was given, and
 /// install its limits. Two changes racing may reach the copies in either order, so this
 /// repeats until the owner's record still holds what was last spread: the last change to
-/// finish leaves every copy, and the limiter, as the owner's record says.
+/// finish leaves every copy, and the limiter, as the owner's record says. Returns the
+/// settings it left.
 async fn spread_settings(
     core: &Rc<Core>,
     bucket: &str,
     owner: usize,
     mut ext: Bytes,
-) -> Result<(), ApiError> {
+) -> Result<Bytes, ApiError> {
     loop {
         for i in 0..core.cores() {
             let (b, blob) = (bucket.to_string(), ext.clone());
@@ -494,7 +546,7 @@ async fn spread_settings(
             .map_err(|_| ApiError::owner_unavailable())??
             .ok_or(ApiError::BucketNotFound)?;
         if now == ext {
-            return Ok(());
+            return Ok(ext);
         }
         ext = now;
     }
@@ -515,7 +567,7 @@ struct Metadata<'a> {
 
 async fn metadata(core: &Rc<Core>, bucket: &str) -> Handled {
     require_bucket_record(core, bucket).await?;
-    let count = count(core, bucket).await;
+    let count = count(core, bucket).await?;
     let owner = core.owner_of(&bucket_key(bucket));
     let b = bucket.to_string();
     let settings = core
@@ -542,7 +594,7 @@ async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Handled {
     let page = Page::parse(req)?;
     let (prefix, limit) = (page.prefix.as_deref(), page.limit);
     require_bucket_record(core, bucket).await?;
-    let matching = entries(core, bucket, page.selection(), limit + 1).await;
+    let matching = entries(core, bucket, page.selection(), limit + 1).await?;
     let has_more = matching.len() > limit;
     let shown = &matching[..matching.len().min(limit)];
     let streams: Vec<sonic_rs::Value> = shown
@@ -552,7 +604,7 @@ async fn list(core: &Rc<Core>, bucket: &str, req: &Request) -> Handled {
                 "stream_id": e.name,
                 "status": if e.closed { "Closed" } else { "Open" },
                 "content_type": e.content_type,
-                "tail_offset": format_offset(e.tail.get()),
+                "tail_offset": format_offset(e.tail),
                 "created_at_ms": e.created_ms,
                 "last_write_at_ms": e.last_write_ms,
             })
@@ -590,10 +642,10 @@ pub async fn list_buckets(core: &Rc<Core>, req: &Request) -> Handled {
     }
     let page = Page::parse(req)?;
     let visible = req.buckets.clone();
-    let mut ids = bucket_ids(core, page.selection(), visible, page.limit + 1).await;
+    let mut ids = bucket_ids(core, page.selection(), visible, page.limit + 1).await?;
     let has_more = ids.len() > page.limit;
     ids.truncate(page.limit);
-    let counts = live_stream_counts(core, ids.clone()).await;
+    let counts = live_stream_counts(core, ids.clone()).await?;
     let buckets: Vec<sonic_rs::Value> = ids
         .iter()
         .zip(&counts)
@@ -615,10 +667,32 @@ pub async fn list_buckets(core: &Rc<Core>, req: &Request) -> Handled {
 }
 
 /// The first `most` bucket IDs that `sel` takes, sorted byte-wise, of those `visible` allows
-/// (`None`: all; a token limited to some buckets lists only those). Each core reports only
-/// the buckets it owns: the owner's record is the authoritative one (see the module
-/// comment), so a bucket a replica missed or still holds is reported as its owner says.
+/// (`None`: all; a token limited to some buckets lists only those), across all hosts.
 async fn bucket_ids(
+    core: &Rc<Core>,
+    sel: Selection<'_>,
+    visible: Option<Arc<BucketScope>>,
+    most: usize,
+) -> Result<Vec<String>, ApiError> {
+    let ask = PartAsk::Buckets {
+        prefix: sel.prefix.map(str::to_string),
+        after: sel.after.map(str::to_string),
+        most,
+        visible: visible.as_deref().cloned(),
+    };
+    let mut all = local_bucket_ids(core, sel, visible, most).await;
+    for part in other_parts(core, &ask).await? {
+        all.extend(part.buckets);
+    }
+    all.sort_unstable();
+    all.truncate(most);
+    Ok(all)
+}
+
+/// [`bucket_ids`] on this host. Each core reports only the buckets it owns: the owner's
+/// record is the authoritative one (see the module comment), so a bucket a replica missed
+/// or still holds is reported as its owner says.
+async fn local_bucket_ids(
     core: &Rc<Core>,
     sel: Selection<'_>,
     visible: Option<Arc<BucketScope>>,
@@ -654,9 +728,11 @@ async fn bucket_ids(
 
 async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
     require_bucket_record(core, bucket).await?;
-    if count(core, bucket).await > 0 {
+    if count(core, bucket).await? > 0 {
         return Err(ApiError::BucketNotEmpty.into());
     }
+    // Other hosts' copies first: the authoritative record goes last.
+    drop_on_other_hosts(core, bucket).await?;
     let owner = core.owner_of(&bucket_key(bucket));
     // Replicas first, the authoritative record last (see the module comment).
     for (i, authoritative) in (0..core.cores()).map(|i| (i, false)).chain([(owner, true)]) {
@@ -686,4 +762,352 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
     }
     core.bucket_limits.set(bucket, None);
     Ok(Response::new(204).header("cache-control", "no-store"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Across the hosts of a cluster. Hosts ask each other through `peer`, at
+// `/__ursula/buckets/...` (see `admin`).
+
+/// Relay a request for `bucket` itself to the host that owns its record's lane, and its
+/// answer back. A request another host forwarded here is not forwarded again: this host
+/// no longer serving the lane means it is moving, a retry.
+async fn forward(core: &Rc<Core>, host: &str, req: &Request) -> Handled {
+    if req.header(crate::peer::CALL_HEADER).is_some() {
+        let lane = core.placement.shard_of(&bucket_key_of(req)) as u32;
+        return Err(ApiError::NotServed { shard: lane }.into());
+    }
+    let path = if req.query.is_empty() {
+        req.path.clone()
+    } else {
+        format!("{}?{}", req.path, req.query)
+    };
+    let answer = crate::peer::call(core, host, req.method.as_str(), &path, req.body.clone())
+        .await
+        .map_err(|e| {
+            tracing::warn!("forwarding a bucket request: {e}");
+            ApiError::Unavailable("the bucket's host cannot be reached; retry".into())
+        })?;
+    let mut resp = Response::new(answer.status).header("cache-control", "no-store");
+    if let Some(t) = answer.content_type {
+        resp.push("content-type", t);
+    }
+    // The owner made it absolute on its own address: made again on this one's.
+    if let Some(l) = answer.location {
+        let path = match l.find("://") {
+            Some(i) => l[i + 3..].find('/').map_or("/", |j| &l[i + 3 + j..]),
+            None => l.as_str(),
+        };
+        resp.push("location", path.to_string());
+    }
+    Ok(resp.with_body(vec![answer.body]))
+}
+
+/// The record key of the bucket a `/{bucket}` request names.
+fn bucket_key_of(req: &Request) -> String {
+    let bucket = req
+        .path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("");
+    bucket_key(bucket)
+}
+
+/// What one host is asked for its part of a listing or count.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(tag = "part", rename_all = "snake_case")]
+enum PartAsk {
+    Streams {
+        bucket: String,
+        prefix: Option<String>,
+        after: Option<String>,
+        most: usize,
+    },
+    Counts {
+        buckets: Vec<String>,
+    },
+    Buckets {
+        prefix: Option<String>,
+        after: Option<String>,
+        most: usize,
+        visible: Option<BucketScope>,
+    },
+}
+
+/// One host's part: what was asked for, over the lanes it served.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct PartAnswer {
+    lanes: Vec<u32>,
+    #[serde(default)]
+    streams: Vec<Entry>,
+    #[serde(default)]
+    counts: Vec<usize>,
+    #[serde(default)]
+    buckets: Vec<String>,
+}
+
+/// The other hosts' parts of `ask` (none without a cluster). Refused as a retry unless this
+/// host's lanes and theirs are every lane: a lane moving between hosts would be left out.
+async fn other_parts(core: &Rc<Core>, ask: &PartAsk) -> Result<Vec<PartAnswer>, ApiError> {
+    if !core.lanes.cluster() {
+        return Ok(Vec::new());
+    }
+    let body = Bytes::from(sonic_rs::to_vec(ask).unwrap_or_default());
+    let mut covered = core.lanes.served();
+    let mut parts = Vec::new();
+    for host in crate::lanes::other_hosts(core).await? {
+        let answer = crate::peer::post(core, &host, "/__ursula/buckets/part", body.clone())
+            .await
+            .map_err(|e| {
+                tracing::warn!("asking another host for its part of a listing: {e}");
+                ApiError::Unavailable("a host of the cluster cannot be reached; retry".into())
+            })?;
+        if answer.status != 200 {
+            return Err(peer_refusal("its part of a listing", &answer));
+        }
+        let part: PartAnswer = sonic_rs::from_slice(&answer.body).map_err(|_| {
+            ApiError::BadGateway("a host of the cluster sent a malformed listing".into())
+        })?;
+        covered.extend(&part.lanes);
+        parts.push(part);
+    }
+    covered.sort_unstable();
+    covered.dedup();
+    if covered.len() as u32 != core.lanes.lanes() {
+        return Err(ApiError::Unavailable(
+            "lanes are moving between hosts; retry".into(),
+        ));
+    }
+    Ok(parts)
+}
+
+/// The refusal of a request that needed another host's `what` and got `answer` instead:
+/// a retry while lanes move, a 502 otherwise.
+fn peer_refusal(what: &str, answer: &crate::peer::Answer) -> ApiError {
+    match answer.status {
+        421 | 503 => ApiError::Unavailable("lanes are moving between hosts; retry".into()),
+        status => ApiError::BadGateway(
+            format!(
+                "a host of the cluster refused {what} with {status}: {}",
+                String::from_utf8_lossy(&answer.body).trim()
+            )
+            .into(),
+        ),
+    }
+}
+
+/// `POST /__ursula/buckets/part`: this host's part of another host's listing or count.
+pub async fn serve_part(core: &Rc<Core>, body: &[u8]) -> Response {
+    let Ok(ask) = sonic_rs::from_slice::<PartAsk>(body) else {
+        return ApiError::InvalidJson.response();
+    };
+    let lanes = core.lanes.served();
+    let part = match ask {
+        PartAsk::Streams {
+            bucket,
+            prefix,
+            after,
+            most,
+        } => {
+            let sel = Selection {
+                prefix: prefix.as_deref(),
+                after: after.as_deref(),
+            };
+            PartAnswer {
+                lanes,
+                streams: local_entries(core, &bucket, sel, most).await,
+                ..PartAnswer::default()
+            }
+        }
+        PartAsk::Counts { buckets } => PartAnswer {
+            lanes,
+            counts: local_stream_counts(core, buckets).await,
+            ..PartAnswer::default()
+        },
+        PartAsk::Buckets {
+            prefix,
+            after,
+            most,
+            visible,
+        } => {
+            let sel = Selection {
+                prefix: prefix.as_deref(),
+                after: after.as_deref(),
+            };
+            PartAnswer {
+                lanes,
+                buckets: local_bucket_ids(core, sel, visible.map(Arc::new), most).await,
+                ..PartAnswer::default()
+            }
+        }
+    };
+    json_answer(sonic_rs::to_vec(&part).unwrap_or_default())
+}
+
+fn json_answer(body: Vec<u8>) -> Response {
+    Response::new(200)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-store")
+        .with_body(vec![Bytes::from(body)])
+}
+
+/// Which bucket a host-to-host bucket call is about, and for a copy its settings.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct BucketCall {
+    bucket: String,
+    #[serde(default)]
+    settings: Option<String>,
+}
+
+/// The settings blob of `bucket`'s record on the host at `host`, which owns its lane.
+async fn record_from(core: &Rc<Core>, host: &str, bucket: &str) -> Result<Option<Bytes>, ApiError> {
+    let call = BucketCall {
+        bucket: bucket.to_string(),
+        settings: None,
+    };
+    let body = Bytes::from(sonic_rs::to_vec(&call).unwrap_or_default());
+    let answer = crate::peer::post(core, host, "/__ursula/buckets/record", body)
+        .await
+        .map_err(|e| {
+            tracing::warn!("asking for a bucket's record: {e}");
+            ApiError::Unavailable("the bucket's host cannot be reached; retry".into())
+        })?;
+    match answer.status {
+        200 => Ok(Some(answer.body)),
+        404 => Ok(None),
+        _ => Err(peer_refusal("the bucket's record", &answer)),
+    }
+}
+
+/// `POST /__ursula/buckets/record`: the settings blob of a bucket whose record's lane this
+/// host serves (`200`), or `404`.
+pub async fn serve_record(core: &Rc<Core>, body: &[u8]) -> Response {
+    let Ok(call) = sonic_rs::from_slice::<BucketCall>(body) else {
+        return ApiError::InvalidJson.response();
+    };
+    let key = bucket_key(&call.bucket);
+    if let Err(refused) = core.lanes.check(core.placement.shard_of(&key)) {
+        return crate::lanes::refusal(core, refused).response();
+    }
+    match record(core, &call.bucket).await {
+        Ok(Some(ext)) => Response::new(200)
+            .header("content-type", "application/json")
+            .header("cache-control", "no-store")
+            .with_body(vec![ext]),
+        Ok(None) => ApiError::BucketNotFound.response(),
+        Err(e) => e.response(),
+    }
+}
+
+/// Give every other host's copies of `bucket` the settings `ext` (after a change).
+async fn copy_to_other_hosts(core: &Rc<Core>, bucket: &str, ext: &Bytes) -> Result<(), ApiError> {
+    let call = BucketCall {
+        bucket: bucket.to_string(),
+        settings: Some(String::from_utf8_lossy(ext).into_owned()),
+    };
+    on_other_hosts(core, "/__ursula/buckets/copy", &call).await
+}
+
+/// Remove every other host's copies of `bucket` (before its record goes).
+async fn drop_on_other_hosts(core: &Rc<Core>, bucket: &str) -> Result<(), ApiError> {
+    let call = BucketCall {
+        bucket: bucket.to_string(),
+        settings: None,
+    };
+    on_other_hosts(core, "/__ursula/buckets/drop", &call).await
+}
+
+/// Make `call` at `path` on every other host; each must answer `204`.
+async fn on_other_hosts(core: &Rc<Core>, path: &str, call: &BucketCall) -> Result<(), ApiError> {
+    if !core.lanes.cluster() {
+        return Ok(());
+    }
+    let body = Bytes::from(sonic_rs::to_vec(call).unwrap_or_default());
+    for host in crate::lanes::other_hosts(core).await? {
+        let answer = crate::peer::post(core, &host, path, body.clone())
+            .await
+            .map_err(|e| {
+                tracing::warn!("changing another host's copies of a bucket: {e}");
+                ApiError::Unavailable("a host of the cluster cannot be reached; retry".into())
+            })?;
+        if answer.status != 204 {
+            return Err(peer_refusal("a bucket's copies", &answer));
+        }
+    }
+    Ok(())
+}
+
+/// `POST /__ursula/buckets/copy`: give this host's copies of a bucket the settings its
+/// record was given on the host that owns it.
+pub async fn serve_copy(core: &Rc<Core>, body: &[u8]) -> Response {
+    let Ok(BucketCall {
+        bucket,
+        settings: Some(settings),
+    }) = sonic_rs::from_slice::<BucketCall>(body)
+    else {
+        return ApiError::InvalidJson.response();
+    };
+    let ext = Bytes::from(settings);
+    for i in 0..core.cores() {
+        let (b, blob) = (bucket.clone(), ext.clone());
+        let done = core
+            .on(
+                i,
+                move |c| async move { update_copies_on(&c, &b, &blob).await },
+            )
+            .await;
+        if !matches!(done, Ok(true)) {
+            return ApiError::owner_unavailable().response();
+        }
+    }
+    core.bucket_limits
+        .set(&bucket, BucketSettings::decode(&ext).rate_limit);
+    Response::new(204).header("cache-control", "no-store")
+}
+
+/// Give the copies of `bucket` core `c`'s shards hold the settings `ext` (a shard without
+/// one gets it from the record when it next needs it). True when every change is durable.
+async fn update_copies_on(c: &Core, bucket: &str, ext: &Bytes) -> bool {
+    for shard in c.shards() {
+        if exists_in(&shard, bucket) && !replicate(&shard, bucket, ext.clone()).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// `POST /__ursula/buckets/drop`: remove this host's copies of a bucket being deleted on
+/// the host that owns its record.
+pub async fn serve_drop(core: &Rc<Core>, body: &[u8]) -> Response {
+    let Ok(call) = sonic_rs::from_slice::<BucketCall>(body) else {
+        return ApiError::InvalidJson.response();
+    };
+    for i in 0..core.cores() {
+        let key = bucket_key(&call.bucket);
+        let done = core
+            .on(i, move |c| async move {
+                for shard in c.shards() {
+                    // The record itself is not dropped here, should its lane have come.
+                    if c.is_home_of(&shard, &key) {
+                        continue;
+                    }
+                    let Some(id) = shard.lookup(&key) else {
+                        continue;
+                    };
+                    let Ok(commit) = shard.delete(id) else {
+                        return false;
+                    };
+                    if commit.durable().await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            })
+            .await;
+        if !matches!(done, Ok(true)) {
+            return ApiError::owner_unavailable().response();
+        }
+    }
+    core.bucket_limits.set(&call.bucket, None);
+    Response::new(204).header("cache-control", "no-store")
 }
