@@ -739,21 +739,7 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
         let key = bucket_key(bucket);
         let ok = core
             .on(i, move |c| async move {
-                for shard in c.shards() {
-                    if c.is_home_of(&shard, &key) != authoritative {
-                        continue;
-                    }
-                    let Some(id) = shard.lookup(&key) else {
-                        continue;
-                    };
-                    let Ok(commit) = shard.delete(id) else {
-                        return false;
-                    };
-                    if commit.durable().await.is_err() {
-                        return false;
-                    }
-                }
-                true
+                delete_records_on(&c, &key, authoritative).await
             })
             .await;
         if !matches!(ok, Ok(true)) {
@@ -762,6 +748,26 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
     }
     core.bucket_limits.set(bucket, None);
     Ok(Response::new(204).header("cache-control", "no-store"))
+}
+
+/// Delete `key`'s bucket records in core `c`'s shards: the authoritative one (in the shard
+/// that is its home), or the copies. True when every deletion is durable.
+async fn delete_records_on(c: &Core, key: &str, authoritative: bool) -> bool {
+    for shard in c.shards() {
+        if c.is_home_of(&shard, key) != authoritative {
+            continue;
+        }
+        let Some(id) = shard.lookup(key) else {
+            continue;
+        };
+        let Ok(commit) = shard.delete(id) else {
+            return false;
+        };
+        if commit.durable().await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1084,24 +1090,10 @@ pub async fn serve_drop(core: &Rc<Core>, body: &[u8]) -> Response {
     };
     for i in 0..core.cores() {
         let key = bucket_key(&call.bucket);
+        // Only copies: the record itself stays, should its lane have come here.
         let done = core
             .on(i, move |c| async move {
-                for shard in c.shards() {
-                    // The record itself is not dropped here, should its lane have come.
-                    if c.is_home_of(&shard, &key) {
-                        continue;
-                    }
-                    let Some(id) = shard.lookup(&key) else {
-                        continue;
-                    };
-                    let Ok(commit) = shard.delete(id) else {
-                        return false;
-                    };
-                    if commit.durable().await.is_err() {
-                        return false;
-                    }
-                }
-                true
+                delete_records_on(&c, &key, false).await
             })
             .await;
         if !matches!(done, Ok(true)) {
