@@ -256,7 +256,8 @@ struct Selection<'a> {
     after: Option<&'a str>,
 }
 
-/// A [`Selection`] that owns its strings, to send to another core.
+/// A [`Selection`] that owns its strings, to send to another core or host.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct OwnedSelection {
     prefix: Option<String>,
     after: Option<String>,
@@ -349,8 +350,7 @@ async fn entries(
 ) -> Result<Vec<Entry>, ApiError> {
     let ask = PartAsk::Streams {
         bucket: bucket.to_string(),
-        prefix: sel.prefix.map(str::to_string),
-        after: sel.after.map(str::to_string),
+        sel: sel.owned(),
         most,
     };
     let mut all = local_entries(core, bucket, sel, most).await;
@@ -675,8 +675,7 @@ async fn bucket_ids(
     most: usize,
 ) -> Result<Vec<String>, ApiError> {
     let ask = PartAsk::Buckets {
-        prefix: sel.prefix.map(str::to_string),
-        after: sel.after.map(str::to_string),
+        sel: sel.owned(),
         most,
         visible: visible.as_deref().cloned(),
     };
@@ -825,16 +824,14 @@ fn bucket_key_of(req: &Request) -> String {
 enum PartAsk {
     Streams {
         bucket: String,
-        prefix: Option<String>,
-        after: Option<String>,
+        sel: OwnedSelection,
         most: usize,
     },
     Counts {
         buckets: Vec<String>,
     },
     Buckets {
-        prefix: Option<String>,
-        after: Option<String>,
+        sel: OwnedSelection,
         most: usize,
         visible: Option<BucketScope>,
     },
@@ -855,22 +852,10 @@ struct PartAnswer {
 /// The other hosts' parts of `ask` (none without a cluster). Refused as a retry unless this
 /// host's lanes and theirs are every lane: a lane moving between hosts would be left out.
 async fn other_parts(core: &Rc<Core>, ask: &PartAsk) -> Result<Vec<PartAnswer>, ApiError> {
-    if !core.lanes.cluster() {
-        return Ok(Vec::new());
-    }
-    let body = Bytes::from(sonic_rs::to_vec(ask).unwrap_or_default());
+    let answers = on_every_other_host(core, "/__ursula/buckets/part", ask, 200).await?;
     let mut covered = core.lanes.served();
     let mut parts = Vec::new();
-    for host in crate::lanes::other_hosts(core).await? {
-        let answer = crate::peer::post(core, &host, "/__ursula/buckets/part", body.clone())
-            .await
-            .map_err(|e| {
-                tracing::warn!("asking another host for its part of a listing: {e}");
-                ApiError::Unavailable("a host of the cluster cannot be reached; retry".into())
-            })?;
-        if answer.status != 200 {
-            return Err(peer_refusal("its part of a listing", &answer));
-        }
+    for answer in answers {
         let part: PartAnswer = sonic_rs::from_slice(&answer.body).map_err(|_| {
             ApiError::BadGateway("a host of the cluster sent a malformed listing".into())
         })?;
@@ -887,14 +872,42 @@ async fn other_parts(core: &Rc<Core>, ask: &PartAsk) -> Result<Vec<PartAnswer>, 
     Ok(parts)
 }
 
-/// The refusal of a request that needed another host's `what` and got `answer` instead:
-/// a retry while lanes move, a 502 otherwise.
-fn peer_refusal(what: &str, answer: &crate::peer::Answer) -> ApiError {
+/// Make the call `path` with `call` (as JSON) on every other host (none without a
+/// cluster), each of which must answer with `status`.
+async fn on_every_other_host(
+    core: &Rc<Core>,
+    path: &str,
+    call: &impl serde::Serialize,
+    status: u16,
+) -> Result<Vec<crate::peer::Answer>, ApiError> {
+    if !core.lanes.cluster() {
+        return Ok(Vec::new());
+    }
+    let body = Bytes::from(sonic_rs::to_vec(call).unwrap_or_default());
+    let mut answers = Vec::new();
+    for host in crate::lanes::other_hosts(core).await? {
+        let answer = crate::peer::post(core, &host, path, body.clone())
+            .await
+            .map_err(|e| {
+                tracing::warn!("calling another host at {path}: {e}");
+                ApiError::Unavailable("a host of the cluster cannot be reached; retry".into())
+            })?;
+        if answer.status != status {
+            return Err(peer_refusal(path, &answer));
+        }
+        answers.push(answer);
+    }
+    Ok(answers)
+}
+
+/// The refusal of a request that needed another host's answer at `path` and got `answer`
+/// instead: a retry while lanes move, a 502 otherwise.
+fn peer_refusal(path: &str, answer: &crate::peer::Answer) -> ApiError {
     match answer.status {
         421 | 503 => ApiError::Unavailable("lanes are moving between hosts; retry".into()),
         status => ApiError::BadGateway(
             format!(
-                "a host of the cluster refused {what} with {status}: {}",
+                "a host of the cluster refused {path} with {status}: {}",
                 String::from_utf8_lossy(&answer.body).trim()
             )
             .into(),
@@ -909,43 +922,21 @@ pub async fn serve_part(core: &Rc<Core>, body: &[u8]) -> Response {
     };
     let lanes = core.lanes.served();
     let part = match ask {
-        PartAsk::Streams {
-            bucket,
-            prefix,
-            after,
-            most,
-        } => {
-            let sel = Selection {
-                prefix: prefix.as_deref(),
-                after: after.as_deref(),
-            };
-            PartAnswer {
-                lanes,
-                streams: local_entries(core, &bucket, sel, most).await,
-                ..PartAnswer::default()
-            }
-        }
+        PartAsk::Streams { bucket, sel, most } => PartAnswer {
+            lanes,
+            streams: local_entries(core, &bucket, sel.get(), most).await,
+            ..PartAnswer::default()
+        },
         PartAsk::Counts { buckets } => PartAnswer {
             lanes,
             counts: local_stream_counts(core, buckets).await,
             ..PartAnswer::default()
         },
-        PartAsk::Buckets {
-            prefix,
-            after,
-            most,
-            visible,
-        } => {
-            let sel = Selection {
-                prefix: prefix.as_deref(),
-                after: after.as_deref(),
-            };
-            PartAnswer {
-                lanes,
-                buckets: local_bucket_ids(core, sel, visible.map(Arc::new), most).await,
-                ..PartAnswer::default()
-            }
-        }
+        PartAsk::Buckets { sel, most, visible } => PartAnswer {
+            lanes,
+            buckets: local_bucket_ids(core, sel.get(), visible.map(Arc::new), most).await,
+            ..PartAnswer::default()
+        },
     };
     json_answer(sonic_rs::to_vec(&part).unwrap_or_default())
 }
@@ -981,7 +972,7 @@ async fn record_from(core: &Rc<Core>, host: &str, bucket: &str) -> Result<Option
     match answer.status {
         200 => Ok(Some(answer.body)),
         404 => Ok(None),
-        _ => Err(peer_refusal("the bucket's record", &answer)),
+        _ => Err(peer_refusal("/__ursula/buckets/record", &answer)),
     }
 }
 
@@ -1025,22 +1016,7 @@ async fn drop_on_other_hosts(core: &Rc<Core>, bucket: &str) -> Result<(), ApiErr
 
 /// Make `call` at `path` on every other host; each must answer `204`.
 async fn on_other_hosts(core: &Rc<Core>, path: &str, call: &BucketCall) -> Result<(), ApiError> {
-    if !core.lanes.cluster() {
-        return Ok(());
-    }
-    let body = Bytes::from(sonic_rs::to_vec(call).unwrap_or_default());
-    for host in crate::lanes::other_hosts(core).await? {
-        let answer = crate::peer::post(core, &host, path, body.clone())
-            .await
-            .map_err(|e| {
-                tracing::warn!("changing another host's copies of a bucket: {e}");
-                ApiError::Unavailable("a host of the cluster cannot be reached; retry".into())
-            })?;
-        if answer.status != 204 {
-            return Err(peer_refusal("a bucket's copies", &answer));
-        }
-    }
-    Ok(())
+    on_every_other_host(core, path, call, 204).await.map(drop)
 }
 
 /// `POST /__ursula/buckets/copy`: give this host's copies of a bucket the settings its
