@@ -478,6 +478,11 @@ async fn duplicate(
             if visible {
                 break;
             }
+            // A stopped shard (its lane moved away) never shows it: a wait would end at
+            // once, for ever.
+            if shard.stopped() {
+                return Err(StorageError::Stopped.into());
+            }
             shard.changed(id, version).await;
         }
     }

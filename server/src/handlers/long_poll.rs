@@ -49,6 +49,11 @@ pub async fn long_poll(
                 .header("cache-control", "no-store");
             return Ok(with_stream_records(&shard, surface, id, resp));
         }
+        // A stopped shard (its lane moving away) ends a wait at once: answer the retry
+        // rather than spin until it is removed.
+        if shard.stopped() {
+            return Err(ursula_storage::StorageError::Stopped.into());
+        }
         let wait = (deadline - now).min(LIVE_WAIT_SLICE);
         core.wait_or_shutdown(shard.changed(id, version), wait)
             .await;

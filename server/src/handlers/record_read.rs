@@ -99,6 +99,11 @@ async fn record_long_poll(
             records::push_ack_headers(&mut resp, start, start);
             return Ok(resp);
         }
+        // A stopped shard (its lane moving away) ends a wait at once: answer the retry
+        // rather than spin until it is removed.
+        if shard.stopped() {
+            return Err(ursula_storage::StorageError::Stopped.into());
+        }
         let wait = (deadline - now).min(LIVE_WAIT_SLICE);
         core.wait_or_shutdown(shard.changed(id, version), wait)
             .await;

@@ -335,6 +335,9 @@ async fn step_on_owner(
     let Ok(shard) = core.shard(id) else {
         return Step::Gone;
     };
+    if shard.stopped() {
+        return Step::Gone;
+    }
     let current = match shard.stream(id) {
         Some(s) if s.incarnation() == incarnation => s.version(),
         _ => return Step::Gone,

@@ -267,6 +267,10 @@ async fn step(core: &Rc<Core>, sess: &mut SseSession) -> (Vec<u8>, bool) {
         let Ok(shard) = core.shard(sess.id) else {
             return (Vec::new(), true);
         };
+        // A stopped shard (its lane moving away) would end every wait at once.
+        if shard.stopped() {
+            return (Vec::new(), true);
+        }
         let (tail, closed, version) = match shard.stream(sess.id) {
             Some(s) if s.incarnation() == sess.incarnation => {
                 (s.next_offset(), s.is_closed(), s.version())
