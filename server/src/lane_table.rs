@@ -22,6 +22,11 @@ pub struct LaneTable {
     owners: Vec<Mutex<KnownOwner>>,
     /// This host is leaving the cluster: it takes no lanes and gives its own up.
     draining: AtomicBool,
+    /// In a cluster, until when (ms after `born`) this host may serve its lanes without
+    /// another successful heartbeat: past it, the others may already count the host as
+    /// gone and adopt its lanes, so it answers nothing (see [`LaneTable::renew_lease`]).
+    lease_until_ms: AtomicU64,
+    born: Instant,
     /// What the cluster's metrics report (see [`ClusterCounts`]).
     pub counts: ClusterCounts,
 }
@@ -83,8 +88,25 @@ impl LaneTable {
             states: (0..lanes).map(|l| AtomicU8::new(state(l) as u8)).collect(),
             owners: (0..lanes).map(|_| Mutex::default()).collect(),
             draining: AtomicBool::new(false),
+            // No lease until the membership thread starts one (see `lanes`).
+            lease_until_ms: AtomicU64::new(u64::MAX),
+            born: Instant::now(),
             counts: ClusterCounts::default(),
         }
+    }
+
+    /// A heartbeat that started at `beat` succeeded: serve until `valid` after it.
+    pub(crate) fn renew_lease(&self, beat: Instant, valid: Duration) {
+        let until = beat.saturating_duration_since(self.born) + valid;
+        self.lease_until_ms
+            .store(until.as_millis() as u64, Ordering::Release);
+    }
+
+    /// Whether the lease ran out: no heartbeat has succeeded for too long (this host was
+    /// paused, cut off, or S3 is unreachable), so other hosts may have taken its lanes.
+    pub fn lease_lapsed(&self) -> bool {
+        self.cluster
+            && self.born.elapsed().as_millis() as u64 > self.lease_until_ms.load(Ordering::Acquire)
     }
 
     /// Whether this host serves `lane` now; the refusal otherwise.
@@ -93,6 +115,7 @@ impl LaneTable {
             return Ok(());
         }
         match self.state(lane as u32) {
+            LaneState::Served if self.lease_lapsed() => Err(NotHere::Moving { lane: lane as u32 }),
             LaneState::Served => Ok(()),
             LaneState::Moving => Err(NotHere::Moving { lane: lane as u32 }),
             LaneState::Elsewhere => Err(NotHere::Elsewhere {
@@ -240,5 +263,24 @@ mod tests {
         assert!(!t.should_look_up(2), "just learnt");
         assert!(t.should_look_up(0));
         assert!(!t.should_look_up(0), "one lookup at a time");
+    }
+
+    #[test]
+    fn a_lapsed_lease_serves_nothing_until_a_heartbeat_renews_it() {
+        let t = LaneTable::new(2, true, &[0, 1]);
+        assert!(t.check(0).is_ok(), "the lanes claimed at start are served");
+        // A heartbeat long ago, whose lease has run out (a pause, a cut link).
+        t.renew_lease(t.born, Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(t.lease_lapsed());
+        assert_eq!(t.check(1), Err(NotHere::Moving { lane: 1 }));
+        t.renew_lease(Instant::now(), Duration::from_secs(5));
+        assert!(!t.lease_lapsed());
+        assert!(t.check(1).is_ok());
+        // Without a cluster there is no lease.
+        let single = LaneTable::new(2, false, &[]);
+        single.renew_lease(single.born, Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(single.check(0).is_ok());
     }
 }

@@ -472,7 +472,7 @@ struct Membership {
 }
 
 impl Membership {
-    fn run(&self, archive: &ursula_cold::Archive, shutdown: &AtomicBool) {
+    fn run(&self, archive: &Arc<ursula_cold::Archive>, shutdown: &AtomicBool) {
         let lease_ms = self.config.cluster_lease.as_millis() as i64;
         let mut failing_since: Option<Instant> = None;
         // After heartbeats failed (S3 unreachable, for this host or for all), the others'
@@ -480,10 +480,17 @@ impl Membership {
         // host has had a lease to heartbeat again.
         let mut quiet_until: Option<Instant> = None;
         let mut live_before: Vec<String> = Vec::new();
+        // The lanes held at start were just claimed: good for one lease from now.
+        self.lanes
+            .renew_lease(Instant::now(), lease_validity(&self.config));
         while !shutdown.load(Ordering::Acquire) {
             let record = node_record(&self.config, &self.lanes, &self.me);
+            let beat = Instant::now();
             match block_on(archive.heartbeat(record)) {
                 Ok(view) => {
+                    if !self.lanes.lease_lapsed() || self.find_lanes_taken_over(archive) {
+                        self.lanes.renew_lease(beat, lease_validity(&self.config));
+                    }
                     if let Some(t) = failing_since.take() {
                         tracing::info!(
                             after_ms = t.elapsed().as_millis() as u64,
@@ -533,6 +540,37 @@ impl Membership {
         }
     }
 
+    /// After the lease lapsed (this host was paused or cut off), before it serves again:
+    /// a lane whose manifest now names another owner was taken over meanwhile. It stays
+    /// unserved (`503`) until the archiver, refused at its next commit, reports it lost
+    /// and `drop_lost_lanes` drops it. False when a manifest could not be read: the lease
+    /// stays lapsed until the next heartbeat looks again.
+    fn find_lanes_taken_over(&self, archive: &Arc<ursula_cold::Archive>) -> bool {
+        for lane in self.lanes.served() {
+            let owner = block_on(archive.load_manifest(lane)).map(|m| m.map(|m| m.owner));
+            match owner {
+                Ok(Some(owner)) if owner == self.me => {}
+                Ok(owner) => {
+                    tracing::warn!(
+                        lane,
+                        owner = owner.as_deref().unwrap_or(""),
+                        "after a lapsed lease: another host took the lane over"
+                    );
+                    self.lanes
+                        .transition(lane, LaneState::Served, LaneState::Moving);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        lane,
+                        "after a lapsed lease: cannot read the lane's manifest: {e}"
+                    );
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// Remember where the lanes other live hosts serve are, for refusals to name.
     fn learn_owners(&self, view: &ursula_cold::members::Membership, lease_ms: i64) {
         for m in view.live(lease_ms).filter(|m| m.record.id != self.me) {
@@ -580,6 +618,15 @@ impl Membership {
             let _ = self.peers[0].post(letter);
         }
     }
+}
+
+/// How long after a successful heartbeat began this host may serve without another: the
+/// lease, less what the others' view of it may be short by (object stores date records to
+/// the second) and a margin, so it stops before anyone may count it gone.
+fn lease_validity(config: &Config) -> Duration {
+    config
+        .cluster_lease
+        .saturating_sub(Duration::from_millis(1_250))
 }
 
 /// Run `f` to completion on this (non-core) thread: the cold tier's futures complete from
