@@ -31,6 +31,8 @@ pub struct Client {
     tls: Option<Arc<ClientConfig>>,
     token: Option<String>,
     conn: Option<BufReader<Transport>>,
+    /// How long a connection may take to open.
+    connect_timeout: Duration,
 }
 
 /// One request.
@@ -67,7 +69,14 @@ impl Client {
             tls,
             token,
             conn: None,
+            connect_timeout: CONNECT_TIMEOUT,
         })
+    }
+
+    /// Give up on opening a connection after `timeout` instead of [`CONNECT_TIMEOUT`].
+    pub fn connect_within(mut self, timeout: Duration) -> Client {
+        self.connect_timeout = timeout;
+        self
     }
 
     /// The URL of a request path, for messages and output.
@@ -186,7 +195,7 @@ impl Client {
         let mut last = io::Error::new(io::ErrorKind::NotFound, "the name has no address");
         let mut tcp = None;
         for addr in addrs {
-            match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+            match TcpStream::connect_timeout(&addr, self.connect_timeout) {
                 Ok(s) => {
                     tcp = Some(s);
                     break;
@@ -247,7 +256,7 @@ impl Client {
                     Some(source) => Error::Tls { url, source },
                     None if is_timeout(&source) => Error::TimedOut {
                         url,
-                        seconds: CONNECT_TIMEOUT.as_secs(),
+                        seconds: self.connect_timeout.as_secs(),
                     },
                     None => Error::Connection { url, source },
                 }

@@ -24,6 +24,10 @@ use crate::{Connection, Error};
 /// The backend of a lane no host serves.
 const ANY: &str = "ursula_any";
 
+/// How long a host may take to connect and answer before this look goes on without it: a
+/// host that is stopped or cut off must not hold the others' lanes back.
+const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
+
 #[derive(Args, Debug)]
 pub struct HaproxyMapArgs {
     /// A cluster host's URL as HAProxy reaches it (`http://10.0.0.5:4437`); repeat for
@@ -57,11 +61,13 @@ pub fn run(args: HaproxyMapArgs) -> Result<(), Error> {
             cacert: args.connection.cacert.clone(),
             json: false,
         };
-        hosts.push((backend_prefix(url)?, Client::new(&connection)?));
+        let client = Client::new(&connection)?.connect_within(LOOK_TIMEOUT);
+        hosts.push((backend_prefix(url)?, client));
     }
     let mut current = read_map(&args.map)?;
+    let mut newest = vec![0; current.len()];
     loop {
-        let wanted = wanted_map(&mut hosts, current.len());
+        let wanted = wanted_map(&mut hosts, &mut newest);
         let changes: Vec<(usize, &str)> = wanted
             .iter()
             .enumerate()
@@ -112,20 +118,31 @@ fn backend_prefix(url: &str) -> Result<String, Error> {
     Ok(format!("ursula_{name}_core"))
 }
 
-/// The backend each lane should have now, from every host that answers: the serving
-/// host's core, the newer owner epoch winning a lane claimed twice; `ursula_any` else.
-fn wanted_map(hosts: &mut [(String, Client)], lanes: usize) -> Vec<String> {
-    let mut best: Vec<Option<(u64, String)>> = vec![None; lanes];
-    for (prefix, client) in hosts.iter_mut() {
-        let answer = client.send(&Request::new("GET", "/__ursula/lanes"));
+/// The backend each lane should have now, from every host that answers (all asked at
+/// once): the serving host's core, the newer owner epoch winning a lane claimed twice;
+/// `ursula_any` else. `newest` is each lane's highest owner epoch seen so far: a host
+/// still reporting an older one (paused or cut off while the lane was taken over) is
+/// never routed to again.
+fn wanted_map(hosts: &mut [(String, Client)], newest: &mut [u64]) -> Vec<String> {
+    let mut best: Vec<Option<(u64, String)>> = vec![None; newest.len()];
+    let answers: Vec<_> = std::thread::scope(|scope| {
+        let asking: Vec<_> = hosts
+            .iter_mut()
+            .map(|(prefix, client)| {
+                scope.spawn(move || {
+                    let look = Request::new("GET", "/__ursula/lanes").wait(LOOK_TIMEOUT);
+                    let answer = client.send(&look);
+                    (prefix.as_str(), client.url_of("/__ursula/lanes"), answer)
+                })
+            })
+            .collect();
+        asking.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    for (prefix, url, answer) in answers {
         let view = match answer {
             Ok(r) if r.status == 200 => sonic_rs::from_slice::<sonic_rs::Value>(&r.body).ok(),
             Ok(r) => {
-                eprintln!(
-                    "ursula haproxy-map: {}: status {}",
-                    client.url_of("/__ursula/lanes"),
-                    r.status
-                );
+                eprintln!("ursula haproxy-map: {url}: status {}", r.status);
                 None
             }
             Err(e) => {
@@ -152,6 +169,13 @@ fn wanted_map(hosts: &mut [(String, Client)], lanes: usize) -> Vec<String> {
                 .and_then(|a| a.get("epoch"))
                 .and_then(|e| e.as_u64())
                 .unwrap_or(0);
+            let Some(seen) = newest.get_mut(n as usize) else {
+                continue;
+            };
+            if epoch < *seen {
+                continue;
+            }
+            *seen = epoch;
             if let Some(slot) = best.get_mut(n as usize) {
                 if slot.as_ref().is_none_or(|(e, _)| epoch > *e) {
                     *slot = Some((epoch, format!("{prefix}{core}")));
