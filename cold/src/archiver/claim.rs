@@ -138,10 +138,18 @@ pub(super) async fn claim_shard(
                 epoch: next.epoch,
                 owner,
             };
-            let chain =
-                follow_and_fence(store, shard, m.epoch, m.s3_end().lsn, &fencer, |_| Ok(()))
-                    .await
-                    .map_err(claiming)?;
+            let known = crate::wal::newest_archived_seq(&m);
+            let chain = follow_and_fence(
+                store,
+                shard,
+                m.epoch,
+                m.s3_end().lsn,
+                known,
+                &fencer,
+                |_| Ok(()),
+            )
+            .await
+            .map_err(claiming)?;
             next.add_fence(chain.fence);
             if inherit {
                 next.wal.retain(|w| w.last_lsn > next.archived.lsn);
@@ -157,15 +165,25 @@ pub(super) async fn claim_shard(
         }
     };
     next.address = settings.advertise.clone().unwrap_or_default();
-    let etag = manifest::commit(store, &next, etag.as_deref())
-        .await
-        .map_err(|e| match e {
-            Error::Conflict { .. } => Error::ClaimRace {
+    let etag = match manifest::commit(store, &next, etag.as_deref()).await {
+        Ok(etag) => etag,
+        // A lane resumed at start that another host took over since it was read (this
+        // host's heartbeats had stopped): it is that host's now, not this one's.
+        Err(Error::Conflict { .. }) if mode == ClaimMode::Resume => {
+            tracing::warn!(
+                shard,
+                "another host took the lane over while it was resumed"
+            );
+            return Ok(None);
+        }
+        Err(Error::Conflict { .. }) => {
+            return Err(Error::ClaimRace {
                 store: at.clone(),
                 shard,
-            },
-            e => claiming(e),
-        })?;
+            })
+        }
+        Err(e) => return Err(claiming(e)),
+    };
     tracing::info!(
         shard,
         epoch = next.epoch,
