@@ -224,10 +224,12 @@ async fn restore_wal(
         epoch: m.epoch + 1,
         owner: RESTORE_OWNER,
     };
-    let chain = crate::wal::follow_and_fence(store, m.shard, m.epoch, end.lsn, &fencer, |o| {
-        crate::wal::apply(&dir, m.shard, o)
-    })
-    .await?;
+    let known = crate::wal::newest_archived_seq(m);
+    let chain =
+        crate::wal::follow_and_fence(store, m.shard, m.epoch, end.lsn, known, &fencer, |o| {
+            crate::wal::apply(&dir, m.shard, o)
+        })
+        .await?;
     for w in &chain.objects {
         end = applied(report, w);
     }

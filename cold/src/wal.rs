@@ -34,6 +34,17 @@ pub struct Chain {
     pub fence: String,
 }
 
+/// The newest sequence number of epoch `m.epoch`'s WAL that `m` dropped as archived: the
+/// chain past the archive starts after it.
+pub fn newest_archived_seq(m: &crate::manifest::Manifest) -> Option<u64> {
+    m.garbage
+        .iter()
+        .filter_map(|g| crate::manifest::parse_wal_key(m.shard, &g.key))
+        .filter(|&(epoch, _)| epoch == m.epoch)
+        .map(|(_, seq)| seq)
+        .max()
+}
+
 /// Who writes a fence.
 #[derive(Debug, Clone)]
 pub struct Fencer<'a> {
@@ -45,16 +56,19 @@ pub struct Fencer<'a> {
 /// every object that continues the log without a gap, to the first sequence number with
 /// no object, and fence it there (see the module comment). An object whose PUT lost the
 /// race against a fence, or that follows a gap in the changes, is never part of it.
+/// `known`: a sequence number at or before the chain's start, if one is known (see
+/// [`newest_archived_seq`]).
 pub async fn follow_and_fence(
     store: &DynStore,
     shard: u32,
     epoch: u64,
     mut after: u64,
+    known: Option<u64>,
     fencer: &Fencer<'_>,
     mut apply: impl FnMut(&WalObject) -> Result<()>,
 ) -> Result<Chain> {
     let keys = Keys::new(shard, epoch);
-    let mut seq = start_of_chain(store, shard, &keys, after).await?;
+    let mut seq = start_of_chain(store, shard, &keys, after, known).await?;
     let mut chain = Chain::default();
     let mut continuous = true;
     loop {
@@ -129,9 +143,21 @@ async fn read_or_fence(
 /// before the change after `after` (older ones may be deleted already, once the archive
 /// covers them), found by a binary search over the objects' heads; the oldest listed one
 /// if none does, 0 when the epoch has none.
-async fn start_of_chain(store: &DynStore, shard: u32, keys: &Keys, after: u64) -> Result<u64> {
+async fn start_of_chain(
+    store: &DynStore,
+    shard: u32,
+    keys: &Keys,
+    after: u64,
+    known: Option<u64>,
+) -> Result<u64> {
     let prefix = keys.wal_prefix();
-    let listed = store.list(&prefix).await.map_err(Error::request(&prefix))?;
+    // The epoch's WAL objects below the archive stay for the grace period: thousands on a
+    // busy lane. Listing from the newest one known archived skips them.
+    let listed = match known {
+        Some(seq) if seq > 0 => store.list_after(&prefix, &keys.wal(seq - 1)).await,
+        _ => store.list(&prefix).await,
+    };
+    let listed = listed.map_err(Error::request(&prefix))?;
     let mut seqs: Vec<u64> = listed
         .iter()
         .filter_map(|l| parse_wal_key(shard, &l.key).map(|(_, seq)| seq))
@@ -266,6 +292,34 @@ mod tests {
     };
 
     #[test]
+    fn a_chain_found_from_a_known_archived_object_is_the_same_chain() {
+        let (_dir, store) = local();
+        run(async {
+            for seq in 0..40 {
+                put(&store, seq, seq * 2 + 1, seq * 2 + 2).await;
+            }
+            // Archived through LSN 60 (object 29); object 25 is the newest known dropped.
+            let mut everything = Vec::new();
+            let listed = follow_and_fence(&store, 0, 1, 60, None, &FENCER, |o| {
+                everything.push(o.first_lsn.get());
+                Ok(())
+            })
+            .await
+            .expect("follow");
+            let mut from_known = Vec::new();
+            let again = follow_and_fence(&store, 0, 1, 60, Some(25), &FENCER, |o| {
+                from_known.push(o.first_lsn.get());
+                Ok(())
+            })
+            .await
+            .expect("follow");
+            assert_eq!(everything, (30..40).map(|s| s * 2 + 1).collect::<Vec<_>>());
+            assert_eq!(from_known, everything);
+            assert_eq!((again.fence, again.objects.len()), (listed.fence, 10));
+        });
+    }
+
+    #[test]
     fn a_chain_is_followed_to_its_first_missing_object_and_fenced_there() {
         let (_dir, store) = local();
         run(async {
@@ -273,7 +327,7 @@ mod tests {
             put(&store, 1, 4, 9).await;
             put(&store, 2, 10, 10).await;
             let mut applied = Vec::new();
-            let chain = follow_and_fence(&store, 0, 1, 3, &FENCER, |o| {
+            let chain = follow_and_fence(&store, 0, 1, 3, None, &FENCER, |o| {
                 applied.push(o.first_lsn.get());
                 Ok(())
             })
@@ -289,7 +343,7 @@ mod tests {
                 .await;
             assert!(matches!(late, Err(StoreError::PreconditionFailed)));
             // A second takeover stops at the same fence and writes none.
-            let again = follow_and_fence(&store, 0, 1, 10, &FENCER, |_| Ok(()))
+            let again = follow_and_fence(&store, 0, 1, 10, None, &FENCER, |_| Ok(()))
                 .await
                 .expect("follow");
             assert!(again.objects.is_empty());
@@ -312,7 +366,7 @@ mod tests {
             }
             let mut applied = Vec::new();
             // The archive ends at LSN 7, inside object 3.
-            follow_and_fence(&store, 0, 1, 7, &FENCER, |o| {
+            follow_and_fence(&store, 0, 1, 7, None, &FENCER, |o| {
                 applied.push(o.first_lsn.get());
                 Ok(())
             })
@@ -330,7 +384,7 @@ mod tests {
             // acknowledged none of it (the archive gate), so none of it is the log.
             put(&store, 0, 20, 25).await;
             let mut applied = 0;
-            let chain = follow_and_fence(&store, 0, 1, 15, &FENCER, |_| {
+            let chain = follow_and_fence(&store, 0, 1, 15, None, &FENCER, |_| {
                 applied += 1;
                 Ok(())
             })

@@ -85,6 +85,13 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> StoreResult<String>;
     async fn delete(&self, key: &str) -> StoreResult<()>;
     async fn list(&self, prefix: &str) -> StoreResult<Vec<Listed>>;
+    /// The keys under `prefix` that sort after `after`: a store that can start a listing
+    /// there (S3's `start-after`) reads none of the keys before it.
+    async fn list_after(&self, prefix: &str, after: &str) -> StoreResult<Vec<Listed>> {
+        let mut listed = self.list(prefix).await?;
+        listed.retain(|l| l.key.as_str() > after);
+        Ok(listed)
+    }
     fn describe(&self) -> String;
 }
 
@@ -366,6 +373,44 @@ fn s3_err<E: std::error::Error + 'static>(what: &str, e: SdkErr<E>) -> StoreErro
     ))
 }
 
+impl S3Store {
+    /// Every key under `prefix` (after `after`, when given), page by page.
+    async fn list_from(&self, prefix: &str, after: Option<&str>) -> StoreResult<Vec<Listed>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut req = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(self.key(prefix));
+            if let Some(a) = after {
+                req = req.start_after(self.key(a));
+            }
+            if let Some(t) = &token {
+                req = req.continuation_token(t);
+            }
+            let resp = req.send().await.map_err(|e| s3_err("list", e))?;
+            for o in resp.contents() {
+                let Some(k) = o.key() else { continue };
+                let Some(rel) = k.strip_prefix(&self.prefix) else {
+                    continue;
+                };
+                out.push(Listed {
+                    key: rel.to_string(),
+                    size: o.size().unwrap_or(0).max(0) as u64,
+                    modified_ms: o.last_modified().and_then(|t| t.to_millis().ok()),
+                });
+            }
+            match resp.next_continuation_token() {
+                Some(t) if resp.is_truncated() == Some(true) => token = Some(t.to_string()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
 #[async_trait]
 impl ObjectStore for S3Store {
     async fn get(&self, key: &str) -> StoreResult<Option<Object>> {
@@ -484,35 +529,11 @@ impl ObjectStore for S3Store {
     }
 
     async fn list(&self, prefix: &str) -> StoreResult<Vec<Listed>> {
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut req = self
-                .client
-                .list_objects_v2()
-                .bucket(&self.bucket)
-                .prefix(self.key(prefix));
-            if let Some(t) = &token {
-                req = req.continuation_token(t);
-            }
-            let resp = req.send().await.map_err(|e| s3_err("list", e))?;
-            for o in resp.contents() {
-                let Some(k) = o.key() else { continue };
-                let Some(rel) = k.strip_prefix(&self.prefix) else {
-                    continue;
-                };
-                out.push(Listed {
-                    key: rel.to_string(),
-                    size: o.size().unwrap_or(0).max(0) as u64,
-                    modified_ms: o.last_modified().and_then(|t| t.to_millis().ok()),
-                });
-            }
-            match resp.next_continuation_token() {
-                Some(t) if resp.is_truncated() == Some(true) => token = Some(t.to_string()),
-                _ => break,
-            }
-        }
-        Ok(out)
+        self.list_from(prefix, None).await
+    }
+
+    async fn list_after(&self, prefix: &str, after: &str) -> StoreResult<Vec<Listed>> {
+        self.list_from(prefix, Some(after)).await
     }
 
     fn describe(&self) -> String {
