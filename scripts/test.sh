@@ -13,7 +13,10 @@
 #      Durable Streams conformance suite against it: once with a log per lane (8 lanes on
 #      2 cores), then with the default log per core
 #   6. SIGTERM the server; it must exit 0 within 10 s; then scripts/cluster-conformance:
-#      the suite through HAProxy in front of three `--cluster` hosts sharing ursula-test-s3
+#      the suite through HAProxy in front of three `--cluster` hosts sharing ursula-test-s3,
+#      and scripts/cluster-test: URSULA_CLUSTER_CYCLES (default 3) kill / stop / cut cycles
+#      on hosts in network namespaces with verifying producers (needs root for ip netns),
+#      then 3 kill cycles with URSULA_FAULT_ACK_BEFORE_S3=1, which must fail
 #      then scripts/client-tests.sh: the browser telemetry example in headless
 #      Chromium, the official TypeScript and Python clients, OTLP/JSON exporters, and
 #      log shippers (syslog-ng's http(), Vector's and Fluent Bit's framings)
@@ -28,7 +31,7 @@
 #
 # Env: CARGO_TARGET_DIR (default $HOME/.cache/ursula-target), URSULA_CRASH_CYCLES,
 #      URSULA_CRASH_LONG_CYCLES, URSULA_POWER_LOSS_POINTS, URSULA_SOAK_SECONDS,
-#      URSULA_FUZZ_SECONDS.
+#      URSULA_FUZZ_SECONDS, URSULA_CLUSTER_CYCLES.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,6 +43,7 @@ URSULA_CRASH_LONG_CYCLES="${URSULA_CRASH_LONG_CYCLES:-20}"
 URSULA_POWER_LOSS_POINTS="${URSULA_POWER_LOSS_POINTS:-150}"
 URSULA_SOAK_SECONDS="${URSULA_SOAK_SECONDS:-70}"
 URSULA_FUZZ_SECONDS="${URSULA_FUZZ_SECONDS:-20}"
+URSULA_CLUSTER_CYCLES="${URSULA_CLUSTER_CYCLES:-3}"
 URSULA_BIN="$CARGO_TARGET_DIR/release/ursula"
 
 TMP_ROOT="$(mktemp -d "${TMPDIR:-/tmp}/ursula-test.XXXXXX")"
@@ -198,6 +202,20 @@ BIN_DIR="$CARGO_TARGET_DIR/release" OUT="$TMP_ROOT/cluster-conformance" \
     "$ROOT/scripts/cluster-conformance" ||
     { tail -n 30 "$TMP_ROOT"/cluster-conformance/host*.log >&2 || true; die "conformance through a cluster failed"; }
 stage_done "cluster conformance"
+
+echo "--- fault cycles on three cluster hosts in network namespaces (scripts/cluster-test)"
+OUT="$TMP_ROOT/cluster-test" "$ROOT/scripts/cluster-test" "$URSULA_CLUSTER_CYCLES" ||
+    die "scripts/cluster-test: acknowledged data lost or the cluster did not recover (logs above)"
+# The checker must see a loss: with hosts that acknowledge before their WAL objects are in
+# S3, killing them loses acknowledged appends.
+URSULA_FAULT_ACK_BEFORE_S3=1 FAULTS=kill OUT="$TMP_ROOT/cluster-test-unsafe" \
+    "$ROOT/scripts/cluster-test" 3 >"$TMP_ROOT/cluster-test-unsafe.log" 2>&1 || true
+if ! tail -n 1 "$TMP_ROOT/cluster-test-unsafe.log" | grep -Eq ' [1-9][0-9]* acknowledged bytes lost'; then
+    tail -n 5 "$TMP_ROOT/cluster-test-unsafe.log" >&2
+    die "scripts/cluster-test saw no loss with URSULA_FAULT_ACK_BEFORE_S3=1: its checker cannot see one"
+fi
+tail -n 1 "$TMP_ROOT/cluster-test-unsafe.log"
+stage_done "cluster fault cycles"
 
 # ---------------------------------------------------------------------------
 banner "client tests: the browser example in headless Chromium, TS/Python clients, OTel, shippers"
