@@ -710,3 +710,66 @@ fn buckets_are_one_namespace_across_the_hosts() {
     // B's copies went with it.
     expect(&b, "PUT", &path(&on_b), &[OCTETS], b"", 404);
 }
+
+/// Live readers waiting on a lane that moves away end at once (the long-poll with a retry,
+/// the SSE response closed) rather than at their timeout, and resume from their offset on
+/// the lane's new owner.
+#[test]
+fn live_readers_end_when_their_lane_moves_and_resume_on_the_new_owner() {
+    let dir = temp_dir("ursula-cluster-live");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let config = config(dir.path(), &s3, "", 200);
+    let a = host(dir.path(), "a", &config, LANES, MANUAL);
+    let b = host(dir.path(), "b", &config, LANES, MANUAL);
+    let path = "/v1/stream/live-0";
+    let moved = lane_of(&a, path);
+    for l in 0..LANES {
+        adopt(&a, l);
+    }
+    let text = ("content-type", "text/plain");
+    expect(&a, "PUT", path, &[text], b"", 201);
+    let r = expect(&a, "POST", path, &[text], b"one", 204);
+    let tail = r.header("stream-next-offset").expect("tail").to_string();
+
+    let wait_ms = 30_000;
+    let (poll, sse) = std::thread::scope(|scope| {
+        let poll = scope.spawn(|| {
+            let started = Instant::now();
+            let url = format!("{path}?offset={tail}&live=long-poll&timeout_ms={wait_ms}");
+            (req(&a, "GET", &url, &[], b""), started.elapsed())
+        });
+        let sse = scope.spawn(|| {
+            let mut raw = support::Raw::connect(&a.addr);
+            raw.set_read_timeout(Duration::from_millis(wait_ms));
+            let head = format!("GET {path}?offset={tail}&live=sse HTTP/1.1\r\nhost: x\r\n\r\n");
+            raw.send(head.as_bytes()).expect("send");
+            let started = Instant::now();
+            let (_, closed) = raw.read_until_close();
+            (closed, started.elapsed())
+        });
+        // Both wait at the tail; then the lane leaves A.
+        std::thread::sleep(Duration::from_millis(500));
+        release(&a, moved);
+        (
+            poll.join().expect("long-poll"),
+            sse.join().expect("sse reader"),
+        )
+    });
+    let limit = Duration::from_millis(wait_ms / 2);
+    let ((r, poll_took), (closed, sse_took)) = (poll, sse);
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    assert!(poll_took < limit, "the long-poll waited {poll_took:?}");
+    assert!(closed, "the SSE response was not closed");
+    assert!(
+        sse_took < limit,
+        "the SSE response stayed open {sse_took:?}"
+    );
+
+    // On the new owner, from the same offset.
+    adopt(&b, moved);
+    expect(&b, "POST", path, &[text], b"two", 204);
+    let url = format!("{path}?offset={tail}&live=long-poll&timeout_ms={wait_ms}");
+    let r = expect(&b, "GET", &url, &[], b"", 200);
+    assert_eq!(r.body_str(), "two");
+}
