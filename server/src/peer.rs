@@ -15,6 +15,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
 use crate::core::Core;
+use crate::http::ApiError;
 
 /// The header that marks a request as one host's call to another.
 pub const CALL_HEADER: &str = "ursula-peer";
@@ -35,6 +36,24 @@ pub struct Answer {
     pub body: Bytes,
 }
 
+impl Answer {
+    /// The refusal of the request that needed this call (to `path`) and got this answer
+    /// instead of the one it wanted: a retry while lanes move (`421`, `503`), a `502` with
+    /// the other host's reason otherwise.
+    pub fn refusal(&self, path: &str) -> ApiError {
+        match self.status {
+            421 | 503 => ApiError::Unavailable("lanes are moving between hosts; retry".into()),
+            status => ApiError::BadGateway(
+                format!(
+                    "a host of the cluster refused {path} with {status}: {}",
+                    String::from_utf8_lossy(&self.body).trim()
+                )
+                .into(),
+            ),
+        }
+    }
+}
+
 /// Why a call to another host got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -52,6 +71,15 @@ pub enum CallError {
     },
     #[error("{address} sent an answer that is not HTTP/1.1, or cut short")]
     Malformed { address: String },
+}
+
+impl CallError {
+    /// The refusal of the request that needed the call: a retry, since the other host may
+    /// be failing over. Logged here, as the client's answer does not say which host.
+    pub fn refusal(&self) -> ApiError {
+        tracing::warn!("a call to another host failed: {self}");
+        ApiError::Unavailable("a host of the cluster cannot be reached; retry".into())
+    }
 }
 
 /// `POST` `body` (JSON) to `path` on the host at `address`, and take its whole answer.

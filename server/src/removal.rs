@@ -88,7 +88,10 @@ pub async fn release(core: &Rc<Core>, link: ForkLink) {
         for _ in 0..PEER_RELEASE_TRIES {
             match release_elsewhere(&core, &link).await {
                 Ok(()) => return,
-                Err(why) => tracing::debug!("releasing a fork reference on another host: {why}"),
+                Err(why) => tracing::debug!(
+                    "releasing a fork reference on another host: {}",
+                    why.reason()
+                ),
             }
             monoio::time::sleep(PEER_RELEASE_PAUSE).await;
         }
@@ -101,24 +104,19 @@ pub async fn release(core: &Rc<Core>, link: ForkLink) {
 }
 
 /// Ask the host that owns the source's lane to release `link`'s reference.
-async fn release_elsewhere(core: &Rc<Core>, link: &ForkLink) -> Result<(), String> {
-    let Some(address) = crate::lanes::serving_host(core, &link.source)
-        .await
-        .map_err(|e| e.reason().into_owned())?
-    else {
+async fn release_elsewhere(core: &Rc<Core>, link: &ForkLink) -> Result<(), ApiError> {
+    let Some(address) = crate::lanes::serving_host(core, &link.source).await? else {
         release_here(core, link.clone()).await;
         return Ok(());
     };
     let body = Bytes::from(sonic_rs::to_vec(link).unwrap_or_default());
-    let answer = crate::peer::post(core, &address, "/__ursula/forks/release", body)
+    let path = "/__ursula/forks/release";
+    let answer = crate::peer::post(core, &address, path, body)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.refusal())?;
     match answer.status {
         204 => Ok(()),
-        status => Err(format!(
-            "{address} answered {status}: {}",
-            String::from_utf8_lossy(&answer.body).trim()
-        )),
+        _ => Err(answer.refusal(path)),
     }
 }
 

@@ -788,10 +788,7 @@ async fn forward(core: &Rc<Core>, host: &str, req: &Request) -> Handled {
     };
     let answer = crate::peer::call(core, host, req.method.as_str(), &path, req.body.clone())
         .await
-        .map_err(|e| {
-            tracing::warn!("forwarding a bucket request: {e}");
-            ApiError::Unavailable("the bucket's host cannot be reached; retry".into())
-        })?;
+        .map_err(|e| e.refusal())?;
     let mut resp = Response::new(answer.status).header("cache-control", "no-store");
     if let Some(t) = answer.content_type {
         resp.push("content-type", t);
@@ -888,31 +885,13 @@ async fn on_every_other_host(
     for host in crate::lanes::other_hosts(core).await? {
         let answer = crate::peer::post(core, &host, path, body.clone())
             .await
-            .map_err(|e| {
-                tracing::warn!("calling another host at {path}: {e}");
-                ApiError::Unavailable("a host of the cluster cannot be reached; retry".into())
-            })?;
+            .map_err(|e| e.refusal())?;
         if answer.status != status {
-            return Err(peer_refusal(path, &answer));
+            return Err(answer.refusal(path));
         }
         answers.push(answer);
     }
     Ok(answers)
-}
-
-/// The refusal of a request that needed another host's answer at `path` and got `answer`
-/// instead: a retry while lanes move, a 502 otherwise.
-fn peer_refusal(path: &str, answer: &crate::peer::Answer) -> ApiError {
-    match answer.status {
-        421 | 503 => ApiError::Unavailable("lanes are moving between hosts; retry".into()),
-        status => ApiError::BadGateway(
-            format!(
-                "a host of the cluster refused {path} with {status}: {}",
-                String::from_utf8_lossy(&answer.body).trim()
-            )
-            .into(),
-        ),
-    }
 }
 
 /// `POST /__ursula/buckets/part`: this host's part of another host's listing or count.
@@ -965,14 +944,11 @@ async fn record_from(core: &Rc<Core>, host: &str, bucket: &str) -> Result<Option
     let body = Bytes::from(sonic_rs::to_vec(&call).unwrap_or_default());
     let answer = crate::peer::post(core, host, "/__ursula/buckets/record", body)
         .await
-        .map_err(|e| {
-            tracing::warn!("asking for a bucket's record: {e}");
-            ApiError::Unavailable("the bucket's host cannot be reached; retry".into())
-        })?;
+        .map_err(|e| e.refusal())?;
     match answer.status {
         200 => Ok(Some(answer.body)),
         404 => Ok(None),
-        _ => Err(peer_refusal("/__ursula/buckets/record", &answer)),
+        _ => Err(answer.refusal("/__ursula/buckets/record")),
     }
 }
 

@@ -165,44 +165,30 @@ async fn take_from(core: &Core, address: &str, ask: &TakeAsk) -> Result<Inherite
     let body = Bytes::from(sonic_rs::to_vec(ask).unwrap_or_default());
     let answer = crate::peer::post(core, address, "/__ursula/forks/take", body)
         .await
-        .map_err(|e| {
-            tracing::warn!("taking a fork's source from another host: {e}");
-            ApiError::Unavailable("the fork source's host cannot be reached; retry".into())
-        })?;
+        .map_err(|e| e.refusal())?;
     if answer.status == 200 {
         return decode_inherited(answer.body).ok_or_else(|| {
             ApiError::BadGateway("the fork source's host sent a malformed history".into()).into()
         });
     }
-    Err(source_host_refusal(answer.status, &answer.body).into())
+    Err(source_host_refusal(&answer).into())
 }
 
-/// The refusal a fork gets for the source host's refusal (`status`, and `code: reason` in
-/// `body`): the same refusal where the source's state decided it, a retry while the
+/// The refusal a fork gets for the source host's refusal (`code: reason` in its body):
+/// the same refusal where the source's state decided it; otherwise a retry while the
 /// source's lane moves, and a 502 for anything the fork's client cannot act on.
-fn source_host_refusal(status: u16, body: &[u8]) -> ApiError {
-    let text = String::from_utf8_lossy(body);
-    let code = text.split(':').next().unwrap_or_default();
-    match (status, code) {
-        (_, "stream_not_found") => ApiError::ForkSourceNotFound,
-        (_, "stream_gone") => ApiError::ForkSourceGone,
-        (_, "content_type_mismatch") => {
+fn source_host_refusal(answer: &crate::peer::Answer) -> ApiError {
+    let text = String::from_utf8_lossy(&answer.body);
+    match text.split(':').next().unwrap_or_default() {
+        "stream_not_found" => ApiError::ForkSourceNotFound,
+        "stream_gone" => ApiError::ForkSourceGone,
+        "content_type_mismatch" => {
             ApiError::ContentTypeMismatch("fork content type differs from the source's")
         }
-        (_, "invalid_offset") => ApiError::InvalidOffset("fork point is beyond the source"),
-        (_, "offset_not_aligned") => ApiError::OffsetNotAligned("fork offset inside a message"),
-        (_, "storage_fault") => ApiError::StorageFault("the fork source's host cannot read it"),
-        (421 | 503, _) => {
-            // The owner named in the refusal is learnt at the next lookup.
-            ApiError::Unavailable("the fork source's lane is moving between hosts; retry".into())
-        }
-        (status, _) => ApiError::BadGateway(
-            format!(
-                "the fork source's host refused with {status}: {}",
-                text.trim()
-            )
-            .into(),
-        ),
+        "invalid_offset" => ApiError::InvalidOffset("fork point is beyond the source"),
+        "offset_not_aligned" => ApiError::OffsetNotAligned("fork offset inside a message"),
+        "storage_fault" => ApiError::StorageFault("the fork source's host cannot read it"),
+        _ => answer.refusal("/__ursula/forks/take"),
     }
 }
 
@@ -492,7 +478,14 @@ mod tests {
 
     #[test]
     fn the_source_hosts_refusals_keep_their_meaning() {
-        let r = |status, body: &str| source_host_refusal(status, body.as_bytes());
+        let r = |status, body: &str| {
+            source_host_refusal(&crate::peer::Answer {
+                status,
+                content_type: None,
+                location: None,
+                body: Bytes::copy_from_slice(body.as_bytes()),
+            })
+        };
         assert_eq!(
             r(404, "stream_not_found: x\n"),
             ApiError::ForkSourceNotFound
