@@ -12,6 +12,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
@@ -49,7 +50,12 @@ fn haproxy_bin() -> String {
 /// `n` consecutive free ports below the ephemeral range (so no client socket takes one
 /// between this check and the server's bind).
 fn free_ports(n: u16) -> u16 {
+    // The tests of this file run at once in one process: each call starts its search
+    // where the last one's range ended, so two tests never settle on the same ports
+    // before their servers bind them.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
     let mut base = 20_000 + (std::process::id() % 5_000) as u16 * 2;
+    base = 20_000 + (base - 20_000 + NEXT.fetch_add(n + 50, Ordering::Relaxed)) % 12_000;
     for _ in 0..1_000 {
         let free = (base..base + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
         if free {
