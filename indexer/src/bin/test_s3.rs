@@ -1,8 +1,9 @@
 //! `ursula-test-s3`: a real S3 server for the indexer's tests.
 //!
 //! It is s3s-fs (objects are files under `--root`, one subdirectory per bucket) behind the
-//! `s3s` HTTP/SigV4 front end, with one change: every call that changes an object runs
-//! under that object's lock. Stock s3s-fs checks `If-Match` / `If-None-Match`, writes a
+//! `s3s` HTTP/SigV4 front end, with two changes. Listings read only the directories under
+//! their prefix (see `list_under`). And every call that changes an object runs under that
+//! object's lock. Stock s3s-fs checks `If-Match` / `If-None-Match`, writes a
 //! temp file and renames it with no lock across those steps, so two racing
 //! compare-and-swap writers can both win; the indexer's manifest CAS needs exactly one
 //! winner. There is one lock per key, so writes of different objects go side by side as on
@@ -20,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,6 +124,7 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
     }
     let locked = Locked {
         fs,
+        root: opt.root.clone(),
         keys: KeyLocks::default(),
         all: tokio::sync::RwLock::new(()),
         counts,
@@ -158,6 +160,8 @@ async fn run(opt: Opt) -> Result<(), Box<dyn std::error::Error>> {
 /// latencies.
 struct Locked {
     fs: FileSystem,
+    /// The directory holding one subdirectory per bucket (s3s-fs's root).
+    root: PathBuf,
     /// Each key's lock, held across a conditional write's check and rename.
     keys: KeyLocks,
     /// Held shared by a one-key write, exclusively by a call that changes several keys or a
@@ -227,6 +231,87 @@ impl Drop for HeldKey<'_> {
     }
 }
 
+/// A listing without a delimiter, read from the directory of the prefix's last complete
+/// path segment down: the keys of other prefixes are never visited, so a listing costs
+/// what the prefix holds, as on S3, not what the whole bucket holds. (s3s-fs walks the
+/// whole bucket for every listing, which made a lane's takeover slower with every object
+/// other lanes had written.)
+fn list_under(bucket_dir: &Path, input: ListObjectsV2Input) -> S3Result<ListObjectsV2Output> {
+    if !bucket_dir.is_dir() {
+        return Err(s3s::s3_error!(NoSuchBucket));
+    }
+    let prefix = input.prefix.clone().unwrap_or_default();
+    let top = match prefix.rfind('/') {
+        Some(i) => bucket_dir.join(&prefix[..i]),
+        None => bucket_dir.to_path_buf(),
+    };
+    let mut objects = Vec::new();
+    let mut dirs = vec![top];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue; // no object has this prefix
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue; // removed while listed
+            };
+            let path = entry.path();
+            if meta.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let Some(key) = path
+                .strip_prefix(bucket_dir)
+                .ok()
+                .and_then(|k| k.to_str())
+                .map(str::to_owned)
+            else {
+                continue;
+            };
+            if key.starts_with(&prefix) {
+                objects.push((key, meta));
+            }
+        }
+    }
+    objects.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let marker = match (&input.continuation_token, &input.start_after) {
+        (Some(t), Some(a)) => Some(t.max(a).clone()),
+        (t, a) => t.clone().or_else(|| a.clone()),
+    };
+    if let Some(m) = &marker {
+        objects.retain(|(k, _)| k > m);
+    }
+    let max_keys = input.max_keys.unwrap_or(1000).max(0);
+    let page = usize::try_from(max_keys).unwrap_or(1000);
+    let is_truncated = objects.len() > page;
+    objects.truncate(page);
+    let next_continuation_token = is_truncated
+        .then(|| objects.last().map(|(k, _)| k.clone()))
+        .flatten();
+    let contents: Vec<Object> = objects
+        .into_iter()
+        .map(|(key, meta)| Object {
+            key: Some(key),
+            size: i64::try_from(meta.len()).ok(),
+            last_modified: meta.modified().ok().map(Timestamp::from),
+            ..Default::default()
+        })
+        .collect();
+    Ok(ListObjectsV2Output {
+        key_count: i32::try_from(contents.len()).ok(),
+        max_keys: Some(max_keys),
+        is_truncated: Some(is_truncated),
+        contents: (!contents.is_empty()).then_some(contents),
+        continuation_token: input.continuation_token,
+        next_continuation_token,
+        encoding_type: input.encoding_type,
+        name: Some(input.bucket),
+        prefix: input.prefix,
+        start_after: input.start_after,
+        ..Default::default()
+    })
+}
+
 /// Wait `delay` (nothing when it is zero).
 async fn pause(delay: Duration) {
     if !delay.is_zero() {
@@ -281,7 +366,15 @@ impl S3 for Locked {
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         self.counts.bump(3);
         pause(self.get_delay).await;
-        self.fs.list_objects_v2(req).await
+        if req.input.delimiter.is_some() {
+            return self.fs.list_objects_v2(req).await;
+        }
+        let bucket_dir = self.root.join(&req.input.bucket);
+        let input = req.input;
+        let listed = tokio::task::spawn_blocking(move || list_under(&bucket_dir, input))
+            .await
+            .map_err(|e| s3s::s3_error!(InternalError, "listing: {e}"))??;
+        Ok(S3Response::new(listed))
     }
 
     async fn put_object(
