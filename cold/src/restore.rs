@@ -126,11 +126,21 @@ pub async fn restore_lane(
     restore_shard(store, m, data_dir, budget, &mut report).await?;
     let dir = data_dir.join(format!("shard-{}", m.shard));
     let mut end = m.archived;
-    for w in m.wal.iter().filter(|w| w.last_lsn > m.archived.lsn) {
-        let o = crate::wal::fetch(store, w).await?;
+    let wal: Vec<&manifest::WalRef> = m
+        .wal
+        .iter()
+        .filter(|w| w.last_lsn > m.archived.lsn)
+        .collect();
+    let fetched = wal.iter().map(|w| {
+        let (store, w) = (store.clone(), (*w).clone());
+        async move { crate::wal::fetch(&store, &w).await }
+    });
+    in_order(fetched, |i, o| {
         crate::wal::apply(&dir, m.shard, &o)?;
-        end = applied(&mut report, w);
-    }
+        end = applied(&mut report, wal[i]);
+        Ok(())
+    })
+    .await?;
     segment::sync_dir(&dir).map_err(Error::io(&dir))?;
     report.ends.push(m.archived);
     report.restored_ends.push(end);
@@ -153,49 +163,80 @@ async fn restore_shard(
         report.cold_segments += cold.len() as u64;
         report.cold_bytes += cold.iter().map(|s| s.file_len).sum::<u64>();
     }
-    for seg in local {
+    // A segment is restored from its first piece on: one without pieces cannot be.
+    if let Some(seg) = local.iter().find(|s| s.pieces.is_empty()) {
+        return Err(Error::BadSegmentHeader {
+            segment: seg.index,
+            shard: m.shard,
+        });
+    }
+    // An open segment is archived in many small pieces: fetched one after another, their
+    // round trips added up to seconds per lane.
+    let pieces: Vec<(&manifest::Segment, &manifest::Piece)> = local
+        .iter()
+        .flat_map(|seg| seg.pieces.iter().map(move |p| (*seg, p)))
+        .collect();
+    let mut writing: Option<(u64, std::fs::File)> = None;
+    let objects = pieces.iter().map(|(_, p)| p.object.clone());
+    in_order(fetches(store, objects, report), |i, bytes| {
+        let (seg, piece) = pieces[i];
         let path = segment::segment_path(&dir, SegmentNo::new(seg.index));
-        let mut pieces = Vec::new();
-        for p in &seg.pieces {
-            pieces.push((p.start, fetch(store, &p.object, report).await?));
+        if writing
+            .as_ref()
+            .is_none_or(|(index, _)| *index != seg.index)
+        {
+            if let Some((_, done)) = writing.take() {
+                done.sync_all().map_err(Error::io(&path))?;
+            }
+            let header = Some(&bytes)
+                .filter(|b| piece.start == 0 && b.len() >= DATA_START as usize)
+                .and_then(|b| SegmentHeader::decode(b))
+                .filter(|h| h.shard == m.shard && h.index.get() == seg.index)
+                .ok_or(Error::BadSegmentHeader {
+                    segment: seg.index,
+                    shard: m.shard,
+                })?;
+            drop(segment::create_segment(&dir, header, seg.file_len).map_err(Error::io(&path))?);
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(Error::io(&path))?;
+            writing = Some((seg.index, file));
         }
-        let header = pieces
-            .first()
-            .filter(|(start, b)| *start == 0 && b.len() >= DATA_START as usize)
-            .and_then(|(_, b)| SegmentHeader::decode(b))
-            .filter(|h| h.shard == m.shard && h.index.get() == seg.index)
-            .ok_or(Error::BadSegmentHeader {
-                segment: seg.index,
-                shard: m.shard,
-            })?;
-        drop(segment::create_segment(&dir, header, seg.file_len).map_err(Error::io(&path))?);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(Error::io(&path))?;
-        for (start, bytes) in pieces {
-            file.write_all_at(&bytes, start).map_err(Error::io(&path))?;
+        if let Some((_, file)) = &writing {
+            file.write_all_at(&bytes, piece.start)
+                .map_err(Error::io(&path))?;
         }
-        file.sync_all().map_err(Error::io(&path))?;
+        Ok(())
+    })
+    .await?;
+    if let Some((index, done)) = writing.take() {
+        let path = segment::segment_path(&dir, SegmentNo::new(index));
+        done.sync_all().map_err(Error::io(&path))?;
     }
-    for f in &m.index_files {
-        let path = dir.join(format!("{:010}.idx", f.number));
-        write_file(&path, &fetch(store, &f.object, report).await?)?;
-    }
+
+    let blobs = dir.join("snapshots");
     if !m.blobs.is_empty() {
-        let blobs = dir.join("snapshots");
         segment::create_dir_durable(&blobs).map_err(Error::io(&blobs))?;
-        for b in &m.blobs {
-            write_file(
-                &blobs.join(&b.name),
-                &fetch(store, &b.object, report).await?,
-            )?;
-        }
-        segment::sync_dir(&blobs).map_err(Error::io(&blobs))?;
     }
-    if let Some(c) = &m.checkpoint {
-        let path = dir.join(ursula_storage::CHECKPOINT_FILE);
-        write_file(&path, &fetch(store, &c.object, report).await?)?;
+    let files: Vec<(std::path::PathBuf, &Object)> = m
+        .index_files
+        .iter()
+        .map(|f| (dir.join(format!("{:010}.idx", f.number)), &f.object))
+        .chain(m.blobs.iter().map(|b| (blobs.join(&b.name), &b.object)))
+        .chain(
+            m.checkpoint
+                .iter()
+                .map(|c| (dir.join(ursula_storage::CHECKPOINT_FILE), &c.object)),
+        )
+        .collect();
+    let objects = files.iter().map(|(_, o)| (*o).clone());
+    in_order(fetches(store, objects, report), |i, bytes| {
+        write_file(&files[i].0, &bytes)
+    })
+    .await?;
+    if !m.blobs.is_empty() {
+        segment::sync_dir(&blobs).map_err(Error::io(&blobs))?;
     }
     segment::sync_dir(&dir).map_err(Error::io(&dir))
 }
@@ -215,11 +256,17 @@ async fn restore_wal(
     let dir = data_dir.join(format!("shard-{}", m.shard));
     let mut end = m.archived;
     let archived = m.archived.lsn;
-    for w in m.wal.iter().filter(|w| w.last_lsn > archived) {
-        let o = crate::wal::fetch(store, w).await?;
+    let wal: Vec<&manifest::WalRef> = m.wal.iter().filter(|w| w.last_lsn > archived).collect();
+    let fetched = wal.iter().map(|w| {
+        let (store, w) = (store.clone(), (*w).clone());
+        async move { crate::wal::fetch(&store, &w).await }
+    });
+    in_order(fetched, |i, o| {
         crate::wal::apply(&dir, m.shard, &o)?;
-        end = applied(report, w);
-    }
+        end = applied(report, wal[i]);
+        Ok(())
+    })
+    .await?;
     let fencer = crate::wal::Fencer {
         epoch: m.epoch + 1,
         owner: RESTORE_OWNER,
@@ -287,8 +334,65 @@ fn local_segments(
     (local, cold)
 }
 
+/// How many downloads a restore keeps in flight: enough to hide an object store's round
+/// trip behind the others, few enough that a lane's restore does not crowd out the
+/// archiving of the others on the same thread.
+const FETCHES_IN_FLIGHT: usize = 16;
+
+/// The downloads of `objects`, each checked to be what the manifest says, counted in
+/// `report` up front (a restore that fails is abandoned whole).
+fn fetches<'a>(
+    store: &'a DynStore,
+    objects: impl Iterator<Item = Object> + 'a,
+    report: &'a mut Report,
+) -> impl Iterator<Item = impl std::future::Future<Output = Result<Bytes>> + Send + 'static> + 'a {
+    objects.map(move |o| {
+        report.objects += 1;
+        report.bytes += o.len;
+        let store = store.clone();
+        async move { fetch(&store, &o).await }
+    })
+}
+
+/// Run `tasks` with up to [`FETCHES_IN_FLIGHT`] at once, handing each one's output to
+/// `each` (with its position) in the order of `tasks`. The first error ends it and cancels
+/// the tasks still running.
+pub(crate) async fn in_order<T, F>(
+    tasks: impl Iterator<Item = F>,
+    mut each: impl FnMut(usize, T) -> Result<()>,
+) -> Result<()>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    /// Cancels the tasks still running when the pipeline ends early.
+    struct Running<T>(std::collections::VecDeque<tokio::task::JoinHandle<Result<T>>>);
+    impl<T> Drop for Running<T> {
+        fn drop(&mut self) {
+            for task in &self.0 {
+                task.abort();
+            }
+        }
+    }
+    let mut tasks = tasks.fuse();
+    let mut running = Running(std::collections::VecDeque::new());
+    let mut i = 0;
+    loop {
+        while running.0.len() < FETCHES_IN_FLIGHT {
+            let Some(task) = tasks.next() else { break };
+            running.0.push_back(tokio::spawn(task));
+        }
+        let Some(next) = running.0.pop_front() else {
+            return Ok(());
+        };
+        let out = next.await.map_err(|_| Error::ThreadExited)??;
+        each(i, out)?;
+        i += 1;
+    }
+}
+
 /// Download `o` and check it is what the manifest says.
-async fn fetch(store: &DynStore, o: &Object, report: &mut Report) -> Result<Bytes> {
+async fn fetch(store: &DynStore, o: &Object) -> Result<Bytes> {
     let got = store
         .get(&o.key)
         .await
@@ -300,8 +404,6 @@ async fn fetch(store: &DynStore, o: &Object, report: &mut Report) -> Result<Byte
     if got.bytes.len() as u64 != o.len || crc32c::crc32c(&got.bytes) != o.crc {
         return Err(Error::CorruptObject { key: o.key.clone() });
     }
-    report.objects += 1;
-    report.bytes += o.len;
     Ok(got.bytes)
 }
 
