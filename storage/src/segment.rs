@@ -322,9 +322,55 @@ pub fn read_up_to(path: &Path, offset: u64, len: usize) -> io::Result<Vec<u8>> {
 
 /// Read a whole segment with direct I/O.
 pub fn read_whole(path: &Path) -> io::Result<AlignedBuf> {
-    use std::os::unix::fs::FileExt;
     let file = open_direct(path, false)?;
     let len = file.metadata()?.len() as usize;
+    read_prefix(&file, len)
+}
+
+/// Read a segment with direct I/O up to one block past its written part, and at least to
+/// `at_least`: what lies beyond reads as zeros. A segment is preallocated, and the file
+/// system reports what was never written as a hole, so a log that ends early in its
+/// segment is read up to its end rather than all 128 MiB (recovery reads the tail segment
+/// of every shard, and a lane's new owner recovers it from a restore). Where the file
+/// system cannot tell, the whole file is read.
+pub fn read_written(path: &Path, at_least: u64) -> io::Result<AlignedBuf> {
+    let file = open_direct(path, false)?;
+    let len = file.metadata()?.len();
+    let written = written_end(&file).unwrap_or(len);
+    let upto = (crate::aligned::align_up(written.max(at_least) as usize) as u64
+        + IO_BLOCK_BYTES as u64)
+        .min(len);
+    read_prefix(&file, upto as usize)
+}
+
+/// The end of the last extent of `file` that holds data (`SEEK_DATA` / `SEEK_HOLE`).
+fn written_end(file: &File) -> io::Result<u64> {
+    let fd = file.as_raw_fd();
+    let mut end = 0;
+    loop {
+        // SAFETY: lseek takes a file descriptor and two integers and touches no memory of
+        // ours; `fd` belongs to `file`, open for the whole call.
+        let data = unsafe { libc::lseek(fd, end as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            // ENXIO: no data at or after `end`.
+            return match e.raw_os_error() {
+                Some(libc::ENXIO) => Ok(end),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        end = hole as u64;
+    }
+}
+
+/// The first `len` bytes of `file` (fewer if it is shorter), read with direct I/O.
+fn read_prefix(file: &File, len: usize) -> io::Result<AlignedBuf> {
+    use std::os::unix::fs::FileExt;
     let mut buf = AlignedBuf::with_capacity(len);
     let full = buf.as_mut_full();
     let mut done = 0;
@@ -378,6 +424,34 @@ mod tests {
         assert_eq!(buf.len(), 1 << 20);
         assert_eq!(SegmentHeader::decode(buf.as_slice()), Some(h));
         assert!(buf.as_slice()[IO_BLOCK_BYTES..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn read_written_stops_after_what_was_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let h = SegmentHeader {
+            shard: 0,
+            index: SegmentNo::new(3),
+            first_lsn: Lsn::FIRST,
+        };
+        let file = create_segment(dir.path(), h, 8 << 20).expect("create");
+        let mut block = AlignedBuf::with_capacity(3 * IO_BLOCK_BYTES);
+        block.set_len(3 * IO_BLOCK_BYTES);
+        block.as_mut_full()[..3 * IO_BLOCK_BYTES].fill(7);
+        write_all_at_blocking(&file, block.as_slice(), IO_BLOCK_BYTES as u64).expect("write");
+        file.sync_all().expect("sync");
+        let path = segment_path(dir.path(), SegmentNo::new(3));
+        let whole = read_whole(&path).expect("read whole");
+        let written = read_written(&path, 0).expect("read written");
+        // Never shorter than the data and a zero block after it; a file system that
+        // reports no holes gives the whole file.
+        assert!(written.len() >= 5 * IO_BLOCK_BYTES, "{}", written.len());
+        assert_eq!(written.as_slice(), &whole.as_slice()[..written.len()]);
+        assert!(whole.as_slice()[written.len()..].iter().all(|&b| b == 0));
+        // `at_least` reaches past the data.
+        let far = read_written(&path, 6 << 20).expect("read far");
+        assert!(far.len() > 6 << 20);
+        assert_eq!(far.as_slice(), &whole.as_slice()[..far.len()]);
     }
 
     #[test]

@@ -174,7 +174,10 @@ impl Shard {
                 continue;
             }
             let path = segment::segment_path(dir, index);
-            let buf = Bytes::from_owner(segment::read_whole(&path)?);
+            let resume_at = resume
+                .filter(|p| p.segment == index)
+                .map_or(0, |p| p.offset);
+            let buf = Bytes::from_owner(segment::read_written(&path, resume_at)?);
             let Some(header) = SegmentHeader::decode(&buf) else {
                 // A crash while the last segment was being created leaves it without records:
                 // it can go. Records behind a bad header are acknowledged data, and deleting
