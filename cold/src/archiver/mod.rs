@@ -156,6 +156,10 @@ enum Finish {
     /// The server lets the lane go: run the last round, commit the manifest as released,
     /// and report on the slot's `released` channel.
     Release,
+    /// Another server fenced this epoch's WAL (the shard is reported lost already): stop
+    /// now. The worker's own commits may never find the fence, as the lost lane's log
+    /// stops moving, and its slot would keep the lane from being adopted here again.
+    Lost,
 }
 
 struct Slot {

@@ -124,7 +124,7 @@ impl Archive {
         // When lanes move between servers, a fence costs this one lane only: it is
         // reported lost, and the rest of the archive carries on.
         let on_fence = if self.settings.lanes_move {
-            OnFence::LoseShard(shard, self.lost.clone())
+            OnFence::LoseShard(shard, self.lost.clone(), slot.clone())
         } else {
             OnFence::StopArchive
         };
@@ -143,8 +143,8 @@ impl Archive {
 enum OnFence {
     /// Stop the whole archive: another server took this one's data over.
     StopArchive,
-    /// Report this shard lost (see `Archive::take_lost`).
-    LoseShard(u32, Arc<Mutex<Vec<u32>>>),
+    /// Report this shard lost (see `Archive::take_lost`) and stop its worker.
+    LoseShard(u32, Arc<Mutex<Vec<u32>>>, Arc<super::Slot>),
 }
 
 fn refused(why: WalRefused) -> WalPut {
@@ -190,10 +190,19 @@ async fn put_until_done(
                     Ok(Some(why)) => {
                         match on_fence {
                             OnFence::StopArchive => status.fence(why.clone()),
-                            OnFence::LoseShard(shard, lost) => {
+                            OnFence::LoseShard(shard, lost, slot) => {
                                 if let Ok(mut l) = lost.lock() {
                                     l.push(*shard);
                                 }
+                                // A stop or release under way goes on: its commit finds
+                                // the fence.
+                                slot.finish.send_if_modified(|f| {
+                                    let run = *f == super::Finish::Run;
+                                    if run {
+                                        *f = super::Finish::Lost;
+                                    }
+                                    run
+                                });
                             }
                         }
                         return Err(WalRefused::Fenced(why));

@@ -126,6 +126,14 @@ impl Worker {
             };
             match finishing {
                 Some(Finish::Release) => return self.release().await,
+                Some(Finish::Lost) => {
+                    tracing::error!(
+                        shard = self.shard,
+                        "cold tier archiving stopped: another server fenced this epoch's WAL"
+                    );
+                    self.archive.end_shard(self.shard, false);
+                    return;
+                }
                 Some(_) => {
                     let last = self.final_round().await;
                     let _ = self.archive.done.send((self.shard, last));
