@@ -343,9 +343,21 @@ impl Drop for MapSync {
 /// An append through the proxy with producer headers, retried until it is acknowledged
 /// (a retry of one that landed is answered as a duplicate). Returns when it was.
 fn append_until_acknowledged(proxy: &str, path: &str, producer: &str, seq: u64, body: &[u8]) {
+    append_typed_until_acknowledged(proxy, path, "application/octet-stream", producer, seq, body)
+}
+
+/// [`append_until_acknowledged`] with content type `ct`.
+fn append_typed_until_acknowledged(
+    proxy: &str,
+    path: &str,
+    ct: &str,
+    producer: &str,
+    seq: u64,
+    body: &[u8],
+) {
     let seq = seq.to_string();
     let headers = [
-        ("content-type", "application/octet-stream"),
+        ("content-type", ct),
         ("producer-id", producer),
         ("producer-epoch", "0"),
         ("producer-seq", seq.as_str()),
@@ -365,6 +377,93 @@ fn append_until_acknowledged(proxy: &str, path: &str, producer: &str, seq: u64, 
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `ursula-indexer` (built beside `ursula`) on a local store, killed with the test.
+struct Indexer {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Indexer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Indexer {
+    fn start(dir: &Path) -> Indexer {
+        let bin = Path::new(URSULA_BIN).with_file_name("ursula-indexer");
+        assert!(
+            bin.exists(),
+            "{} is not built (cargo build --workspace)",
+            bin.display()
+        );
+        let log = std::fs::File::create(dir.join("indexer.log")).expect("indexer log");
+        let mut child = Command::new(&bin)
+            .args(["--listen", "127.0.0.1:0", "--store-dir"])
+            .arg(dir.join("index"))
+            .args(["--commit-interval-ms", "200", "--poll-interval-ms", "100"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start ursula-indexer");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the indexer's listening line");
+        let addr = line
+            .strip_prefix("ursula-indexer listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Indexer { child, addr }
+    }
+
+    /// The times of the events the index answers for `[from, until)`, each checked to be
+    /// where its locator says by reading it through `proxy`.
+    fn times(&self, id: &str, proxy: &str, path: &str, from: i64, until: i64) -> Vec<i64> {
+        let r = Client::new(&self.addr)
+            .request(
+                "GET",
+                &format!("/v1/indexes/{id}/events?from={from}&until={until}"),
+                &[],
+                b"",
+            )
+            .expect("events");
+        assert_eq!(r.status, 200, "events {id}: {}", r.body_str());
+        let v: Value = sonic_rs::from_slice(&r.body).expect("events JSON");
+        let mut times = Vec::new();
+        for e in v["entries"].as_array().expect("entries").iter() {
+            let t = e["t_ms"].as_i64().expect("t_ms");
+            let offset = e["offset"].as_str().expect("offset");
+            let got = Client::new(proxy)
+                .request("GET", &format!("{path}?offset={offset}"), &[], b"")
+                .expect("read at a locator");
+            assert_eq!(got.status, 200, "{path} at {offset}: {}", got.body_str());
+            assert!(
+                got.body_str()
+                    .starts_with(&format!("[{{\"captured_at\":{t}}}")),
+                "{path} at {offset} for t={t}: {}",
+                got.body_str()
+            );
+            times.push(t);
+        }
+        times.sort_unstable();
+        times
+    }
+}
+
+/// Event time of the first event the indexer test writes.
+const T0: i64 = 1_784_370_600_000;
 
 #[test]
 fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
@@ -434,6 +533,59 @@ fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
         want.push(body.into_bytes());
     }
 
+    // The indexer follows JSON streams through the proxy, on both hosts' lanes.
+    let indexer = Indexer::start(dir.path());
+    // Three streams on each host: a host answers 404 for a missing stream of its own
+    // lanes and 421 for one of the other's.
+    let on_b = |p: &String| {
+        Client::new(&b.addr)
+            .request("HEAD", p, &[], b"")
+            .is_ok_and(|r| r.status == 404)
+    };
+    let candidates: Vec<String> = (0..64).map(|i| format!("/v1/stream/ix-{i}")).collect();
+    let (mut indexed, of_a): (Vec<String>, Vec<String>) =
+        candidates.into_iter().partition(|p| on_b(p));
+    indexed.truncate(3);
+    indexed.extend(of_a.into_iter().take(3));
+    assert_eq!(indexed.len(), 6, "64 streams all on one host");
+    let event = |k: i64| format!(r#"{{"captured_at":{}}}"#, T0 + k);
+    for (i, path) in indexed.iter().enumerate() {
+        let r = Client::new(&hap.addr)
+            .request("PUT", path, &[("content-type", "application/json")], b"")
+            .expect("create");
+        assert_eq!(r.status, 201, "PUT {path}: {r:?}");
+        let body = format!(r#"{{"stream_url":"http://{}{path}"}}"#, hap.addr);
+        let r = Client::new(&indexer.addr)
+            .request("PUT", &format!("/v1/indexes/ix{i}"), &[], body.as_bytes())
+            .expect("register");
+        assert_eq!(r.status, 201, "register ix{i}: {}", r.body_str());
+        for k in 0..10 {
+            let ct = "application/json";
+            append_typed_until_acknowledged(
+                &hap.addr,
+                path,
+                ct,
+                "ix",
+                k as u64,
+                event(k).as_bytes(),
+            );
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (i, path) in indexed.iter().enumerate() {
+        while indexer
+            .times(&format!("ix{i}"), &hap.addr, path, T0, T0 + 100)
+            .len()
+            < 10
+        {
+            assert!(
+                Instant::now() < deadline,
+                "ix{i} did not index its first events"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     // B dies with its disk; appends through the proxy are acknowledged again once A has
     // adopted B's lanes and the map names A.
     b.kill9();
@@ -459,4 +611,39 @@ fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
         );
     }
     assert_eq!(served(&a), LANES as usize);
+
+    // The indexer kept following through the proxy: the events written after the
+    // failover are indexed too, each once, each where its locator says.
+    for path in &indexed {
+        for k in 10..20 {
+            let ct = "application/json";
+            append_typed_until_acknowledged(
+                &hap.addr,
+                path,
+                ct,
+                "ix",
+                k as u64,
+                event(k).as_bytes(),
+            );
+        }
+    }
+    let want: Vec<i64> = (0..20).map(|k| T0 + k).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (i, path) in indexed.iter().enumerate() {
+        loop {
+            let got = indexer.times(&format!("ix{i}"), &hap.addr, path, T0, T0 + 100);
+            if got == want {
+                break;
+            }
+            assert!(
+                got.len() <= want.len(),
+                "ix{i} indexed an event twice: {got:?}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "ix{i} did not index the events written after the failover: {got:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
