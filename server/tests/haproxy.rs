@@ -22,13 +22,14 @@ use support::{temp_dir, write_config, Client, Server, URSULA_BIN};
 const CORES: usize = 2;
 const LANES: u32 = 16;
 
-/// HAProxy, killed with the test.
-struct Haproxy {
+/// A child process the test runs (HAProxy, the indexer, `ursula haproxy-map`), killed with
+/// the test, and the address it listens on (if any).
+struct Running {
     child: Child,
     addr: String,
 }
 
-impl Drop for Haproxy {
+impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -71,7 +72,7 @@ fn config_script() -> PathBuf {
 }
 
 /// HAProxy in front of `servers`, each `127.0.0.1:PORT:CORE_PORT`.
-fn start_haproxy(dir: &Path, servers: &[String]) -> Haproxy {
+fn start_haproxy(dir: &Path, servers: &[String]) -> Running {
     let listen = free_ports(1);
     let mut script = Command::new("sh");
     script.arg(config_script());
@@ -101,7 +102,7 @@ fn start_haproxy(dir: &Path, servers: &[String]) -> Haproxy {
         .stderr(Stdio::null())
         .spawn()
         .expect("start haproxy");
-    let hap = Haproxy {
+    let hap = Running {
         child,
         addr: format!("127.0.0.1:{listen}"),
     };
@@ -330,16 +331,6 @@ fn served(s: &Server) -> usize {
         .count()
 }
 
-/// `ursula haproxy-map`, killed with the test.
-struct MapSync(Child);
-
-impl Drop for MapSync {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// An append through the proxy with producer headers, retried until it is acknowledged
 /// (a retry of one that landed is answered as a duplicate). Returns when it was.
 fn append_until_acknowledged(proxy: &str, path: &str, producer: &str, seq: u64, body: &[u8]) {
@@ -378,21 +369,9 @@ fn append_typed_until_acknowledged(
     }
 }
 
-/// `ursula-indexer` (built beside `ursula`) on a local store, killed with the test.
-struct Indexer {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Indexer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Indexer {
-    fn start(dir: &Path) -> Indexer {
+/// `ursula-indexer` (built beside `ursula`) on a local store.
+fn start_indexer(dir: &Path) -> Running {
+    {
         let bin = Path::new(URSULA_BIN).with_file_name("ursula-indexer");
         assert!(
             bin.exists(),
@@ -425,13 +404,16 @@ impl Indexer {
             .strip_prefix("ursula-indexer listening on http://")
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .to_string();
-        Indexer { child, addr }
+        Running { child, addr }
     }
+}
 
-    /// The times of the events the index answers for `[from, until)`, each checked to be
-    /// where its locator says by reading it through `proxy`.
-    fn times(&self, id: &str, proxy: &str, path: &str, from: i64, until: i64) -> Vec<i64> {
-        let r = Client::new(&self.addr)
+/// The times of the events index `id` of the indexer at `indexer` answers for
+/// `[from, until)`, each checked to be where its locator says by reading it through `proxy`.
+fn indexed_times(indexer: &str, id: &str, proxy: &str, path: &str, span: (i64, i64)) -> Vec<i64> {
+    let (from, until) = span;
+    {
+        let r = Client::new(indexer)
             .request(
                 "GET",
                 &format!("/v1/indexes/{id}/events?from={from}&until={until}"),
@@ -499,8 +481,8 @@ fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
         ],
     );
     let map = hdir.join("ursula-lanes.map");
-    let _sync = MapSync(
-        Command::new(URSULA_BIN)
+    let _sync = Running {
+        child: Command::new(URSULA_BIN)
             .args(["haproxy-map", "--interval-ms", "100"])
             .args(["--host", &format!("http://127.0.0.1:{pa}")])
             .args(["--host", &format!("http://127.0.0.1:{pb}")])
@@ -512,7 +494,8 @@ fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
             .stderr(Stdio::null())
             .spawn()
             .expect("start ursula haproxy-map"),
-    );
+        addr: String::new(),
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::read_to_string(&map).is_ok_and(|m| m.contains("ursula_any")) {
         assert!(Instant::now() < deadline, "the map was never completed");
@@ -534,7 +517,7 @@ fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
     }
 
     // The indexer follows JSON streams through the proxy, on both hosts' lanes.
-    let indexer = Indexer::start(dir.path());
+    let indexer = start_indexer(dir.path());
     // Three streams on each host: a host answers 404 for a missing stream of its own
     // lanes and 421 for one of the other's.
     let on_b = |p: &String| {
@@ -548,7 +531,14 @@ fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
     indexed.truncate(3);
     indexed.extend(of_a.into_iter().take(3));
     assert_eq!(indexed.len(), 6, "64 streams all on one host");
-    let event = |k: i64| format!(r#"{{"captured_at":{}}}"#, T0 + k);
+    // Event k at T0 + k ms, as producer "ix" sequence k.
+    let append_events = |path: &str, ks: std::ops::Range<i64>| {
+        for k in ks {
+            let event = format!(r#"{{"captured_at":{}}}"#, T0 + k);
+            let ct = "application/json";
+            append_typed_until_acknowledged(&hap.addr, path, ct, "ix", k as u64, event.as_bytes());
+        }
+    };
     for (i, path) in indexed.iter().enumerate() {
         let r = Client::new(&hap.addr)
             .request("PUT", path, &[("content-type", "application/json")], b"")
@@ -559,25 +549,12 @@ fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
             .request("PUT", &format!("/v1/indexes/ix{i}"), &[], body.as_bytes())
             .expect("register");
         assert_eq!(r.status, 201, "register ix{i}: {}", r.body_str());
-        for k in 0..10 {
-            let ct = "application/json";
-            append_typed_until_acknowledged(
-                &hap.addr,
-                path,
-                ct,
-                "ix",
-                k as u64,
-                event(k).as_bytes(),
-            );
-        }
+        append_events(path, 0..10);
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     for (i, path) in indexed.iter().enumerate() {
-        while indexer
-            .times(&format!("ix{i}"), &hap.addr, path, T0, T0 + 100)
-            .len()
-            < 10
-        {
+        let id = format!("ix{i}");
+        while indexed_times(&indexer.addr, &id, &hap.addr, path, (T0, T0 + 100)).len() < 10 {
             assert!(
                 Instant::now() < deadline,
                 "ix{i} did not index its first events"
@@ -615,23 +592,19 @@ fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
     // The indexer kept following through the proxy: the events written after the
     // failover are indexed too, each once, each where its locator says.
     for path in &indexed {
-        for k in 10..20 {
-            let ct = "application/json";
-            append_typed_until_acknowledged(
-                &hap.addr,
-                path,
-                ct,
-                "ix",
-                k as u64,
-                event(k).as_bytes(),
-            );
-        }
+        append_events(path, 10..20);
     }
     let want: Vec<i64> = (0..20).map(|k| T0 + k).collect();
     let deadline = Instant::now() + Duration::from_secs(60);
     for (i, path) in indexed.iter().enumerate() {
         loop {
-            let got = indexer.times(&format!("ix{i}"), &hap.addr, path, T0, T0 + 100);
+            let got = indexed_times(
+                &indexer.addr,
+                &format!("ix{i}"),
+                &hap.addr,
+                path,
+                (T0, T0 + 100),
+            );
             if got == want {
                 break;
             }

@@ -260,22 +260,22 @@ mod tests {
         pieces.iter().map(|p| p.object.len).sum()
     }
 
+    /// At most one piece per 2 MiB and fewer than eight of each smaller class, and each
+    /// byte uploaded again a few times at most.
+    fn assert_few(pieces: &[Piece], again: u64) {
+        let total = total(pieces);
+        let most = total / (2 << 20) + 22;
+        assert!(pieces.len() as u64 <= most, "{} pieces", pieces.len());
+        let most = 7 * total / 2;
+        assert!(again <= most, "{again} bytes uploaded again for {total}");
+    }
+
     #[test]
     fn an_open_segment_keeps_few_pieces_and_uploads_each_byte_a_few_times() {
         // 128 MiB in 5 KB slices: what a lane under light steady load archives.
         let (pieces, again) = archive(std::iter::repeat_n(5_000, 26_000));
-        let total = total(&pieces);
-        assert_eq!(total, 26_000 * 5_000);
-        // At most one per 2 MiB, and fewer than eight of each smaller class.
-        assert!(
-            pieces.len() as u64 <= total / (2 << 20) + 22,
-            "{} pieces",
-            pieces.len()
-        );
-        assert!(
-            again <= 7 * total / 2,
-            "{again} bytes uploaded again for {total}"
-        );
+        assert_eq!(total(&pieces), 26_000 * 5_000);
+        assert_few(&pieces, again);
         // Contiguous from the segment's start.
         for w in pieces.windows(2) {
             assert_eq!(w[0].start + w[0].object.len, w[1].start);
@@ -287,17 +287,7 @@ mod tests {
         // Bursts and quiet spells alternate: larger slices between tiny ones.
         let lens = (0..1_200u64).map(|i| if i % 3 == 0 { 300_000 } else { 700 });
         let (pieces, again) = archive(lens);
-        let total = total(&pieces);
-        // At most one per 2 MiB, and fewer than eight of each smaller class.
-        assert!(
-            pieces.len() as u64 <= total / (2 << 20) + 22,
-            "{} pieces",
-            pieces.len()
-        );
-        assert!(
-            again <= 7 * total / 2,
-            "{again} bytes uploaded again for {total}"
-        );
+        assert_few(&pieces, again);
         for w in pieces.windows(2) {
             assert!(size_class(&w[0]) >= size_class(&w[1]));
         }
