@@ -369,6 +369,24 @@ fn append_typed_until_acknowledged(
     }
 }
 
+/// A read of `target` (a path and query) through the proxy, retried while it answers `503`
+/// (a lane still settling after a failover, or HAProxy briefly without a healthy server
+/// for it), as a client honouring `Retry-After` does.
+fn read_until_answered(proxy: &str, target: &str) -> support::Response {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = Client::new(proxy)
+            .request("GET", target, &[], b"")
+            .expect("read");
+        if r.status != 503 {
+            assert_eq!(r.status, 200, "GET {target}: {r:?}");
+            return r;
+        }
+        assert!(Instant::now() < deadline, "GET {target}: 503 for 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `ursula-indexer` (built beside `ursula`) on a local store.
 fn start_indexer(dir: &Path) -> Running {
     {
@@ -427,10 +445,7 @@ fn indexed_times(indexer: &str, id: &str, proxy: &str, path: &str, span: (i64, i
         for e in v["entries"].as_array().expect("entries").iter() {
             let t = e["t_ms"].as_i64().expect("t_ms");
             let offset = e["offset"].as_str().expect("offset");
-            let got = Client::new(proxy)
-                .request("GET", &format!("{path}?offset={offset}"), &[], b"")
-                .expect("read at a locator");
-            assert_eq!(got.status, 200, "{path} at {offset}: {}", got.body_str());
+            let got = read_until_answered(proxy, &format!("{path}?offset={offset}"));
             assert!(
                 got.body_str()
                     .starts_with(&format!("[{{\"captured_at\":{t}}}")),
@@ -578,10 +593,7 @@ fn haproxy_follows_a_clusters_lanes_through_a_host_loss() {
         killed.elapsed()
     );
     for (path, bytes) in streams.iter().zip(&want) {
-        let r = Client::new(&hap.addr)
-            .request("GET", &format!("{path}?offset=-1"), &[], b"")
-            .expect("read");
-        assert_eq!(r.status, 200, "GET {path}: {r:?}");
+        let r = read_until_answered(&hap.addr, &format!("{path}?offset=-1"));
         assert_eq!(
             &r.body, bytes,
             "{path} through the proxy after the failover"
