@@ -11,13 +11,16 @@ use bytes::Bytes;
 use ursula_storage::{Shard, StorageError, StreamId};
 
 use crate::core::Core;
-use crate::ext::{Ext, ForkLink};
+use crate::ext::{Ext, ForkLink, Released};
 use crate::http::{ApiError, Response};
 
-/// How often, and how far apart, a release on another host is tried while that host
-/// cannot be reached or the source's lane moves: long enough to outlast a failover.
-const PEER_RELEASE_TRIES: u32 = 30;
-const PEER_RELEASE_PAUSE: Duration = Duration::from_secs(1);
+/// How long a release on another host is tried while that host cannot be reached or the
+/// source's lane moves (far longer than a failover), and the pauses between tries: they
+/// double from the first to the longest. A release is idempotent (its token names the
+/// reference), so trying again after an answer that got lost is safe.
+const PEER_RELEASE_FOR: Duration = Duration::from_secs(600);
+const PEER_RELEASE_FIRST_PAUSE: Duration = Duration::from_secs(1);
+const PEER_RELEASE_LONGEST_PAUSE: Duration = Duration::from_secs(30);
 
 /// DELETE: soft-delete while forks reference the stream, otherwise remove it. `shard` is
 /// the one holding stream `id`.
@@ -26,7 +29,7 @@ pub async fn delete(core: &Rc<Core>, shard: &Shard, id: StreamId) -> Result<(), 
         Some(s) => Ext::decode(s.ext()),
         None => return Ok(()),
     };
-    if ext.refs > 0 {
+    if ext.referenced() {
         ext.soft_deleted = true;
         return shard.set_ext(id, ext.encode())?.durable().await;
     }
@@ -85,7 +88,9 @@ pub async fn release(core: &Rc<Core>, link: ForkLink) {
     // until it answers (the caller's own removal is done and durable).
     let core = core.clone();
     monoio::spawn(async move {
-        for _ in 0..PEER_RELEASE_TRIES {
+        let started = std::time::Instant::now();
+        let mut pause = PEER_RELEASE_FIRST_PAUSE;
+        while started.elapsed() < PEER_RELEASE_FOR {
             match release_elsewhere(&core, &link).await {
                 Ok(()) => return,
                 Err(why) => tracing::debug!(
@@ -93,7 +98,8 @@ pub async fn release(core: &Rc<Core>, link: ForkLink) {
                     why.reason()
                 ),
             }
-            monoio::time::sleep(PEER_RELEASE_PAUSE).await;
+            monoio::time::sleep(pause).await;
+            pause = (pause * 2).min(PEER_RELEASE_LONGEST_PAUSE);
         }
         tracing::warn!(
             source = %link.source,
@@ -133,6 +139,23 @@ pub async fn serve_release(core: &Rc<Core>, body: &[u8]) -> Response {
     Response::new(204).header("cache-control", "no-store")
 }
 
+/// Give back the reference a fork on this host asked for under `token` and may not have
+/// got: its call to the source's host failed without an answer that decides it (the
+/// connection broke, or the answer was lost). If the source's host took it, it is dropped;
+/// if the take is still on its way, it is refused when it arrives.
+pub fn give_back_untaken(core: &Rc<Core>, source: String, token: u64) {
+    let link = ForkLink {
+        source,
+        // Unused: the token names the reference.
+        source_incarnation: 0,
+        offset: None,
+        sub_offset: 0,
+        token: Some(token),
+    };
+    let core = core.clone();
+    monoio::spawn(async move { release(&core, link).await });
+}
+
 /// Give the source (on a lane this host serves) back the reference of `link`, removing it
 /// when it was deleted and this was its last fork.
 async fn release_here(core: &Rc<Core>, link: ForkLink) {
@@ -153,11 +176,13 @@ async fn release_here(core: &Rc<Core>, link: ForkLink) {
                 Some(s) => (Ext::decode(s.ext()), s.incarnation()),
                 None => return,
             };
-            if incarnation != link.source_incarnation {
+            // A token names its reference in whichever incarnation holds it; a plain count
+            // belongs to the incarnation the fork was made from.
+            if link.token.is_none() && incarnation != link.source_incarnation {
                 return;
             }
-            ext.refs = ext.refs.saturating_sub(1);
-            let result = if ext.refs == 0 && ext.soft_deleted {
+            let released = ext.release_ref(link.token);
+            let result = if released == Released::Dropped && !ext.referenced() && ext.soft_deleted {
                 Box::pin(hard_delete(&c, &shard, id)).await
             } else {
                 match shard.set_ext(id, ext.encode()) {

@@ -2,12 +2,15 @@
 //!
 //! A fork copies its source's history up to the fork point into its own log at creation, so
 //! it shares the source's offsets without sharing storage across cores. The source keeps a
-//! durable reference count only so that deleting it while forks live makes it soft-deleted
-//! (`410`/`409`) until the last fork goes, as the protocol requires.
+//! durable reference per fork (named by a token the fork chose) only so that deleting it
+//! while forks live makes it soft-deleted (`410`/`409`) until the last fork goes, as the
+//! protocol requires.
 //!
 //! In a cluster the source may be on a lane another host owns: the fork's host then asks
 //! that host (`POST /__ursula/forks/take`, see `peer`) to do the source's part and send
-//! the inherited history back.
+//! the inherited history back. A call that ends without an answer saying what happened is
+//! followed by giving the token back, so a reference taken for a fork that was never made
+//! does not keep its source.
 
 use std::rc::Rc;
 
@@ -18,7 +21,7 @@ use ursula_protocol::offset::parse_fork_offset;
 use ursula_storage::{AppendRec, Lifetime, NewStream, Offset, RecordNo};
 
 use crate::core::Core;
-use crate::ext::{Ext, ForkLink};
+use crate::ext::{Ext, ForkLink, Taken};
 use crate::http::{ApiError, Handled, Refusal, Request, Response};
 use crate::lookup::{find, Found};
 use crate::payload::{payload, PayloadKind};
@@ -115,21 +118,32 @@ pub async fn create(
     if fork.source.is_empty() {
         return Err(ApiError::ForkSourceNotFound.into());
     }
+    let token = reference_token();
     let ask = TakeAsk {
         source: fork.source.clone(),
         content_type: content_type.clone(),
         offset: fork.offset.map(Offset::get),
         sub_offset: fork.sub_offset,
+        token: Some(token),
     };
     let inherited = match crate::lanes::serving_host(core, &ask.source).await? {
         None => take_here(core, ask).await?,
-        Some(address) => take_from(core, &address, &ask).await?,
+        Some(address) => match take_from(core, &address, &ask).await {
+            Ok(inherited) => inherited,
+            Err(TakeFailed::Refused(refusal)) => return Err(refusal.into()),
+            Err(TakeFailed::Undecided(refusal)) => {
+                // The source's host may have taken the reference and the answer got lost.
+                removal::give_back_untaken(core, fork.source.clone(), token);
+                return Err(refusal.into());
+            }
+        },
     };
     let link = ForkLink {
         source: fork.source.clone(),
         source_incarnation: inherited.incarnation,
         offset: fork.offset.map(Offset::get),
         sub_offset: fork.sub_offset,
+        token: Some(token),
     };
     let result = build(core, key, req, &inherited, link.clone(), lifetime, closed).await;
     if result.is_err() {
@@ -146,6 +160,23 @@ struct TakeAsk {
     content_type: Option<String>,
     offset: Option<u64>,
     sub_offset: u64,
+    /// Names the reference taken, so that giving it back, or taking it twice, is exact
+    /// (absent from hosts that predate tokens: a plain count then).
+    #[serde(default)]
+    token: Option<u64>,
+}
+
+/// A new fork's reference token: unique among a source's references (64 random bits).
+fn reference_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static TAKEN: AtomicU64 = AtomicU64::new(0);
+    // `RandomState` is keyed from the OS's randomness; the counter and the clock make each
+    // hash differ within one process.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(TAKEN.fetch_add(1, Ordering::Relaxed));
+    h.write_i64(ursula_storage::now_ms());
+    h.finish()
 }
 
 /// Take the source's part on its owner core, on this host.
@@ -154,24 +185,54 @@ async fn take_here(core: &Rc<Core>, ask: TakeAsk) -> Result<Inherited, Refusal> 
     let taken = core
         .on(owner, move |c| async move {
             let offset = ask.offset.map(Offset::new);
-            take_source(&c, &ask.source, ask.content_type, offset, ask.sub_offset).await
+            let want = Wanted {
+                content_type: ask.content_type,
+                offset,
+                sub: ask.sub_offset,
+                token: ask.token,
+            };
+            take_source(&c, &ask.source, want).await
         })
         .await;
     taken.map_err(|_| ApiError::owner_unavailable())?
 }
 
+/// Why another host did not send a source's part, and the fork's refusal.
+#[derive(Debug, PartialEq)]
+enum TakeFailed {
+    /// It answered with the source's refusal: nothing was taken.
+    Refused(ApiError),
+    /// No answer that says whether it took the reference (the call broke, or the answer
+    /// was not one a take gives).
+    Undecided(ApiError),
+}
+
 /// Ask the host at `address`, which owns the source's lane, to take the source's part.
-async fn take_from(core: &Core, address: &str, ask: &TakeAsk) -> Result<Inherited, Refusal> {
+async fn take_from(core: &Core, address: &str, ask: &TakeAsk) -> Result<Inherited, TakeFailed> {
     let body = Bytes::from(sonic_rs::to_vec(ask).unwrap_or_default());
     let answer = crate::peer::post(core, address, "/__ursula/forks/take", body)
         .await
-        .map_err(|e| e.refusal())?;
+        .map_err(|e| TakeFailed::Undecided(e.refusal()))?;
     if answer.status == 200 {
         return decode_inherited(answer.body).ok_or_else(|| {
-            ApiError::BadGateway("the fork source's host sent a malformed history".into()).into()
+            TakeFailed::Undecided(ApiError::BadGateway(
+                "the fork source's host sent a malformed history".into(),
+            ))
         });
     }
-    Err(source_host_refusal(&answer).into())
+    Err(take_failure(&answer))
+}
+
+/// What a take's answer other than `200` says: the source's state refuses before anything
+/// is taken (a 4xx); any other answer (a storage fault may come after the reference was
+/// written, a lane moving may come after the take reached the old owner) leaves it open.
+fn take_failure(answer: &crate::peer::Answer) -> TakeFailed {
+    let refused = source_host_refusal(answer);
+    if (400..500).contains(&answer.status) && !matches!(refused, ApiError::Unavailable(_)) {
+        TakeFailed::Refused(refused)
+    } else {
+        TakeFailed::Undecided(refused)
+    }
 }
 
 /// The refusal a fork gets for the source host's refusal (`code: reason` in its body):
@@ -351,15 +412,27 @@ async fn build(
     Ok(resp)
 }
 
+/// What a fork wants of its source.
+struct Wanted {
+    /// The fork's content type, if it named one.
+    content_type: Option<String>,
+    /// The fork point (`None`: the source's tail).
+    offset: Option<Offset>,
+    /// Records (JSON) or bytes past `offset`.
+    sub: u64,
+    /// The token to take the reference under.
+    token: Option<u64>,
+}
+
 /// On the source's core: validate the fork point, copy the inherited history and take a
 /// reference, all without an await in between.
-async fn take_source(
-    core: &Rc<Core>,
-    key: &str,
-    wanted_type: Option<String>,
-    offset: Option<Offset>,
-    sub: u64,
-) -> Result<Inherited, Refusal> {
+async fn take_source(core: &Rc<Core>, key: &str, want: Wanted) -> Result<Inherited, Refusal> {
+    let Wanted {
+        content_type: wanted_type,
+        offset,
+        sub,
+        token,
+    } = want;
     let id = match find(core, key)? {
         Found::Absent | Found::Expired(_) => return Err(ApiError::ForkSourceNotFound.into()),
         Found::SoftDeleted => return Err(ApiError::ForkSourceGone.into()),
@@ -440,11 +513,19 @@ async fn take_source(
     let ext = {
         let s = shard.stream(id).ok_or_else(ApiError::owner_unavailable)?;
         let mut ext = Ext::decode(s.ext());
-        ext.refs += 1;
-        ext.encode()
+        match ext.take_ref(token) {
+            Taken::New => Some(ext.encode()),
+            Taken::Already => None,
+            // The fork's host gave up on this take before it got here: nobody waits for
+            // the answer.
+            Taken::GivenBack => {
+                return Err(ApiError::RequestTimeout("the fork gave this take up").into())
+            }
+        }
     };
-    let commit = shard.set_ext(id, ext)?;
-    commit.durable().await?;
+    if let Some(ext) = ext {
+        shard.set_ext(id, ext)?.durable().await?;
+    }
     Ok(inherited)
 }
 
@@ -494,5 +575,24 @@ mod tests {
         assert_eq!(r(421, "misdirected: lane 3\n").status(), 503);
         assert_eq!(r(503, "not_served: lane 3\n").status(), 503);
         assert_eq!(r(401, "unauthorized: x\n").status(), 502);
+    }
+
+    #[test]
+    fn only_the_sources_own_refusals_say_nothing_was_taken() {
+        let answer = |status, body: &str| crate::peer::Answer {
+            status,
+            content_type: None,
+            location: None,
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        };
+        let refused =
+            |status, body| matches!(take_failure(&answer(status, body)), TakeFailed::Refused(_));
+        assert!(refused(404, "stream_not_found: x\n"));
+        assert!(refused(410, "stream_gone: x\n"));
+        assert!(refused(400, "invalid_offset: x\n"));
+        assert!(!refused(421, "misdirected: lane 3\n"));
+        assert!(!refused(503, "not_served: lane 3\n"));
+        assert!(!refused(500, "storage_fault: x\n"));
+        assert!(!refused(502, "bad_gateway: x\n"));
     }
 }
