@@ -78,6 +78,8 @@ pub struct Core {
     /// Live readers (long-poll, SSE) to wake when shutdown starts, one slot per waiting
     /// task, removed when its wait ends.
     shutdown_waiters: WaiterSet,
+    /// Started once a lane is adopted here, from `lanes`.
+    pub after_adoption: AfterAdoption,
     next_waiter: WaiterIds,
     rng: Cell<u64>,
 }
@@ -95,7 +97,12 @@ pub struct CoreParts {
     pub lanes: Arc<LaneTable>,
     pub shutdown: Arc<AtomicBool>,
     pub draining: Arc<AtomicUsize>,
+    pub after_adoption: AfterAdoption,
 }
+
+/// What a layer above the core starts once this host adopted a lane (the server brings
+/// the lane's bucket copies up to their records; see `handlers::buckets`).
+pub type AfterAdoption = fn(Rc<Core>, u32);
 
 /// Why a cross-core call did not complete.
 #[derive(Debug)]
@@ -142,6 +149,7 @@ impl Core {
             access_window: Cell::new((0, 0, 0)),
             shutdown_waiters: WaiterSet::default(),
             next_waiter: WaiterIds::default(),
+            after_adoption: parts.after_adoption,
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1) ^ ursula_storage::now_ms() as u64,
             ),
@@ -200,14 +208,10 @@ impl Core {
         self.shards.borrow().iter().flatten().cloned().collect()
     }
 
-    /// Whether this core runs shard `number` now.
-    #[allow(
-        dead_code,
-        reason = "called by lane moves (adopt, release), which are not wired in yet"
-    )]
-    pub fn holds_shard(&self, number: u32) -> bool {
-        self.slot(number as usize)
-            .is_some_and(|slot| self.shards.borrow().get(slot).is_some_and(Option::is_some))
+    /// Shard `number`, if this core runs it now.
+    pub fn running_shard(&self, number: u32) -> Option<Shard> {
+        let slot = self.slot(number as usize)?;
+        self.shards.borrow().get(slot)?.clone()
     }
 
     /// Start serving a shard (a lane adopted): requests for its streams find it from now on.
@@ -216,10 +220,6 @@ impl Core {
     ///
     /// If the shard's number is not one this core runs by the placement: its requests
     /// would never be sent here.
-    #[allow(
-        dead_code,
-        reason = "called by lane moves (adopt, release), which are not wired in yet"
-    )]
     pub fn install_shard(&self, shard: Shard) {
         let number = shard.config().shard;
         let Some(slot) = self.slot(number as usize) else {
@@ -237,10 +237,6 @@ impl Core {
     /// Stop serving shard `number` (a lane released): requests for its streams are answered
     /// [`NotServed`] from now on. Returns the shard, for the caller to flush and close;
     /// `None` if this core did not run it.
-    #[allow(
-        dead_code,
-        reason = "called by lane moves (adopt, release), which are not wired in yet"
-    )]
     pub fn remove_shard(&self, number: u32) -> Option<Shard> {
         let slot = self.slot(number as usize)?;
         self.shards.borrow_mut().get_mut(slot)?.take()
@@ -477,6 +473,7 @@ mod tests {
             )),
             shutdown: Arc::default(),
             draining: Arc::default(),
+            after_adoption: |_, _| {},
         })
     }
 
@@ -508,17 +505,17 @@ mod tests {
             let first = open(&placement, 0).await;
             let c = core(0, 2, placement, vec![Some(first)]);
             assert_eq!(numbers(&c), [0]);
-            assert!(c.holds_shard(0));
-            assert!(!c.holds_shard(2), "not adopted yet");
-            assert!(!c.holds_shard(1), "another core's");
-            assert!(!c.holds_shard(6), "past the placement");
+            assert!(c.running_shard(0).is_some());
+            assert!(c.running_shard(2).is_none(), "not adopted yet");
+            assert!(c.running_shard(1).is_none(), "another core's");
+            assert!(c.running_shard(6).is_none(), "past the placement");
             let (key, id) = (key_on(&placement, 2), placement.first_id(2));
             assert_eq!(c.shard_for(&key).err(), Some(NotServed { shard: 2 }));
             assert_eq!(c.shard(id).err(), Some(NotServed { shard: 2 }));
 
             c.install_shard(open(&placement, 2).await);
             assert_eq!(numbers(&c), [0, 2]);
-            assert!(c.holds_shard(2));
+            assert!(c.running_shard(2).is_some());
             assert_eq!(c.shard_for(&key).expect("served").config().shard, 2);
             assert_eq!(c.shard(id).expect("served").config().shard, 2);
             assert_eq!(c.shard(1).expect("served").config().shard, 0);

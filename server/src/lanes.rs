@@ -251,6 +251,7 @@ pub async fn adopt(core: &Rc<Core>, lane: u32, force: bool) -> Result<Adoption, 
         return Err(e);
     }
     table.set(lane, LaneState::Served);
+    (core.after_adoption)(core.clone(), lane);
     let open = opening.elapsed();
     let took = started.elapsed();
     table.counts.adopted.fetch_add(1, Ordering::Relaxed);

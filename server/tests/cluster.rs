@@ -601,6 +601,58 @@ fn a_fork_takes_its_source_from_the_host_that_owns_it() {
     expect(&a, "PUT", &source, &[auth, json], b"", 201);
 }
 
+/// A fork's reference on its source is named by the token the fork chose: taking it
+/// twice or giving it back twice counts once, and a give-back that arrives before its take
+/// (the fork's host gave up on a call whose answer was lost) has the take refused, so no
+/// reference stays behind for a fork that was never made.
+#[test]
+fn fork_references_are_named_by_their_tokens() {
+    let dir = temp_dir("ursula-cluster-fork-tokens");
+    let s3 = S3::start(&dir.path().join("s3"), 0);
+    let config = config(dir.path(), &s3, "", 200);
+    let a = host(dir.path(), "a", &config, LANES, MANUAL);
+    for l in 0..LANES {
+        adopt(&a, l);
+    }
+    let json = ("content-type", "application/json");
+    let source = "/v1/stream/token-source";
+    expect(&a, "PUT", source, &[json], b"", 201);
+    expect(&a, "POST", source, &[json], b"{\"n\":1}", 204);
+    let call = |path: &str, token: u64| {
+        let body = format!(
+            r#"{{"source":"c/token-source","source_incarnation":0,"sub_offset":0,"token":{token}}}"#
+        );
+        req(&a, "POST", path, &[json], body.as_bytes()).status
+    };
+    let take = |token| call("/__ursula/forks/take", token);
+    let give_back = |token| call("/__ursula/forks/release", token);
+
+    assert_eq!(take(1), 200);
+    assert_eq!(take(1), 200, "a repeated take");
+    assert_eq!(take(2), 200);
+    assert_eq!(give_back(1), 204);
+    assert_eq!(give_back(1), 204, "a repeated give-back");
+    // Token 2 still holds its reference: deleted, the source is kept for it.
+    expect(&a, "DELETE", source, &[], b"", 204);
+    expect(&a, "GET", source, &[], b"", 410);
+    // A give-back ahead of its take: the take is refused and holds nothing.
+    assert_eq!(give_back(3), 204);
+    assert_eq!(take(3), 409, "the source is soft-deleted");
+    assert_eq!(give_back(2), 204);
+    wait_for(
+        "the source's last reference to go",
+        Duration::from_secs(10),
+        || req(&a, "GET", source, &[], b"").status == 404,
+    );
+
+    // On a live source, a take that comes after its give-back is refused.
+    expect(&a, "PUT", source, &[json], b"", 201);
+    assert_eq!(give_back(4), 204);
+    assert_eq!(take(4), 408);
+    expect(&a, "DELETE", source, &[], b"", 204);
+    expect(&a, "GET", source, &[], b"", 404);
+}
+
 /// Buckets are one namespace across the hosts: a bucket's own requests reach the host
 /// that owns its record's lane from any host, a stream on another host's lane finds the
 /// bucket there, listings and counts cover every host, a settings change reaches the
@@ -696,9 +748,37 @@ fn buckets_are_one_namespace_across_the_hosts() {
         200,
     );
 
+    // A change made while a lane is between hosts reaches that lane's copy once a host
+    // adopts it: auto-create, turned off, is turned on again while `on_b`'s lane moves.
+    expect(
+        &b,
+        "PATCH",
+        &format!("/{bucket}"),
+        &[],
+        br#"{"auto_create":null}"#,
+        200,
+    );
+    let moving = lane(&format!("b/{bucket}/{on_b}"));
+    let late = (0..)
+        .map(|i| format!("late{i}"))
+        .find(|s| lane(&format!("b/{bucket}/{s}")) == moving)
+        .expect("a third stream on that lane");
+    expect(&b, "POST", &path(&late), &[text], b"x", 404);
+    release(&b, moving);
+    // Made on the record and every copy a host runs; its answer (the bucket's stream
+    // count) may be a retry while the lane is on no host, and is not retried here.
+    let r = req(&a, "PATCH", &format!("/{bucket}"), &[], settings);
+    assert!(matches!(r.status, 200 | 503), "{r:?}");
+    adopt(&b, moving);
+    wait_for(
+        "the adopted lane's copy to take the change made while it moved",
+        Duration::from_secs(10),
+        || req(&b, "POST", &path(&late), &[text], b"x").status / 100 == 2,
+    );
+
     // Not while it has streams; then gone from every host.
     expect(&b, "DELETE", &format!("/{bucket}"), &[], b"", 409);
-    for (s, name) in [(&a, &on_a), (&b, &on_b), (&b, &also_on_b)] {
+    for (s, name) in [(&a, &on_a), (&b, &on_b), (&b, &also_on_b), (&b, &late)] {
         expect(s, "DELETE", &path(name), &[], b"", 204);
     }
     expect(&b, "DELETE", &format!("/{bucket}"), &[], b"", 204);

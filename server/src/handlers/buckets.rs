@@ -13,16 +13,21 @@
 //!
 //! In a cluster the authoritative record is on the host that owns its key's lane: the
 //! bucket's own requests are forwarded there, other hosts' shards ask it for their copies
-//! (and are sent a changed record's settings, or told to drop a deleted one's), and a
-//! listing or count asks every host for the lanes it serves (see the end of this module).
+//! (and are sent a changed record's settings, or told to drop a deleted one's), a lane
+//! adopted from another host has its copies brought up to the records (a change made while
+//! it moved reached no host's copy of it), a delete waits until no lane is between hosts,
+//! and a listing or count asks every host for the lanes it serves (see the end of this
+//! module).
 
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ursula_protocol::http1::Method;
 use ursula_protocol::offset::format_offset;
 use ursula_protocol::query::parse_query;
+use ursula_storage::placement::Placement;
 use ursula_storage::{AppendRec, Lifetime, NewStream, Shard, StreamMeta};
 
 use crate::bucket_settings::{BucketSettings, SettingsError};
@@ -730,43 +735,165 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
     if count(core, bucket).await? > 0 {
         return Err(ApiError::BucketNotEmpty.into());
     }
-    // Other hosts' copies first: the authoritative record goes last.
-    drop_on_other_hosts(core, bucket).await?;
-    let owner = core.owner_of(&bucket_key(bucket));
-    // Replicas first, the authoritative record last (see the module comment).
-    for (i, authoritative) in (0..core.cores()).map(|i| (i, false)).chain([(owner, true)]) {
-        let key = bucket_key(bucket);
-        let ok = core
-            .on(i, move |c| async move {
-                delete_records_on(&c, &key, authoritative).await
-            })
+    // Copies first, other hosts' and then this one's; the authoritative record goes last
+    // (see the module comment), and only once every lane's copy is gone: a lane moving
+    // between hosts meanwhile would keep a copy of a bucket that no longer exists.
+    let key = bucket_key(bucket);
+    let mut dropped = drop_on_other_hosts(core, bucket).await?;
+    for i in 0..core.cores() {
+        let k = key.clone();
+        let visited = core
+            .on(
+                i,
+                move |c| async move { delete_records_on(&c, &k, false).await },
+            )
             .await;
-        if !matches!(ok, Ok(true)) {
-            return Err(ApiError::owner_unavailable().into());
+        dropped.extend(
+            visited
+                .ok()
+                .flatten()
+                .ok_or_else(ApiError::owner_unavailable)?,
+        );
+    }
+    if core.lanes.cluster() {
+        dropped.push(core.placement.shard_of(&key) as u32);
+        dropped.sort_unstable();
+        dropped.dedup();
+        if dropped.len() as u32 != core.lanes.lanes() {
+            return Err(
+                ApiError::Unavailable("lanes are moving between hosts; retry".into()).into(),
+            );
         }
+    }
+    let owner = core.owner_of(&key);
+    let removed = core
+        .on(owner, move |c| async move {
+            delete_records_on(&c, &key, true).await
+        })
+        .await;
+    if !matches!(removed, Ok(Some(_))) {
+        return Err(ApiError::owner_unavailable().into());
     }
     core.bucket_limits.set(bucket, None);
     Ok(Response::new(204).header("cache-control", "no-store"))
 }
 
 /// Delete `key`'s bucket records in core `c`'s shards: the authoritative one (in the shard
-/// that is its home), or the copies. True when every deletion is durable.
-async fn delete_records_on(c: &Core, key: &str, authoritative: bool) -> bool {
+/// that is its home), or the copies. The numbers of the shards it went through (each now
+/// without its copy, or its record), or `None` if a deletion did not become durable.
+async fn delete_records_on(c: &Core, key: &str, authoritative: bool) -> Option<Vec<u32>> {
+    let mut visited = Vec::new();
     for shard in c.shards() {
         if c.is_home_of(&shard, key) != authoritative {
             continue;
         }
-        let Some(id) = shard.lookup(key) else {
-            continue;
-        };
-        let Ok(commit) = shard.delete(id) else {
-            return false;
-        };
-        if commit.durable().await.is_err() {
-            return false;
+        if let Some(id) = shard.lookup(key) {
+            shard.delete(id).ok()?.durable().await.ok()?;
+        }
+        visited.push(shard.config().shard);
+    }
+    Some(visited)
+}
+
+/// After `lane` was adopted: give the bucket copies its log carried here the settings
+/// their records hold now, and drop copies of buckets that are gone. A change made while
+/// the lane moved reached every host's copies but this lane's, which no host ran then;
+/// from its installation on, changes reach it as they reach any lane. Tried again while a
+/// record's lane moves or its host cannot be reached.
+pub fn refresh_after_adoption(core: Rc<Core>, lane: u32) {
+    monoio::spawn(async move { refresh_adopted_copies(&core, lane).await });
+}
+
+/// [`refresh_after_adoption`]'s task: each bucket copy in turn.
+async fn refresh_adopted_copies(core: &Rc<Core>, lane: u32) {
+    let owner = Placement::core_of_shard(lane as usize, core.cores());
+    let buckets = core
+        .on(owner, move |c| async move {
+            let Some(shard) = c.running_shard(lane) else {
+                return Vec::new();
+            };
+            let copies = shard.keys_starting_with("k/");
+            copies
+                .iter()
+                .filter(|k| !c.is_home_of(&shard, k))
+                .filter_map(|k| k.strip_prefix("k/").map(str::to_string))
+                .collect()
+        })
+        .await
+        .unwrap_or_default();
+    for bucket in buckets {
+        let started = Instant::now();
+        let mut pause = REFRESH_FIRST_PAUSE;
+        while let Err(e) = refresh_copy(core, lane, owner, &bucket).await {
+            if started.elapsed() >= REFRESH_FOR {
+                tracing::warn!(
+                    lane,
+                    bucket,
+                    "could not refresh an adopted lane's bucket copy: {}",
+                    e.reason()
+                );
+                break;
+            }
+            tracing::debug!(
+                lane,
+                bucket,
+                "refreshing an adopted lane's bucket copy: {}",
+                e.reason()
+            );
+            monoio::time::sleep(pause).await;
+            pause = (pause * 2).min(REFRESH_LONGEST_PAUSE);
         }
     }
-    true
+}
+
+/// How long an adopted lane's bucket copy is tried, and the pauses between tries.
+const REFRESH_FOR: Duration = Duration::from_secs(600);
+const REFRESH_FIRST_PAUSE: Duration = Duration::from_millis(200);
+const REFRESH_LONGEST_PAUSE: Duration = Duration::from_secs(10);
+
+/// Make lane `lane`'s copy of `bucket` (on core `owner`) what the record says. Repeats
+/// until the record still says what was last written: a change racing this one reaches
+/// the copy in either order, and the last write must be the newest.
+async fn refresh_copy(
+    core: &Rc<Core>,
+    lane: u32,
+    owner: usize,
+    bucket: &str,
+) -> Result<(), ApiError> {
+    let mut written: Option<Option<Bytes>> = None;
+    loop {
+        let now = record(core, bucket).await?;
+        if written.as_ref() == Some(&now) {
+            return Ok(());
+        }
+        let (b, blob) = (bucket.to_string(), now.clone());
+        let done = core
+            .on(owner, move |c| async move {
+                // Released again meanwhile: its next owner refreshes it.
+                let Some(shard) = c.running_shard(lane) else {
+                    return true;
+                };
+                let Some(id) = shard.lookup(&bucket_key(&b)) else {
+                    return true;
+                };
+                match blob {
+                    Some(ext) => replicate(&shard, &b, ext).await,
+                    None => match shard.delete(id) {
+                        Ok(commit) => commit.durable().await.is_ok(),
+                        Err(_) => false,
+                    },
+                }
+            })
+            .await;
+        if !matches!(done, Ok(true)) {
+            return Err(ApiError::owner_unavailable());
+        }
+        let limit = now
+            .as_ref()
+            .and_then(|ext| BucketSettings::decode(ext).rate_limit);
+        core.bucket_limits.set(bucket, limit);
+        written = Some(now);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -981,13 +1108,28 @@ async fn copy_to_other_hosts(core: &Rc<Core>, bucket: &str, ext: &Bytes) -> Resu
     on_other_hosts(core, "/__ursula/buckets/copy", &call).await
 }
 
-/// Remove every other host's copies of `bucket` (before its record goes).
-async fn drop_on_other_hosts(core: &Rc<Core>, bucket: &str) -> Result<(), ApiError> {
+/// Remove every other host's copies of `bucket` (before its record goes). Returns the
+/// lanes whose copies they removed.
+async fn drop_on_other_hosts(core: &Rc<Core>, bucket: &str) -> Result<Vec<u32>, ApiError> {
     let call = BucketCall {
         bucket: bucket.to_string(),
         settings: None,
     };
-    on_other_hosts(core, "/__ursula/buckets/drop", &call).await
+    let path = "/__ursula/buckets/drop";
+    let mut lanes = Vec::new();
+    for answer in on_every_other_host(core, path, &call, 200).await? {
+        let dropped: Dropped = sonic_rs::from_slice(&answer.body).map_err(|_| {
+            ApiError::BadGateway("a host of the cluster sent a malformed answer".into())
+        })?;
+        lanes.extend(dropped.lanes);
+    }
+    Ok(lanes)
+}
+
+/// A host's answer to `/__ursula/buckets/drop`: the lanes it removed the copies from.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Dropped {
+    lanes: Vec<u32>,
 }
 
 /// Make `call` at `path` on every other host; each must answer `204`.
@@ -1035,11 +1177,12 @@ async fn update_copies_on(c: &Core, bucket: &str, ext: &Bytes) -> bool {
 }
 
 /// `POST /__ursula/buckets/drop`: remove this host's copies of a bucket being deleted on
-/// the host that owns its record.
+/// the host that owns its record, and answer with the lanes they were removed from.
 pub async fn serve_drop(core: &Rc<Core>, body: &[u8]) -> Response {
     let Ok(call) = sonic_rs::from_slice::<BucketCall>(body) else {
         return ApiError::InvalidJson.response();
     };
+    let mut lanes = Vec::new();
     for i in 0..core.cores() {
         let key = bucket_key(&call.bucket);
         // Only copies: the record itself stays, should its lane have come here.
@@ -1048,10 +1191,11 @@ pub async fn serve_drop(core: &Rc<Core>, body: &[u8]) -> Response {
                 delete_records_on(&c, &key, false).await
             })
             .await;
-        if !matches!(done, Ok(true)) {
-            return ApiError::owner_unavailable().response();
+        match done {
+            Ok(Some(visited)) => lanes.extend(visited),
+            _ => return ApiError::owner_unavailable().response(),
         }
     }
     core.bucket_limits.set(&call.bucket, None);
-    Response::new(204).header("cache-control", "no-store")
+    json_answer(sonic_rs::to_vec(&Dropped { lanes }).unwrap_or_default())
 }

@@ -87,6 +87,7 @@ pub fn run(
             lanes,
             shutdown,
             draining,
+            after_adoption: crate::handlers::buckets::refresh_after_adoption,
         }));
         core.admin_fd
             .set(admin.as_ref().map(std::os::unix::io::AsRawFd::as_raw_fd));

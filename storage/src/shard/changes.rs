@@ -73,6 +73,16 @@ impl Shard {
         self.inner.catalog.borrow().keys().map(Box::from).collect()
     }
 
+    /// The keys (resident and dormant) that start with `prefix`.
+    pub fn keys_starting_with(&self, prefix: &str) -> Vec<Box<str>> {
+        let catalog = self.inner.catalog.borrow();
+        catalog
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .map(Box::from)
+            .collect()
+    }
+
     /// Streams that may have expired by `now_ms`: every resident stream with a lifetime,
     /// and the dormant ones whose deadline has passed (without waking the others).
     pub fn expiry_candidates(&self, now_ms: i64) -> Vec<StreamId> {
