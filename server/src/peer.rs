@@ -42,7 +42,7 @@ impl Answer {
     /// the other host's reason otherwise.
     pub fn refusal(&self, path: &str) -> ApiError {
         match self.status {
-            421 | 503 => ApiError::Unavailable("lanes are moving between hosts; retry".into()),
+            421 | 503 => ApiError::lanes_moving(),
             status => ApiError::BadGateway(
                 format!(
                     "a host of the cluster refused {path} with {status}: {}",

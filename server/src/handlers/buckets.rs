@@ -740,29 +740,13 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
     // between hosts meanwhile would keep a copy of a bucket that no longer exists.
     let key = bucket_key(bucket);
     let mut dropped = drop_on_other_hosts(core, bucket).await?;
-    for i in 0..core.cores() {
-        let k = key.clone();
-        let visited = core
-            .on(
-                i,
-                move |c| async move { delete_records_on(&c, &k, false).await },
-            )
-            .await;
-        dropped.extend(
-            visited
-                .ok()
-                .flatten()
-                .ok_or_else(ApiError::owner_unavailable)?,
-        );
-    }
+    dropped.extend(drop_copies_here(core, &key).await?);
     if core.lanes.cluster() {
         dropped.push(core.placement.shard_of(&key) as u32);
         dropped.sort_unstable();
         dropped.dedup();
         if dropped.len() as u32 != core.lanes.lanes() {
-            return Err(
-                ApiError::Unavailable("lanes are moving between hosts; retry".into()).into(),
-            );
+            return Err(ApiError::lanes_moving().into());
         }
     }
     let owner = core.owner_of(&key);
@@ -776,6 +760,28 @@ async fn delete(core: &Rc<Core>, bucket: &str) -> Handled {
     }
     core.bucket_limits.set(bucket, None);
     Ok(Response::new(204).header("cache-control", "no-store"))
+}
+
+/// Delete the copies of bucket record `key` in every shard of this host (not the record
+/// itself). The numbers of the shards that have none now.
+async fn drop_copies_here(core: &Rc<Core>, key: &str) -> Result<Vec<u32>, ApiError> {
+    let mut dropped = Vec::new();
+    for i in 0..core.cores() {
+        let k = key.to_string();
+        let visited = core
+            .on(
+                i,
+                move |c| async move { delete_records_on(&c, &k, false).await },
+            )
+            .await;
+        dropped.extend(
+            visited
+                .ok()
+                .flatten()
+                .ok_or_else(ApiError::owner_unavailable)?,
+        );
+    }
+    Ok(dropped)
 }
 
 /// Delete `key`'s bucket records in core `c`'s shards: the authoritative one (in the shard
@@ -989,9 +995,7 @@ async fn other_parts(core: &Rc<Core>, ask: &PartAsk) -> Result<Vec<PartAnswer>, 
     covered.sort_unstable();
     covered.dedup();
     if covered.len() as u32 != core.lanes.lanes() {
-        return Err(ApiError::Unavailable(
-            "lanes are moving between hosts; retry".into(),
-        ));
+        return Err(ApiError::lanes_moving());
     }
     Ok(parts)
 }
@@ -1182,20 +1186,11 @@ pub async fn serve_drop(core: &Rc<Core>, body: &[u8]) -> Response {
     let Ok(call) = sonic_rs::from_slice::<BucketCall>(body) else {
         return ApiError::InvalidJson.response();
     };
-    let mut lanes = Vec::new();
-    for i in 0..core.cores() {
-        let key = bucket_key(&call.bucket);
-        // Only copies: the record itself stays, should its lane have come here.
-        let done = core
-            .on(i, move |c| async move {
-                delete_records_on(&c, &key, false).await
-            })
-            .await;
-        match done {
-            Ok(Some(visited)) => lanes.extend(visited),
-            _ => return ApiError::owner_unavailable().response(),
-        }
-    }
+    // Only copies: the record itself stays, should its lane have come here.
+    let lanes = match drop_copies_here(core, &bucket_key(&call.bucket)).await {
+        Ok(lanes) => lanes,
+        Err(e) => return e.response(),
+    };
     core.bucket_limits.set(&call.bucket, None);
     json_answer(sonic_rs::to_vec(&Dropped { lanes }).unwrap_or_default())
 }

@@ -348,6 +348,11 @@ impl ApiError {
     pub fn owner_unavailable() -> ApiError {
         ApiError::Unavailable("owner core unavailable".into())
     }
+
+    /// A lane the request needs is between hosts of a cluster: served by none right now.
+    pub fn lanes_moving() -> ApiError {
+        ApiError::Unavailable("lanes are moving between hosts; retry".into())
+    }
 }
 
 /// What a handler returns: the response, or why the request was refused.
