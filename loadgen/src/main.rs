@@ -27,7 +27,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use common::{available_cores, Common, Target};
-use stats::{Check, Latency, Report, Stats};
+use stats::{Check, Report, Stats};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -195,7 +195,7 @@ fn build_report(
     o: Outcome,
 ) -> Report {
     let secs = o.window.as_secs_f64().max(1e-9);
-    let st = o.stats;
+    let mut st = o.stats;
     let error_total = st.error_total();
     let ok = o.checks.iter().all(|c| c.passed);
     Report {
@@ -219,7 +219,7 @@ fn build_report(
             .filter(|_| st.ops > 0)
             .map(|cpu| cpu.as_secs_f64() * 1e6 / st.ops as f64),
         latency_of: o.latency_of.to_string(),
-        latency: Latency::from_hist(&st.hist),
+        latency: st.latencies.summary(),
         non_2xx: st.non_2xx(),
         errors: st.errors,
         error_total,

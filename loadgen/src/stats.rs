@@ -18,10 +18,11 @@ pub fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, HIST_MAX_US, 3).expect("valid histogram bounds")
 }
 
-/// What one core measured.
+/// What one task or core measured.
+#[derive(Default)]
 pub struct Stats {
     /// Latency of the operation the scenario measures (request, replay, delivery).
-    pub hist: Histogram<u64>,
+    pub latencies: Latencies,
     /// Operations completed successfully inside the measured window.
     pub ops: u64,
     /// Payload bytes moved by those operations.
@@ -34,33 +35,18 @@ pub struct Stats {
     pub counters: BTreeMap<&'static str, u64>,
 }
 
-impl Default for Stats {
-    fn default() -> Self {
-        Stats {
-            hist: new_hist(),
-            ops: 0,
-            bytes: 0,
-            requests: 0,
-            errors: BTreeMap::new(),
-            counters: BTreeMap::new(),
-        }
-    }
-}
-
 impl Stats {
     pub fn record(&mut self, latency: Duration) {
-        let us = (latency.as_micros() as u64).clamp(1, HIST_MAX_US);
-        // Clamped into range, so this cannot fail.
-        let _ = self.hist.record(us);
+        self.latencies.record(latency);
         RECORDED.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records `latency` as if the operation had been issued every `interval` since it was
     /// due (coordinated-omission correction for open-loop schedules).
     pub fn record_corrected(&mut self, latency: Duration, interval: Duration) {
-        let us = (latency.as_micros() as u64).clamp(1, HIST_MAX_US);
         let iv = (interval.as_micros() as u64).max(1);
-        let _ = self.hist.record_correct(us, iv);
+        // Clamped into range, so this cannot fail.
+        let _ = self.latencies.hist().record_correct(micros(latency), iv);
         RECORDED.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -84,8 +70,7 @@ impl Stats {
     }
 
     pub fn merge(&mut self, other: Stats) {
-        // Same bounds on both sides; add cannot fail.
-        let _ = self.hist.add(&other.hist);
+        self.latencies.merge(other.latencies);
         self.ops += other.ops;
         self.bytes += other.bytes;
         self.requests += other.requests;
@@ -109,6 +94,75 @@ impl Stats {
             .filter(|(k, _)| k.parse::<u16>().is_ok())
             .map(|(k, v)| (k.clone(), *v))
             .collect()
+    }
+}
+
+/// Recorded latencies. A task's first [`KEPT_AS_IS`] are kept as they are and folded into a
+/// histogram only past that: a histogram at these bounds takes 188 KB, and a run of 12,000
+/// connections, each its own task recording a few dozen appends, would otherwise spend
+/// 2.3 GB and the page faults to zero it on histograms that hold almost nothing.
+#[derive(Default)]
+pub struct Latencies {
+    /// In microseconds, clamped to the histogram's bounds (which fit in a u32).
+    kept: Vec<u32>,
+    hist: Option<Histogram<u64>>,
+}
+
+/// Latencies a [`Latencies`] keeps before it takes a histogram (16 KiB of them).
+const KEPT_AS_IS: usize = 4096;
+
+fn micros(latency: Duration) -> u64 {
+    (latency.as_micros() as u64).clamp(1, HIST_MAX_US)
+}
+
+impl Latencies {
+    pub fn record(&mut self, latency: Duration) {
+        let us = micros(latency);
+        match &mut self.hist {
+            None if self.kept.len() < KEPT_AS_IS => self.kept.push(us as u32),
+            // Clamped into range, so this cannot fail.
+            _ => {
+                let _ = self.hist().record(us);
+            }
+        }
+    }
+
+    /// The histogram, holding everything recorded so far.
+    fn hist(&mut self) -> &mut Histogram<u64> {
+        let hist = self.hist.get_or_insert_with(new_hist);
+        for us in self.kept.drain(..) {
+            // In range: clamped when kept.
+            let _ = hist.record(u64::from(us));
+        }
+        hist
+    }
+
+    pub fn merge(&mut self, other: Latencies) {
+        if self.hist.is_none()
+            && other.hist.is_none()
+            && self.kept.len() + other.kept.len() <= KEPT_AS_IS
+        {
+            self.kept.extend(other.kept);
+            return;
+        }
+        let hist = self.hist();
+        if let Some(h) = &other.hist {
+            // Same bounds on both sides; add cannot fail.
+            let _ = hist.add(h);
+        }
+        for us in other.kept {
+            let _ = hist.record(u64::from(us));
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> u64 {
+        self.kept.len() as u64 + self.hist.as_ref().map_or(0, |h| h.len())
+    }
+
+    /// The percentiles of everything recorded.
+    pub fn summary(&mut self) -> Latency {
+        Latency::from_hist(self.hist())
     }
 }
 
@@ -295,7 +349,7 @@ mod tests {
             [("503".to_string(), 2)],
             "a failed connection is not an answer"
         );
-        let l = Latency::from_hist(&a.hist);
+        let l = a.latencies.summary();
         assert_eq!(l.count, 101);
         assert!((l.p50_ms - 51.0).abs() < 0.5, "{l:?}");
         assert!((l.max_ms - 2000.0).abs() < 2.0, "{l:?}");
@@ -307,6 +361,41 @@ mod tests {
         let mut s = Stats::default();
         s.record_corrected(Duration::from_millis(100), Duration::from_millis(10));
         // 100 ms with a 10 ms schedule adds the 90, 80, …, 10 ms samples it hid.
-        assert_eq!(s.hist.len(), 10);
+        assert_eq!(s.latencies.len(), 10);
+    }
+
+    #[test]
+    fn latencies_are_kept_as_is_until_there_are_many() {
+        let mut small = Stats::default();
+        small.record(Duration::from_millis(3));
+        assert!(small.latencies.hist.is_none(), "a few need no histogram");
+        let mut many = Stats::default();
+        for us in 1..=(KEPT_AS_IS as u64 + 10) {
+            many.record(Duration::from_micros(us));
+        }
+        assert!(many.latencies.hist.is_some());
+        assert!(many.latencies.kept.is_empty(), "folded into it");
+        many.merge(small);
+        let l = many.latencies.summary();
+        assert_eq!(l.count, KEPT_AS_IS as u64 + 11);
+        assert!((l.max_ms - 4.106).abs() < 0.01, "{l:?}");
+        // Two small ones merge without a histogram, and past the limit take one.
+        let (mut a, mut b) = (Stats::default(), Stats::default());
+        for _ in 0..KEPT_AS_IS / 2 {
+            a.record(Duration::from_millis(1));
+            b.record(Duration::from_millis(2));
+        }
+        a.merge(b);
+        assert!(a.latencies.hist.is_none());
+        let mut c = Stats::default();
+        c.record(Duration::from_secs(7200));
+        a.merge(c);
+        assert!(a.latencies.hist.is_some());
+        let l = a.latencies.summary();
+        assert_eq!(l.count, KEPT_AS_IS as u64 + 1);
+        assert!(
+            (l.max_ms - 3_600_000.0).abs() < 3_600.0,
+            "clamped to an hour: {l:?}"
+        );
     }
 }

@@ -643,7 +643,7 @@ mod tests {
             l.next.set(next);
             let mut st = Stats::default();
             l.tally(&win, &mut st);
-            let latency = crate::stats::Latency::from_hist(&st.hist);
+            let latency = st.latencies.summary();
             (st.counters["due"], st.counters["unsent"], latency)
         };
         // Everything up to the window's end taken (and one past it, as each connection
