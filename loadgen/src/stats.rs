@@ -145,11 +145,16 @@ impl Latencies {
             self.kept.extend(other.kept);
             return;
         }
-        let hist = self.hist();
-        if let Some(h) = &other.hist {
+        match (&mut self.hist, other.hist) {
             // Same bounds on both sides; add cannot fail.
-            let _ = hist.add(h);
+            (Some(mine), Some(theirs)) => {
+                let _ = mine.add(&theirs);
+            }
+            // Take theirs over rather than build a histogram to copy it into.
+            (mine @ None, Some(theirs)) => *mine = Some(theirs),
+            (_, None) => {}
         }
+        let hist = self.hist();
         for us in other.kept {
             let _ = hist.record(u64::from(us));
         }
@@ -379,6 +384,14 @@ mod tests {
         let l = many.latencies.summary();
         assert_eq!(l.count, KEPT_AS_IS as u64 + 11);
         assert!((l.max_ms - 4.106).abs() < 0.01, "{l:?}");
+        // A histogram merged into a few kept values is taken over, the kept values added.
+        let mut few = Stats::default();
+        few.record(Duration::from_millis(9));
+        few.merge(many);
+        assert!(few.latencies.kept.is_empty());
+        let l = few.latencies.summary();
+        assert_eq!(l.count, KEPT_AS_IS as u64 + 12);
+        assert!((l.max_ms - 9.0).abs() < 0.01, "{l:?}");
         // Two small ones merge without a histogram, and past the limit take one.
         let (mut a, mut b) = (Stats::default(), Stats::default());
         for _ in 0..KEPT_AS_IS / 2 {
